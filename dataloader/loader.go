@@ -1,0 +1,544 @@
+package dataloader
+
+import (
+	"context"
+	"fmt"
+	"sync"
+)
+
+// Batch is one rank's share of one global batch.
+//
+// Step s of epoch e covers positions [s*GlobalBatch, s*GlobalBatch +
+// GlobalSize) of that epoch's order; this rank's share is the contiguous
+// part of it given by ShareOf (or, with Config.MicroBatch, by MicroShareOf),
+// starting Offset positions into the global batch. Concatenating the
+// Indices of ranks 0..W-1 gives the whole global batch in order, for any
+// world size W.
+type Batch[B any] struct {
+	// Epoch is the epoch this global batch belongs to, from 0.
+	Epoch int
+	// Step is the index of the global batch within its epoch, from 0.
+	Step int
+	// Indices are this rank's sample indices (dataset indices) in order; it
+	// may be empty when the global batch has fewer samples (or
+	// micro-batches) than there are ranks. It shares memory with the
+	// Loader's copy of the epoch's order: read it, never modify it.
+	Indices []int
+	// GlobalSize is the number of samples in the whole global batch, over
+	// all ranks: Config.GlobalBatch, or less for a kept last partial batch
+	// (DropLast false). Divide summed gradients by it to get the mean.
+	GlobalSize int
+	// Offset is the position within the global batch of Indices[0] (the
+	// number of samples held by lower ranks).
+	Offset int
+	// Next is the cursor after this global batch: the Loader's committed
+	// cursor once the trainer has applied this step everywhere and calls
+	// Commit. After the last step of an epoch it is (Epoch+1, 0).
+	Next Cursor
+	// Data is collate(samples, Indices) when Config.MicroBatch is 0; the
+	// zero value of B when micro-batching is on (see Micro).
+	Data B
+	// Micro holds this rank's whole micro-batches, in order, when
+	// Config.MicroBatch > 0 (nil otherwise; empty when the rank owns none).
+	Micro []Micro[B]
+}
+
+// Micro is one micro-batch of a rank's share (see Config.MicroBatch).
+type Micro[B any] struct {
+	// Index is the micro-batch's index within the global batch: it covers
+	// global batch positions [Index*M, min((Index+1)*M, GlobalSize)) for
+	// micro-batch size M, whatever the world size.
+	Index int
+	// Lo and Hi delimit its samples within the rank's share:
+	// Batch.Indices[Lo:Hi].
+	Lo, Hi int
+	// Data is collate of the micro-batch's samples.
+	Data B
+}
+
+// MicroBatch returns micro-batch k of b (0 <= k < len(b.Micro)) as a Batch
+// of its own, for a step function that takes a Batch: Indices is
+// b.Indices[Lo:Hi], Offset moves by Lo, Data is the micro-batch's Data, and
+// Epoch, Step, GlobalSize and Next are b's. It returns the zero Batch for k
+// out of range.
+func (b Batch[B]) MicroBatch(k int) Batch[B] {
+	if k < 0 || k >= len(b.Micro) {
+		return Batch[B]{}
+	}
+	m := b.Micro[k]
+	return Batch[B]{
+		Epoch:      b.Epoch,
+		Step:       b.Step,
+		Indices:    b.Indices[m.Lo:m.Hi:m.Hi],
+		GlobalSize: b.GlobalSize,
+		Offset:     b.Offset + m.Lo,
+		Next:       b.Next,
+		Data:       m.Data,
+	}
+}
+
+// CollateFunc turns one rank's samples of a batch (or of a micro-batch) into
+// the value the step function consumes, e.g. by copying them into one
+// tensor. samples[i] is sample indices[i]. Both slices are only valid during
+// the call (the Loader reuses them): copy what must outlive it. It may be
+// called with zero samples (a rank with an empty share) and concurrently
+// from several workers. ctx is cancelled when the Loader is Reset or
+// Closed (or is Next's ctx when Prefetch is 0); a long collate should honour it.
+type CollateFunc[T, B any] func(ctx context.Context, samples []T, indices []int) (B, error)
+
+// Loader serves this rank's share of each global batch, in order, epoch
+// after epoch, from a committed Cursor it can be Reset to for any rank and
+// world size.
+//
+// Next, Reset and Commit must be called from one goroutine (the training
+// loop). Cursor and Close are safe to call from any goroutine; Close also
+// unblocks a Next waiting for a prefetched batch (it returns ErrClosed).
+// With Config.Prefetch > 0 the Loader starts Workers+1 goroutines on the
+// first Next after New or Reset; Reset and Close stop them and wait for
+// them to exit.
+type Loader[T, B any] struct {
+	ds      Dataset[T]
+	collate CollateFunc[T, B]
+	cfg     Config
+	n       int // dataset length, read once
+	end     int // positions served per epoch: n, or n rounded down to GlobalBatch with DropLast
+
+	mu        sync.Mutex // guards committed, closed, pipe
+	committed Cursor
+	closed    bool
+	pipe      *pipeline[T, B]
+
+	// Owned by the goroutine calling Next/Reset (lent to the pipeline's
+	// dispatcher while it runs).
+	plan    planner
+	read    Cursor // cursor of the next batch Next hands out
+	scratch []T    // samples buffer for Prefetch == 0
+}
+
+// New returns a Loader over ds that batches with collate, for rank 0 of a
+// world of 1 at epoch 0 position 0 (NewCursor); call Reset to place it
+// elsewhere. ds.Len() is read once, here. Errors wrap ErrInvalidConfig: a
+// nil ds or collate, a Config that fails Validate, an empty dataset, or
+// DropLast with fewer samples than one global batch (an epoch would have no
+// step). New starts no goroutine.
+func New[T, B any](ds Dataset[T], collate func(ctx context.Context, samples []T, indices []int) (B, error), cfg Config) (*Loader[T, B], error) {
+	if ds == nil || collate == nil {
+		return nil, fmt.Errorf("%w: nil dataset or collate function", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	n := ds.Len()
+	if n <= 0 {
+		return nil, fmt.Errorf("%w: dataset has %d samples", ErrInvalidConfig, n)
+	}
+	end := n
+	if cfg.DropLast {
+		end = n / cfg.GlobalBatch * cfg.GlobalBatch
+		if end == 0 {
+			return nil, fmt.Errorf("%w: DropLast with %d samples and a global batch of %d leaves no step per epoch",
+				ErrInvalidConfig, n, cfg.GlobalBatch)
+		}
+	}
+	l := &Loader[T, B]{ds: ds, collate: collate, cfg: cfg, n: n, end: end}
+	l.plan = planner{
+		seed: cfg.Seed, shuffle: cfg.Shuffle, n: n, end: end,
+		batch: cfg.GlobalBatch, micro: cfg.MicroBatch, rank: 0, world: 1,
+	}
+	l.committed = l.NewCursor()
+	l.read = l.committed
+	return l, nil
+}
+
+// Len returns the dataset length the Loader was built with, in samples.
+func (l *Loader[T, B]) Len() int { return l.n }
+
+// StepsPerEpoch returns the number of global batches per epoch:
+// floor(n/GlobalBatch) with DropLast, ceil(n/GlobalBatch) without.
+func (l *Loader[T, B]) StepsPerEpoch() int {
+	return (l.end + l.cfg.GlobalBatch - 1) / l.cfg.GlobalBatch
+}
+
+// NewCursor returns the cursor of epoch 0 position 0 for this Loader's
+// dataset and Config: where a new job starts.
+func (l *Loader[T, B]) NewCursor() Cursor {
+	return Cursor{Seed: l.cfg.Seed, DatasetLen: l.n, GlobalBatch: l.cfg.GlobalBatch, Shuffle: l.cfg.Shuffle}
+}
+
+// Cursor returns the committed cursor: the one given to the last Reset, or
+// the Next of the last committed Batch. Safe from any goroutine.
+func (l *Loader[T, B]) Cursor() Cursor {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.committed
+}
+
+// Commit records that b's step has been applied by every rank: the
+// committed cursor becomes b.Next. b must come from this Loader's Next since
+// the last Reset. Reading a batch does not move the committed cursor; only
+// Commit does, so a batch read (or prefetched) but not committed is served
+// again after a Reset to the committed cursor.
+func (l *Loader[T, B]) Commit(b Batch[B]) {
+	l.mu.Lock()
+	l.committed = b.Next
+	l.mu.Unlock()
+}
+
+// check validates c for this Loader and returns it normalised (a position
+// inside the dropped tail of an epoch moves to the next epoch's start).
+func (l *Loader[T, B]) check(c Cursor) (Cursor, error) {
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	switch {
+	case c.DatasetLen != l.n:
+		return c, fmt.Errorf("%w: cursor is for a dataset of %d samples, this one has %d", ErrCursorMismatch, c.DatasetLen, l.n)
+	case c.Seed != l.cfg.Seed:
+		return c, fmt.Errorf("%w: cursor seed %d, loader seed %d", ErrCursorMismatch, c.Seed, l.cfg.Seed)
+	case c.GlobalBatch != l.cfg.GlobalBatch:
+		return c, fmt.Errorf("%w: cursor global batch %d, loader global batch %d", ErrCursorMismatch, c.GlobalBatch, l.cfg.GlobalBatch)
+	case c.Shuffle != l.cfg.Shuffle:
+		return c, fmt.Errorf("%w: cursor shuffle %t, loader shuffle %t", ErrCursorMismatch, c.Shuffle, l.cfg.Shuffle)
+	}
+	if c.Position >= l.end {
+		c.Epoch++
+		c.Position = 0
+	}
+	return c, nil
+}
+
+// Reset places the Loader at cursor c for rank of worldSize ranks: c
+// becomes the committed cursor, and the next Next returns this rank's share
+// of the global batch at c. Batches prefetched before the Reset are dropped
+// (they were never committed, so nothing is lost or served twice); Reset
+// waits for the worker goroutines to stop.
+//
+// c must pass Cursor.Validate (else ErrInvalidCursor) and match the
+// Loader's dataset length, seed, global batch size and shuffle setting (else
+// ErrCursorMismatch, saying which). A cursor inside the tail an epoch drops
+// (possible only when DropLast changed since it was saved) moves to the
+// start of the next epoch. rank must be in 0..worldSize-1 (else
+// ErrInvalidWorld). After Close it returns ErrClosed.
+func (l *Loader[T, B]) Reset(c Cursor, rank, worldSize int) error {
+	if worldSize < 1 || rank < 0 || rank >= worldSize {
+		return fmt.Errorf("%w: rank %d of world size %d", ErrInvalidWorld, rank, worldSize)
+	}
+	c, err := l.check(c)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	p := l.pipe
+	l.pipe = nil
+	l.committed = c
+	l.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+	l.plan.rank, l.plan.world = rank, worldSize
+	l.read = c
+	return nil
+}
+
+// Next returns this rank's share of the next global batch, moving on into
+// following epochs forever (the caller decides when to stop). It does not
+// move the committed cursor (see Commit).
+//
+// With Prefetch > 0 it waits for the batch prepared by the workers; with
+// Prefetch 0 it builds it on the calling goroutine. Errors: ctx's error
+// (wrapped) if ctx ends first (the batch stays queued for the next call);
+// ErrClosed; or a Dataset.Get or collate error, wrapped with the epoch and
+// step: the prefetched batches are then dropped and the next call retries
+// the same batch.
+func (l *Loader[T, B]) Next(ctx context.Context) (Batch[B], error) {
+	var zero Batch[B]
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return zero, ErrClosed
+	}
+	if l.cfg.Prefetch == 0 {
+		l.mu.Unlock()
+		pl := l.plan.plan(l.read)
+		b, err := l.build(ctx, &pl, &l.scratch)
+		if err != nil {
+			return zero, err
+		}
+		l.read = b.Next
+		return b, nil
+	}
+	p := l.pipe
+	if p == nil {
+		p = l.startPipeline(l.read)
+		l.pipe = p
+	}
+	l.mu.Unlock()
+
+	s := p.head
+	if s == nil {
+		select {
+		case s = <-p.ready:
+			p.head = s
+		case <-ctx.Done():
+			return zero, fmt.Errorf("dataloader: next: %w", ctx.Err())
+		case <-p.ctx.Done():
+			return zero, ErrClosed
+		}
+	}
+	select {
+	case <-s.done:
+	case <-ctx.Done():
+		return zero, fmt.Errorf("dataloader: next: %w", ctx.Err())
+	case <-p.ctx.Done():
+		return zero, ErrClosed
+	}
+	p.head = nil
+	b, err, at := s.b, s.err, s.pl.at
+	s.b, s.err = Batch[B]{}, nil
+	p.free <- s // never blocks: at most Prefetch slots exist
+	if err != nil {
+		l.mu.Lock()
+		if l.pipe == p {
+			l.pipe = nil
+		}
+		l.mu.Unlock()
+		p.stop()
+		l.read = at
+		return zero, err
+	}
+	l.read = b.Next
+	return b, nil
+}
+
+// Close stops the worker goroutines and waits for them to exit. Next and
+// Reset return ErrClosed afterwards; Cursor still works. Calls after the
+// first return nil.
+func (l *Loader[T, B]) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.closed = true
+	p := l.pipe
+	l.pipe = nil
+	l.mu.Unlock()
+	if p != nil {
+		p.stop()
+	}
+	return nil
+}
+
+// build reads the samples of pl and collates them.
+func (l *Loader[T, B]) build(ctx context.Context, pl *plan, scratch *[]T) (Batch[B], error) {
+	b := Batch[B]{
+		Epoch:      pl.at.Epoch,
+		Step:       pl.at.Position / l.cfg.GlobalBatch,
+		Indices:    pl.indices,
+		GlobalSize: pl.global,
+		Offset:     pl.lo,
+		Next:       pl.next,
+	}
+	if err := ctx.Err(); err != nil {
+		return b, fmt.Errorf("dataloader: epoch %d step %d: %w", b.Epoch, b.Step, err)
+	}
+	s := (*scratch)[:0]
+	for _, i := range pl.indices {
+		v, err := l.ds.Get(ctx, i)
+		if err != nil {
+			clear(s)
+			*scratch = s[:0]
+			return b, fmt.Errorf("dataloader: epoch %d step %d: get sample %d: %w", b.Epoch, b.Step, i, err)
+		}
+		s = append(s, v)
+	}
+	*scratch = s
+	defer clear(s) // drop references to samples; the buffer is reused
+	var err error
+	if l.cfg.MicroBatch == 0 {
+		b.Data, err = l.collate(ctx, s, pl.indices)
+		if err != nil {
+			return b, fmt.Errorf("dataloader: epoch %d step %d: collate: %w", b.Epoch, b.Step, err)
+		}
+		return b, nil
+	}
+	m := l.cfg.MicroBatch
+	b.Micro = make([]Micro[B], pl.nMicro)
+	for k := range b.Micro {
+		idx := pl.firstMicro + k
+		lo := idx*m - pl.lo
+		hi := min((idx+1)*m, pl.global) - pl.lo
+		data, err := l.collate(ctx, s[lo:hi:hi], pl.indices[lo:hi:hi])
+		if err != nil {
+			return b, fmt.Errorf("dataloader: epoch %d step %d micro-batch %d: collate: %w", b.Epoch, b.Step, idx, err)
+		}
+		b.Micro[k] = Micro[B]{Index: idx, Lo: lo, Hi: hi, Data: data}
+	}
+	return b, nil
+}
+
+// plan is what one rank serves for one global batch.
+type plan struct {
+	at         Cursor // cursor of this global batch
+	next       Cursor // cursor after it
+	global     int    // samples in the global batch
+	lo, hi     int    // this rank's positions within the global batch
+	firstMicro int    // with micro-batching: first micro-batch index
+	nMicro     int    // with micro-batching: number of micro-batches
+	indices    []int  // order[at.Position+lo : at.Position+hi]
+}
+
+// planner turns cursors into plans: the deterministic core of the Loader
+// (no goroutines, no I/O). It caches the orders of the two most recently
+// used epochs.
+type planner struct {
+	seed        uint64
+	shuffle     bool
+	n, end      int
+	batch       int
+	micro       int
+	rank, world int
+
+	epochs [2]int
+	orders [2][]int
+}
+
+// order returns the order of epoch, from the cache when possible.
+func (p *planner) order(epoch int) []int {
+	for i := range p.orders {
+		if p.orders[i] != nil && p.epochs[i] == epoch {
+			return p.orders[i]
+		}
+	}
+	var o []int
+	if p.shuffle {
+		o = Order(p.seed, epoch, p.n)
+	} else {
+		o = identityOrder(p.n)
+	}
+	// Replace the entry of the older epoch (or an empty one).
+	victim := 0
+	if p.orders[0] != nil && (p.orders[1] == nil || p.epochs[1] < p.epochs[0]) {
+		victim = 1
+	}
+	p.epochs[victim], p.orders[victim] = epoch, o
+	return o
+}
+
+// plan returns the plan for the global batch at c (a cursor that passed
+// Loader.check).
+func (p *planner) plan(c Cursor) plan {
+	pl := plan{at: c}
+	pl.global = min(p.batch, p.end-c.Position)
+	if p.micro > 0 {
+		pl.firstMicro, pl.nMicro = MicroShareOf(pl.global, p.micro, p.rank, p.world)
+		pl.lo = min(pl.firstMicro*p.micro, pl.global)
+		pl.hi = min((pl.firstMicro+pl.nMicro)*p.micro, pl.global)
+	} else {
+		pl.lo, pl.hi = ShareOf(pl.global, p.rank, p.world)
+	}
+	o := p.order(c.Epoch)
+	lo, hi := c.Position+pl.lo, c.Position+pl.hi
+	pl.indices = o[lo:hi:hi]
+	pl.next = c
+	pl.next.Position += pl.global
+	if pl.next.Position >= p.end {
+		pl.next.Epoch++
+		pl.next.Position = 0
+	}
+	return pl
+}
+
+// slot carries one prefetched batch from the dispatcher through a worker
+// to Next; the Prefetch slots are recycled.
+type slot[B any] struct {
+	pl   plan
+	b    Batch[B]
+	err  error
+	done chan struct{} // capacity 1: signalled once the worker filled b/err
+}
+
+// pipeline is the set of prefetch goroutines for one run between
+// Reset/Close: one dispatcher that plans batches in order and hands them to
+// Workers workers. Batches reach Next in order through ready; free bounds
+// the number in flight to Prefetch.
+type pipeline[T, B any] struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	free  chan *slot[B] // slots available to the dispatcher
+	ready chan *slot[B] // planned slots in order, for Next
+	jobs  chan *slot[B] // planned slots for the workers
+	head  *slot[B]      // slot Next took from ready but has not delivered (owned by Next)
+}
+
+// startPipeline starts the goroutines, serving from cursor c. The
+// dispatcher borrows l.plan until stop returns.
+func (l *Loader[T, B]) startPipeline(c Cursor) *pipeline[T, B] {
+	n := l.cfg.Prefetch
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &pipeline[T, B]{
+		ctx: ctx, cancel: cancel,
+		free:  make(chan *slot[B], n),
+		ready: make(chan *slot[B], n),
+		jobs:  make(chan *slot[B], n),
+	}
+	for range n {
+		p.free <- &slot[B]{done: make(chan struct{}, 1)}
+	}
+	workers := l.cfg.Workers
+	p.wg.Add(1 + workers)
+	go p.dispatch(&l.plan, c)
+	for range workers {
+		go p.work(l)
+	}
+	return p
+}
+
+// dispatch plans batches in order from c while slots are free.
+func (p *pipeline[T, B]) dispatch(pl *planner, c Cursor) {
+	defer p.wg.Done()
+	for {
+		var s *slot[B]
+		select {
+		case <-p.ctx.Done():
+			return
+		case s = <-p.free:
+		}
+		s.pl = pl.plan(c)
+		c = s.pl.next
+		p.ready <- s // never blocks: capacity Prefetch, at most Prefetch slots
+		select {
+		case <-p.ctx.Done():
+			return
+		case p.jobs <- s:
+		}
+	}
+}
+
+// work builds planned batches until the pipeline stops.
+func (p *pipeline[T, B]) work(l *Loader[T, B]) {
+	defer p.wg.Done()
+	var scratch []T
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case s := <-p.jobs:
+			s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
+			s.done <- struct{}{}
+		}
+	}
+}
+
+// stop cancels the goroutines and waits for them; safe to call more than
+// once and from several goroutines.
+func (p *pipeline[T, B]) stop() {
+	p.cancel()
+	p.wg.Wait()
+}
