@@ -1,0 +1,69 @@
+package launcher
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// FaultKind is what the launcher does to a worker when the job reaches a step.
+type FaultKind string
+
+// The faults the launcher can inject.
+const (
+	Kill FaultKind = "kill" // SIGKILL the worker holding Rank
+	Stop FaultKind = "stop" // SIGSTOP it (a hang); it is killed when the launcher exits
+	Term FaultKind = "term" // SIGTERM it (preemption: it commits, checkpoints, leaves)
+	Join FaultKind = "join" // start Rank (a count) more workers
+)
+
+// Fault is one injected event: Kind applied at global step Step, to the
+// worker holding rank Rank (for Join: Rank is how many workers to start).
+type Fault struct {
+	Kind FaultKind
+	Rank int
+	Step int64
+}
+
+func (f Fault) String() string { return fmt.Sprintf("%s %d@%d", f.Kind, f.Rank, f.Step) }
+
+// Faults is a repeatable flag value "RANK@STEP" (or "N@STEP" for joins) of
+// one kind.
+type Faults struct {
+	Kind FaultKind
+	List *[]Fault
+}
+
+func (f Faults) String() string {
+	if f.List == nil {
+		return ""
+	}
+	var parts []string
+	for _, x := range *f.List {
+		if x.Kind == f.Kind {
+			parts = append(parts, fmt.Sprintf("%d@%d", x.Rank, x.Step))
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses one "A@STEP" value.
+func (f Faults) Set(s string) error {
+	a, b, ok := strings.Cut(s, "@")
+	if !ok {
+		return fmt.Errorf("want %s as N@STEP, got %q", f.Kind, s)
+	}
+	n, err := strconv.Atoi(a)
+	if err != nil || n < 0 {
+		return fmt.Errorf("bad %s target %q: want a rank (or count) >= 0", f.Kind, a)
+	}
+	if f.Kind == Join && n < 1 {
+		return fmt.Errorf("bad join count %d: want at least 1", n)
+	}
+	step, err := strconv.ParseInt(b, 10, 64)
+	if err != nil || step < 1 {
+		return fmt.Errorf("bad %s step %q: want a step >= 1", f.Kind, b)
+	}
+	*f.List = append(*f.List, Fault{Kind: f.Kind, Rank: n, Step: step})
+	return nil
+}

@@ -1,0 +1,388 @@
+// Package launcher runs the worker processes of a local elastic job for the
+// examples: it re-executes the example's own binary as N workers, injects
+// faults (kill, stop, term, join) when the job reaches given steps, reads
+// the workers' events, prints progress and membership changes, and leaves no
+// child process behind.
+package launcher
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"sort"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// EnvEventsFD names the environment variable that tells a worker which file
+// descriptor carries its events to the launcher.
+const EnvEventsFD = "ELASTICTRAIN_EVENTS_FD"
+
+// EnvWorker is set to the worker's launch index in every worker's environment.
+const EnvWorker = "ELASTICTRAIN_WORKER"
+
+// Event is one line a worker sends to the launcher.
+type Event struct {
+	Ev              string  `json:"ev"` // "round", "step", "done", "error"
+	Worker          int     `json:"worker"`
+	PID             int     `json:"pid"`
+	Round           uint64  `json:"round,omitempty"`
+	Rank            int     `json:"rank"`
+	WorldSize       int     `json:"world_size,omitempty"`
+	Step            int64   `json:"step,omitempty"`
+	Epoch           int     `json:"epoch,omitempty"`
+	Loss            float64 `json:"loss,omitempty"`
+	Samples         int     `json:"samples,omitempty"`
+	Source          string  `json:"source,omitempty"`
+	Recovery        bool    `json:"recovery,omitempty"`
+	RolledBack      int64   `json:"rolled_back,omitempty"`
+	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
+	Message         string  `json:"message,omitempty"`
+	// Extra carries example-specific results in "done" events.
+	Extra map[string]any `json:"extra,omitempty"`
+	// At is the worker's wall clock (unix seconds).
+	At float64 `json:"at"`
+}
+
+// Emitter writes a worker's events; safe for concurrent use.
+type Emitter struct {
+	mu     sync.Mutex
+	w      io.Writer
+	worker int
+}
+
+// NewEmitter returns the emitter of this worker: the descriptor named by
+// EnvEventsFD, or a discarding one when run without a launcher.
+func NewEmitter() *Emitter {
+	e := &Emitter{w: io.Discard}
+	var fd, idx int
+	if _, err := fmt.Sscan(os.Getenv(EnvEventsFD), &fd); err == nil && fd > 2 {
+		e.w = os.NewFile(uintptr(fd), "events")
+	}
+	if _, err := fmt.Sscan(os.Getenv(EnvWorker), &idx); err == nil {
+		e.worker = idx
+	}
+	return e
+}
+
+// Emit sends one event, stamping worker, pid and time.
+func (e *Emitter) Emit(ev Event) {
+	ev.Worker, ev.PID = e.worker, os.Getpid()
+	ev.At = float64(time.Now().UnixNano()) / 1e9
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.w.Write(append(b, '\n'))
+}
+
+// Spec says what to launch.
+type Spec struct {
+	// Workers is how many workers to start at once.
+	Workers int
+	// Args are the workers' command-line arguments (the binary is this one).
+	Args []string
+	// Env is added to the workers' environment.
+	Env []string
+	// Faults to inject, by job step.
+	Faults []Fault
+	// Log receives progress lines and the workers' own stderr; nil = discard.
+	Log io.Writer
+	// Progress is the interval between progress lines; 0 = 3 s.
+	Progress time.Duration
+	// Quiet suppresses the progress lines (membership changes still print).
+	Quiet bool
+}
+
+// Summary is what the launcher saw of the job.
+type Summary struct {
+	// Done is the final rank 0's "done" event (nil if none arrived).
+	Done *Event
+	// Rounds lists the rounds in order with their world sizes.
+	Rounds []RoundSeen
+	// Recoveries holds, per injected kill/stop, seconds from the fault until
+	// the first step of a later round.
+	Recoveries []float64
+	// Exits maps worker index to exit code (-1 when killed by a signal).
+	Exits map[int]int
+	// Wall is the launcher's wall time.
+	Wall time.Duration
+	// MaxStep is the highest global step seen.
+	MaxStep int64
+}
+
+// RoundSeen is one round as reported by its workers.
+type RoundSeen struct {
+	Round     uint64
+	WorldSize int
+	Step      int64
+	Source    string
+	Recovery  bool
+}
+
+type worker struct {
+	idx    int
+	cmd    *exec.Cmd
+	events *os.File
+	rank   int
+	round   uint64
+	exited  bool
+	stopped bool
+}
+
+type exit struct {
+	idx  int
+	code int
+	err  error
+}
+
+// Run launches the job and returns when every worker has exited, ctx is
+// done, or the job cannot go on. It kills every child before returning,
+// including stopped ones.
+func Run(ctx context.Context, spec Spec) (Summary, error) {
+	start := time.Now()
+	sum := Summary{Exits: map[int]int{}}
+	logw := spec.Log
+	if logw == nil {
+		logw = io.Discard
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return sum, fmt.Errorf("launcher: %w", err)
+	}
+	events := make(chan Event, 1024)
+	exits := make(chan exit, 64)
+	var readers sync.WaitGroup
+	workers := map[int]*worker{}
+	defer func() {
+		for _, w := range workers {
+			if !w.exited {
+				w.cmd.Process.Kill() // SIGKILL also ends a stopped process
+			}
+		}
+		for _, w := range workers {
+			if !w.exited {
+				<-exits
+				w.exited = true
+			}
+		}
+		readers.Wait()
+	}()
+
+	next := 0
+	startWorker := func() error {
+		idx := next
+		next++
+		r, wr, err := os.Pipe()
+		if err != nil {
+			return err
+		}
+		cmd := exec.Command(self, spec.Args...)
+		cmd.Env = append(append(os.Environ(), spec.Env...),
+			fmt.Sprintf("%s=3", EnvEventsFD), fmt.Sprintf("%s=%d", EnvWorker, idx))
+		cmd.Stdout, cmd.Stderr = logw, logw
+		cmd.ExtraFiles = []*os.File{wr}
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+		if err := cmd.Start(); err != nil {
+			r.Close()
+			wr.Close()
+			return fmt.Errorf("launcher: start worker %d: %w", idx, err)
+		}
+		wr.Close()
+		w := &worker{idx: idx, cmd: cmd, events: r, rank: -1}
+		workers[idx] = w
+		readers.Add(1)
+		go func() {
+			defer readers.Done()
+			defer r.Close()
+			sc := bufio.NewScanner(r)
+			sc.Buffer(make([]byte, 64<<10), 16<<20)
+			for sc.Scan() {
+				var ev Event
+				if json.Unmarshal(sc.Bytes(), &ev) == nil {
+					ev.Worker = idx
+					events <- ev
+				}
+			}
+		}()
+		go func() {
+			err := cmd.Wait()
+			code := cmd.ProcessState.ExitCode()
+			exits <- exit{idx: idx, code: code, err: err}
+		}()
+		return nil
+	}
+	for range spec.Workers {
+		if err := startWorker(); err != nil {
+			return sum, err
+		}
+	}
+
+	pending := append([]Fault(nil), spec.Faults...)
+	sort.SliceStable(pending, func(i, j int) bool { return pending[i].Step < pending[j].Step })
+	type faultAt struct {
+		at    time.Time
+		round uint64
+	}
+	var awaiting []faultAt // kills/stops waiting for the next round's first step
+	rounds := map[uint64]*RoundSeen{}
+	var lastRound uint64
+	var lastLoss float64
+	var lastEpoch, lastWS int
+	samples, lastSamples := int64(0), int64(0)
+	lastProgress := time.Now()
+	progressEvery := spec.Progress
+	if progressEvery <= 0 {
+		progressEvery = 3 * time.Second
+	}
+	tick := time.NewTicker(progressEvery)
+	defer tick.Stop()
+	running := spec.Workers
+	var doneTimeout <-chan time.Time
+
+	holder := func(rank int) *worker {
+		var best *worker
+		for _, w := range workers {
+			if !w.exited && w.rank == rank && (best == nil || w.round > best.round) {
+				best = w
+			}
+		}
+		return best
+	}
+	apply := func(f Fault) {
+		if f.Kind == Join {
+			fmt.Fprintf(logw, "[launcher] step %d: starting %d more worker(s)\n", sum.MaxStep, f.Rank)
+			for range f.Rank {
+				if err := startWorker(); err != nil {
+					fmt.Fprintf(logw, "[launcher] %v\n", err)
+					continue
+				}
+				running++
+			}
+			return
+		}
+		w := holder(f.Rank)
+		if w == nil {
+			fmt.Fprintf(logw, "[launcher] step %d: no live worker holds rank %d; %s skipped\n", sum.MaxStep, f.Rank, f.Kind)
+			return
+		}
+		sig := map[FaultKind]syscall.Signal{Kill: syscall.SIGKILL, Stop: syscall.SIGSTOP, Term: syscall.SIGTERM}[f.Kind]
+		fmt.Fprintf(logw, "[launcher] step %d: %s rank %d (worker %d, pid %d)\n", sum.MaxStep, sig, f.Rank, w.idx, w.cmd.Process.Pid)
+		w.cmd.Process.Signal(sig)
+		w.stopped = f.Kind == Stop
+		if f.Kind != Term {
+			awaiting = append(awaiting, faultAt{at: time.Now(), round: lastRound})
+		}
+	}
+
+	for running > 0 {
+		select {
+		case <-ctx.Done():
+			return sum, fmt.Errorf("launcher: %w", ctx.Err())
+		case ex := <-exits:
+			w := workers[ex.idx]
+			w.exited = true
+			running--
+			sum.Exits[ex.idx] = ex.code
+			if ex.code != 0 {
+				fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
+			}
+		case ev := <-events:
+			w := workers[ev.Worker]
+			switch ev.Ev {
+			case "round":
+				if w != nil {
+					w.rank, w.round = ev.Rank, ev.Round
+				}
+				if rounds[ev.Round] == nil {
+					rs := &RoundSeen{Round: ev.Round, WorldSize: ev.WorldSize, Step: ev.Step, Source: ev.Source, Recovery: ev.Recovery}
+					rounds[ev.Round] = rs
+					if ev.Round > lastRound {
+						if lastRound != 0 {
+							what := "membership change"
+							if ev.Recovery {
+								what = "recovery after a failure"
+							}
+							fmt.Fprintf(logw, "[launcher] round %d: world size %d -> %d (%s), continuing from step %d\n",
+								ev.Round, lastWS, ev.WorldSize, what, ev.Step)
+						}
+						lastRound, lastWS = ev.Round, ev.WorldSize
+					}
+				}
+			case "step":
+				if ev.Step > sum.MaxStep {
+					sum.MaxStep = ev.Step
+				}
+				lastLoss, lastEpoch = ev.Loss, ev.Epoch
+				samples += int64(ev.Samples)
+				for len(awaiting) > 0 && ev.Round > awaiting[0].round {
+					d := time.Since(awaiting[0].at).Seconds()
+					sum.Recoveries = append(sum.Recoveries, d)
+					fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
+					awaiting = awaiting[1:]
+				}
+				for len(pending) > 0 && sum.MaxStep >= pending[0].Step {
+					f := pending[0]
+					pending = pending[1:]
+					apply(f)
+				}
+			case "done":
+				e := ev
+				sum.Done = &e
+				// A stopped worker never exits by itself; the job no longer needs it.
+				for _, w := range workers {
+					if w.stopped && !w.exited {
+						w.cmd.Process.Kill()
+					}
+				}
+				doneTimeout = time.After(time.Minute)
+			case "error":
+				fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
+			}
+		case <-doneTimeout:
+			fmt.Fprintf(logw, "[launcher] workers still running a minute after the job finished; killing them\n")
+			for _, w := range workers {
+				if !w.exited {
+					w.cmd.Process.Kill()
+				}
+			}
+		case <-tick.C:
+			if spec.Quiet {
+				continue
+			}
+			el := time.Since(lastProgress).Seconds()
+			fmt.Fprintf(logw, "[launcher] epoch %d step %d loss %.4f samples/s %.0f world %d round %d\n",
+				lastEpoch, sum.MaxStep, lastLoss, float64(samples-lastSamples)/el, lastWS, lastRound)
+			lastSamples, lastProgress = samples, time.Now()
+		}
+	}
+	for _, r := range rounds {
+		sum.Rounds = append(sum.Rounds, *r)
+	}
+	sort.Slice(sum.Rounds, func(i, j int) bool { return sum.Rounds[i].Round < sum.Rounds[j].Round })
+	sum.Wall = time.Since(start)
+	if sum.Done == nil {
+		return sum, errors.New("launcher: every worker exited and none reported the job done")
+	}
+	return sum, nil
+}
+
+// WorldSizes returns the world sizes of the rounds in order, with
+// consecutive equal sizes merged.
+func (s Summary) WorldSizes() []int {
+	var out []int
+	for _, r := range s.Rounds {
+		if len(out) == 0 || out[len(out)-1] != r.WorldSize {
+			out = append(out, r.WorldSize)
+		}
+	}
+	return out
+}
