@@ -129,10 +129,10 @@ type RoundSeen struct {
 }
 
 type worker struct {
-	idx    int
-	cmd    *exec.Cmd
-	events *os.File
-	rank   int
+	idx     int
+	cmd     *exec.Cmd
+	events  *os.File
+	rank    int
 	round   uint64
 	exited  bool
 	stopped bool
