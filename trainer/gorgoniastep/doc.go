@@ -1,0 +1,59 @@
+// Package gorgoniastep adapts a gorgonia (gorgonia.org/gorgonia) model to
+// the elastictrain trainer: it shares the model's parameter and gradient
+// tensors with the trainer as []trainer.Param without copying, and runs
+// gorgonia's tape machine as the forward and backward pass of a
+// trainer.StepFunc. The core packages (elastic, sync, dataloader, trainer)
+// never import gorgonia; this package and the examples do.
+//
+// # Two levels
+//
+// [Bind] compiles one graph of fixed shapes that the caller built, with its
+// learnables, into a [Machine]. [New] owns the parameter buffers and a
+// [BuildFunc], and compiles one graph per batch size on demand, all of
+// them bound to the same buffers: a [Model]. Use a Model in a StepFunc,
+// because a rank's share of a global batch varies (uneven splits, the last
+// batch of an epoch, rescaling).
+//
+// # Sharing without copying
+//
+// Each learnable is a float32 tensor whose backing array is the Param's
+// Value; its gradient tensor (gorgonia's dual value, bound with
+// gorgonia.WithGrad and filled by the tape machine under
+// gorgonia.BindDualValues) has the Param's Grad as backing array. gorgonia
+// v0.9.18 adds each gradient into that tensor in place and never replaces
+// it; [Machine.Run] zeroes the gradients first, and checks after every run
+// that both arrays are still the ones shared (ErrAliasBroken otherwise), so
+// the trainer can read Grad and write Value directly.
+//
+// # Gradient contract
+//
+// After a run each Param.Grad holds the gradient of the loss node. For a
+// trainer.StepFunc the loss must be the SUM over the batch of per-sample
+// losses, and then Grad is the sum of per-sample gradients as the trainer
+// requires. A graph whose loss is a mean can use [WithMeanLoss] (Model) or
+// [WithLossScale] (Bind). [Model.Step] with zero samples zeroes the
+// gradients and returns 0 without running anything.
+//
+// # Determinism
+//
+// For a fixed batch and fixed parameter values a run is bit-for-bit
+// reproducible with the ops used by the tests and the MNIST example (matrix
+// multiply, broadcast add, tanh, ReLU, log-softmax, sum, 2-D convolution and
+// max-pooling): gonum's matrix multiply splits work across goroutines above
+// 64x64 blocks, but each output element is always summed in the same order,
+// decided by the shapes alone, not by GOMAXPROCS. Different batch sizes are
+// different graphs and round differently.
+//
+// # Costs and threads
+//
+// Compiling a graph takes milliseconds. Each run allocates the graph's
+// intermediate tensors afresh (gorgonia's tape machine resets its registers),
+// locks the calling goroutine to its OS thread for the run and starts one
+// goroutine that ends before Run returns; gonum's matrix multiply may use up
+// to GOMAXPROCS goroutines.
+//
+// # Concurrency
+//
+// Neither Machine nor Model is safe for concurrent use; the trainer calls
+// them from its loop goroutine.
+package gorgoniastep
