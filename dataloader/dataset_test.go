@@ -142,7 +142,9 @@ func TestFromFuncAndMap(t *testing.T) {
 	mustEqual(t, 9, v)
 	_, err = f.Get(ctx, 5)
 	mustErrorIs(t, err, ErrIndexOutOfRange)
-	m := Map(f, func(_ context.Context, i, a int) (string, error) { return string(rune('a'+i)) + string(rune('0'+a)), nil })
+	m := Map(f, func(_ context.Context, i, a int) (string, error) {
+		return string(rune('a'+i)) + string(rune('0'+a)), nil
+	})
 	mustEqual(t, 5, m.Len())
 	s, err := m.Get(ctx, 2)
 	mustNoError(t, err)
