@@ -117,6 +117,17 @@ type Summary struct {
 	Wall time.Duration
 	// MaxStep is the highest global step seen.
 	MaxStep int64
+	// Steps holds rank 0's step reports in arrival order.
+	Steps []StepSeen
+}
+
+// StepSeen is one step as rank 0 reported it.
+type StepSeen struct {
+	Step      int64
+	Round     uint64
+	WorldSize int
+	Loss      float64
+	At        float64
 }
 
 // RoundSeen is one round as reported by its workers.
@@ -322,6 +333,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 					sum.MaxStep = ev.Step
 				}
 				lastLoss, lastEpoch = ev.Loss, ev.Epoch
+				sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, At: ev.At})
 				samples += int64(ev.Samples)
 				for len(awaiting) > 0 && ev.Round > awaiting[0].round {
 					d := time.Since(awaiting[0].at).Seconds()
