@@ -1,0 +1,120 @@
+package sync
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+)
+
+// Config holds the settings of a Transport and the Rings it connects.
+// Start from DefaultConfig; Listen calls Validate.
+type Config struct {
+	// JobID names the job; a connection from another job is refused
+	// (ErrJobMismatch). Required; at most 255 bytes.
+	JobID string
+	// Secret is the job's shared secret; every connection proves knowledge
+	// of it with HMAC-SHA256 over fresh nonces (ErrAuth if not). Required,
+	// at least 16 bytes; 32 random bytes are recommended.
+	Secret []byte
+	// DialTimeout bounds Connect: forming every connection of a round,
+	// including waiting for peers that reach Connect later. Default 30 s.
+	DialTimeout time.Duration
+	// HoldTimeout is how long an authenticated connection for a future round
+	// is held waiting for this rank's Connect of that round before it is
+	// refused as not ready (the dialer retries until its DialTimeout).
+	// Default 10 s.
+	HoldTimeout time.Duration
+	// OpTimeout bounds every collective operation on top of the context's
+	// deadline: a peer that stops sending (hung, SIGSTOPped, partitioned)
+	// turns into ErrTimeout after at most this long. It must also cover how
+	// far ranks arrive apart at a collective (step-time skew). Default 60 s.
+	OpTimeout time.Duration
+	// ChunkBytes is the pipelining unit of the ring algorithms, in bytes
+	// (rounded down to a multiple of 8). Default 256 KiB.
+	ChunkBytes int
+	// DirectBytes: buffers of at most this many bytes use the latency path
+	// (one direct exchange between every pair of ranks over the mesh
+	// connections) instead of the ring. It must fit the kernel's socket
+	// buffers (writes of this size never block). Default 32 KiB.
+	DirectBytes int
+	// MaxFrameBytes bounds the payload of one frame read from the network,
+	// in bytes; larger frames close the connection with ErrBadFrame. Must be
+	// at least ChunkBytes and DirectBytes. Default 16 MiB.
+	MaxFrameBytes int
+	// Streams is the number of parallel connections (lanes) per ring link;
+	// large buffers are split over them. Default 2.
+	Streams int
+	// LocalSockets lets ranks on the same host talk over Unix domain sockets
+	// (Linux abstract namespace, named after the advertised address) instead
+	// of loopback TCP; links between hosts stay TCP. Default true.
+	LocalSockets bool
+	// AdvertiseAddr overrides the address returned by Transport.Addr. Empty
+	// (the default) means the listener's address, with an unspecified host
+	// replaced by the first non-loopback IPv4 address of the host.
+	AdvertiseAddr string
+	// ServerTLS, when set, wraps every accepted connection in TLS; ClientTLS,
+	// when set, wraps every dialed one (its ServerName defaults to the
+	// peer's host). Set both or neither. Default nil (plain TCP; the secret
+	// still authenticates but does not encrypt).
+	ServerTLS, ClientTLS *tls.Config
+	// Logger receives warnings (refused handshakes) and debug messages.
+	// Default: discard.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns a Config with the defaults documented on each field;
+// JobID and Secret are left empty and must be set.
+func DefaultConfig() Config {
+	return Config{
+		DialTimeout:   30 * time.Second,
+		HoldTimeout:   10 * time.Second,
+		OpTimeout:     60 * time.Second,
+		ChunkBytes:    256 << 10,
+		DirectBytes:   32 << 10,
+		MaxFrameBytes: 16 << 20,
+		Streams:       2,
+		LocalSockets:  true,
+	}
+}
+
+// Validate reports the first invalid field with an error wrapping ErrInvalid.
+func (c Config) Validate() error {
+	switch {
+	case c.JobID == "":
+		return fmt.Errorf("%w: Config.JobID is empty", ErrInvalid)
+	case len(c.JobID) > 255:
+		return fmt.Errorf("%w: Config.JobID is %d bytes, at most 255", ErrInvalid, len(c.JobID))
+	case len(c.Secret) < 16:
+		return fmt.Errorf("%w: Config.Secret is %d bytes, want at least 16", ErrInvalid, len(c.Secret))
+	case c.DialTimeout <= 0:
+		return fmt.Errorf("%w: Config.DialTimeout %v must be positive", ErrInvalid, c.DialTimeout)
+	case c.HoldTimeout <= 0:
+		return fmt.Errorf("%w: Config.HoldTimeout %v must be positive", ErrInvalid, c.HoldTimeout)
+	case c.OpTimeout <= 0:
+		return fmt.Errorf("%w: Config.OpTimeout %v must be positive", ErrInvalid, c.OpTimeout)
+	case c.ChunkBytes < 64:
+		return fmt.Errorf("%w: Config.ChunkBytes %d, want at least 64", ErrInvalid, c.ChunkBytes)
+	case c.DirectBytes < 0:
+		return fmt.Errorf("%w: Config.DirectBytes %d is negative", ErrInvalid, c.DirectBytes)
+	case c.MaxFrameBytes < c.ChunkBytes || c.MaxFrameBytes < c.DirectBytes:
+		return fmt.Errorf("%w: Config.MaxFrameBytes %d is below ChunkBytes %d or DirectBytes %d", ErrInvalid, c.MaxFrameBytes, c.ChunkBytes, c.DirectBytes)
+	case c.MaxFrameBytes > 1<<30:
+		return fmt.Errorf("%w: Config.MaxFrameBytes %d exceeds 1 GiB", ErrInvalid, c.MaxFrameBytes)
+	case c.Streams < 1 || c.Streams > 64:
+		return fmt.Errorf("%w: Config.Streams %d, want 1..64", ErrInvalid, c.Streams)
+	case (c.ServerTLS == nil) != (c.ClientTLS == nil):
+		return fmt.Errorf("%w: set both Config.ServerTLS and Config.ClientTLS, or neither", ErrInvalid)
+	}
+	return nil
+}
+
+func (c Config) logger() *slog.Logger {
+	if c.Logger != nil {
+		return c.Logger
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+func (c Config) chunkBytes() int { return c.ChunkBytes &^ 7 }

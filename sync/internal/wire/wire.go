@@ -1,0 +1,337 @@
+// Package wire holds the byte layouts of package sync: the frame header that
+// precedes every message of a collective, the control payload of an abort,
+// and the messages of the connection handshake.
+//
+// # Frames
+//
+// A frame is a fixed 40-byte header followed by Length payload bytes. All
+// integers are little-endian:
+//
+//	offset size field
+//	0      2    magic 0xE7A1
+//	2      1    kind (KindAllReduce ... KindClose)
+//	3      1    op (reduction operator and element type, kind-specific)
+//	4      4    length of the payload in bytes
+//	8      8    round
+//	16     8    sequence number of the operation within the round
+//	24     8    total bytes of the operation's buffer
+//	32     8    aux (broadcast root, otherwise 0)
+//
+// # Handshake messages
+//
+// A handshake message is a type byte, a 2-byte payload length (at most
+// MaxMsgBytes) and the payload. The decoders never trust a length they have
+// not bounded, and they never panic on any input.
+package wire
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// ErrMalformed reports bytes that do not decode as the expected message.
+var ErrMalformed = errors.New("wire: malformed message")
+
+// HeaderSize is the size of a frame header in bytes.
+const HeaderSize = 40
+
+// Magic opens every frame header.
+const Magic uint16 = 0xE7A1
+
+// Kind says what a frame carries.
+type Kind uint8
+
+// Frame kinds.
+const (
+	KindAllReduce Kind = 1 // a chunk of an allreduce (op byte: Op | elem<<4)
+	KindBroadcast Kind = 2 // a chunk of a broadcast (aux: root)
+	KindAllGather Kind = 3 // a chunk of an allgather
+	KindBarrier   Kind = 4 // a barrier token, empty payload
+	KindAbort     Kind = 5 // control: the round is aborted (payload: Abort)
+	KindClose     Kind = 6 // control: the sender closed its end gracefully
+	maxKind            = KindClose
+)
+
+// String names the kind for error messages.
+func (k Kind) String() string {
+	switch k {
+	case KindAllReduce:
+		return "allreduce"
+	case KindBroadcast:
+		return "broadcast"
+	case KindAllGather:
+		return "allgather"
+	case KindBarrier:
+		return "barrier"
+	case KindAbort:
+		return "abort"
+	case KindClose:
+		return "close"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Header is the decoded frame header.
+type Header struct {
+	Kind   Kind
+	Op     uint8
+	Length uint32
+	Round  uint64
+	Seq    uint64
+	Total  uint64
+	Aux    uint64
+}
+
+// Put writes h into b[:HeaderSize]; b must be at least HeaderSize long.
+func (h *Header) Put(b []byte) {
+	_ = b[HeaderSize-1]
+	binary.LittleEndian.PutUint16(b[0:], Magic)
+	b[2] = byte(h.Kind)
+	b[3] = h.Op
+	binary.LittleEndian.PutUint32(b[4:], h.Length)
+	binary.LittleEndian.PutUint64(b[8:], h.Round)
+	binary.LittleEndian.PutUint64(b[16:], h.Seq)
+	binary.LittleEndian.PutUint64(b[24:], h.Total)
+	binary.LittleEndian.PutUint64(b[32:], h.Aux)
+}
+
+// ParseHeader decodes a frame header from b. It fails with an error wrapping
+// ErrMalformed when b is shorter than HeaderSize, the magic is wrong, the kind
+// is unknown or the payload length exceeds maxLen bytes.
+func ParseHeader(b []byte, maxLen int) (Header, error) {
+	if len(b) < HeaderSize {
+		return Header{}, fmt.Errorf("%w: header of %d bytes, want %d", ErrMalformed, len(b), HeaderSize)
+	}
+	if m := binary.LittleEndian.Uint16(b[0:]); m != Magic {
+		return Header{}, fmt.Errorf("%w: bad magic %#04x", ErrMalformed, m)
+	}
+	h := Header{
+		Kind:   Kind(b[2]),
+		Op:     b[3],
+		Length: binary.LittleEndian.Uint32(b[4:]),
+		Round:  binary.LittleEndian.Uint64(b[8:]),
+		Seq:    binary.LittleEndian.Uint64(b[16:]),
+		Total:  binary.LittleEndian.Uint64(b[24:]),
+		Aux:    binary.LittleEndian.Uint64(b[32:]),
+	}
+	if h.Kind == 0 || h.Kind > maxKind {
+		return Header{}, fmt.Errorf("%w: unknown frame kind %d", ErrMalformed, uint8(h.Kind))
+	}
+	if maxLen < 0 || uint64(h.Length) > uint64(maxLen) {
+		return Header{}, fmt.Errorf("%w: frame payload of %d bytes exceeds the limit of %d", ErrMalformed, h.Length, maxLen)
+	}
+	return h, nil
+}
+
+// Abort reasons carried by a KindAbort frame.
+const (
+	ReasonPeerLost = 1 // Blamed rank's connection failed
+	ReasonTimeout  = 2 // the origin timed out waiting
+	ReasonCanceled = 3 // the origin's context was cancelled or it closed mid-operation
+	ReasonProtocol = 4 // the origin saw a malformed or mismatched frame
+	maxReason      = ReasonProtocol
+)
+
+// AbortSize is the payload size of a KindAbort frame in bytes.
+const AbortSize = 9
+
+// Abort is the payload of a KindAbort frame: which rank sent it, which rank it
+// blames (-1 for none) and why.
+type Abort struct {
+	Origin int32
+	Blamed int32
+	Reason uint8
+}
+
+// Put writes a into b[:AbortSize].
+func (a *Abort) Put(b []byte) {
+	_ = b[AbortSize-1]
+	binary.LittleEndian.PutUint32(b[0:], uint32(a.Origin))
+	binary.LittleEndian.PutUint32(b[4:], uint32(a.Blamed))
+	b[8] = a.Reason
+}
+
+// ParseAbort decodes an abort payload; ranks are checked against worldSize.
+func ParseAbort(b []byte, worldSize int) (Abort, error) {
+	if len(b) != AbortSize {
+		return Abort{}, fmt.Errorf("%w: abort payload of %d bytes, want %d", ErrMalformed, len(b), AbortSize)
+	}
+	a := Abort{
+		Origin: int32(binary.LittleEndian.Uint32(b[0:])),
+		Blamed: int32(binary.LittleEndian.Uint32(b[4:])),
+		Reason: b[8],
+	}
+	if a.Origin < 0 || int(a.Origin) >= worldSize || a.Blamed < -1 || int(a.Blamed) >= worldSize {
+		return Abort{}, fmt.Errorf("%w: abort names rank %d/%d outside world size %d", ErrMalformed, a.Origin, a.Blamed, worldSize)
+	}
+	if a.Reason == 0 || a.Reason > maxReason {
+		return Abort{}, fmt.Errorf("%w: unknown abort reason %d", ErrMalformed, a.Reason)
+	}
+	return a, nil
+}
+
+// Handshake message types.
+const (
+	MsgHello     = 1
+	MsgChallenge = 2
+	MsgProof     = 3
+	MsgAccept    = 4
+	MsgReject    = 5
+)
+
+// MaxMsgBytes bounds the payload of one handshake message.
+const MaxMsgBytes = 1024
+
+// NonceSize and ProofSize are the sizes of a handshake nonce and of an
+// HMAC-SHA256 proof in bytes.
+const (
+	NonceSize = 32
+	ProofSize = 32
+)
+
+// ProtocolVersion is the handshake version this package speaks.
+const ProtocolVersion = 1
+
+// Connection kinds named in a Hello.
+const (
+	ConnControl = 1 // control messages (abort, close) between a pair of ranks
+	ConnMesh    = 2 // small direct collectives between a pair of ranks
+	ConnLane    = 3 // one stream of the ring, from a rank to its right neighbour
+)
+
+// MaxJobIDBytes bounds the job ID carried in a Hello.
+const MaxJobIDBytes = 255
+
+// Hello opens a connection: the dialer says who it is and what it wants.
+type Hello struct {
+	Version  uint8
+	ConnKind uint8
+	Lane     uint16
+	Round    uint64
+	From     uint32 // the dialer's rank
+	To       uint32 // the rank the dialer expects to reach
+	Nonce    [NonceSize]byte
+	JobID    string
+}
+
+// AppendHello appends the encoded payload of h to dst.
+func AppendHello(dst []byte, h *Hello) []byte {
+	dst = append(dst, h.Version, h.ConnKind)
+	dst = binary.LittleEndian.AppendUint16(dst, h.Lane)
+	dst = binary.LittleEndian.AppendUint64(dst, h.Round)
+	dst = binary.LittleEndian.AppendUint32(dst, h.From)
+	dst = binary.LittleEndian.AppendUint32(dst, h.To)
+	dst = append(dst, h.Nonce[:]...)
+	job := h.JobID
+	if len(job) > MaxJobIDBytes {
+		job = job[:MaxJobIDBytes]
+	}
+	dst = append(dst, byte(len(job)))
+	return append(dst, job...)
+}
+
+const helloFixed = 1 + 1 + 2 + 8 + 4 + 4 + NonceSize + 1
+
+// ParseHello decodes a Hello payload.
+func ParseHello(b []byte) (Hello, error) {
+	if len(b) < helloFixed {
+		return Hello{}, fmt.Errorf("%w: hello of %d bytes, want at least %d", ErrMalformed, len(b), helloFixed)
+	}
+	var h Hello
+	h.Version = b[0]
+	h.ConnKind = b[1]
+	h.Lane = binary.LittleEndian.Uint16(b[2:])
+	h.Round = binary.LittleEndian.Uint64(b[4:])
+	h.From = binary.LittleEndian.Uint32(b[12:])
+	h.To = binary.LittleEndian.Uint32(b[16:])
+	copy(h.Nonce[:], b[20:20+NonceSize])
+	n := int(b[helloFixed-1])
+	if len(b) != helloFixed+n {
+		return Hello{}, fmt.Errorf("%w: hello job ID length %d does not match %d trailing bytes", ErrMalformed, n, len(b)-helloFixed)
+	}
+	h.JobID = string(b[helloFixed:])
+	if h.Version != ProtocolVersion {
+		return Hello{}, fmt.Errorf("%w: protocol version %d, want %d", ErrMalformed, h.Version, ProtocolVersion)
+	}
+	if h.ConnKind < ConnControl || h.ConnKind > ConnLane {
+		return Hello{}, fmt.Errorf("%w: unknown connection kind %d", ErrMalformed, h.ConnKind)
+	}
+	return h, nil
+}
+
+// Reject codes carried by a MsgReject.
+const (
+	RejectMalformed = 1 // the peer's message did not decode
+	RejectJob       = 2 // a different job
+	RejectRound     = 3 // a round this rank has already left (or already formed)
+	RejectAuth      = 4 // the secret proof did not verify
+	RejectNotReady  = 5 // this rank did not reach Connect for that round in time; retry
+	RejectRank      = 6 // this rank is not the rank the dialer asked for, or the slot is taken
+	RejectClosed    = 7 // the transport is closing
+	maxReject       = RejectClosed
+)
+
+// MaxRejectText bounds the human-readable text of a MsgReject.
+const MaxRejectText = 512
+
+// AppendReject appends a reject payload with code and text (truncated to
+// MaxRejectText bytes).
+func AppendReject(dst []byte, code uint8, text string) []byte {
+	if len(text) > MaxRejectText {
+		text = text[:MaxRejectText]
+	}
+	dst = append(dst, code)
+	return append(dst, text...)
+}
+
+// ParseReject decodes a reject payload.
+func ParseReject(b []byte) (code uint8, text string, err error) {
+	if len(b) < 1 || len(b) > 1+MaxRejectText {
+		return 0, "", fmt.Errorf("%w: reject of %d bytes", ErrMalformed, len(b))
+	}
+	if b[0] == 0 || b[0] > maxReject {
+		return 0, "", fmt.Errorf("%w: unknown reject code %d", ErrMalformed, b[0])
+	}
+	return b[0], string(b[1:]), nil
+}
+
+// WriteMsg writes one handshake message using scratch (grown as needed) as
+// the output buffer, so the whole message leaves in one write.
+func WriteMsg(w io.Writer, scratch []byte, typ uint8, payload []byte) error {
+	if len(payload) > MaxMsgBytes {
+		return fmt.Errorf("%w: handshake payload of %d bytes exceeds %d", ErrMalformed, len(payload), MaxMsgBytes)
+	}
+	b := append(scratch[:0], typ)
+	b = binary.LittleEndian.AppendUint16(b, uint16(len(payload)))
+	b = append(b, payload...)
+	_, err := w.Write(b)
+	return err
+}
+
+// ReadMsg reads one handshake message into buf (which must hold MaxMsgBytes)
+// and returns its type and payload (aliasing buf). A length over MaxMsgBytes
+// or an unknown type gives an error wrapping ErrMalformed; a short read
+// gives io.ErrUnexpectedEOF or io.EOF.
+func ReadMsg(r io.Reader, buf []byte) (uint8, []byte, error) {
+	var hdr [3]byte
+	if _, err := io.ReadFull(r, hdr[:]); err != nil {
+		return 0, nil, err
+	}
+	typ := hdr[0]
+	n := int(binary.LittleEndian.Uint16(hdr[1:]))
+	if typ < MsgHello || typ > MsgReject {
+		return 0, nil, fmt.Errorf("%w: unknown handshake message type %d", ErrMalformed, typ)
+	}
+	if n > MaxMsgBytes || n > len(buf) {
+		return 0, nil, fmt.Errorf("%w: handshake message of %d bytes exceeds %d", ErrMalformed, n, MaxMsgBytes)
+	}
+	if _, err := io.ReadFull(r, buf[:n]); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, err
+	}
+	return typ, buf[:n], nil
+}

@@ -1,0 +1,143 @@
+package sync
+
+import "unsafe"
+
+// reduceFunc folds src into dst element-wise (dst = dst op src); both hold
+// whole elements of the same type.
+type reduceFunc func(dst, src []byte)
+
+// scaleFunc divides every element of dst by n (for OpAvg).
+type scaleFunc func(dst []byte, n int)
+
+func f32Bytes(v []float32) []byte {
+	if len(v) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*4)
+}
+
+func f64Bytes(v []float64) []byte {
+	if len(v) == 0 {
+		return []byte{}
+	}
+	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), len(v)*8)
+}
+
+func b32(b []byte) []float32 {
+	if len(b) < 4 {
+		return nil
+	}
+	return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), len(b)/4)
+}
+
+func b64(b []byte) []float64 {
+	if len(b) < 8 {
+		return nil
+	}
+	return unsafe.Slice((*float64)(unsafe.Pointer(&b[0])), len(b)/8)
+}
+
+func kernels(elem int, op Op) (reduceFunc, scaleFunc) {
+	if elem == 4 {
+		switch op {
+		case OpMax:
+			return max32, scale32
+		case OpMin:
+			return min32, scale32
+		}
+		return sum32, scale32
+	}
+	switch op {
+	case OpMax:
+		return max64, scale64
+	case OpMin:
+		return min64, scale64
+	}
+	return sum64, scale64
+}
+
+func sum32(dst, src []byte) {
+	d, s := b32(dst), b32(src)
+	s = s[:len(d)]
+	i := 0
+	for ; i+4 <= len(d); i += 4 {
+		d[i] += s[i]
+		d[i+1] += s[i+1]
+		d[i+2] += s[i+2]
+		d[i+3] += s[i+3]
+	}
+	for ; i < len(d); i++ {
+		d[i] += s[i]
+	}
+}
+
+func sum64(dst, src []byte) {
+	d, s := b64(dst), b64(src)
+	s = s[:len(d)]
+	i := 0
+	for ; i+4 <= len(d); i += 4 {
+		d[i] += s[i]
+		d[i+1] += s[i+1]
+		d[i+2] += s[i+2]
+		d[i+3] += s[i+3]
+	}
+	for ; i < len(d); i++ {
+		d[i] += s[i]
+	}
+}
+
+func max32(dst, src []byte) {
+	d, s := b32(dst), b32(src)
+	s = s[:len(d)]
+	for i := range d {
+		if s[i] > d[i] {
+			d[i] = s[i]
+		}
+	}
+}
+
+func min32(dst, src []byte) {
+	d, s := b32(dst), b32(src)
+	s = s[:len(d)]
+	for i := range d {
+		if s[i] < d[i] {
+			d[i] = s[i]
+		}
+	}
+}
+
+func max64(dst, src []byte) {
+	d, s := b64(dst), b64(src)
+	s = s[:len(d)]
+	for i := range d {
+		if s[i] > d[i] {
+			d[i] = s[i]
+		}
+	}
+}
+
+func min64(dst, src []byte) {
+	d, s := b64(dst), b64(src)
+	s = s[:len(d)]
+	for i := range d {
+		if s[i] < d[i] {
+			d[i] = s[i]
+		}
+	}
+}
+
+func scale32(dst []byte, n int) {
+	d := b32(dst)
+	f := float32(n)
+	for i := range d {
+		d[i] /= f
+	}
+}
+
+func scale64(dst []byte, n int) {
+	d := b64(dst)
+	f := float64(n)
+	for i := range d {
+		d[i] /= f
+	}
+}

@@ -1,0 +1,918 @@
+package sync
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	gosync "sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+const (
+	// verdictGrace is how long a rank whose data connection to a peer broke
+	// waits for the control connections to say which rank really failed
+	// (the peer may only have closed because a third rank died).
+	verdictGrace = 500 * time.Millisecond
+	// ctrlWriteTimeout bounds writing abort and close notices.
+	ctrlWriteTimeout = 500 * time.Millisecond
+	readerBytes      = 64 << 10
+)
+
+// peerLink holds the per-peer connections of a Ring.
+type peerLink struct {
+	rank   int
+	ctrl   net.Conn
+	ctrlMu gosync.Mutex
+	ctrlW  [wire.HeaderSize + wire.AbortSize]byte
+	mesh   net.Conn
+	meshR  *bufio.Reader
+	meshW  []byte // header + DirectBytes
+	meshH  [wire.HeaderSize]byte
+	// closed is set when the peer announced a graceful Close.
+	closed atomic.Bool
+}
+
+// lane is one stream of the ring: it sends to the right neighbour and
+// receives from the left one, each side driven by its own goroutine.
+type lane struct {
+	idx        int
+	right      net.Conn
+	left       net.Conn
+	leftR      *bufio.Reader
+	hdrW, hdrR [wire.HeaderSize]byte
+	scratch    []byte
+	sendJobs   chan laneJob
+	recvJobs   chan laneJob
+	// progress counters: step<<32 | chunks done within the step
+	sendProg, recvProg atomic.Int64
+	sendNote, recvNote chan struct{}
+}
+
+type laneJob struct {
+	kind  wire.Kind
+	opb   uint8 // op byte of the frame header
+	op    Op
+	elem  int // element size in bytes (1 for byte collectives)
+	buf   []byte
+	lo    int // lane's range: elements for allreduce, bytes otherwise
+	hi    int
+	block int // allgather: bytes per rank block
+	root  int
+	seq   uint64
+	total uint64
+	red   reduceFunc
+	scale scaleFunc
+}
+
+// Ring is the communicator of one round: the bandwidth-optimal ring
+// allreduce (reduce-scatter then allgather, Patarasuk & Yuan, "Bandwidth
+// optimal all-reduce algorithms for clusters of workstations", JPDC 2009),
+// split over Config.Streams lanes and pipelined in chunks of
+// Config.ChunkBytes, with a direct-exchange latency path for buffers of at
+// most Config.DirectBytes; pipelined chain broadcast; ring allgather;
+// barrier.
+//
+// Ring implements Synchronizer. Operations are called from one goroutine;
+// Close may be called from any goroutine. After any error the Ring is broken
+// and every later call returns that error.
+//
+// Failure semantics: every rank holds a control connection to every other
+// rank, read by a goroutine at all times. A rank whose process dies is seen
+// by all others when its connections close, and the first rank to see a
+// failure also sends an abort notice naming the failed rank to all others;
+// every rank then fails with a *PeerError naming that rank. A rank whose
+// context is cancelled (or that is closed during an operation) aborts the
+// operation on every rank (PeerError naming it, wrapping ErrAborted). A peer
+// that stops sending without closing (hung, stopped) makes the operation fail
+// with ErrTimeout after Config.OpTimeout.
+type Ring struct {
+	t     *Transport
+	cfg   Config
+	round uint64
+	rank  int
+	size  int
+	peers []*peerLink // by rank; nil for self
+	lanes []*lane
+
+	seq         uint64
+	ctxDeadline bool // the current op's deadline is the context's
+	watched     bool
+	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
+	laneDone    chan error
+	watchCh     chan context.Context
+	unwatchCh   chan struct{}
+
+	mu        gosync.Mutex
+	cause     error
+	dead      chan struct{}
+	inOp      atomic.Bool
+	closing   atomic.Bool
+	closeOnce gosync.Once
+	quit      chan struct{}
+	wg        gosync.WaitGroup
+}
+
+var _ Synchronizer = (*Ring)(nil)
+
+func alignedBytes(n int) []byte {
+	if n == 0 {
+		return nil
+	}
+	return f64Bytes(make([]float64, (n+7)/8))[:n]
+}
+
+func newRing(t *Transport, w World, rc *ringConns) *Ring {
+	cfg := t.cfg
+	n := w.Size()
+	r := &Ring{
+		t: t, cfg: cfg, round: w.Round, rank: w.Rank, size: n,
+		peers:     make([]*peerLink, n),
+		dead:      make(chan struct{}),
+		quit:      make(chan struct{}),
+		watchCh:   make(chan context.Context),
+		unwatchCh: make(chan struct{}),
+	}
+	if n == 1 {
+		return r
+	}
+	r.scratch = make([][]byte, n)
+	for i := range r.scratch {
+		r.scratch[i] = alignedBytes(cfg.DirectBytes)
+	}
+	for p := 0; p < n; p++ {
+		if p == w.Rank {
+			continue
+		}
+		r.peers[p] = &peerLink{
+			rank:  p,
+			ctrl:  rc.ctrl[p],
+			mesh:  rc.mesh[p],
+			meshR: bufio.NewReaderSize(rc.mesh[p], readerBytes),
+			meshW: make([]byte, wire.HeaderSize+cfg.DirectBytes),
+		}
+	}
+	r.lanes = make([]*lane, len(rc.right))
+	r.laneDone = make(chan error, 2*len(rc.right))
+	for i := range r.lanes {
+		r.lanes[i] = &lane{
+			idx:      i,
+			right:    rc.right[i],
+			left:     rc.left[i],
+			leftR:    bufio.NewReaderSize(rc.left[i], readerBytes),
+			scratch:  alignedBytes(cfg.chunkBytes()),
+			sendJobs: make(chan laneJob),
+			recvJobs: make(chan laneJob),
+			sendNote: make(chan struct{}, 1),
+			recvNote: make(chan struct{}, 1),
+		}
+	}
+	for _, p := range r.peers {
+		if p != nil {
+			r.wg.Add(1)
+			go r.ctrlLoop(p)
+		}
+	}
+	for _, l := range r.lanes {
+		r.wg.Add(2)
+		go r.sendLoop(l)
+		go r.recvLoop(l)
+	}
+	r.wg.Add(1)
+	go r.watchLoop()
+	return r
+}
+
+// Rank returns this process's rank in the round.
+func (r *Ring) Rank() int { return r.rank }
+
+// Size returns the world size.
+func (r *Ring) Size() int { return r.size }
+
+// Round returns the round this Ring belongs to.
+func (r *Ring) Round() uint64 { return r.round }
+
+// Err returns the error that broke the Ring, or nil while it works. It does
+// not block.
+func (r *Ring) Err() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cause
+}
+
+func (r *Ring) causeNow() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.cause
+}
+
+// Close releases the Ring: if no operation is in flight it tells every peer
+// it leaves gracefully; if one is, the operation is aborted on every rank
+// (they see a *PeerError naming this rank, wrapping ErrAborted). It closes
+// every connection and waits for the Ring's goroutines. Safe to call more
+// than once and from any goroutine; always returns nil.
+func (r *Ring) Close() error {
+	r.closeOnce.Do(func() {
+		r.closing.Store(true)
+		if r.inOp.Load() {
+			r.fail(fmt.Errorf("%w: Ring closed during an operation", ErrAborted), wire.ReasonCanceled, r.rank)
+		} else {
+			r.mu.Lock()
+			first := r.cause == nil
+			if first {
+				r.cause = fmt.Errorf("%w: Ring of round %d", ErrClosed, r.round)
+				close(r.dead)
+			}
+			r.mu.Unlock()
+			if first {
+				r.sendCtrl(wire.KindClose, nil)
+			}
+		}
+		close(r.quit)
+		for _, p := range r.peers {
+			if p != nil {
+				p.ctrl.Close()
+				p.mesh.Close()
+			}
+		}
+		for _, l := range r.lanes {
+			l.right.Close()
+			l.left.Close()
+		}
+		r.wg.Wait()
+		if r.t != nil {
+			r.t.forget(r)
+		}
+	})
+	return nil
+}
+
+// fail records cause as the reason the Ring is broken (the first cause
+// wins; the winning cause is returned), tells the other ranks with an abort
+// notice when reason is not 0, and closes the data connections so that any
+// blocked operation returns, here and on the peers.
+func (r *Ring) fail(cause error, reason uint8, blamed int) error {
+	r.mu.Lock()
+	if r.cause != nil {
+		c := r.cause
+		r.mu.Unlock()
+		return c
+	}
+	r.cause = cause
+	close(r.dead)
+	r.mu.Unlock()
+	if reason != 0 {
+		r.sendCtrl(wire.KindAbort, &wire.Abort{Origin: int32(r.rank), Blamed: int32(blamed), Reason: reason})
+	}
+	for _, p := range r.peers {
+		if p != nil {
+			p.mesh.Close()
+		}
+	}
+	for _, l := range r.lanes {
+		l.right.Close()
+		l.left.Close()
+	}
+	return cause
+}
+
+// sendCtrl writes a control frame to every peer, bounded by ctrlWriteTimeout.
+func (r *Ring) sendCtrl(kind wire.Kind, a *wire.Abort) {
+	deadline := time.Now().Add(ctrlWriteTimeout)
+	for _, p := range r.peers {
+		if p == nil {
+			continue
+		}
+		p.ctrlMu.Lock()
+		h := wire.Header{Kind: kind, Round: r.round}
+		n := wire.HeaderSize
+		if a != nil {
+			h.Length = wire.AbortSize
+			a.Put(p.ctrlW[wire.HeaderSize:])
+			n += wire.AbortSize
+		}
+		h.Put(p.ctrlW[:])
+		p.ctrl.SetWriteDeadline(deadline)
+		p.ctrl.Write(p.ctrlW[:n])
+		p.ctrlMu.Unlock()
+	}
+}
+
+// ctrlLoop reads the control connection of peer p for the Ring's life.
+func (r *Ring) ctrlLoop(p *peerLink) {
+	defer r.wg.Done()
+	br := bufio.NewReaderSize(p.ctrl, 256)
+	var hb [wire.HeaderSize]byte
+	var pb [wire.AbortSize]byte
+	for {
+		if _, err := io.ReadFull(br, hb[:]); err != nil {
+			if r.closing.Load() || p.closed.Load() {
+				return
+			}
+			r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("control connection: %w", err)}, wire.ReasonPeerLost, p.rank)
+			return
+		}
+		h, err := wire.ParseHeader(hb[:], wire.AbortSize)
+		if err == nil && h.Round != r.round {
+			err = fmt.Errorf("control frame of round %d in round %d", h.Round, r.round)
+		}
+		if err == nil && h.Kind == wire.KindAbort {
+			if _, err = io.ReadFull(br, pb[:h.Length]); err == nil {
+				var a wire.Abort
+				if a, err = wire.ParseAbort(pb[:h.Length], r.size); err == nil {
+					cause := r.abortCause(p.rank, a)
+					var pe *PeerError
+					switch {
+					case errors.As(cause, &pe):
+						r.fail(cause, wire.ReasonPeerLost, pe.Rank)
+					case a.Reason == wire.ReasonTimeout:
+						r.fail(cause, wire.ReasonTimeout, -1)
+					default:
+						r.fail(cause, wire.ReasonProtocol, -1)
+					}
+					return
+				}
+			}
+		} else if err == nil && h.Kind == wire.KindClose && h.Length == 0 {
+			p.closed.Store(true)
+			continue
+		} else if err == nil {
+			err = fmt.Errorf("unexpected %v frame of %d bytes on the control connection", h.Kind, h.Length)
+		}
+		if r.closing.Load() {
+			return
+		}
+		r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: %v", ErrBadFrame, err)}, wire.ReasonPeerLost, p.rank)
+		return
+	}
+}
+
+// abortCause turns an abort notice from peer `from` into this rank's error.
+func (r *Ring) abortCause(from int, a wire.Abort) error {
+	switch a.Reason {
+	case wire.ReasonPeerLost:
+		return &PeerError{Rank: int(a.Blamed), Round: r.round, Err: fmt.Errorf("connection lost (reported by rank %d)", from)}
+	case wire.ReasonTimeout:
+		return fmt.Errorf("%w: rank %d timed out waiting for the operation", ErrTimeout, from)
+	case wire.ReasonCanceled:
+		return &PeerError{Rank: from, Round: r.round, Err: fmt.Errorf("%w by the rank (context cancelled or closed)", ErrAborted)}
+	}
+	return fmt.Errorf("%w: rank %d saw a mismatched or malformed frame", ErrMismatch, from)
+}
+
+// watchLoop turns the cancellation of an operation's context into an abort
+// without allocating per operation.
+func (r *Ring) watchLoop() {
+	defer r.wg.Done()
+	for {
+		var ctx context.Context
+		select {
+		case <-r.quit:
+			return
+		case ctx = <-r.watchCh:
+		}
+		select {
+		case <-ctx.Done():
+			r.fail(ctxCause(ctx.Err()), wire.ReasonCanceled, r.rank)
+			select {
+			case <-r.unwatchCh:
+			case <-r.quit:
+				return
+			}
+		case <-r.unwatchCh:
+		case <-r.quit:
+			return
+		}
+	}
+}
+
+func ctxCause(err error) error { return fmt.Errorf("%w: %w", ErrAborted, err) }
+
+// begin starts an operation: checks the Ring, sets the deadlines of the data
+// connections and arms the context watch.
+func (r *Ring) begin(ctx context.Context) error {
+	if c := r.causeNow(); c != nil {
+		return c
+	}
+	if err := ctx.Err(); err != nil {
+		return r.fail(ctxCause(err), wire.ReasonCanceled, r.rank)
+	}
+	for _, p := range r.peers {
+		if p != nil && p.closed.Load() {
+			return r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its Ring", ErrClosed)}, wire.ReasonPeerLost, p.rank)
+		}
+	}
+	r.seq++
+	r.inOp.Store(true)
+	if r.size == 1 {
+		return nil
+	}
+	dl := time.Now().Add(r.cfg.OpTimeout)
+	r.ctxDeadline = false
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl, r.ctxDeadline = d, true
+	}
+	for _, p := range r.peers {
+		if p != nil {
+			p.mesh.SetDeadline(dl)
+		}
+	}
+	for _, l := range r.lanes {
+		l.right.SetWriteDeadline(dl)
+		l.left.SetReadDeadline(dl)
+	}
+	r.watched = false
+	if ctx.Done() != nil {
+		select {
+		case r.watchCh <- ctx:
+			r.watched = true
+		case <-r.quit:
+			r.inOp.Store(false)
+			return r.fail(fmt.Errorf("%w: Ring", ErrClosed), 0, -1)
+		}
+	}
+	return nil
+}
+
+// end finishes an operation begun by begin.
+func (r *Ring) end(err error) error {
+	if r.watched {
+		select {
+		case r.unwatchCh <- struct{}{}:
+		case <-r.quit:
+		}
+		r.watched = false
+	}
+	r.inOp.Store(false)
+	if err != nil {
+		if c := r.causeNow(); c != nil {
+			return c
+		}
+	}
+	return err
+}
+
+// connErr classifies a failed read or write on a data connection to peer.
+func (r *Ring) connErr(peer int, err error) error {
+	if c := r.causeNow(); c != nil {
+		return c
+	}
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		if r.ctxDeadline {
+			return r.fail(ctxCause(context.DeadlineExceeded), wire.ReasonCanceled, r.rank)
+		}
+		return r.fail(fmt.Errorf("%w: no progress with rank %d within OpTimeout %v", ErrTimeout, peer, r.cfg.OpTimeout), wire.ReasonTimeout, -1)
+	}
+	if p := r.peers[peer]; p != nil && p.closed.Load() {
+		return r.fail(&PeerError{Rank: peer, Round: r.round, Err: fmt.Errorf("%w: the rank closed its Ring: %v", ErrClosed, err)}, wire.ReasonPeerLost, peer)
+	}
+	// The peer may have closed only because a third rank failed: give the
+	// control connections a moment to name the rank at fault.
+	tm := time.NewTimer(verdictGrace)
+	select {
+	case <-r.dead:
+	case <-tm.C:
+	}
+	tm.Stop()
+	var bad error = fmt.Errorf("data connection: %w", err)
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		bad = fmt.Errorf("%w: truncated frame: %w", ErrBadFrame, err)
+	}
+	return r.fail(&PeerError{Rank: peer, Round: r.round, Err: bad}, wire.ReasonPeerLost, peer)
+}
+
+// protoErr fails the Ring for a malformed or mismatched frame from peer.
+func (r *Ring) protoErr(err error) error {
+	if c := r.causeNow(); c != nil {
+		return c
+	}
+	return r.fail(err, wire.ReasonProtocol, -1)
+}
+
+// writeFrame sends header h and payload on c (two writes, no copy).
+func (r *Ring) writeFrame(c net.Conn, hb []byte, h *wire.Header, payload []byte, peer int) error {
+	h.Length = uint32(len(payload))
+	h.Put(hb)
+	if _, err := c.Write(hb[:wire.HeaderSize]); err != nil {
+		return r.connErr(peer, err)
+	}
+	if len(payload) > 0 {
+		if _, err := c.Write(payload); err != nil {
+			return r.connErr(peer, err)
+		}
+	}
+	return nil
+}
+
+// readFrame reads one frame from br into dst, checking that it is exactly
+// the frame this rank expects (want, with len(dst) payload bytes).
+func (r *Ring) readFrame(br *bufio.Reader, hb []byte, want *wire.Header, dst []byte, peer int) error {
+	if _, err := io.ReadFull(br, hb[:wire.HeaderSize]); err != nil {
+		return r.connErr(peer, err)
+	}
+	h, err := wire.ParseHeader(hb[:wire.HeaderSize], r.cfg.MaxFrameBytes)
+	if err != nil {
+		return r.protoErr(fmt.Errorf("%w: from rank %d: %v", ErrBadFrame, peer, err))
+	}
+	if h.Kind != want.Kind || h.Op != want.Op || h.Round != want.Round || h.Seq != want.Seq ||
+		h.Total != want.Total || h.Aux != want.Aux || int(h.Length) != len(dst) {
+		return r.protoErr(fmt.Errorf("%w: rank %d sent %v #%d (op %#x, round %d, %d of %d bytes, aux %d), rank %d expected %v #%d (op %#x, round %d, %d of %d bytes, aux %d)",
+			ErrMismatch, peer, h.Kind, h.Seq, h.Op, h.Round, h.Length, h.Total, h.Aux,
+			r.rank, want.Kind, want.Seq, want.Op, want.Round, len(dst), want.Total, want.Aux))
+	}
+	if _, err := io.ReadFull(br, dst); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return r.connErr(peer, err)
+	}
+	return nil
+}
+
+func prog(step, chunk int) int64 { return int64(step)<<32 | int64(chunk+1) }
+
+func notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// waitProg waits until *p reaches need or the Ring breaks.
+func (r *Ring) waitProg(p *atomic.Int64, note chan struct{}, need int64) error {
+	for p.Load() < need {
+		select {
+		case <-note:
+		case <-r.dead:
+			return r.causeNow()
+		}
+	}
+	return nil
+}
+
+func mod(a, n int) int { return ((a % n) + n) % n }
+
+// span returns the i-th of parts balanced contiguous pieces of [lo, hi).
+func span(lo, hi, i, parts int) (int, int) {
+	m := hi - lo
+	return lo + int(int64(m)*int64(i)/int64(parts)), lo + int(int64(m)*int64(i+1)/int64(parts))
+}
+
+func (r *Ring) sendLoop(l *lane) {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case j := <-l.sendJobs:
+			r.laneDone <- r.laneSend(l, &j)
+		}
+	}
+}
+
+func (r *Ring) recvLoop(l *lane) {
+	defer r.wg.Done()
+	for {
+		select {
+		case <-r.quit:
+			return
+		case j := <-l.recvJobs:
+			r.laneDone <- r.laneRecv(l, &j)
+		}
+	}
+}
+
+func (r *Ring) header(j *laneJob) wire.Header {
+	return wire.Header{Kind: j.kind, Op: j.opb, Round: r.round, Seq: j.seq, Total: j.total, Aux: uint64(j.root)}
+}
+
+// laneSend is the sending half of lane l's part of an operation.
+func (r *Ring) laneSend(l *lane, j *laneJob) error {
+	n, rank := r.size, r.rank
+	right := (rank + 1) % n
+	h := r.header(j)
+	chunk := r.cfg.chunkBytes() / j.elem
+	switch j.kind {
+	case wire.KindAllReduce:
+		// Step s < n-1 (reduce-scatter) sends segment rank-s, which this
+		// rank reduced at step s-1; step s >= n-1 (allgather) sends segment
+		// rank+1-(s-n+1), final.
+		for s := 0; s < 2*(n-1); s++ {
+			seg := mod(rank-s, n)
+			if s >= n-1 {
+				seg = mod(rank+1-(s-n+1), n)
+			}
+			lo, hi := span(j.lo, j.hi, seg, n)
+			for k, c := 0, lo; c < hi; k, c = k+1, c+chunk {
+				e := min(c+chunk, hi)
+				if s > 0 {
+					if err := r.waitProg(&l.recvProg, l.recvNote, prog(s-1, k)); err != nil {
+						return err
+					}
+				}
+				if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c*j.elem:e*j.elem], right); err != nil {
+					return err
+				}
+				l.sendProg.Store(prog(s, k))
+				notify(l.sendNote)
+			}
+		}
+	case wire.KindBroadcast:
+		pos := mod(rank-j.root, n)
+		if pos == n-1 {
+			return nil
+		}
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			if pos > 0 {
+				if err := r.waitProg(&l.recvProg, l.recvNote, prog(0, k)); err != nil {
+					return err
+				}
+			}
+			if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c:e], right); err != nil {
+				return err
+			}
+		}
+	case wire.KindAllGather:
+		for s := 0; s < n-1; s++ {
+			base := mod(rank-s, n) * j.block
+			for k, c := 0, base+j.lo; c < base+j.hi; k, c = k+1, c+chunk {
+				e := min(c+chunk, base+j.hi)
+				if s > 0 {
+					if err := r.waitProg(&l.recvProg, l.recvNote, prog(s-1, k)); err != nil {
+						return err
+					}
+				}
+				if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c:e], right); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// laneRecv is the receiving half of lane l's part of an operation.
+func (r *Ring) laneRecv(l *lane, j *laneJob) error {
+	n, rank := r.size, r.rank
+	left := (rank - 1 + n) % n
+	h := r.header(j)
+	chunk := r.cfg.chunkBytes() / j.elem
+	switch j.kind {
+	case wire.KindAllReduce:
+		for s := 0; s < 2*(n-1); s++ {
+			seg := mod(rank-s-1, n)
+			if s >= n-1 {
+				seg = mod(rank-(s-n+1), n)
+			}
+			lo, hi := span(j.lo, j.hi, seg, n)
+			for k, c := 0, lo; c < hi; k, c = k+1, c+chunk {
+				e := min(c+chunk, hi)
+				dst := j.buf[c*j.elem : e*j.elem]
+				if s < n-1 {
+					tmp := l.scratch[:len(dst)]
+					if err := r.readFrame(l.leftR, l.hdrR[:], &h, tmp, left); err != nil {
+						return err
+					}
+					j.red(dst, tmp)
+					if s == n-2 && j.op == OpAvg {
+						j.scale(dst, n)
+					}
+				} else {
+					// Allgather step t overwrites the segment this rank sent
+					// at reduce-scatter step t: wait until that send is done.
+					if err := r.waitProg(&l.sendProg, l.sendNote, prog(s-n+1, k)); err != nil {
+						return err
+					}
+					if err := r.readFrame(l.leftR, l.hdrR[:], &h, dst, left); err != nil {
+						return err
+					}
+				}
+				l.recvProg.Store(prog(s, k))
+				notify(l.recvNote)
+			}
+		}
+	case wire.KindBroadcast:
+		if mod(rank-j.root, n) == 0 {
+			return nil
+		}
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			if err := r.readFrame(l.leftR, l.hdrR[:], &h, j.buf[c:e], left); err != nil {
+				return err
+			}
+			l.recvProg.Store(prog(0, k))
+			notify(l.recvNote)
+		}
+	case wire.KindAllGather:
+		for s := 0; s < n-1; s++ {
+			base := mod(rank-s-1, n) * j.block
+			for k, c := 0, base+j.lo; c < base+j.hi; k, c = k+1, c+chunk {
+				e := min(c+chunk, base+j.hi)
+				if err := r.readFrame(l.leftR, l.hdrR[:], &h, j.buf[c:e], left); err != nil {
+					return err
+				}
+				l.recvProg.Store(prog(s, k))
+				notify(l.recvNote)
+			}
+		}
+	}
+	return nil
+}
+
+// runLanes runs job on `used` lanes, lane i taking the i-th balanced part of
+// [0, extent), and waits for all of them.
+func (r *Ring) runLanes(j laneJob, extent, used int) error {
+	dispatched := 0
+dispatch:
+	for i := 0; i < used; i++ {
+		l := r.lanes[i]
+		l.sendProg.Store(0)
+		l.recvProg.Store(0)
+		j.lo, j.hi = span(0, extent, i, used)
+		for _, c := range [2]chan laneJob{l.sendJobs, l.recvJobs} {
+			select {
+			case c <- j:
+				dispatched++
+			case <-r.dead:
+				break dispatch
+			}
+		}
+	}
+	var first error
+	if dispatched < 2*used {
+		first = r.causeNow()
+	}
+	for i := 0; i < dispatched; i++ {
+		if err := <-r.laneDone; err != nil && first == nil {
+			first = err
+		}
+	}
+	return first
+}
+
+// lanesFor picks how many lanes to use for an operation of the given bytes.
+func (r *Ring) lanesFor(bytes int) int {
+	per := max(r.cfg.chunkBytes(), 64<<10)
+	return max(1, min(len(r.lanes), bytes/per))
+}
+
+// exchange sends payload to every other rank over the mesh connections, then
+// reads one frame from each rank into recv(rank); frames are small enough
+// (at most DirectBytes) that the writes never wait for the reads.
+func (r *Ring) exchange(h wire.Header, payload []byte, sendTo func(int) bool, recv func(int) ([]byte, bool)) error {
+	for i := 1; i < r.size; i++ {
+		p := r.peers[(r.rank+i)%r.size]
+		if !sendTo(p.rank) {
+			continue
+		}
+		h.Length = uint32(len(payload))
+		h.Put(p.meshW)
+		n := wire.HeaderSize + copy(p.meshW[wire.HeaderSize:], payload)
+		if _, err := p.mesh.Write(p.meshW[:n]); err != nil {
+			return r.connErr(p.rank, err)
+		}
+	}
+	for i := 1; i < r.size; i++ {
+		p := r.peers[(r.rank-i+r.size)%r.size]
+		dst, ok := recv(p.rank)
+		if !ok {
+			continue
+		}
+		if err := r.readFrame(p.meshR, p.meshH[:], &h, dst, p.rank); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func always(int) bool { return true }
+
+// AllReduceFloat32 reduces buf element-wise over all ranks with op, in
+// place; every rank ends with bit-identical values. Buffers of at most
+// Config.DirectBytes use the direct exchange (each rank reduces all inputs
+// in rank order 0..n-1); larger ones the pipelined ring, where the element
+// at index i of lane part p, segment s is reduced in ring order starting at
+// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. OpAvg divides the sum by the
+// world size. It does not allocate. Errors: see Ring.
+func (r *Ring) AllReduceFloat32(ctx context.Context, buf []float32, op Op) error {
+	return r.allReduce(ctx, f32Bytes(buf), 4, op)
+}
+
+// AllReduceFloat64 is AllReduceFloat32 for float64 values.
+func (r *Ring) AllReduceFloat64(ctx context.Context, buf []float64, op Op) error {
+	return r.allReduce(ctx, f64Bytes(buf), 8, op)
+}
+
+func (r *Ring) allReduce(ctx context.Context, b []byte, elem int, op Op) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	return r.end(r.allReduceIn(b, elem, op))
+}
+
+func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
+	if !op.valid() {
+		return r.protoErr(fmt.Errorf("%w: unknown reduction %v", ErrInvalid, op))
+	}
+	if r.size == 1 {
+		return nil
+	}
+	red, scale := kernels(elem, op)
+	opb := uint8(op) | uint8(elem)<<4
+	h := wire.Header{Kind: wire.KindAllReduce, Op: opb, Round: r.round, Seq: r.seq, Total: uint64(len(b))}
+	if len(b) <= r.cfg.DirectBytes {
+		err := r.exchange(h, b, always, func(p int) ([]byte, bool) { return r.scratch[p][:len(b)], true })
+		if err != nil {
+			return err
+		}
+		copy(r.scratch[r.rank], b)
+		copy(b, r.scratch[0][:len(b)])
+		for p := 1; p < r.size; p++ {
+			red(b, r.scratch[p][:len(b)])
+		}
+		if op == OpAvg {
+			scale(b, r.size)
+		}
+		return nil
+	}
+	j := laneJob{kind: wire.KindAllReduce, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(len(b)), red: red, scale: scale}
+	return r.runLanes(j, len(b)/elem, r.lanesFor(len(b)))
+}
+
+// Broadcast copies root's buf to buf on every other rank. len(buf) must be
+// equal on all ranks (else ErrMismatch). Buffers of at most DirectBytes go
+// straight from the root to every rank; larger ones along the pipelined
+// chain root -> root+1 -> ... over all lanes. It does not allocate.
+func (r *Ring) Broadcast(ctx context.Context, buf []byte, root int) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	return r.end(r.broadcastIn(buf, root))
+}
+
+func (r *Ring) broadcastIn(buf []byte, root int) error {
+	if root < 0 || root >= r.size {
+		return r.protoErr(fmt.Errorf("%w: broadcast root %d outside world size %d", ErrInvalid, root, r.size))
+	}
+	if r.size == 1 {
+		return nil
+	}
+	h := wire.Header{Kind: wire.KindBroadcast, Round: r.round, Seq: r.seq, Total: uint64(len(buf)), Aux: uint64(root)}
+	if len(buf) <= r.cfg.DirectBytes {
+		if r.rank == root {
+			return r.exchange(h, buf, always, func(int) ([]byte, bool) { return nil, false })
+		}
+		return r.exchange(h, nil, func(int) bool { return false }, func(p int) ([]byte, bool) { return buf, p == root })
+	}
+	j := laneJob{kind: wire.KindBroadcast, elem: 1, buf: buf, root: root, seq: r.seq, total: uint64(len(buf))}
+	return r.runLanes(j, len(buf), r.lanesFor(len(buf)))
+}
+
+// AllGather concatenates every rank's send buffer in rank order into recv
+// on every rank: len(recv) must be Size()*len(send), and len(send) equal on
+// all ranks (else ErrMismatch / ErrInvalid). Ring allgather over all lanes;
+// direct exchange for blocks of at most DirectBytes. It does not allocate.
+func (r *Ring) AllGather(ctx context.Context, send, recv []byte) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	return r.end(r.allGatherIn(send, recv))
+}
+
+func (r *Ring) allGatherIn(send, recv []byte) error {
+	b := len(send)
+	if len(recv) != b*r.size {
+		return r.protoErr(fmt.Errorf("%w: allgather recv of %d bytes, want %d x %d", ErrInvalid, len(recv), r.size, b))
+	}
+	copy(recv[r.rank*b:], send)
+	if r.size == 1 {
+		return nil
+	}
+	h := wire.Header{Kind: wire.KindAllGather, Round: r.round, Seq: r.seq, Total: uint64(b)}
+	if b <= r.cfg.DirectBytes {
+		return r.exchange(h, send, always, func(p int) ([]byte, bool) { return recv[p*b : (p+1)*b], true })
+	}
+	j := laneJob{kind: wire.KindAllGather, elem: 1, buf: recv, block: b, seq: r.seq, total: uint64(b)}
+	return r.runLanes(j, b, r.lanesFor(b))
+}
+
+// Barrier returns once every rank of the round has entered it (a direct
+// exchange of empty frames). It does not allocate.
+func (r *Ring) Barrier(ctx context.Context) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	var err error
+	if r.size > 1 {
+		h := wire.Header{Kind: wire.KindBarrier, Round: r.round, Seq: r.seq}
+		err = r.exchange(h, nil, always, func(int) ([]byte, bool) { return nil, true })
+	}
+	return r.end(err)
+}

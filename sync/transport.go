@@ -1,0 +1,878 @@
+package sync
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime"
+	"sort"
+	"strings"
+	gosync "sync"
+	"time"
+	"unsafe"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+// maxHeld bounds the authenticated connections held for future rounds.
+const maxHeld = 4096
+
+// littleEndian is true on the hosts this package supports: the wire format
+// is little-endian and buffers are sent as they lie in memory.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
+
+// Transport owns this process's listener for its whole life and forms one
+// Ring per round with Connect. Connections for a round this rank has not yet
+// reached are authenticated and held (up to Config.HoldTimeout); connections
+// for an older round are refused.
+//
+// A Transport is safe for concurrent use, but Connect calls must not overlap
+// (one round at a time). Close stops every goroutine it started and closes
+// the Rings it connected.
+type Transport struct {
+	cfg    Config
+	log    *slog.Logger
+	ln     net.Listener
+	uln    net.Listener // Unix listener for same-host peers, or nil
+	addr   string
+	closed chan struct{}
+	wg     gosync.WaitGroup
+
+	mu         gosync.Mutex
+	isClosed   bool
+	haveRound  bool
+	round      uint64
+	connecting *connectState
+	held       map[connKey]*heldConn
+	inflight   map[net.Conn]struct{}
+	rings      map[*Ring]struct{}
+	stats      TransportStats
+}
+
+// TransportStats counts handshakes; see Transport.Stats.
+type TransportStats struct {
+	Accepted      uint64 // incoming connections that passed the handshake and joined a round
+	Refused       uint64 // incoming connections refused (any reason)
+	LastRefusal   error  // the most recent refusal of an incoming connection, nil if none
+	LastRefusedAt time.Time
+}
+
+type connKey struct {
+	round    uint64
+	from, to int
+	kind     uint8
+	lane     int
+}
+
+func (k connKey) String() string {
+	kind := "control"
+	switch k.kind {
+	case wire.ConnMesh:
+		kind = "mesh"
+	case wire.ConnLane:
+		kind = fmt.Sprintf("lane %d", k.lane)
+	}
+	return fmt.Sprintf("%s connection from rank %d to rank %d", kind, k.from, k.to)
+}
+
+// refusal is a handshake refusal: the code goes on the wire, err to the log
+// and the caller.
+type refusal struct {
+	code uint8
+	err  error
+}
+
+type decision struct {
+	ref *refusal      // nil: accepted
+	st  *connectState // where to deliver when accepted
+}
+
+type heldConn struct {
+	key    connKey
+	decide chan decision // capacity 1
+}
+
+type acceptedConn struct {
+	key  connKey
+	conn net.Conn
+	err  error
+}
+
+type connectState struct {
+	w      World
+	expect map[connKey]bool // accepted slots; true once filled
+	got    chan acceptedConn
+	done   bool // under Transport.mu: Connect no longer takes deliveries
+}
+
+// Listen starts listening on addr (host:port; port 0 picks a free port) for
+// the whole life of the process and returns the Transport. With
+// cfg.LocalSockets on Linux it also listens on an abstract Unix socket named
+// after the advertised address, for peers on the same host. The context
+// bounds only the listen call. Errors: cfg.Validate errors (ErrInvalid),
+// listen errors.
+func Listen(ctx context.Context, addr string, cfg Config) (*Transport, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !littleEndian {
+		return nil, fmt.Errorf("%w: package sync supports little-endian hosts only", ErrInvalid)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("sync: listen %s: %w", addr, err)
+	}
+	t := &Transport{
+		cfg:      cfg,
+		log:      cfg.logger(),
+		ln:       ln,
+		closed:   make(chan struct{}),
+		held:     make(map[connKey]*heldConn),
+		inflight: make(map[net.Conn]struct{}),
+		rings:    make(map[*Ring]struct{}),
+	}
+	t.addr = cfg.AdvertiseAddr
+	if t.addr == "" {
+		t.addr = advertised(ln.Addr().(*net.TCPAddr))
+	}
+	if cfg.LocalSockets && runtime.GOOS == "linux" {
+		uln, err := lc.Listen(ctx, "unix", localSocketName(t.addr))
+		if err != nil {
+			t.log.Warn("sync: no Unix socket for same-host peers; using TCP", "addr", t.addr, "err", err)
+		} else {
+			t.uln = uln
+		}
+	}
+	t.wg.Add(1)
+	go t.acceptLoop(t.ln)
+	if t.uln != nil {
+		t.wg.Add(1)
+		go t.acceptLoop(t.uln)
+	}
+	return t, nil
+}
+
+// localSocketName is the abstract Unix socket of the transport advertising addr.
+func localSocketName(addr string) string { return "@elastictrain-sync/" + addr }
+
+func advertised(a *net.TCPAddr) string {
+	ip := a.IP
+	if ip == nil || ip.IsUnspecified() {
+		ip = net.IPv4(127, 0, 0, 1)
+		if ifs, err := net.InterfaceAddrs(); err == nil {
+			for _, ia := range ifs {
+				if n, ok := ia.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
+					ip = n.IP
+					break
+				}
+			}
+		}
+	}
+	return net.JoinHostPort(ip.String(), fmt.Sprint(a.Port))
+}
+
+// Addr returns the address peers should dial (host:port), to be advertised
+// through the rendezvous.
+func (t *Transport) Addr() string { return t.addr }
+
+// Stats returns handshake counters, for monitoring and tests.
+func (t *Transport) Stats() TransportStats {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.stats
+}
+
+// Close stops the listeners, refuses connections being handshaken or held,
+// closes every Ring this Transport connected and waits for all their
+// goroutines. Safe to call more than once.
+func (t *Transport) Close() error {
+	t.mu.Lock()
+	if t.isClosed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.isClosed = true
+	close(t.closed)
+	for c := range t.inflight {
+		c.Close()
+	}
+	rings := make([]*Ring, 0, len(t.rings))
+	for r := range t.rings {
+		rings = append(rings, r)
+	}
+	t.mu.Unlock()
+	t.ln.Close()
+	if t.uln != nil {
+		t.uln.Close()
+	}
+	for _, r := range rings {
+		r.Close()
+	}
+	t.wg.Wait()
+	return nil
+}
+
+func (t *Transport) acceptLoop(ln net.Listener) {
+	defer t.wg.Done()
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			select {
+			case <-t.closed:
+				return
+			default:
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Transient (e.g. out of file descriptors): back off, bounded.
+			t.log.Warn("sync: accept failed", "err", err)
+			tm := time.NewTimer(backoff)
+			select {
+			case <-tm.C:
+			case <-t.closed:
+				tm.Stop()
+				return
+			}
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = 5 * time.Millisecond
+		if !t.track(c) {
+			c.Close()
+			continue
+		}
+		t.wg.Add(1)
+		go t.serveConn(c)
+	}
+}
+
+func (t *Transport) track(c net.Conn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.isClosed {
+		return false
+	}
+	t.inflight[c] = struct{}{}
+	return true
+}
+
+func (t *Transport) untrack(c net.Conn) {
+	t.mu.Lock()
+	delete(t.inflight, c)
+	t.mu.Unlock()
+}
+
+func (t *Transport) refused(remote string, err error) {
+	t.mu.Lock()
+	t.stats.Refused++
+	t.stats.LastRefusal = err
+	t.stats.LastRefusedAt = time.Now()
+	t.mu.Unlock()
+	t.log.Warn("sync: refused connection", "remote", remote, "err", err)
+}
+
+// serveConn runs the server side of the handshake of one accepted connection
+// and hands it to Connect.
+func (t *Transport) serveConn(raw net.Conn) {
+	defer t.wg.Done()
+	delivered := false
+	defer func() {
+		t.untrack(raw)
+		if !delivered {
+			raw.Close()
+		}
+	}()
+	remote := raw.RemoteAddr().String()
+	if remote == "" || remote == "@" {
+		remote = "unix"
+	}
+	raw.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	var c net.Conn = raw
+	if t.cfg.ServerTLS != nil {
+		tc := tls.Server(raw, t.cfg.ServerTLS)
+		if err := tc.Handshake(); err != nil {
+			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
+			return
+		}
+		c = tc
+	}
+	key, d, ok := t.serverHandshake(c, remote)
+	if !ok {
+		return
+	}
+	c.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
+	scratch := make([]byte, 0, 64)
+	if d.ref != nil {
+		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
+		t.refused(remote, d.ref.err)
+		return
+	}
+	err := wire.WriteMsg(c, scratch, wire.MsgAccept, nil)
+	c.SetDeadline(time.Time{})
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if d.st.done {
+		return // Connect gave up on this round
+	}
+	if err != nil {
+		d.st.got <- acceptedConn{key: key, err: fmt.Errorf("%w: %v: sending accept: %v", ErrPeerLost, key, err)}
+		return
+	}
+	t.stats.Accepted++
+	d.st.got <- acceptedConn{key: key, conn: c}
+	delivered = true
+}
+
+// serverHandshake authenticates the dialer and decides where its connection
+// goes. ok is false when the connection was refused and logged already.
+func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decision, bool) {
+	buf := make([]byte, wire.MaxMsgBytes)
+	scratch := make([]byte, 0, 128)
+	reject := func(code uint8, err error) (connKey, decision, bool) {
+		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, code, err.Error()))
+		t.refused(remote, err)
+		return connKey{}, decision{}, false
+	}
+	typ, p, err := wire.ReadMsg(c, buf)
+	if err != nil {
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: reading hello: %v", ErrBadFrame, err))
+	}
+	if typ != wire.MsgHello {
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d, want hello", ErrBadFrame, typ))
+	}
+	hello, err := wire.ParseHello(p)
+	if err != nil {
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: %v", ErrBadFrame, err))
+	}
+	helloBytes := append([]byte(nil), p...)
+	if hello.JobID != t.cfg.JobID {
+		return reject(wire.RejectJob, fmt.Errorf("%w: dialer is in job %q, this rank serves job %q", ErrJobMismatch, hello.JobID, t.cfg.JobID))
+	}
+	t.mu.Lock()
+	stale, cur := t.haveRound && hello.Round < t.round, t.round
+	t.mu.Unlock()
+	if stale {
+		return reject(wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, hello.Round, cur))
+	}
+	var nonce [wire.NonceSize]byte
+	rand.Read(nonce[:])
+	challenge := append(nonce[:], proof(t.cfg.Secret, "server", helloBytes, nonce[:])...)
+	if err := wire.WriteMsg(c, scratch, wire.MsgChallenge, challenge); err != nil {
+		t.refused(remote, fmt.Errorf("%w: sending challenge: %v", ErrPeerLost, err))
+		return connKey{}, decision{}, false
+	}
+	typ, p, err = wire.ReadMsg(c, buf)
+	switch {
+	case err != nil:
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: reading proof: %v", ErrBadFrame, err))
+	case typ == wire.MsgReject:
+		code, text, perr := wire.ParseReject(p)
+		if perr != nil {
+			t.refused(remote, fmt.Errorf("%w: %v", ErrBadFrame, perr))
+		} else {
+			t.refused(remote, fmt.Errorf("%w: dialer refused this rank (code %d): %s", rejectSentinel(code), code, text))
+		}
+		return connKey{}, decision{}, false
+	case typ != wire.MsgProof || len(p) != wire.ProofSize:
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof", ErrBadFrame, typ, len(p)))
+	case !hmac.Equal(p, proof(t.cfg.Secret, "client", helloBytes, nonce[:])):
+		return reject(wire.RejectAuth, fmt.Errorf("%w: the dialer's proof of the job secret does not verify (wrong or missing secret)", ErrAuth))
+	}
+	key := connKey{round: hello.Round, from: int(hello.From), to: int(hello.To), kind: hello.ConnKind, lane: int(hello.Lane)}
+	d, h := t.place(key)
+	if h == nil {
+		return key, d, true
+	}
+	tm := time.NewTimer(t.cfg.HoldTimeout)
+	defer tm.Stop()
+	select {
+	case d = <-h.decide:
+	case <-t.closed:
+		t.mu.Lock()
+		delete(t.held, key)
+		t.mu.Unlock()
+		d = decision{ref: &refusal{wire.RejectClosed, fmt.Errorf("%w: transport closing", ErrClosed)}}
+	case <-tm.C:
+		t.mu.Lock()
+		if t.held[key] == h {
+			delete(t.held, key)
+			d = decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: held a %v for round %d for %v but this rank did not reach Connect of that round", errNotReady, key, key.round, t.cfg.HoldTimeout)}}
+		}
+		t.mu.Unlock()
+		if d.ref == nil && d.st == nil {
+			d = <-h.decide // claimed by Connect at the same instant
+		}
+	}
+	return key, d, true
+}
+
+// place decides on an authenticated connection: deliver to the Connect in
+// progress, refuse, or hold it for a future round (h != nil).
+func (t *Transport) place(key connKey) (decision, *heldConn) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch {
+	case t.isClosed:
+		return decision{ref: &refusal{wire.RejectClosed, fmt.Errorf("%w: transport closing", ErrClosed)}}, nil
+	case t.haveRound && key.round < t.round:
+		return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, t.round)}}, nil
+	case t.haveRound && key.round == t.round:
+		if t.connecting == nil {
+			return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: round %d is already formed on this rank", ErrRoundMismatch, key.round)}}, nil
+		}
+		return claim(t.connecting, key), nil
+	}
+	if _, dup := t.held[key]; dup {
+		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: duplicate %v for round %d", ErrRoundMismatch, key, key.round)}}, nil
+	}
+	if len(t.held) >= maxHeld {
+		return decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: %d connections already held for future rounds", errNotReady, len(t.held))}}, nil
+	}
+	h := &heldConn{key: key, decide: make(chan decision, 1)}
+	t.held[key] = h
+	return decision{}, h
+}
+
+// claim fills the slot of key in st. Called with t.mu held.
+func claim(st *connectState, key connKey) decision {
+	if key.to != st.w.Rank {
+		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: dialer wants rank %d but this is rank %d of round %d", ErrRoundMismatch, key.to, st.w.Rank, key.round)}}
+	}
+	filled, ok := st.expect[key]
+	if !ok {
+		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: unexpected %v in round %d of world size %d", ErrRoundMismatch, key, key.round, st.w.Size())}}
+	}
+	if filled {
+		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: duplicate %v in round %d", ErrRoundMismatch, key, key.round)}}
+	}
+	st.expect[key] = true
+	return decision{st: st}
+}
+
+// errNotReady is the retryable refusal of a connection for a round the peer
+// has not reached yet.
+var errNotReady = errors.New("sync: peer not ready for the round")
+
+func rejectSentinel(code uint8) error {
+	switch code {
+	case wire.RejectJob:
+		return ErrJobMismatch
+	case wire.RejectRound, wire.RejectRank:
+		return ErrRoundMismatch
+	case wire.RejectAuth:
+		return ErrAuth
+	case wire.RejectNotReady:
+		return errNotReady
+	case wire.RejectClosed:
+		return ErrClosed
+	}
+	return ErrBadFrame
+}
+
+// proof is HMAC-SHA256(secret, label || 0 || hello || nonce).
+func proof(secret []byte, label string, hello, nonce []byte) []byte {
+	m := hmac.New(sha256.New, secret)
+	m.Write([]byte("elastictrain/sync v1 " + label))
+	m.Write([]byte{0})
+	m.Write(hello)
+	m.Write(nonce)
+	return m.Sum(nil)
+}
+
+// clientHandshake runs the dialer's side on c within ctx.
+func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire.Hello) error {
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if d, ok := ctx.Deadline(); ok {
+		c.SetDeadline(d)
+	}
+	defer c.SetDeadline(time.Time{})
+	rand.Read(hello.Nonce[:])
+	helloBytes := wire.AppendHello(nil, hello)
+	scratch := make([]byte, 0, 128)
+	buf := make([]byte, wire.MaxMsgBytes)
+	if err := wire.WriteMsg(c, scratch, wire.MsgHello, helloBytes); err != nil {
+		return fmt.Errorf("%w: sending hello: %v", errRetry, err)
+	}
+	typ, p, err := wire.ReadMsg(c, buf)
+	if err != nil {
+		return t.readErr(ctx, "challenge", err)
+	}
+	if typ == wire.MsgReject {
+		return parseRefusal(p)
+	}
+	if typ != wire.MsgChallenge || len(p) != wire.NonceSize+wire.ProofSize {
+		return fmt.Errorf("%w: handshake message %d of %d bytes, want a challenge", ErrBadFrame, typ, len(p))
+	}
+	nonce := append([]byte(nil), p[:wire.NonceSize]...)
+	if !hmac.Equal(p[wire.NonceSize:], proof(t.cfg.Secret, "server", helloBytes, nonce)) {
+		err := fmt.Errorf("%w: the peer's proof of the job secret does not verify (wrong secret)", ErrAuth)
+		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, wire.RejectAuth, err.Error()))
+		return err
+	}
+	if err := wire.WriteMsg(c, scratch, wire.MsgProof, proof(t.cfg.Secret, "client", helloBytes, nonce)); err != nil {
+		return fmt.Errorf("%w: sending proof: %v", errRetry, err)
+	}
+	typ, p, err = wire.ReadMsg(c, buf)
+	if err != nil {
+		return t.readErr(ctx, "accept", err)
+	}
+	switch typ {
+	case wire.MsgAccept:
+		return nil
+	case wire.MsgReject:
+		return parseRefusal(p)
+	}
+	return fmt.Errorf("%w: handshake message %d, want accept", ErrBadFrame, typ)
+}
+
+func (t *Transport) readErr(ctx context.Context, what string, err error) error {
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if errors.Is(err, wire.ErrMalformed) {
+		return fmt.Errorf("%w: reading %s: %v", ErrBadFrame, what, err)
+	}
+	return fmt.Errorf("%w: reading %s: %v", errRetry, what, err)
+}
+
+func parseRefusal(p []byte) error {
+	code, text, err := wire.ParseReject(p)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	return fmt.Errorf("%w: refused by peer: %s", rejectSentinel(code), text)
+}
+
+// errRetry marks a transient dial failure.
+var errRetry = errors.New("sync: transient connection failure")
+
+func retryable(err error) bool {
+	return errors.Is(err, errRetry) || errors.Is(err, errNotReady) || errors.Is(err, ErrClosed)
+}
+
+// dialOnce opens a raw connection to addr: the peer's Unix socket if it is on
+// this host and LocalSockets is on, else TCP; then TLS if configured.
+func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	var c net.Conn
+	var err error
+	if t.cfg.LocalSockets && runtime.GOOS == "linux" {
+		c, err = d.DialContext(ctx, "unix", localSocketName(addr))
+	}
+	if c == nil {
+		c, err = d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %v", errRetry, err)
+		}
+	}
+	if t.cfg.ClientTLS == nil {
+		return c, nil
+	}
+	cfg := t.cfg.ClientTLS.Clone()
+	if cfg.ServerName == "" {
+		host, _, _ := net.SplitHostPort(addr)
+		cfg.ServerName = host
+	}
+	tc := tls.Client(c, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: TLS handshake with %s: %v", ErrAuth, addr, err)
+	}
+	return tc, nil
+}
+
+// dialPeer dials one connection of the round to peer, retrying transient
+// failures until ctx ends.
+func (t *Transport) dialPeer(ctx context.Context, w World, peer int, kind uint8, lane int) (net.Conn, error) {
+	hello := wire.Hello{
+		Version:  wire.ProtocolVersion,
+		ConnKind: kind,
+		Lane:     uint16(lane),
+		Round:    w.Round,
+		From:     uint32(w.Rank),
+		To:       uint32(peer),
+		JobID:    w.JobID,
+	}
+	backoff := 5 * time.Millisecond
+	for {
+		c, err := t.dialOnce(ctx, w.Addrs[peer])
+		if err == nil {
+			err = t.clientHandshake(ctx, c, &hello)
+			if err == nil {
+				return c, nil
+			}
+			c.Close()
+		}
+		key := connKey{round: w.Round, from: w.Rank, to: peer, kind: kind, lane: lane}
+		if !retryable(err) && err != ctx.Err() {
+			return nil, fmt.Errorf("%v at %s: %w", key, w.Addrs[peer], err)
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("%v at %s: %w (last error: %v)", key, w.Addrs[peer], ctx.Err(), err)
+		}
+		tm := time.NewTimer(backoff)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+		}
+		backoff = min(2*backoff, 200*time.Millisecond)
+	}
+}
+
+// ringConns are the connections of one round, by role.
+type ringConns struct {
+	ctrl, mesh []net.Conn // by peer rank; nil for self
+	right      []net.Conn // by lane: to the right neighbour (this rank sends)
+	left       []net.Conn // by lane: from the left neighbour (this rank receives)
+}
+
+func (rc *ringConns) closeAll() {
+	for _, s := range [][]net.Conn{rc.ctrl, rc.mesh, rc.right, rc.left} {
+		for _, c := range s {
+			if c != nil {
+				c.Close()
+			}
+		}
+	}
+}
+
+func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
+	switch key.kind {
+	case wire.ConnControl:
+		rc.ctrl[peer] = c
+	case wire.ConnMesh:
+		rc.mesh[peer] = c
+	case wire.ConnLane:
+		if dialed {
+			rc.right[key.lane] = c
+		} else {
+			rc.left[key.lane] = c
+		}
+	}
+}
+
+// Connect forms the connections of round w.Round and returns its Ring:
+// a control and a mesh connection to every other rank (the lower rank
+// dials), and Config.Streams lane connections to the right neighbour
+// (rank+1 mod size) and from the left one. Every connection is authenticated
+// (job ID, round, rank, HMAC of the secret over fresh nonces). It waits up
+// to Config.DialTimeout for peers that reach Connect later.
+//
+// Errors: ErrInvalid (bad World), ErrJobMismatch (w.JobID differs from
+// Config.JobID), ErrRoundMismatch (w.Round is older than, or the same as, a
+// round already connected, or a peer is in another round), ErrAuth (a peer
+// does not know the secret), ErrTimeout (not all connections formed within
+// DialTimeout; the message names the missing ones), ErrClosed, ctx errors.
+func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
+	if w.JobID == "" {
+		w.JobID = t.cfg.JobID
+	} else if w.JobID != t.cfg.JobID {
+		return nil, fmt.Errorf("%w: World.JobID %q, Config.JobID %q", ErrJobMismatch, w.JobID, t.cfg.JobID)
+	}
+	if err := w.Validate(); err != nil {
+		return nil, err
+	}
+	w.Addrs = append([]string(nil), w.Addrs...)
+	n, rank := w.Size(), w.Rank
+	streams := t.cfg.Streams
+	st := &connectState{w: w, expect: make(map[connKey]bool)}
+	type target struct {
+		peer int
+		kind uint8
+		lane int
+	}
+	var dials []target
+	if n > 1 {
+		for p := 0; p < n; p++ {
+			switch {
+			case p < rank:
+				st.expect[connKey{w.Round, p, rank, wire.ConnControl, 0}] = false
+				st.expect[connKey{w.Round, p, rank, wire.ConnMesh, 0}] = false
+			case p > rank:
+				dials = append(dials, target{p, wire.ConnControl, 0}, target{p, wire.ConnMesh, 0})
+			}
+		}
+		left, right := (rank-1+n)%n, (rank+1)%n
+		for l := 0; l < streams; l++ {
+			st.expect[connKey{w.Round, left, rank, wire.ConnLane, l}] = false
+			dials = append(dials, target{right, wire.ConnLane, l})
+		}
+	}
+	st.got = make(chan acceptedConn, len(st.expect))
+
+	t.mu.Lock()
+	switch {
+	case t.isClosed:
+		t.mu.Unlock()
+		return nil, fmt.Errorf("%w: transport", ErrClosed)
+	case t.connecting != nil:
+		t.mu.Unlock()
+		return nil, fmt.Errorf("%w: Connect of round %d already in progress", ErrInvalid, t.round)
+	case t.haveRound && w.Round <= t.round:
+		cur := t.round
+		t.mu.Unlock()
+		return nil, fmt.Errorf("%w: round %d is not newer than round %d this transport already connected", ErrRoundMismatch, w.Round, cur)
+	}
+	t.haveRound, t.round, t.connecting = true, w.Round, st
+	for key, h := range t.held {
+		switch {
+		case key.round < w.Round:
+			h.decide <- decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
+			delete(t.held, key)
+		case key.round == w.Round:
+			h.decide <- claim(st, key)
+			delete(t.held, key)
+		}
+	}
+	t.mu.Unlock()
+	finish := func() {
+		t.mu.Lock()
+		st.done = true
+		if t.connecting == st {
+			t.connecting = nil
+		}
+		t.mu.Unlock()
+	}
+
+	cctx, cancel := context.WithTimeout(ctx, t.cfg.DialTimeout)
+	defer cancel()
+	type dialResult struct {
+		target
+		conn net.Conn
+		err  error
+	}
+	results := make(chan dialResult, len(dials))
+	var wg gosync.WaitGroup
+	for _, d := range dials {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := t.dialPeer(cctx, w, d.peer, d.kind, d.lane)
+			results <- dialResult{d, c, err}
+		}()
+	}
+	rc := &ringConns{
+		ctrl: make([]net.Conn, n), mesh: make([]net.Conn, n),
+		right: make([]net.Conn, streams), left: make([]net.Conn, streams),
+	}
+	remaining := len(dials) + len(st.expect)
+	var firstErr error
+	for remaining > 0 && firstErr == nil {
+		select {
+		case r := <-results:
+			remaining--
+			if r.err != nil {
+				firstErr = r.err
+				if cctx.Err() != nil {
+					firstErr = t.connectTimeout(ctx, w, rc)
+				}
+			} else {
+				rc.put(connKey{kind: r.kind, lane: r.lane}, r.peer, r.conn, true)
+			}
+		case a := <-st.got:
+			remaining--
+			if a.err != nil {
+				firstErr = a.err
+			} else {
+				rc.put(a.key, a.key.from, a.conn, false)
+			}
+		case <-cctx.Done():
+			firstErr = t.connectTimeout(ctx, w, rc)
+		}
+	}
+	if firstErr != nil {
+		cancel()
+		wg.Wait()
+		finish()
+		close(results)
+		for r := range results {
+			if r.conn != nil {
+				r.conn.Close()
+			}
+		}
+		for {
+			select {
+			case a := <-st.got:
+				if a.conn != nil {
+					a.conn.Close()
+				}
+				continue
+			default:
+			}
+			break
+		}
+		rc.closeAll()
+		if !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
+			firstErr = fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, firstErr)
+		}
+		return nil, firstErr
+	}
+	wg.Wait()
+	finish()
+	r := newRing(t, w, rc)
+	t.mu.Lock()
+	if t.isClosed {
+		t.mu.Unlock()
+		r.Close()
+		return nil, fmt.Errorf("%w: transport", ErrClosed)
+	}
+	t.rings[r] = struct{}{}
+	t.mu.Unlock()
+	return r, nil
+}
+
+// connectTimeout builds the error for a Connect that ran out of time, naming
+// the connections still missing.
+func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) error {
+	var missing []string
+	t.mu.Lock()
+	if st := t.connecting; st != nil {
+		for k, filled := range st.expect {
+			if !filled {
+				missing = append(missing, k.String())
+			}
+		}
+	}
+	t.mu.Unlock()
+	for p, c := range rc.ctrl {
+		if p > w.Rank && c == nil {
+			missing = append(missing, fmt.Sprintf("control connection to rank %d", p))
+		}
+	}
+	for l, c := range rc.right {
+		if c == nil {
+			missing = append(missing, fmt.Sprintf("lane %d connection to rank %d", l, (w.Rank+1)%w.Size()))
+		}
+	}
+	sort.Strings(missing)
+	if len(missing) > 6 {
+		missing = append(missing[:6], fmt.Sprintf("and %d more", len(missing)-6))
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("sync: connect round %d rank %d: %w (missing: %s)", w.Round, w.Rank, err, strings.Join(missing, "; "))
+	}
+	return fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "))
+}
+
+func (t *Transport) forget(r *Ring) {
+	t.mu.Lock()
+	delete(t.rings, r)
+	t.mu.Unlock()
+}
