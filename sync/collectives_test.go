@@ -1,0 +1,351 @@
+package sync
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Tolerance for float32: the result may differ from the exact sum (computed
+// in float64) by at most n * 2^-23 * sum_i |x_i| (n-1 roundings of partial
+// sums bounded by sum |x_i|, plus the rounding of the average). float64
+// results must equal, bit for bit, the sum taken in the order the algorithm
+// documents (see refStart). All ranks must hold bit-identical results.
+func tol32(n int, absSum float64) float64 { return float64(n) * math.Ldexp(1, -23) * absSum }
+
+// refStart gives, for element i of an allreduce of `count` elements of
+// `elem` bytes on r's world, the rank where its reduction starts: -1 for the
+// direct path (rank order 0..n-1), else the segment index s of the ring
+// (order s, s+1, ..., s-1). Lanes split [0,count) into `used` balanced
+// parts floor(count*l/used); each part splits into n segments the same way.
+func refStart(r *Ring, count, elem, i int) int {
+	n := r.Size()
+	if n == 1 || count*elem <= r.cfg.DirectBytes {
+		return -1
+	}
+	used := r.lanesFor(count * elem)
+	for l := 0; l < used; l++ {
+		lo, hi := count*l/used, count*(l+1)/used
+		if i < lo || i >= hi {
+			continue
+		}
+		m := hi - lo
+		for s := 0; s < n; s++ {
+			if i >= lo+m*s/n && i < lo+m*(s+1)/n {
+				return s
+			}
+		}
+	}
+	panic("unreachable")
+}
+
+func reduceRef64(op Op, xs []float64, start int) float64 {
+	n := len(xs)
+	order := make([]int, n)
+	for k := range order {
+		order[k] = k
+		if start >= 0 {
+			order[k] = (start + k) % n
+		}
+	}
+	acc := xs[order[0]]
+	for _, k := range order[1:] {
+		switch op {
+		case OpSum, OpAvg:
+			acc += xs[k]
+		case OpMax:
+			acc = max(acc, xs[k])
+		case OpMin:
+			acc = min(acc, xs[k])
+		}
+	}
+	if op == OpAvg {
+		acc /= float64(n)
+	}
+	return acc
+}
+
+func randBufs(rng *rand.Rand, n, length int) [][]float64 {
+	b := make([][]float64, n)
+	for r := range b {
+		b[r] = make([]float64, length)
+		for i := range b[r] {
+			b[r][i] = (rng.Float64()*2 - 1) * math.Ldexp(1, rng.IntN(20)-10)
+		}
+	}
+	return b
+}
+
+// checkAllReduce runs one allreduce of each type on w and checks it.
+func checkAllReduce(t *testing.T, w *testWorld, rng *rand.Rand, length int, op Op) {
+	t.Helper()
+	n := len(w.rings)
+	in := randBufs(rng, n, length)
+	// float64: exact in the documented order.
+	got64 := make([][]float64, n)
+	for r := range got64 {
+		got64[r] = append([]float64(nil), in[r]...)
+	}
+	w.must(t, fmt.Sprintf("float64 %v len %d", op, length), func(rank int, r *Ring) error {
+		return r.AllReduceFloat64(context.Background(), got64[rank], op)
+	})
+	xs := make([]float64, n)
+	for i := 0; i < length; i++ {
+		for r := range xs {
+			xs[r] = in[r][i]
+		}
+		want := reduceRef64(op, xs, refStart(w.rings[0], length, 8, i))
+		for r := range got64 {
+			if math.Float64bits(got64[r][i]) != math.Float64bits(want) {
+				t.Fatalf("n=%d float64 %v len %d: rank %d [%d] = %v, want %v", n, op, length, r, i, got64[r][i], want)
+			}
+		}
+	}
+	// float32: within tolerance of the exact value, identical on all ranks.
+	got32 := make([][]float32, n)
+	for r := range got32 {
+		got32[r] = make([]float32, length)
+		for i, v := range in[r] {
+			got32[r][i] = float32(v)
+		}
+	}
+	w.must(t, fmt.Sprintf("float32 %v len %d", op, length), func(rank int, r *Ring) error {
+		return r.AllReduceFloat32(context.Background(), got32[rank], op)
+	})
+	for i := 0; i < length; i++ {
+		var exact, abs float64
+		for r := range xs {
+			xs[r] = float64(float32(in[r][i]))
+			abs += math.Abs(xs[r])
+		}
+		switch op {
+		case OpSum:
+			exact = reduceRef64(OpSum, xs, -1)
+		case OpAvg:
+			exact = reduceRef64(OpAvg, xs, -1)
+			abs /= float64(n)
+		default:
+			exact, abs = reduceRef64(op, xs, -1), 0 // max/min are exact
+		}
+		for r := range got32 {
+			if d := math.Abs(float64(got32[r][i]) - exact); d > tol32(n, abs) {
+				t.Fatalf("n=%d float32 %v len %d: rank %d [%d] = %v, want %v (diff %g > tol %g)", n, op, length, r, i, got32[r][i], exact, d, tol32(n, abs))
+			}
+			if math.Float32bits(got32[r][i]) != math.Float32bits(got32[0][i]) {
+				t.Fatalf("n=%d float32 %v len %d: [%d] differs between rank 0 (%v) and rank %d (%v)", n, op, length, i, got32[0][i], r, got32[r][i])
+			}
+		}
+	}
+}
+
+// smallConfig makes the ring path and chunking kick in at small sizes.
+func smallConfig(t testing.TB) Config {
+	cfg := testConfig(t)
+	cfg.ChunkBytes = 4096
+	cfg.DirectBytes = 1024
+	cfg.Streams = 2
+	return cfg
+}
+
+func TestCollectivesWorldSizes(t *testing.T) {
+	for n := 1; n <= 8; n++ {
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			w := newTestWorld(t, n, smallConfig(t))
+			rng := rand.New(rand.NewPCG(uint64(n), 1))
+			// 0, 1, odd, not divisible by n, around the direct/ring switch,
+			// many chunks and two lanes.
+			for _, length := range []int{0, 1, 7, 3*n + 1, 127, 129, 255, 257, 5003, 40001} {
+				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+					checkAllReduce(t, w, rng, length, op)
+				}
+			}
+			for _, length := range []int{0, 1, 1023, 1025, 40001} {
+				for root := 0; root < n; root++ {
+					checkBroadcast(t, w, rng, length, root)
+				}
+				checkAllGather(t, w, rng, length)
+			}
+			checkBarrier(t, w)
+		})
+	}
+}
+
+func checkBroadcast(t *testing.T, w *testWorld, rng *rand.Rand, length, root int) {
+	t.Helper()
+	n := len(w.rings)
+	bufs := make([][]byte, n)
+	for r := range bufs {
+		bufs[r] = make([]byte, length)
+		for i := range bufs[r] {
+			bufs[r][i] = byte(rng.Uint32())
+		}
+	}
+	want := append([]byte(nil), bufs[root]...)
+	w.must(t, fmt.Sprintf("broadcast len %d root %d", length, root), func(rank int, r *Ring) error {
+		return r.Broadcast(context.Background(), bufs[rank], root)
+	})
+	for r := range bufs {
+		if !bytes.Equal(bufs[r], want) {
+			t.Fatalf("n=%d broadcast len %d root %d: rank %d differs", n, length, root, r)
+		}
+	}
+}
+
+func checkAllGather(t *testing.T, w *testWorld, rng *rand.Rand, length int) {
+	t.Helper()
+	n := len(w.rings)
+	send := make([][]byte, n)
+	recv := make([][]byte, n)
+	var want []byte
+	for r := range send {
+		send[r] = make([]byte, length)
+		for i := range send[r] {
+			send[r][i] = byte(rng.Uint32())
+		}
+		want = append(want, send[r]...)
+		recv[r] = make([]byte, n*length)
+	}
+	w.must(t, fmt.Sprintf("allgather len %d", length), func(rank int, r *Ring) error {
+		return r.AllGather(context.Background(), send[rank], recv[rank])
+	})
+	for r := range recv {
+		if !bytes.Equal(recv[r], want) {
+			t.Fatalf("n=%d allgather len %d: rank %d differs", n, length, r)
+		}
+	}
+}
+
+func checkBarrier(t *testing.T, w *testWorld) {
+	t.Helper()
+	n := int64(len(w.rings))
+	var entered atomic.Int64
+	w.must(t, "barrier", func(rank int, r *Ring) error {
+		entered.Add(1)
+		if err := r.Barrier(context.Background()); err != nil {
+			return err
+		}
+		if got := entered.Load(); got != n {
+			return fmt.Errorf("left the barrier with %d of %d ranks entered", got, n)
+		}
+		return nil
+	})
+}
+
+// TestAllReduce16Mi runs one allreduce of 16 Mi float32 elements (64 MiB per
+// rank) with the default configuration.
+func TestAllReduce16Mi(t *testing.T) {
+	const n, length = 2, 16 << 20
+	w := newTestWorld(t, n, testConfig(t))
+	bufs := make([][]float32, n)
+	for r := range bufs {
+		bufs[r] = make([]float32, length)
+		for i := range bufs[r] {
+			bufs[r][i] = float32(i%1000 + r) // integers: exact in any order
+		}
+	}
+	w.must(t, "allreduce 16Mi", func(rank int, r *Ring) error {
+		return r.AllReduceFloat32(context.Background(), bufs[rank], OpSum)
+	})
+	for r := range bufs {
+		for i, v := range bufs[r] {
+			if want := float32(2*(i%1000) + 1); v != want {
+				t.Fatalf("rank %d [%d] = %v, want %v", r, i, v, want)
+			}
+		}
+	}
+}
+
+func TestLocal(t *testing.T) {
+	s := NewLocal()
+	ctx := context.Background()
+	buf := []float32{1, 2, 3}
+	if err := s.AllReduceFloat32(ctx, buf, OpAvg); err != nil || buf[2] != 3 {
+		t.Fatalf("AllReduceFloat32: %v %v", err, buf)
+	}
+	if err := s.AllReduceFloat64(ctx, []float64{1}, Op(9)); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad op: %v", err)
+	}
+	if err := s.Broadcast(ctx, []byte{1}, 1); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("bad root: %v", err)
+	}
+	if err := s.Barrier(ctx); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := s.Barrier(cctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled: %v", err)
+	}
+	s.Close()
+	if err := s.Barrier(ctx); !errors.Is(err, ErrClosed) {
+		t.Fatalf("after Close: %v", err)
+	}
+	if s.Rank() != 0 || s.Size() != 1 {
+		t.Fatal("rank/size")
+	}
+}
+
+// TestMismatchFailsEveryRank: ranks that disagree on the operation all get
+// an error (ErrMismatch where they saw the frame), and no rank hangs.
+func TestMismatchFailsEveryRank(t *testing.T) {
+	cases := []struct {
+		name string
+		f    func(rank int, r *Ring) error
+	}{
+		{"length direct", func(rank int, r *Ring) error {
+			return r.AllReduceFloat32(context.Background(), make([]float32, 10+min(rank, 1)), OpSum)
+		}},
+		{"length ring", func(rank int, r *Ring) error {
+			return r.AllReduceFloat32(context.Background(), make([]float32, 5000+min(rank, 1)), OpSum)
+		}},
+		{"op", func(rank int, r *Ring) error {
+			op := OpSum
+			if rank == 1 {
+				op = OpMax
+			}
+			return r.AllReduceFloat64(context.Background(), make([]float64, 3000), op)
+		}},
+		{"type", func(rank int, r *Ring) error {
+			if rank == 2 {
+				return r.AllReduceFloat64(context.Background(), make([]float64, 8), OpSum)
+			}
+			return r.AllReduceFloat32(context.Background(), make([]float32, 16), OpSum)
+		}},
+		{"kind", func(rank int, r *Ring) error {
+			if rank == 0 {
+				return r.Barrier(context.Background())
+			}
+			return r.AllReduceFloat32(context.Background(), nil, OpSum)
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newTestWorld(t, 3, smallConfig(t))
+			// Reach the same sequence number first, then disagree.
+			w.must(t, "barrier", func(_ int, r *Ring) error { return r.Barrier(context.Background()) })
+			start := time.Now()
+			errs := w.each(c.f)
+			for rank, err := range errs {
+				if err == nil {
+					t.Fatalf("rank %d: no error", rank)
+				}
+				if !errors.Is(err, ErrMismatch) && !errors.Is(err, ErrPeerLost) {
+					t.Fatalf("rank %d: %v, want ErrMismatch", rank, err)
+				}
+			}
+			if el := time.Since(start); el > 5*time.Second {
+				t.Fatalf("took %v", el)
+			}
+			// The Ring stays broken with the same error.
+			if err := w.rings[0].Barrier(context.Background()); !errors.Is(err, errs[0]) && err.Error() != errs[0].Error() {
+				t.Fatalf("after failure: %v, want %v", err, errs[0])
+			}
+		})
+	}
+}
