@@ -1,0 +1,675 @@
+package elastic
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Agent is one worker process's handle on the rendezvous of a job: one Agent
+// per process per Member. It joins rounds (Join), keeps the member's lease
+// alive from a background goroutine independent of the training loop, learns
+// of membership changes (Pub/Sub hints plus polling through the heartbeat),
+// and fences itself for good once evicted.
+//
+// All methods are safe for concurrent use, except that only one Join may run
+// at a time. Close stops every goroutine the Agent started and waits for
+// them.
+type Agent struct {
+	store  Store
+	self   Member
+	cfg    Config
+	params Params
+	log    *slog.Logger
+	start  time.Time // origin of leaseAt (monotonic)
+
+	mu          sync.Mutex
+	inc         string // incarnation of the job state we are registered in
+	order       int64
+	maxRound    uint64
+	world       World
+	hasWorld    bool
+	view        View // last view seen
+	lost        bool // the store answered CodeLost; re-registration pending
+	err         error
+	outageSince time.Time
+	joining     bool
+	started     bool
+
+	leaseAt  atomic.Int64 // ns since start: when the last lease renewal was sent (0 = never)
+	pending  atomic.Bool
+	changes  chan struct{}
+	joinWake chan struct{}
+
+	stop      chan struct{}
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+// NewAgent returns an Agent for member self (usually NewMember(addr)) over
+// store. It validates cfg and self and starts nothing: the background
+// goroutine starts with the first Join.
+func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
+	if store == nil {
+		return nil, errors.New("elastic: nil Store")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := self.validate(); err != nil {
+		return nil, err
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{
+		store:    store,
+		self:     self,
+		cfg:      cfg,
+		params:   cfg.params(),
+		log:      log.With("job", cfg.JobID, "member", self.ID),
+		start:    time.Now(),
+		changes:  make(chan struct{}, 1),
+		joinWake: make(chan struct{}, 1),
+		stop:     make(chan struct{}),
+		done:     make(chan struct{}),
+	}
+	a.pending.Store(true)
+	return a, nil
+}
+
+// Member returns the member this Agent joins as.
+func (a *Agent) Member() Member { return a.self }
+
+// World returns the last World returned by Join and whether there is one.
+func (a *Agent) World() (World, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.world, a.hasWorld
+}
+
+// Err returns the Agent's terminal error (ErrFenced, ErrJobFinished,
+// ErrStoreUnavailable, ErrClosed), or nil while it is usable.
+func (a *Agent) Err() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.err
+}
+
+// ChangePending reports, without blocking or I/O, whether the trainer should
+// leave the current round at the next step boundary and call Join again: the
+// round is superseded (a member was evicted or left, or a peer called Join),
+// joiners wait to be admitted, the store lost its state, this member's lease
+// may have lapsed (no renewal acknowledged within LeaseTTL), or the Agent
+// hit a terminal error (Join then returns it). It is true before the first
+// Join.
+func (a *Agent) ChangePending() bool {
+	if a.pending.Load() {
+		return true
+	}
+	at := a.leaseAt.Load()
+	return time.Duration(int64(time.Since(a.start))-at) > a.cfg.LeaseTTL
+}
+
+// Changes returns a channel (capacity 1) that receives a value when
+// ChangePending may have become true. It is a hint: read ChangePending for
+// the truth. The channel is never closed.
+func (a *Agent) Changes() <-chan struct{} { return a.changes }
+
+func (a *Agent) notify(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+// fail sets the terminal error (first one wins). Called with a.mu held.
+func (a *Agent) failLocked(err error) {
+	if a.err != nil {
+		return
+	}
+	a.err = err
+	a.log.Debug("agent stopped", "err", err)
+	a.updatePendingLocked()
+	a.notify(a.joinWake)
+}
+
+func (a *Agent) fail(err error) {
+	a.mu.Lock()
+	a.failLocked(err)
+	a.mu.Unlock()
+}
+
+// updatePendingLocked recomputes the ChangePending flag; called with a.mu held.
+func (a *Agent) updatePendingLocked() {
+	v := a.view
+	p := a.err != nil || a.lost || !a.hasWorld ||
+		v.Round != a.world.Round || v.Open || v.Pending > 0 || v.Role != RoleRanked
+	if p && !a.pending.Swap(true) {
+		a.notify(a.changes)
+	} else if !p {
+		a.pending.Store(false)
+	}
+}
+
+// handleView records what a store call returned; called with a.mu held.
+func (a *Agent) handleViewLocked(v View, sent time.Time) {
+	switch v.Code {
+	case CodeFenced:
+		a.failLocked(fmt.Errorf("%w (job %q, member %s)", ErrFenced, a.cfg.JobID, a.self.ID))
+		return
+	case CodeFinished:
+		a.failLocked(ErrJobFinished)
+		return
+	case CodeLost:
+		a.lost = true
+		a.updatePendingLocked()
+		return
+	}
+	a.lost = false
+	a.inc = v.Incarnation
+	if v.Order > 0 {
+		a.order = v.Order
+	}
+	a.maxRound = max(a.maxRound, v.Round)
+	a.view = v
+	a.leaseAt.Store(int64(sent.Sub(a.start)))
+	a.updatePendingLocked()
+}
+
+func newIncarnation() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (a *Agent) joinRequest(arrive bool) JoinRequest {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := JoinRequest{
+		JobID:          a.cfg.JobID,
+		Member:         a.self,
+		Incarnation:    a.inc,
+		NewIncarnation: newIncarnation(),
+		RoundHint:      a.maxRound,
+		Arrive:         arrive,
+		Params:         a.params,
+	}
+	if a.inc != "" {
+		// Used by the store only if our incarnation is gone: re-register
+		// with our old order and ask it to wait for our old peers.
+		r.Order = a.order
+		if a.hasWorld {
+			for _, m := range a.world.Members {
+				if m.ID != a.self.ID {
+					r.Peers = append(r.Peers, m.ID)
+				}
+			}
+		}
+	}
+	return r
+}
+
+func (a *Agent) memberRequest() MemberRequest {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+}
+
+// opTimeout bounds one store call.
+func (a *Agent) opTimeout() time.Duration { return max(a.cfg.LeaseTTL/2, 100*time.Millisecond) }
+
+// noteOutage records a failed store call; it returns the terminal
+// ErrStoreUnavailable once the outage lasted longer than OutageBudget.
+func (a *Agent) noteOutage(err error) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := time.Now()
+	if a.outageSince.IsZero() {
+		a.outageSince = now
+		a.log.Warn("store unreachable", "err", err)
+	}
+	if now.Sub(a.outageSince) > a.cfg.OutageBudget {
+		a.failLocked(fmt.Errorf("%w: %v", ErrStoreUnavailable, err))
+	}
+	return a.err
+}
+
+func (a *Agent) noteOK() {
+	a.mu.Lock()
+	if !a.outageSince.IsZero() {
+		a.log.Info("store reachable again", "after", time.Since(a.outageSince))
+		a.outageSince = time.Time{}
+	}
+	a.mu.Unlock()
+}
+
+// call runs one store operation, retrying with exponential backoff (10 ms to
+// 1 s) while the store is unreachable, within the outage budget. It records
+// the view and returns it.
+func (a *Agent) call(ctx context.Context, f func(context.Context) (View, error)) (View, error) {
+	backoff := 10 * time.Millisecond
+	for {
+		sent := time.Now()
+		octx, cancel := context.WithTimeout(ctx, a.opTimeout())
+		v, err := f(octx)
+		cancel()
+		if err == nil {
+			a.noteOK()
+			a.mu.Lock()
+			a.handleViewLocked(v, sent)
+			a.mu.Unlock()
+			return v, nil
+		}
+		if ctx.Err() != nil {
+			return View{}, ctx.Err()
+		}
+		if terr := a.noteOutage(err); terr != nil {
+			return View{}, terr
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return View{}, ctx.Err()
+		case <-a.stop:
+			t.Stop()
+			return View{}, ErrClosed
+		case <-t.C:
+		}
+		backoff = min(2*backoff, time.Second)
+	}
+}
+
+// ensureStarted subscribes to change hints and starts the background
+// goroutine, once.
+func (a *Agent) ensureStarted(ctx context.Context) {
+	a.mu.Lock()
+	if a.started {
+		a.mu.Unlock()
+		return
+	}
+	a.started = true
+	a.mu.Unlock()
+	wctx, cancel := context.WithTimeout(ctx, a.opTimeout())
+	w, err := a.store.Watch(wctx, a.cfg.JobID)
+	cancel()
+	if err != nil {
+		a.log.Warn("watch failed; relying on polling until it succeeds", "err", err)
+		w = nil
+	}
+	go a.run(w)
+}
+
+// Join blocks until this member holds a rank in a closed round, and returns
+// that round's World. The first call registers the member; a later call
+// (made because ChangePending is true) takes part in the next round, together
+// with the other survivors and any waiting joiners. Join waits at most
+// Config.JoinTimeout.
+//
+// Errors: ErrFenced (this member was evicted; make a new Agent with a new
+// Member), ErrJobFinished, ErrJoinTimeout, ErrStoreUnavailable, ErrClosed,
+// or the ctx error (wrapped). Only one Join may run at a time per Agent.
+func (a *Agent) Join(ctx context.Context) (World, error) {
+	a.mu.Lock()
+	if err := a.err; err != nil {
+		a.mu.Unlock()
+		return World{}, err
+	}
+	if a.joining {
+		a.mu.Unlock()
+		return World{}, errors.New("elastic: Join already running on this Agent")
+	}
+	a.joining = true
+	a.mu.Unlock()
+	defer func() {
+		a.mu.Lock()
+		a.joining = false
+		a.mu.Unlock()
+	}()
+	// Drop a stale wake-up left by an earlier round.
+	select {
+	case <-a.joinWake:
+	default:
+	}
+	a.ensureStarted(ctx)
+
+	jctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
+	defer cancel()
+	fail := func(err error) (World, error) {
+		switch {
+		case errors.Is(err, ErrStoreUnavailable), errors.Is(err, ErrClosed):
+			return World{}, err
+		case ctx.Err() != nil:
+			return World{}, fmt.Errorf("elastic: join: %w", ctx.Err())
+		case jctx.Err() != nil:
+			return World{}, fmt.Errorf("%w after %v", ErrJoinTimeout, a.cfg.JoinTimeout)
+		}
+		return World{}, err
+	}
+	join := func(c context.Context) (View, error) { return a.store.Join(c, a.joinRequest(true)) }
+	check := func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) }
+
+	v, err := a.call(jctx, join)
+	lostAgain := false // the previous call was an immediate re-arrival after a loss
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for {
+		if err != nil {
+			return fail(err)
+		}
+		if terr := a.Err(); terr != nil {
+			return World{}, terr
+		}
+		arrive := false
+		switch {
+		case v.Code == CodeLost:
+			// The job state is gone (store restarted empty): register and
+			// arrive again at once, keeping our order.
+			if !lostAgain {
+				lostAgain = true
+				v, err = a.call(jctx, join)
+				continue
+			}
+			arrive = true
+		case v.Role == RoleRanked && !v.Open:
+			a.mu.Lock()
+			if !a.hasWorld || v.Round != a.world.Round {
+				w := World{JobID: a.cfg.JobID, Round: v.Round, Rank: v.Rank, Size: v.Size, Members: v.Members}
+				a.world, a.hasWorld = w, true
+				a.updatePendingLocked()
+				a.mu.Unlock()
+				a.log.Debug("joined", "round", w.Round, "rank", w.Rank, "size", w.Size)
+				return w, nil
+			}
+			a.mu.Unlock()
+			arrive = true // still ranked in the round we hold: arrive for the next
+		case v.Role == RoleNone:
+			arrive = true // registered but not arrived (re-registered after a loss)
+		}
+		lostAgain = false
+		wait := a.cfg.PollInterval
+		if v.Wait > 0 && v.Wait < wait {
+			wait = v.Wait + time.Millisecond
+		}
+		timer.Reset(wait)
+		select {
+		case <-jctx.Done():
+			return fail(jctx.Err())
+		case <-a.stop:
+			return World{}, ErrClosed
+		case <-a.joinWake:
+		case <-timer.C:
+		}
+		if arrive {
+			v, err = a.call(jctx, join)
+		} else {
+			v, err = a.call(jctx, check)
+		}
+	}
+}
+
+// ReportFailure reports that member memberID failed while both held ranks in
+// round (typically: its collective connection closed without an abort). If
+// round is still current, the store evicts that member at once and opens the
+// next round, without waiting for its lease to lapse; ChangePending turns
+// true for every survivor. A report about an older round, or about a member
+// that already arrived in the next round, is ignored (nil error).
+//
+// Errors: ErrFenced (the reporter itself was evicted), ErrJobFinished,
+// ErrStoreUnavailable, ErrClosed, a ctx error, or an error for an empty ID or
+// an Agent that never joined.
+func (a *Agent) ReportFailure(ctx context.Context, round uint64, memberID string) error {
+	if memberID == "" {
+		return errors.New("elastic: ReportFailure: empty member ID")
+	}
+	a.mu.Lock()
+	err, inc := a.err, a.inc
+	a.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if inc == "" {
+		return errors.New("elastic: ReportFailure before Join")
+	}
+	req := ReportRequest{MemberRequest: a.memberRequest(), Round: round, Target: memberID}
+	v, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Report(c, req) })
+	if err != nil {
+		return fmt.Errorf("elastic: report failure of %s in round %d: %w", memberID, round, err)
+	}
+	switch v.Code {
+	case CodeFenced, CodeFinished:
+		return a.Err()
+	}
+	return nil
+}
+
+// Leave removes this member from the job at once (no lease wait): if it held
+// a rank, the next round opens for the survivors. The Agent is unusable
+// afterwards (ErrClosed); Close it. Leaving an already evicted member is not
+// an error.
+func (a *Agent) Leave(ctx context.Context) error {
+	a.mu.Lock()
+	err, inc := a.err, a.inc
+	a.mu.Unlock()
+	if errors.Is(err, ErrClosed) || errors.Is(err, ErrStoreUnavailable) {
+		return err
+	}
+	if inc != "" && err == nil {
+		req := a.memberRequest()
+		if _, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Leave(c, req) }); err != nil {
+			return fmt.Errorf("elastic: leave: %w", err)
+		}
+	}
+	a.mu.Lock()
+	a.err = nil // a fenced or finished member leaving is done as well
+	a.failLocked(ErrClosed)
+	a.mu.Unlock()
+	return nil
+}
+
+// Finish marks the job finished for every member: their ChangePending turns
+// true and Join returns ErrJobFinished, as does any later Join with this job
+// ID (for Config.StateTTL). Errors: ErrFenced, ErrStoreUnavailable,
+// ErrClosed, a ctx error, or an error for an Agent that never joined.
+func (a *Agent) Finish(ctx context.Context) error {
+	a.mu.Lock()
+	err, inc := a.err, a.inc
+	a.mu.Unlock()
+	if errors.Is(err, ErrJobFinished) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if inc == "" {
+		return errors.New("elastic: Finish before Join")
+	}
+	req := a.memberRequest()
+	v, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Finish(c, req) })
+	if err != nil {
+		return fmt.Errorf("elastic: finish: %w", err)
+	}
+	if v.Code == CodeOK {
+		a.fail(ErrJobFinished)
+		return nil
+	}
+	if v.Code == CodeFinished {
+		return nil
+	}
+	if err := a.Err(); err != nil {
+		return err
+	}
+	return fmt.Errorf("elastic: finish: store answered %v", v.Code)
+}
+
+// Close stops the background goroutine and the change subscription and waits
+// for them. It does not leave the job (call Leave first for a graceful exit;
+// without it the member's lease lapses after LeaseTTL). Later calls return
+// ErrClosed; Close itself is idempotent and returns nil.
+func (a *Agent) Close() error {
+	a.closeOnce.Do(func() {
+		a.fail(ErrClosed)
+		close(a.stop)
+		a.mu.Lock()
+		started := a.started
+		a.started = true // no goroutine may start after Close
+		a.mu.Unlock()
+		if started {
+			<-a.done
+		}
+	})
+	return nil
+}
+
+// run is the background goroutine: lease renewal every HeartbeatInterval
+// (which also polls the job's version), and a state refresh on every change
+// hint. It exits on Close or on a terminal error other than a finished job.
+func (a *Agent) run(w Watcher) {
+	defer close(a.done)
+	defer func() {
+		if w != nil {
+			_ = w.Close()
+		}
+	}()
+	timer := time.NewTimer(a.cfg.HeartbeatInterval)
+	defer timer.Stop()
+	backoff := 10 * time.Millisecond
+	for {
+		var hints <-chan struct{}
+		if w != nil {
+			hints = w.C()
+		}
+		select {
+		case <-a.stop:
+			return
+		case <-hints:
+			a.onHint()
+		case <-timer.C:
+			if w == nil {
+				wctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
+				if nw, err := a.store.Watch(wctx, a.cfg.JobID); err == nil {
+					w = nw
+				}
+				cancel()
+			}
+			next := a.cfg.HeartbeatInterval
+			if !a.beat() {
+				next = min(backoff, a.cfg.HeartbeatInterval)
+				backoff = min(2*backoff, time.Second)
+			} else {
+				backoff = 10 * time.Millisecond
+			}
+			if err := a.Err(); err != nil {
+				// Terminal: nothing left to renew. Close still waits for us.
+				<-a.stop
+				return
+			}
+			timer.Reset(next)
+		}
+	}
+}
+
+// onHint handles a change hint: a waiting Join re-reads the state itself;
+// otherwise refresh the view so ChangePending is current.
+func (a *Agent) onHint() {
+	a.mu.Lock()
+	joining, inc := a.joining, a.inc
+	a.mu.Unlock()
+	if joining {
+		a.notify(a.joinWake)
+		return
+	}
+	if inc != "" {
+		a.refresh()
+	}
+}
+
+// refresh re-reads the caller's view (a Check); errors count as outage.
+func (a *Agent) refresh() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
+	defer cancel()
+	sent := time.Now()
+	v, err := a.store.Check(ctx, a.memberRequest())
+	if err != nil {
+		_ = a.noteOutage(err)
+		return
+	}
+	a.noteOK()
+	a.mu.Lock()
+	a.handleViewLocked(v, sent)
+	lost := a.lost
+	a.mu.Unlock()
+	if lost {
+		a.reregister()
+	}
+}
+
+// beat renews the lease once; it reports whether the store answered.
+func (a *Agent) beat() bool {
+	req := a.memberRequest()
+	if req.Incarnation == "" {
+		return true // not registered yet (first Join in flight)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
+	defer cancel()
+	sent := time.Now()
+	b, err := a.store.Heartbeat(ctx, req)
+	if err != nil {
+		_ = a.noteOutage(err)
+		return false
+	}
+	a.noteOK()
+	switch b.Code {
+	case CodeOK:
+		a.leaseAt.Store(int64(sent.Sub(a.start)))
+		a.mu.Lock()
+		stale := b.Version != a.view.Version || a.lost
+		joining := a.joining
+		a.mu.Unlock()
+		if stale {
+			if joining {
+				a.notify(a.joinWake)
+			} else {
+				a.refresh()
+			}
+		}
+	case CodeFenced:
+		a.fail(fmt.Errorf("%w (job %q, member %s)", ErrFenced, a.cfg.JobID, a.self.ID))
+	case CodeFinished:
+		a.fail(ErrJobFinished)
+	case CodeLost:
+		a.mu.Lock()
+		a.lost = true
+		a.updatePendingLocked()
+		a.mu.Unlock()
+		a.reregister()
+	}
+	return true
+}
+
+// reregister registers this member again after the job state was lost
+// (Redis restarted empty), keeping its order and asking the store to wait
+// for its old peers; the trainer's next Join then arrives.
+func (a *Agent) reregister() {
+	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
+	defer cancel()
+	sent := time.Now()
+	v, err := a.store.Join(ctx, a.joinRequest(false))
+	if err != nil {
+		_ = a.noteOutage(err)
+		return
+	}
+	a.noteOK()
+	a.mu.Lock()
+	a.handleViewLocked(v, sent)
+	a.mu.Unlock()
+	a.log.Info("re-registered after the job state was lost", "round", v.Round)
+}

@@ -1,0 +1,155 @@
+package elastic
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+)
+
+// Default values of Config (see DefaultConfig).
+const (
+	DefaultMinWorkers        = 1
+	DefaultMaxWorkers        = 1024
+	DefaultLastCall          = 500 * time.Millisecond
+	DefaultJoinTimeout       = 10 * time.Minute
+	DefaultLeaseTTL          = 3 * time.Second
+	DefaultHeartbeatInterval = 500 * time.Millisecond
+	DefaultPollInterval      = 200 * time.Millisecond
+	DefaultOutageBudget      = 30 * time.Second
+	DefaultStateTTL          = time.Hour
+	// MaxJobIDLen is the longest accepted job ID, in bytes.
+	MaxJobIDLen = 128
+)
+
+// Config holds the rendezvous settings of one job. All members of a job must
+// use the same values for MinWorkers, MaxWorkers, LastCall, LeaseTTL and
+// StateTTL: the store applies the values sent with each call.
+type Config struct {
+	// JobID names the job; every store key of the job carries it inside one
+	// Redis hash tag. 1..128 bytes, printable ASCII without '{', '}' or
+	// spaces. Required (no default).
+	JobID string
+
+	// MinWorkers is the smallest world size a round may close with.
+	// Default 1.
+	MinWorkers int
+
+	// MaxWorkers is the largest world size; a forming round closes at once
+	// when it reaches it, and later arrivals wait as pending. Default 1024.
+	MaxWorkers int
+
+	// LastCall is how long a forming round stays open after MinWorkers
+	// members arrived, so workers that start a moment apart land in one
+	// round. 0 closes the round at the arrival that reaches MinWorkers.
+	// Rounds re-formed from a running round (survivors known) do not wait:
+	// they close as soon as every survivor is back. Default 500 ms.
+	LastCall time.Duration
+
+	// JoinTimeout bounds one Join call. Default 10 min.
+	JoinTimeout time.Duration
+
+	// LeaseTTL is how long a member stays alive in the store without a
+	// heartbeat; a member whose lease lapsed is evicted and a new round
+	// opened. It bounds the detection time of a silent death. Default 3 s.
+	LeaseTTL time.Duration
+
+	// HeartbeatInterval is how often the Agent's background goroutine renews
+	// the lease and polls the job's version (the fallback when a Pub/Sub
+	// message is lost). Must be below LeaseTTL/2. Default 500 ms.
+	HeartbeatInterval time.Duration
+
+	// PollInterval is how often a waiting Join re-reads the store when no
+	// Pub/Sub message arrives. Default 200 ms.
+	PollInterval time.Duration
+
+	// OutageBudget is how long the Agent retries (with backoff) while the
+	// store is unreachable before returning ErrStoreUnavailable. Default 30 s.
+	OutageBudget time.Duration
+
+	// StateTTL is the time to live of every store key of the job, renewed by
+	// every heartbeat: after the last member stops, the job's keys vanish
+	// after StateTTL, and a finished job answers ErrJobFinished for that long.
+	// Must be at least LeaseTTL. Default 1 h.
+	StateTTL time.Duration
+
+	// Logger receives debug and warning records. Default: discard.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the defaults listed on each Config field, with an
+// empty JobID that the caller must set.
+func DefaultConfig() Config {
+	return Config{
+		MinWorkers:        DefaultMinWorkers,
+		MaxWorkers:        DefaultMaxWorkers,
+		LastCall:          DefaultLastCall,
+		JoinTimeout:       DefaultJoinTimeout,
+		LeaseTTL:          DefaultLeaseTTL,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		PollInterval:      DefaultPollInterval,
+		OutageBudget:      DefaultOutageBudget,
+		StateTTL:          DefaultStateTTL,
+	}
+}
+
+// ErrInvalidConfig is wrapped by every error of Config.Validate.
+var ErrInvalidConfig = errors.New("elastic: invalid config")
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+	}
+	if err := ValidateJobID(c.JobID); err != nil {
+		return bad("%v", err)
+	}
+	switch {
+	case c.MinWorkers < 1:
+		return bad("MinWorkers %d < 1", c.MinWorkers)
+	case c.MaxWorkers < c.MinWorkers:
+		return bad("MaxWorkers %d < MinWorkers %d", c.MaxWorkers, c.MinWorkers)
+	case c.LastCall < 0:
+		return bad("LastCall %v < 0", c.LastCall)
+	case c.JoinTimeout <= 0:
+		return bad("JoinTimeout %v <= 0", c.JoinTimeout)
+	case c.LeaseTTL < 10*time.Millisecond:
+		return bad("LeaseTTL %v < 10ms", c.LeaseTTL)
+	case c.HeartbeatInterval <= 0 || c.HeartbeatInterval*2 > c.LeaseTTL:
+		return bad("HeartbeatInterval %v must be > 0 and <= LeaseTTL/2 (%v)", c.HeartbeatInterval, c.LeaseTTL/2)
+	case c.PollInterval <= 0:
+		return bad("PollInterval %v <= 0", c.PollInterval)
+	case c.OutageBudget <= 0:
+		return bad("OutageBudget %v <= 0", c.OutageBudget)
+	case c.StateTTL < c.LeaseTTL:
+		return bad("StateTTL %v < LeaseTTL %v", c.StateTTL, c.LeaseTTL)
+	}
+	return nil
+}
+
+// ValidateJobID checks a job ID: 1..MaxJobIDLen bytes of printable ASCII
+// without '{', '}' (they would break the Redis hash tag) or spaces.
+func ValidateJobID(id string) error {
+	if id == "" {
+		return errors.New("empty JobID")
+	}
+	if len(id) > MaxJobIDLen {
+		return fmt.Errorf("JobID longer than %d bytes", MaxJobIDLen)
+	}
+	if i := strings.IndexFunc(id, func(r rune) bool { return r <= ' ' || r > '~' || r == '{' || r == '}' }); i >= 0 {
+		return fmt.Errorf("JobID %q has a forbidden character at byte %d", id, i)
+	}
+	return nil
+}
+
+// params returns the part of the config the store applies.
+func (c Config) params() Params {
+	return Params{
+		MinWorkers: c.MinWorkers,
+		MaxWorkers: c.MaxWorkers,
+		LastCall:   c.LastCall,
+		LeaseTTL:   c.LeaseTTL,
+		StateTTL:   c.StateTTL,
+	}
+}

@@ -1,0 +1,435 @@
+package elastic
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+)
+
+// This file is the deterministic core of the rendezvous: the state of one
+// job and its transitions, driven by an injected clock (milliseconds). The
+// in-memory store runs it directly; the Redis store runs the same transitions
+// as Lua scripts (scripts.go), written to mirror these functions line by line.
+// Both are checked by the same tests.
+
+// coreState is the JSON document kept under the job's state key.
+type coreState struct {
+	Inc      string           `json:"inc"`      // incarnation: random, set when the state is created
+	Round    uint64           `json:"round"`    // latest round number
+	Prev     uint64           `json:"prev"`     // number of the last closed round
+	Floor    uint64           `json:"floor"`    // the next round opened gets at least this number
+	Open     bool             `json:"open"`     // Round is forming
+	Reform   bool             `json:"reform"`   // forming round was opened with survivors expected
+	Fin      bool             `json:"fin"`      // job finished
+	DL       int64            `json:"dl"`       // last-call deadline (ms) of the forming round; 0 = unset
+	Seq      int64            `json:"seq"`      // highest order handed out
+	Ver      uint64           `json:"ver"`      // version; grows on every visible change
+	Ranked   []string         `json:"ranked"`   // closed round: member IDs in rank order
+	Arrived  []string         `json:"arrived"`  // forming round: arrived members
+	Expected []string         `json:"expected"` // forming round: survivors not yet arrived
+	Pending  []string         `json:"pending"`  // closed round: waiting joiners in arrival order
+	Ord      map[string]int64 `json:"ord"`      // member ID -> arrival order
+}
+
+// coreJob is the whole store content of one job: the state document, the
+// member records (ID -> JSON of Member) and the leases (ID -> expiry, ms).
+type coreJob struct {
+	st      *coreState
+	members map[string]string
+	leases  map[string]int64
+}
+
+// opCtx collects the effects of one transition.
+type opCtx struct {
+	changed bool // a visible change: bump Version and publish
+	reopen  bool // a ranked member of the closed round was evicted
+}
+
+// rawView is a View before member records are parsed.
+type rawView struct {
+	View
+	records []string
+}
+
+func ms(d time.Duration) int64 { return int64(d / time.Millisecond) }
+
+func contains(list []string, id string) bool { return slices.Contains(list, id) }
+
+func remove(list *[]string, id string) bool {
+	i := slices.Index(*list, id)
+	if i < 0 {
+		return false
+	}
+	*list = slices.Delete(*list, i, i+1)
+	return true
+}
+
+func newCoreState(inc string, hint uint64) *coreState {
+	return &coreState{Inc: inc, Round: hint, Prev: hint, Floor: hint + 1, Ord: map[string]int64{}}
+}
+
+// evict removes a member from everything.
+func (j *coreJob) evict(id string, c *opCtx) {
+	st := j.st
+	delete(j.members, id)
+	delete(j.leases, id)
+	delete(st.Ord, id)
+	if !st.Open && remove(&st.Ranked, id) {
+		c.reopen = true
+	}
+	remove(&st.Arrived, id)
+	remove(&st.Expected, id)
+	remove(&st.Pending, id)
+	c.changed = true
+}
+
+// openNext opens the round after the closed one: survivors (remaining
+// ranked members) are expected, pending joiners have arrived.
+func (j *coreJob) openNext(c *opCtx) {
+	st := j.st
+	st.Round = max(st.Round+1, st.Floor)
+	st.Open = true
+	st.Reform = len(st.Ranked) > 0
+	st.DL = 0
+	st.Expected = st.Ranked
+	st.Ranked = []string{}
+	st.Arrived = st.Pending
+	st.Pending = []string{}
+	c.changed = true
+}
+
+// settle opens exactly one new round if an eviction hit the running round.
+func (j *coreJob) settle(c *opCtx) {
+	if c.reopen {
+		c.reopen = false
+		j.openNext(c)
+	}
+}
+
+// sweep evicts members whose lease expired (and any member the state names
+// without a lease), then settles.
+func (j *coreJob) sweep(now int64, c *opCtx) {
+	var expired []string
+	for id, exp := range j.leases {
+		if exp <= now {
+			expired = append(expired, id)
+		}
+	}
+	sort.Strings(expired)
+	for _, id := range expired {
+		j.evict(id, c)
+	}
+	st := j.st
+	var orphans []string
+	for _, list := range [][]string{st.Ranked, st.Arrived, st.Expected, st.Pending} {
+		for _, id := range list {
+			if _, ok := j.leases[id]; !ok {
+				orphans = append(orphans, id)
+			}
+		}
+	}
+	for _, id := range orphans {
+		j.evict(id, c)
+	}
+	j.settle(c)
+}
+
+func (j *coreJob) arrive(id string) {
+	st := j.st
+	remove(&st.Expected, id)
+	if !contains(st.Arrived, id) {
+		st.Arrived = append(st.Arrived, id)
+	}
+}
+
+// tryClose closes the forming round if its rule says so.
+func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
+	st := j.st
+	if !st.Open || len(st.Expected) > 0 {
+		return
+	}
+	n := len(st.Arrived)
+	if n == 0 {
+		st.DL, st.Reform = 0, false
+		return
+	}
+	closeNow := false
+	switch {
+	case st.Reform && n >= p.MinWorkers:
+		closeNow = true
+	case n >= p.MaxWorkers:
+		closeNow = true
+	case n >= p.MinWorkers:
+		if st.DL == 0 {
+			st.DL = now + ms(p.LastCall)
+		}
+		closeNow = now >= st.DL
+	default:
+		st.DL = 0
+	}
+	if !closeNow {
+		return
+	}
+	arr := slices.Clone(st.Arrived)
+	sort.SliceStable(arr, func(a, b int) bool {
+		oa, ob := st.Ord[arr[a]], st.Ord[arr[b]]
+		if oa != ob {
+			return oa < ob
+		}
+		return arr[a] < arr[b]
+	})
+	k := min(n, p.MaxWorkers)
+	st.Ranked = arr[:k:k]
+	st.Pending = slices.Clone(arr[k:])
+	st.Open, st.Reform, st.DL = false, false, 0
+	st.Prev = st.Round
+	st.Expected, st.Arrived = []string{}, []string{}
+	c.changed = true
+}
+
+func (j *coreJob) save(c *opCtx) {
+	if c.changed {
+		j.st.Ver++
+	}
+}
+
+func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
+	st := j.st
+	v := rawView{View: View{Code: code, Rank: -1}}
+	if st == nil {
+		return v
+	}
+	v.Incarnation, v.Version, v.Round, v.Open, v.Order = st.Inc, st.Ver, st.Round, st.Open, st.Ord[id]
+	if code != CodeOK {
+		return v
+	}
+	if st.Open {
+		switch {
+		case contains(st.Arrived, id):
+			v.Role = RoleArrived
+		case contains(st.Expected, id):
+			v.Role = RoleExpected
+		}
+		if st.DL > 0 {
+			v.Wait = time.Duration(max(0, st.DL-now)) * time.Millisecond
+		}
+		return v
+	}
+	v.Size = len(st.Ranked)
+	v.Pending = max(0, min(len(st.Pending), p.MaxWorkers-v.Size))
+	if i := slices.Index(st.Ranked, id); i >= 0 {
+		v.Role, v.Rank = RoleRanked, i
+		for _, m := range st.Ranked {
+			v.records = append(v.records, j.members[m])
+		}
+	} else if contains(st.Pending, id) {
+		v.Role = RolePending
+	}
+	return v
+}
+
+// precheck answers Lost or Finished before anything is applied.
+func (j *coreJob) precheck(inc string) (Code, bool) {
+	switch {
+	case j.st == nil:
+		return CodeLost, false
+	case j.st.Fin:
+		return CodeFinished, false
+	case j.st.Inc != inc:
+		return CodeLost, false
+	}
+	return CodeOK, true
+}
+
+func (j *coreJob) join(r JoinRequest, now int64) (rawView, bool) {
+	p, id := r.Params, r.Member.ID
+	var c opCtx
+	if j.st == nil {
+		j.st = newCoreState(r.NewIncarnation, r.RoundHint)
+		j.members, j.leases = map[string]string{}, map[string]int64{}
+		c.changed = true
+	}
+	st := j.st
+	if st.Fin {
+		return j.view(id, CodeFinished, now, p), false
+	}
+	j.sweep(now, &c)
+	_, known := j.members[id]
+	if r.Incarnation != "" && r.Incarnation == st.Inc && !known {
+		j.save(&c)
+		return j.view(id, CodeFenced, now, p), c.changed
+	}
+	st.Floor = max(st.Floor, r.RoundHint+1)
+	if !known {
+		order := r.Order
+		if order <= 0 {
+			st.Seq++
+			order = st.Seq
+		} else {
+			st.Seq = max(st.Seq, order)
+		}
+		j.members[id] = r.Member.record()
+		st.Ord[id] = order
+	}
+	j.leases[id] = now + ms(p.LeaseTTL)
+	if st.Open && st.Round < st.Floor {
+		st.Round = st.Floor
+	}
+	if len(r.Peers) > 0 && r.Incarnation != "" && r.Incarnation != st.Inc {
+		// Re-registration after the state was lost: wait for the old peers
+		// (a grace lease each) instead of declaring them dead.
+		if !st.Open && len(st.Ranked) == 0 {
+			j.openNext(&c)
+		}
+		if st.Open {
+			for _, peer := range append([]string{id}, r.Peers...) {
+				if contains(st.Arrived, peer) || contains(st.Expected, peer) {
+					continue
+				}
+				if _, ok := j.leases[peer]; !ok {
+					j.leases[peer] = now + ms(p.LeaseTTL)
+				}
+				st.Expected = append(st.Expected, peer)
+			}
+			st.Reform = true
+			c.changed = true
+		}
+	}
+	if r.Arrive {
+		if !st.Open {
+			if contains(st.Ranked, id) || len(st.Ranked) == 0 {
+				j.openNext(&c)
+			} else if !contains(st.Pending, id) {
+				st.Pending = append(st.Pending, id)
+				c.changed = true
+			}
+		}
+		if st.Open {
+			j.arrive(id)
+		}
+	}
+	j.tryClose(now, p, &c)
+	j.save(&c)
+	return j.view(id, CodeOK, now, p), c.changed
+}
+
+// member runs the common prologue of the calls by a registered member:
+// precheck, sweep, fencing check, lease renewal.
+func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, bool) {
+	if code, ok := j.precheck(r.Incarnation); !ok {
+		return code, false
+	}
+	j.sweep(now, c)
+	if _, known := j.members[r.MemberID]; !known {
+		return CodeFenced, false
+	}
+	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
+	return CodeOK, true
+}
+
+func (j *coreJob) check(r MemberRequest, now int64) (rawView, bool) {
+	var c opCtx
+	code, ok := j.member(r, now, &c)
+	if ok {
+		j.tryClose(now, r.Params, &c)
+	}
+	if j.st != nil {
+		j.save(&c)
+	}
+	return j.view(r.MemberID, code, now, r.Params), c.changed
+}
+
+func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, bool) {
+	if code, ok := j.precheck(r.Incarnation); !ok {
+		b := Beat{Code: code}
+		if j.st != nil {
+			b.Incarnation, b.Version = j.st.Inc, j.st.Ver
+		}
+		return b, false
+	}
+	var c opCtx
+	for _, exp := range j.leases {
+		if exp <= now {
+			j.sweep(now, &c)
+			break
+		}
+	}
+	j.save(&c)
+	b := Beat{Code: CodeOK, Incarnation: j.st.Inc, Version: j.st.Ver}
+	if _, known := j.members[r.MemberID]; !known {
+		b.Code = CodeFenced
+		return b, c.changed
+	}
+	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
+	return b, c.changed
+}
+
+func (j *coreJob) report(r ReportRequest, now int64) (rawView, bool) {
+	var c opCtx
+	code, ok := j.member(r.MemberRequest, now, &c)
+	if ok {
+		st := j.st
+		switch {
+		case !st.Open && st.Round == r.Round && contains(st.Ranked, r.Target):
+			j.evict(r.Target, &c)
+		case st.Open && st.Prev == r.Round && contains(st.Expected, r.Target):
+			j.evict(r.Target, &c)
+		}
+		j.settle(&c)
+		j.tryClose(now, r.Params, &c)
+	}
+	if j.st != nil {
+		j.save(&c)
+	}
+	return j.view(r.MemberID, code, now, r.Params), c.changed
+}
+
+func (j *coreJob) leave(r MemberRequest, now int64) (rawView, bool) {
+	var c opCtx
+	code, ok := j.member(r, now, &c)
+	if ok {
+		j.evict(r.MemberID, &c)
+		j.settle(&c)
+		j.tryClose(now, r.Params, &c)
+	}
+	if j.st != nil {
+		j.save(&c)
+	}
+	return j.view(r.MemberID, code, now, r.Params), c.changed
+}
+
+func (j *coreJob) finish(r MemberRequest, now int64) (rawView, bool) {
+	var c opCtx
+	code, ok := j.member(r, now, &c)
+	if ok {
+		j.st.Fin = true
+		c.changed = true
+	}
+	if j.st != nil {
+		j.save(&c)
+	}
+	return j.view(r.MemberID, code, now, r.Params), c.changed
+}
+
+// toView parses the member records of a raw view.
+func (v rawView) toView() (View, error) {
+	out := v.View
+	if v.Role != RoleRanked {
+		return out, nil
+	}
+	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {
+		return View{}, fmt.Errorf("%w: %d records for size %d, rank %d", ErrBadState, len(v.records), v.Size, v.Rank)
+	}
+	out.Members = make([]Member, len(v.records))
+	for i, rec := range v.records {
+		m, err := parseRecord(rec)
+		if err != nil {
+			return View{}, err
+		}
+		out.Members[i] = m
+	}
+	return out, nil
+}
+
+func msDuration(n int64) time.Duration { return time.Duration(n) * time.Millisecond }

@@ -1,0 +1,52 @@
+package elastic
+
+import (
+	"errors"
+	"fmt"
+)
+
+var (
+	// ErrFenced means this member was evicted (its lease lapsed, a peer
+	// reported it failed, or it left) or acted under a round that is no longer
+	// its own. The member can never act again: make a new Agent with a new
+	// Member (NewMember) and join as a newcomer.
+	ErrFenced = errors.New("elastic: member fenced (evicted); rejoin as a new member")
+
+	// ErrJobFinished means some member called Finish for this job ID; the job
+	// takes no more rounds.
+	ErrJobFinished = errors.New("elastic: job finished")
+
+	// ErrStoreUnavailable means the store could not be reached for longer
+	// than Config.OutageBudget. It is sticky for the Agent: make a new Agent
+	// once the store is back.
+	ErrStoreUnavailable = errors.New("elastic: store unavailable past the outage budget")
+
+	// ErrJoinTimeout means Join did not obtain a rank within
+	// Config.JoinTimeout.
+	ErrJoinTimeout = errors.New("elastic: join timed out")
+
+	// ErrClosed means the Agent was closed, or left the job with Leave.
+	ErrClosed = errors.New("elastic: agent closed")
+
+	// ErrBadState means the store returned data that does not parse (a
+	// corrupted or foreign key, a wrong reply shape). Agents treat it like an
+	// outage: they retry within the outage budget.
+	ErrBadState = errors.New("elastic: malformed store state")
+)
+
+// StoreError wraps a failed store call (network error, timeout, malformed
+// reply) with the operation and job it concerned. errors.Is(err,
+// ErrBadState) and the underlying network errors still match through Unwrap.
+type StoreError struct {
+	Op    string // store operation: "join", "check", "heartbeat", "report", "leave", "finish", "watch"
+	JobID string
+	Err   error
+}
+
+// Error implements error.
+func (e *StoreError) Error() string {
+	return fmt.Sprintf("elastic: store %s (job %q): %v", e.Op, e.JobID, e.Err)
+}
+
+// Unwrap returns the underlying error.
+func (e *StoreError) Unwrap() error { return e.Err }

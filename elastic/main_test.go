@@ -1,0 +1,64 @@
+package elastic_test
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+func TestMain(m *testing.M) {
+	if mode := os.Getenv(helperEnv); mode != "" {
+		os.Exit(helperMain(mode))
+	}
+	testredis.VerifyTestMain(m)
+}
+
+// storeKind makes a Store for a test; the same tests run on each kind.
+type storeKind struct {
+	name string
+	make func(t *testing.T) elastic.Store
+}
+
+func memoryKind() storeKind {
+	return storeKind{"memory", func(t *testing.T) elastic.Store { return elastic.NewMemoryStore() }}
+}
+
+func redisKind() storeKind {
+	return storeKind{"redis", func(t *testing.T) elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) }}
+}
+
+// standaloneKind runs the Redis store against the embedded server
+// (elastic/standalone), checking that the Lua scripts run there too.
+func standaloneKind() storeKind {
+	return storeKind{"standalone", func(t *testing.T) elastic.Store {
+		srv, err := standalone.Start(context.Background(), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = srv.Close() })
+		c := newClient(srv.Addr())
+		t.Cleanup(func() { _ = c.Close() })
+		return elastic.NewRedisStore(c)
+	}}
+}
+
+func allKinds() []storeKind { return []storeKind{memoryKind(), redisKind(), standaloneKind()} }
+
+// testConfig is a fast configuration for tests.
+func testConfig(t *testing.T) elastic.Config {
+	c := elastic.DefaultConfig()
+	c.JobID = testredis.JobID(t)
+	c.LastCall = 100 * time.Millisecond
+	c.LeaseTTL = 1500 * time.Millisecond
+	c.HeartbeatInterval = 100 * time.Millisecond
+	c.PollInterval = 50 * time.Millisecond
+	c.OutageBudget = 10 * time.Second
+	c.JoinTimeout = 30 * time.Second
+	c.StateTTL = 2 * time.Minute
+	return c
+}

@@ -1,0 +1,99 @@
+package elastic
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+)
+
+// MaxMemberFieldLen bounds Member.ID and Member.Host (bytes); Addr may be
+// up to 4 times longer.
+const MaxMemberFieldLen = 256
+
+// Member is one worker process as the rendezvous knows it. ID is the
+// identity: random per process start (NewMember), never the host name, so two
+// processes on one host, or a restarted process, are different members. Host
+// and PID are for humans and logs; Addr is the peer address ("host:port") the
+// worker listens on for collectives, handed to peers in World.Members.
+type Member struct {
+	ID   string `json:"id"`
+	Host string `json:"host"`
+	PID  int    `json:"pid"`
+	Addr string `json:"addr"`
+}
+
+// NewMember returns a Member with a fresh random ID (128 bits, 32 hex
+// digits), this host's name, this process's PID and the given peer address.
+func NewMember(addr string) Member {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		// crypto/rand.Read does not fail on supported platforms (Go 1.24+).
+		panic("elastic: crypto/rand failed: " + err.Error())
+	}
+	host, _ := os.Hostname()
+	return Member{ID: hex.EncodeToString(b[:]), Host: host, PID: os.Getpid(), Addr: addr}
+}
+
+func (m Member) validate() error {
+	switch {
+	case m.ID == "":
+		return errors.New("elastic: member ID is empty")
+	case len(m.ID) > MaxMemberFieldLen || len(m.Host) > MaxMemberFieldLen || len(m.Addr) > 4*MaxMemberFieldLen:
+		return errors.New("elastic: member field too long")
+	}
+	for _, r := range m.ID {
+		if r <= ' ' || r > '~' {
+			return fmt.Errorf("elastic: member ID %q: only printable ASCII without spaces", m.ID)
+		}
+	}
+	return nil
+}
+
+func (m Member) record() string {
+	b, _ := json.Marshal(m) // cannot fail: strings and an int
+	return string(b)
+}
+
+func parseRecord(s string) (Member, error) {
+	var m Member
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		return Member{}, fmt.Errorf("%w: member record: %v", ErrBadState, err)
+	}
+	if m.ID == "" {
+		return Member{}, fmt.Errorf("%w: member record without ID", ErrBadState)
+	}
+	return m, nil
+}
+
+// World is one member's view of a closed round: the job, the round number
+// (only ever grows within a job), this member's rank, the world size, and all
+// members in rank order (len(Members) == Size, Members[Rank] is this member).
+// A World is a plain value, safe to copy and share.
+type World struct {
+	JobID   string
+	Round   uint64
+	Rank    int
+	Size    int
+	Members []Member // in rank order; len == Size
+}
+
+// Addrs returns the members' peer addresses in rank order (len == Size).
+func (w World) Addrs() []string {
+	out := make([]string, len(w.Members))
+	for i, m := range w.Members {
+		out[i] = m.Addr
+	}
+	return out
+}
+
+// MemberIDs returns the members' IDs in rank order (len == Size).
+func (w World) MemberIDs() []string {
+	out := make([]string, len(w.Members))
+	for i, m := range w.Members {
+		out[i] = m.ID
+	}
+	return out
+}

@@ -1,0 +1,221 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// MemoryStore is a Store kept in process memory, with the same semantics as
+// the Redis store (the same transitions, see core.go), for fast unit tests and
+// for members that are goroutines of one process. Leases and key TTLs follow
+// the store's clock (time.Now unless set with SetClock). Safe for concurrent
+// use.
+type MemoryStore struct {
+	mu       sync.Mutex
+	now      func() time.Time
+	jobs     map[string]*memJob
+	watchers map[string]map[*memWatcher]struct{}
+	down     error
+}
+
+type memJob struct {
+	coreJob
+	expireAt int64 // ms; every key of the job shares this TTL
+}
+
+// NewMemoryStore returns an empty in-memory store.
+func NewMemoryStore() Store { return newMemoryStore() }
+
+func newMemoryStore() *MemoryStore {
+	return &MemoryStore{
+		now:      time.Now,
+		jobs:     map[string]*memJob{},
+		watchers: map[string]map[*memWatcher]struct{}{},
+	}
+}
+
+// NewMemoryStoreForTest returns an in-memory store with its test controls
+// (SetClock, SetDown, Drop) reachable.
+func NewMemoryStoreForTest() *MemoryStore { return newMemoryStore() }
+
+// SetClock replaces the store's clock (for tests that drive time).
+func (s *MemoryStore) SetClock(now func() time.Time) {
+	s.mu.Lock()
+	s.now = now
+	s.mu.Unlock()
+}
+
+// SetDown makes every call fail with a StoreError wrapping err (a simulated
+// outage) until SetDown(nil).
+func (s *MemoryStore) SetDown(err error) {
+	s.mu.Lock()
+	s.down = err
+	s.mu.Unlock()
+}
+
+// Drop deletes every key of a job, as a Redis restarted empty would.
+func (s *MemoryStore) Drop(jobID string) {
+	s.mu.Lock()
+	delete(s.jobs, jobID)
+	s.mu.Unlock()
+}
+
+// job returns the job's data, or an empty job if it is missing or expired.
+func (s *MemoryStore) job(jobID string, nowMS int64) *memJob {
+	j := s.jobs[jobID]
+	if j != nil && nowMS >= j.expireAt {
+		delete(s.jobs, jobID)
+		j = nil
+	}
+	if j == nil {
+		j = &memJob{}
+	}
+	return j
+}
+
+// commit stores the job back (if it has state), renews its TTL when asked,
+// and notifies watchers of a visible change. Called with s.mu held.
+func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, renew, changed bool) {
+	if j.st == nil {
+		return
+	}
+	if renew || s.jobs[jobID] == nil {
+		j.expireAt = nowMS + ms(p.StateTTL)
+	}
+	s.jobs[jobID] = j
+	if changed {
+		for w := range s.watchers[jobID] {
+			w.notify()
+		}
+	}
+}
+
+func (s *MemoryStore) begin(ctx context.Context, op, jobID string) (int64, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	if s.down != nil {
+		return 0, &StoreError{Op: op, JobID: jobID, Err: s.down}
+	}
+	return s.now().UnixMilli(), nil
+}
+
+// Join implements Store.
+func (s *MemoryStore) Join(ctx context.Context, r JoinRequest) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, err := s.begin(ctx, "join", r.JobID)
+	if err != nil {
+		return View{}, err
+	}
+	j := s.job(r.JobID, now)
+	v, changed := j.join(r, now)
+	s.commit(r.JobID, j, now, r.Params, v.Code == CodeOK || v.Code == CodeFenced, changed)
+	return wrapView(v, "join", r.JobID)
+}
+
+// Check implements Store.
+func (s *MemoryStore) Check(ctx context.Context, r MemberRequest) (View, error) {
+	return s.memberOp(ctx, "check", r, func(j *memJob, now int64) (rawView, bool) { return j.check(r, now) })
+}
+
+// Report implements Store.
+func (s *MemoryStore) Report(ctx context.Context, r ReportRequest) (View, error) {
+	return s.memberOp(ctx, "report", r.MemberRequest, func(j *memJob, now int64) (rawView, bool) { return j.report(r, now) })
+}
+
+// Leave implements Store.
+func (s *MemoryStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
+	return s.memberOp(ctx, "leave", r, func(j *memJob, now int64) (rawView, bool) { return j.leave(r, now) })
+}
+
+// Finish implements Store.
+func (s *MemoryStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
+	return s.memberOp(ctx, "finish", r, func(j *memJob, now int64) (rawView, bool) { return j.finish(r, now) })
+}
+
+func (s *MemoryStore) memberOp(ctx context.Context, op string, r MemberRequest, f func(*memJob, int64) (rawView, bool)) (View, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, err := s.begin(ctx, op, r.JobID)
+	if err != nil {
+		return View{}, err
+	}
+	j := s.job(r.JobID, now)
+	v, changed := f(j, now)
+	s.commit(r.JobID, j, now, r.Params, v.Code == CodeOK || v.Code == CodeFenced, changed)
+	return wrapView(v, op, r.JobID)
+}
+
+// Heartbeat implements Store.
+func (s *MemoryStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now, err := s.begin(ctx, "heartbeat", r.JobID)
+	if err != nil {
+		return Beat{}, err
+	}
+	j := s.job(r.JobID, now)
+	b, changed := j.heartbeat(r, now)
+	s.commit(r.JobID, j, now, r.Params, b.Code == CodeOK || b.Code == CodeFenced, changed)
+	return b, nil
+}
+
+func wrapView(v rawView, op, jobID string) (View, error) {
+	out, err := v.toView()
+	if err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	return out, nil
+}
+
+// Watch implements Store.
+func (s *MemoryStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
+	}
+	w := &memWatcher{s: s, jobID: jobID, c: make(chan struct{}, 1)}
+	if s.watchers[jobID] == nil {
+		s.watchers[jobID] = map[*memWatcher]struct{}{}
+	}
+	s.watchers[jobID][w] = struct{}{}
+	return w, nil
+}
+
+type memWatcher struct {
+	s     *MemoryStore
+	jobID string
+	c     chan struct{}
+	once  sync.Once
+}
+
+func (w *memWatcher) notify() {
+	select {
+	case w.c <- struct{}{}:
+	default:
+	}
+}
+
+func (w *memWatcher) C() <-chan struct{} { return w.c }
+
+func (w *memWatcher) Close() error {
+	err := errors.New("elastic: watcher already closed")
+	w.once.Do(func() {
+		w.s.mu.Lock()
+		delete(w.s.watchers[w.jobID], w)
+		if len(w.s.watchers[w.jobID]) == 0 {
+			delete(w.s.watchers, w.jobID)
+		}
+		w.s.mu.Unlock()
+		err = nil
+	})
+	if err != nil {
+		return fmt.Errorf("%w", err)
+	}
+	return nil
+}

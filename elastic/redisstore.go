@@ -1,0 +1,244 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// KeyPrefix starts every Redis key and channel of the rendezvous. A job's
+// keys are "et:{<jobID>}:state", ":meta", ":members", ":leases" and its
+// Pub/Sub channel "et:{<jobID>}:events"; the braces make the job ID the hash
+// tag, so all keys of a job live in one Redis Cluster slot.
+const KeyPrefix = "et:"
+
+var (
+	scriptJoin      = redis.NewScript(luaJoin)
+	scriptCheck     = redis.NewScript(luaCheck)
+	scriptReport    = redis.NewScript(luaReport)
+	scriptLeave     = redis.NewScript(luaLeave)
+	scriptFinish    = redis.NewScript(luaFinish)
+	scriptHeartbeat = redis.NewScript(luaHeartbeat)
+)
+
+// RedisStore is the Store over Redis (one node, Sentinel or Cluster through
+// go-redis' UniversalClient). Each state transition is one Lua script; lease
+// expiry follows Redis' clock (TIME), so members' clocks need not agree. Safe
+// for concurrent use; it does not own the client (closing the client is the
+// caller's business).
+type RedisStore struct {
+	c redis.UniversalClient
+}
+
+// NewRedisStore returns a Store over the given client (requires Redis >= 5
+// for TIME in scripts; tested with 7.0).
+func NewRedisStore(c redis.UniversalClient) *RedisStore { return &RedisStore{c: c} }
+
+func jobKeys(jobID string) []string {
+	p := KeyPrefix + "{" + jobID + "}:"
+	return []string{p + "state", p + "meta", p + "members", p + "leases"}
+}
+
+func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
+
+func commonArgs(jobID, memberID, inc string, p Params) []any {
+	return []any{
+		jobChannel(jobID),
+		p.MinWorkers, p.MaxWorkers,
+		ms(p.LastCall), max(1, ms(p.LeaseTTL)), max(1, ms(p.StateTTL)),
+		memberID, inc,
+	}
+}
+
+func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, args []any) (View, error) {
+	if err := ValidateJobID(jobID); err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
+	if err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	rv, err := parseView(res)
+	if err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	return wrapView(rv, op, jobID)
+}
+
+// Join implements Store.
+func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
+	if err := r.Member.validate(); err != nil {
+		return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
+	}
+	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params)
+	arrive := 0
+	if r.Arrive {
+		arrive = 1
+	}
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive)
+	for _, p := range r.Peers {
+		args = append(args, p)
+	}
+	return s.runView(ctx, "join", scriptJoin, r.JobID, args)
+}
+
+// Check implements Store.
+func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
+	return s.runView(ctx, "check", scriptCheck, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+}
+
+// Report implements Store.
+func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
+	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params), strconv.FormatUint(r.Round, 10), r.Target)
+	return s.runView(ctx, "report", scriptReport, r.JobID, args)
+}
+
+// Leave implements Store.
+func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+}
+
+// Finish implements Store.
+func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+}
+
+// Heartbeat implements Store.
+func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
+	fail := func(err error) (Beat, error) {
+		return Beat{}, &StoreError{Op: "heartbeat", JobID: r.JobID, Err: err}
+	}
+	if err := ValidateJobID(r.JobID); err != nil {
+		return fail(err)
+	}
+	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params)...).Slice()
+	if err != nil {
+		return fail(err)
+	}
+	if len(res) != 3 {
+		return fail(fmt.Errorf("%w: heartbeat reply has %d elements", ErrBadState, len(res)))
+	}
+	code, e1 := replyInt(res[0])
+	inc, e2 := replyString(res[1])
+	ver, e3 := replyInt(res[2])
+	if err := errors.Join(e1, e2, e3); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 {
+		return fail(fmt.Errorf("%w: heartbeat reply %v", ErrBadState, res))
+	}
+	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver)}, nil
+}
+
+func replyInt(v any) (int64, error) {
+	switch x := v.(type) {
+	case int64:
+		return x, nil
+	case string:
+		return strconv.ParseInt(x, 10, 64)
+	}
+	return 0, fmt.Errorf("%w: %T where an integer was expected", ErrBadState, v)
+}
+
+func replyString(v any) (string, error) {
+	switch x := v.(type) {
+	case string:
+		return x, nil
+	case nil:
+		return "", nil
+	}
+	return "", fmt.Errorf("%w: %T where a string was expected", ErrBadState, v)
+}
+
+// parseView decodes a view reply of the scripts (see scripts.go).
+func parseView(res []any) (rawView, error) {
+	const head = 11
+	if len(res) < head {
+		return rawView{}, fmt.Errorf("%w: view reply has %d elements", ErrBadState, len(res))
+	}
+	var ints [head]int64
+	var errs []error
+	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 9, 10} {
+		n, err := replyInt(res[i])
+		ints[i] = n
+		errs = append(errs, err)
+	}
+	inc, err := replyString(res[1])
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return rawView{}, err
+	}
+	code, role := ints[0], ints[5]
+	if code < 0 || code > int64(CodeFinished) || role < 0 || role > int64(RolePending) ||
+		ints[2] < 0 || ints[3] < 0 || ints[7] < 0 || ints[8] < 0 || ints[9] < 0 {
+		return rawView{}, fmt.Errorf("%w: view reply out of range: %v", ErrBadState, res[:head])
+	}
+	v := rawView{View: View{
+		Code:        Code(code),
+		Incarnation: inc,
+		Version:     uint64(ints[2]),
+		Round:       uint64(ints[3]),
+		Open:        ints[4] == 1,
+		Role:        Role(role),
+		Rank:        int(ints[6]),
+		Size:        int(ints[7]),
+		Pending:     int(ints[8]),
+		Wait:        msDuration(ints[9]),
+		Order:       ints[10],
+	}}
+	for _, r := range res[head:] {
+		s, err := replyString(r)
+		if err != nil {
+			return rawView{}, err
+		}
+		v.records = append(v.records, s)
+	}
+	return v, nil
+}
+
+// Watch implements Store: a Pub/Sub subscription to the job's channel.
+func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
+	if err := ValidateJobID(jobID); err != nil {
+		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
+	}
+	ps := s.c.Subscribe(ctx, jobChannel(jobID))
+	// Wait for the subscription to be confirmed, so no change published after
+	// Watch returns is missed (unless the connection drops).
+	if _, err := ps.Receive(ctx); err != nil {
+		_ = ps.Close()
+		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
+	}
+	w := &redisWatcher{ps: ps, c: make(chan struct{}, 1), done: make(chan struct{})}
+	msgs := ps.Channel()
+	go w.forward(msgs)
+	return w, nil
+}
+
+type redisWatcher struct {
+	ps   *redis.PubSub
+	c    chan struct{}
+	done chan struct{}
+	once sync.Once
+}
+
+func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
+	defer close(w.done)
+	for range msgs {
+		select {
+		case w.c <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (w *redisWatcher) C() <-chan struct{} { return w.c }
+
+func (w *redisWatcher) Close() error {
+	var err error
+	w.once.Do(func() {
+		err = w.ps.Close()
+		<-w.done
+	})
+	return err
+}

@@ -1,0 +1,169 @@
+package elastic
+
+import (
+	"context"
+	"time"
+)
+
+// Params are the rendezvous settings a Store applies in one call; an Agent
+// derives them from its Config. Durations are rounded down to milliseconds.
+type Params struct {
+	MinWorkers int           // smallest world size a round closes with (>= 1)
+	MaxWorkers int           // largest world size (>= MinWorkers)
+	LastCall   time.Duration // wait after MinWorkers arrived (fresh rounds only)
+	LeaseTTL   time.Duration // lease length granted by a heartbeat
+	StateTTL   time.Duration // TTL of every key of the job, renewed by heartbeats
+}
+
+// Code is the outcome of a store call that reached the store.
+type Code int
+
+const (
+	// CodeOK means the call was applied.
+	CodeOK Code = iota
+	// CodeFenced means the caller's member record is gone in the current
+	// incarnation of the job state: it was evicted. Nothing was applied.
+	CodeFenced
+	// CodeLost means the job state the caller registered in is gone (the
+	// store restarted empty, or the keys expired): the caller must register
+	// again. Nothing was applied.
+	CodeLost
+	// CodeFinished means the job is finished. Nothing was applied.
+	CodeFinished
+)
+
+// String returns the code's name.
+func (c Code) String() string {
+	switch c {
+	case CodeOK:
+		return "ok"
+	case CodeFenced:
+		return "fenced"
+	case CodeLost:
+		return "lost"
+	case CodeFinished:
+		return "finished"
+	}
+	return "unknown"
+}
+
+// Role is the caller's place in the job state.
+type Role int
+
+const (
+	// RoleNone: registered (lease held) but in no round and not waiting.
+	RoleNone Role = iota
+	// RoleRanked: holds View.Rank in the closed round View.Round.
+	RoleRanked
+	// RoleArrived: arrived in the forming round View.Round.
+	RoleArrived
+	// RoleExpected: a survivor the forming round View.Round waits for.
+	RoleExpected
+	// RolePending: waits for the next round while View.Round runs.
+	RolePending
+)
+
+// View is the job state as one member sees it after a store call.
+type View struct {
+	Code        Code
+	Incarnation string        // random ID of this incarnation of the job state
+	Version     uint64        // grows on every visible change (open, close, eviction, pending, finish)
+	Round       uint64        // latest round number (forming if Open)
+	Open        bool          // Round is forming
+	Role        Role          // caller's role
+	Rank        int           // caller's rank if Role == RoleRanked, else -1
+	Size        int           // world size of the closed round (0 if Open)
+	Pending     int           // waiting joiners the closed round could still admit (<= MaxWorkers-Size)
+	Wait        time.Duration // time left until the last-call deadline (Open, deadline set), else 0
+	Order       int64         // caller's arrival order (rank order key), 0 if unknown
+	Members     []Member      // Role == RoleRanked: the round's members in rank order
+}
+
+// Beat is the result of a heartbeat.
+type Beat struct {
+	Code        Code
+	Incarnation string
+	Version     uint64
+}
+
+// JoinRequest registers a member (if needed) and, with Arrive, makes it take
+// part in the next round (or the forming one).
+type JoinRequest struct {
+	JobID          string
+	Member         Member
+	Incarnation    string   // incarnation the caller registered in; "" for a new member
+	NewIncarnation string   // used if the call creates the job state; random, non-empty
+	Order          int64    // caller's previous order when re-registering after a loss; 0 = assign
+	RoundHint      uint64   // highest round number the caller has seen; new rounds get a higher number
+	Peers          []string // re-registration after a loss: member IDs of the caller's last World
+	Arrive         bool     // take part in the next/forming round; false = only (re-)register
+	Params         Params
+}
+
+// MemberRequest names the calling member of a job.
+type MemberRequest struct {
+	JobID       string
+	MemberID    string
+	Incarnation string
+	Params      Params
+}
+
+// ReportRequest reports that Target failed while both were in Round.
+type ReportRequest struct {
+	MemberRequest
+	Round  uint64
+	Target string
+}
+
+// Watcher delivers change hints of one job. C has capacity 1 and never
+// blocks the sender; a value means "the job state changed, re-read it".
+// Hints can be lost (Redis Pub/Sub drops messages); Agents poll as well.
+type Watcher interface {
+	C() <-chan struct{}
+	Close() error // stops delivery and every goroutine of the Watcher; waits for them
+}
+
+// Store is the shared state of the rendezvous: a few atomic operations on the
+// state of one job. Each call is one atomic transition (one Lua script on
+// Redis). Implementations must be safe for concurrent use by many Agents.
+//
+// Every call sweeps expired leases first (evicting their members, and opening
+// exactly one new round if a member of the running round was among them), then
+// applies its operation. A returned error means the store could not be
+// reached or answered garbage (see StoreError); a reached store answers with a
+// Code.
+//
+// Semantics (shared by NewRedisStore and NewMemoryStore, checked by the same
+// tests):
+//   - Rounds are numbered and only grow. A round forms (Open) and then closes
+//     with ranks 0..W-1.
+//   - A fresh round (no survivors) closes at once at MaxWorkers arrivals, or
+//     LastCall after MinWorkers arrived. A re-formed round (survivors of the
+//     previous round expected) closes as soon as every survivor arrived or was
+//     evicted, if at least MinWorkers arrived.
+//   - Ranks follow the members' arrival order (Order): survivors keep their
+//     relative order and rank 0 stays on the oldest survivor; newcomers take
+//     the next ranks. The same membership gives the same ranks.
+//   - Join with Arrive by a ranked member of the closed round opens the next
+//     round; by anyone else while a round runs, it adds the caller to the
+//     pending joiners (moved into the next round when it opens).
+//   - Evicted members are fenced: every later call by them answers CodeFenced.
+type Store interface {
+	Join(ctx context.Context, r JoinRequest) (View, error)
+	// Check renews the caller's lease, sweeps, closes the forming round if
+	// due, and returns the caller's view.
+	Check(ctx context.Context, r MemberRequest) (View, error)
+	// Heartbeat renews the caller's lease (cheap: no full state read unless
+	// a lease expired).
+	Heartbeat(ctx context.Context, r MemberRequest) (Beat, error)
+	// Report evicts Target at once if Round is still current (Target ranked
+	// in the closed Round, or expected and not yet arrived in the round that
+	// followed Round); a stale report is ignored. Returns the caller's view.
+	Report(ctx context.Context, r ReportRequest) (View, error)
+	// Leave evicts the caller at once.
+	Leave(ctx context.Context, r MemberRequest) (View, error)
+	// Finish marks the job finished for everyone.
+	Finish(ctx context.Context, r MemberRequest) (View, error)
+	// Watch subscribes to change hints of the job.
+	Watch(ctx context.Context, jobID string) (Watcher, error)
+}
