@@ -326,16 +326,9 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 			if _, err = io.ReadFull(br, pb[:h.Length]); err == nil {
 				var a wire.Abort
 				if a, err = wire.ParseAbort(pb[:h.Length], r.size); err == nil {
-					cause := r.abortCause(p.rank, a)
-					var pe *PeerError
-					switch {
-					case errors.As(cause, &pe):
-						r.fail(cause, wire.ReasonPeerLost, pe.Rank)
-					case a.Reason == wire.ReasonTimeout:
-						r.fail(cause, wire.ReasonTimeout, -1)
-					default:
-						r.fail(cause, wire.ReasonProtocol, -1)
-					}
+					// Pass the notice on unchanged, so a rank whose
+					// link to the origin is slow still learns the cause.
+					r.fail(r.abortCause(p.rank, a), a.Reason, int(a.Blamed))
 					return
 				}
 			}
@@ -361,7 +354,9 @@ func (r *Ring) abortCause(from int, a wire.Abort) error {
 	case wire.ReasonTimeout:
 		return fmt.Errorf("%w: rank %d timed out waiting for the operation", ErrTimeout, from)
 	case wire.ReasonCanceled:
-		return &PeerError{Rank: from, Round: r.round, Err: fmt.Errorf("%w by the rank (context cancelled or closed)", ErrAborted)}
+		if a.Blamed >= 0 {
+			return &PeerError{Rank: int(a.Blamed), Round: r.round, Err: fmt.Errorf("%w by the rank (context cancelled or closed)", ErrAborted)}
+		}
 	}
 	return fmt.Errorf("%w: rank %d saw a mismatched or malformed frame", ErrMismatch, from)
 }

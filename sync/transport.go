@@ -715,7 +715,8 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			dials = append(dials, target{right, wire.ConnLane, l})
 		}
 	}
-	st.got = make(chan acceptedConn, len(st.expect))
+	nAccept := len(st.expect)
+	st.got = make(chan acceptedConn, nAccept)
 
 	t.mu.Lock()
 	switch {
@@ -772,7 +773,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		ctrl: make([]net.Conn, n), mesh: make([]net.Conn, n),
 		right: make([]net.Conn, streams), left: make([]net.Conn, streams),
 	}
-	remaining := len(dials) + len(st.expect)
+	remaining := len(dials) + nAccept
 	var firstErr error
 	for remaining > 0 && firstErr == nil {
 		select {
