@@ -1,29 +1,3 @@
-// Package redisqueue is a dataloader.ShardQueue kept in Redis, for dynamic
-// data sharding across worker processes and hosts (DLRover-style): workers
-// lease shards of an epoch's order, ack them once applied, and a shard
-// whose worker died returns to the queue when its lease expires.
-//
-// # Keys
-//
-// Every key of a job starts with Prefix + "{" + JobID + "}" so that, on a
-// Redis Cluster, all of a job's keys share one hash slot (the braces are a
-// hash tag) and each operation runs as one Lua script, atomically. Per
-// epoch E there are three keys:
-//
-//	<prefix>{<job>}:shards:<E>:meta    hash: n, size, total, next, seq, acked
-//	<prefix>{<job>}:shards:<E>:leases  sorted set: shard index -> lease deadline (ms)
-//	<prefix>{<job>}:shards:<E>:state   hash: t:<i> token, w:<i> worker, a:<i> attempts, k:<i> acked token
-//
-// Each write refreshes the epoch's keys' TTL (Config.KeyTTL), so a finished
-// or abandoned job's keys disappear on their own. Lease deadlines use the
-// Redis server's clock (TIME), so workers' clocks need not agree.
-//
-// # Semantics
-//
-// Exactly those of dataloader.ShardQueue (the dataloader/shardqueuetest
-// suite checks them): expired leases are served first, earliest deadline
-// first, then never-leased shards in index order; Ack and Renew succeed only
-// for the shard's current token; each shard is acked exactly once.
 package redisqueue
 
 import (

@@ -20,6 +20,7 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/dataloader/shardqueuetest"
+	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -355,4 +356,20 @@ func TestSIGKILLedWorker(t *testing.T) {
 	if err != nil || !p.Done() || p.Acked != sc.NumShards() {
 		t.Fatalf("progress %+v %v, want all %d shards acked", p, err, sc.NumShards())
 	}
+}
+
+// TestConformanceEmbedded runs the suite against the embedded server
+// (elastic/standalone, miniredis), the fallback for single-host jobs
+// without a redis-server: its Lua, TIME and TTLs must serve the queue too.
+func TestConformanceEmbedded(t *testing.T) {
+	srv, err := standalone.Start(context.Background(), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr()})
+	t.Cleanup(func() { _ = c.Close() })
+	shardqueuetest.Run(t, func(t *testing.T, sc dataloader.ShardConfig) dataloader.ShardQueue {
+		return newQueue(t, c, testredis.JobID(t), sc)
+	})
 }

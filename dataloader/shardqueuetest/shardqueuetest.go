@@ -1,8 +1,3 @@
-// Package shardqueuetest is a conformance suite for implementations of
-// dataloader.ShardQueue: it checks lease order, expiry and re-lease, ack
-// and renew semantics, and exactly-once draining by concurrent workers,
-// against the queue's real clock (leases of a few hundred milliseconds).
-// Both dataloader.MemoryQueue and the Redis queue run it.
 package shardqueuetest
 
 import (
