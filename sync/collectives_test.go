@@ -349,3 +349,5 @@ func TestMismatchFailsEveryRank(t *testing.T) {
 		})
 	}
 }
+
+func nil2rng() *rand.Rand { return rand.New(rand.NewPCG(7, 7)) }

@@ -8,6 +8,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"runtime"
@@ -60,10 +61,14 @@ type Transport struct {
 
 // TransportStats counts handshakes; see Transport.Stats.
 type TransportStats struct {
-	Accepted      uint64 // incoming connections that passed the handshake and joined a round
-	Refused       uint64 // incoming connections refused (any reason)
-	LastRefusal   error  // the most recent refusal of an incoming connection, nil if none
-	LastRefusedAt time.Time
+	Accepted         uint64 // incoming connections that passed the handshake and joined a round
+	Refused          uint64 // incoming connections refused or lost during the handshake (any reason)
+	RefusedAuth      uint64 // ... because a proof of the secret (or TLS) failed, on either side (ErrAuth)
+	RefusedJob       uint64 // ... because the dialer is in another job (ErrJobMismatch)
+	RefusedRound     uint64 // ... because of the round or rank (ErrRoundMismatch)
+	RefusedMalformed uint64 // ... because a handshake message did not decode (ErrBadFrame)
+	LastRefusal      error  // the most recent refusal, nil if none
+	LastRefusedAt    time.Time
 }
 
 type connKey struct {
@@ -277,6 +282,16 @@ func (t *Transport) untrack(c net.Conn) {
 func (t *Transport) refused(remote string, err error) {
 	t.mu.Lock()
 	t.stats.Refused++
+	switch {
+	case errors.Is(err, ErrAuth):
+		t.stats.RefusedAuth++
+	case errors.Is(err, ErrJobMismatch):
+		t.stats.RefusedJob++
+	case errors.Is(err, ErrRoundMismatch):
+		t.stats.RefusedRound++
+	case errors.Is(err, ErrBadFrame):
+		t.stats.RefusedMalformed++
+	}
 	t.stats.LastRefusal = err
 	t.stats.LastRefusedAt = time.Now()
 	t.mu.Unlock()
@@ -347,7 +362,7 @@ func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decisio
 	}
 	typ, p, err := wire.ReadMsg(c, buf)
 	if err != nil {
-		return reject(wire.RejectMalformed, fmt.Errorf("%w: reading hello: %v", ErrBadFrame, err))
+		return reject(wire.RejectMalformed, handshakeReadErr("hello", err))
 	}
 	if typ != wire.MsgHello {
 		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d, want hello", ErrBadFrame, typ))
@@ -376,7 +391,7 @@ func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decisio
 	typ, p, err = wire.ReadMsg(c, buf)
 	switch {
 	case err != nil:
-		return reject(wire.RejectMalformed, fmt.Errorf("%w: reading proof: %v", ErrBadFrame, err))
+		return reject(wire.RejectMalformed, handshakeReadErr("proof", err))
 	case typ == wire.MsgReject:
 		code, text, perr := wire.ParseReject(p)
 		if perr != nil {
@@ -416,6 +431,16 @@ func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decisio
 		}
 	}
 	return key, d, true
+}
+
+// handshakeReadErr classifies a failed handshake read: undecodable or
+// truncated bytes are ErrBadFrame; a connection closed between messages is
+// a lost peer.
+func handshakeReadErr(what string, err error) error {
+	if errors.Is(err, wire.ErrMalformed) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return fmt.Errorf("%w: reading %s: %v", ErrBadFrame, what, err)
+	}
+	return fmt.Errorf("%w: connection closed while reading %s: %v", ErrPeerLost, what, err)
 }
 
 // place decides on an authenticated connection: deliver to the Connect in

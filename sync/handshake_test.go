@@ -1,0 +1,336 @@
+package sync
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/binary"
+	"errors"
+	"math/big"
+	"net"
+	gosync "sync"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+// connectPair connects rank 0 on a and rank 1 on b concurrently.
+func connectPair(a, b *Transport, roundA, roundB uint64) (ra, rb *Ring, ea, eb error) {
+	addrs := []string{a.Addr(), b.Addr()}
+	var wg gosync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); ra, ea = a.Connect(context.Background(), World{Round: roundA, Rank: 0, Addrs: addrs}) }()
+	go func() { defer wg.Done(); rb, eb = b.Connect(context.Background(), World{Round: roundB, Rank: 1, Addrs: addrs}) }()
+	wg.Wait()
+	return
+}
+
+func listenOne(t *testing.T, cfg Config) *Transport {
+	t.Helper()
+	tr, err := Listen(context.Background(), "127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func TestWrongSecretRefusedBothSides(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.DialTimeout = 3 * time.Second
+	other := cfg
+	other.Secret = append([]byte(nil), cfg.Secret...)
+	other.Secret[0] ^= 1
+	a, b := listenOne(t, cfg), listenOne(t, other)
+	_, _, ea, eb := connectPair(a, b, 1, 1)
+	for i, err := range []error{ea, eb} {
+		if !errors.Is(err, ErrAuth) {
+			t.Errorf("rank %d Connect: %v, want ErrAuth", i, err)
+		}
+	}
+	for i, tr := range []*Transport{a, b} {
+		// The dialer's refusal reaches the server asynchronously.
+		waitFor(t, 2*time.Second, func() bool { return tr.Stats().RefusedAuth > 0 })
+		if st := tr.Stats(); st.Accepted != 0 {
+			t.Errorf("rank %d server side: %+v, want a refusal wrapping ErrAuth and nothing accepted", i, st)
+		}
+	}
+}
+
+func TestWrongJobRefusedBothSides(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.DialTimeout = 3 * time.Second
+	other := cfg
+	other.JobID += "-other"
+	a, b := listenOne(t, cfg), listenOne(t, other)
+	_, _, ea, eb := connectPair(a, b, 1, 1)
+	for i, err := range []error{ea, eb} {
+		if !errors.Is(err, ErrJobMismatch) {
+			t.Errorf("rank %d Connect: %v, want ErrJobMismatch", i, err)
+		}
+	}
+	for _, tr := range []*Transport{a, b} {
+		waitFor(t, 2*time.Second, func() bool { return tr.Stats().RefusedJob > 0 })
+	}
+	if _, err := a.Connect(context.Background(), World{JobID: "x", Round: 9, Addrs: []string{a.Addr()}}); !errors.Is(err, ErrJobMismatch) {
+		t.Errorf("World.JobID differing from Config.JobID: %v", err)
+	}
+}
+
+func TestStaleRoundRefused(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.DialTimeout = 3 * time.Second
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	// b moves on to round 5 (alone), then a dials it for round 3.
+	rb, err := b.Connect(context.Background(), World{Round: 5, Rank: 0, Addrs: []string{b.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	_, err = a.Connect(context.Background(), World{Round: 3, Rank: 0, Addrs: []string{a.Addr(), b.Addr()}})
+	if !errors.Is(err, ErrRoundMismatch) {
+		t.Fatalf("Connect to a peer in a newer round: %v, want ErrRoundMismatch", err)
+	}
+	if st := b.Stats(); st.RefusedRound == 0 || !errors.Is(st.LastRefusal, ErrRoundMismatch) {
+		t.Fatalf("server side: %+v, want a refusal wrapping ErrRoundMismatch", st)
+	}
+	// This transport refuses to go back to an older or the same round.
+	for _, round := range []uint64{4, 5} {
+		if _, err := b.Connect(context.Background(), World{Round: round, Addrs: []string{b.Addr()}}); !errors.Is(err, ErrRoundMismatch) {
+			t.Fatalf("Connect round %d after round 5: %v", round, err)
+		}
+	}
+}
+
+// TestFutureRoundHeld: a connection for a round this rank has not reached is
+// held, not refused, and joins the round when this rank connects.
+func TestFutureRoundHeld(t *testing.T) {
+	cfg := testConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	addrs := []string{a.Addr(), b.Addr()}
+	type res struct {
+		r   *Ring
+		err error
+	}
+	ch := make(chan res, 1)
+	go func() {
+		r, err := a.Connect(context.Background(), World{Round: 7, Rank: 0, Addrs: addrs})
+		ch <- res{r, err}
+	}()
+	waitFor(t, 5*time.Second, func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.held) > 0
+	})
+	rb, err := b.Connect(context.Background(), World{Round: 7, Rank: 1, Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rb.Close()
+	got := <-ch
+	if got.err != nil {
+		t.Fatal(got.err)
+	}
+	defer got.r.Close()
+	errs := make(chan error, 1)
+	go func() { errs <- got.r.Barrier(context.Background()) }()
+	if err := rb.Barrier(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errs; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rawHandshake opens a plain TCP connection to tr and sends a hello.
+func rawHello(t *testing.T, tr *Transport, hello wire.Hello) (net.Conn, []byte) {
+	t.Helper()
+	c, err := net.Dial("tcp", tr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	hb := wire.AppendHello(nil, &hello)
+	if err := wire.WriteMsg(c, nil, wire.MsgHello, hb); err != nil {
+		t.Fatal(err)
+	}
+	return c, hb
+}
+
+func readReject(t *testing.T, c net.Conn) uint8 {
+	t.Helper()
+	typ, p, err := wire.ReadMsg(c, make([]byte, wire.MaxMsgBytes))
+	if err != nil {
+		t.Fatalf("reading the refusal: %v", err)
+	}
+	if typ != wire.MsgReject {
+		t.Fatalf("got message %d, want a reject", typ)
+	}
+	code, _, err := wire.ParseReject(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return code
+}
+
+// TestReplayedHandshakeRefused: a proof recorded from one handshake does not
+// authenticate another (the server's nonce is fresh), and a missing proof
+// is refused.
+func TestReplayedHandshakeRefused(t *testing.T) {
+	cfg := testConfig(t)
+	tr := listenOne(t, cfg)
+	hello := wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: 42, From: 0, To: 1, JobID: cfg.JobID}
+	rand.Read(hello.Nonce[:])
+	buf := make([]byte, wire.MaxMsgBytes)
+	// A genuine handshake (held: round 42 is in the future).
+	c1, hb := rawHello(t, tr, hello)
+	defer c1.Close()
+	typ, p, err := wire.ReadMsg(c1, buf)
+	if err != nil || typ != wire.MsgChallenge {
+		t.Fatalf("challenge: %d %v", typ, err)
+	}
+	recorded := proof(cfg.Secret, "client", hb, p[:wire.NonceSize])
+	if err := wire.WriteMsg(c1, nil, wire.MsgProof, recorded); err != nil {
+		t.Fatal(err)
+	}
+	// The replay: same hello, recorded proof.
+	c2, _ := rawHello(t, tr, hello)
+	defer c2.Close()
+	if typ, _, err := wire.ReadMsg(c2, buf); err != nil || typ != wire.MsgChallenge {
+		t.Fatalf("challenge: %d %v", typ, err)
+	}
+	wire.WriteMsg(c2, nil, wire.MsgProof, recorded)
+	if code := readReject(t, c2); code != wire.RejectAuth {
+		t.Fatalf("replayed proof: reject code %d, want %d", code, wire.RejectAuth)
+	}
+	if st := tr.Stats(); st.RefusedAuth != 1 || !errors.Is(st.LastRefusal, ErrAuth) {
+		t.Fatalf("server side: %+v", st)
+	}
+	// No secret at all: an all-zero proof.
+	c3, _ := rawHello(t, tr, hello)
+	defer c3.Close()
+	wire.ReadMsg(c3, buf)
+	wire.WriteMsg(c3, nil, wire.MsgProof, make([]byte, wire.ProofSize))
+	if code := readReject(t, c3); code != wire.RejectAuth {
+		t.Fatalf("missing secret: reject code %d", code)
+	}
+}
+
+// TestMalformedHandshakeRefused: garbage, oversized and truncated handshake
+// messages are refused without a panic, and the transport keeps working.
+func TestMalformedHandshakeRefused(t *testing.T) {
+	cfg := testConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	good := wire.AppendHello(nil, &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnMesh, Round: 1, To: 1, JobID: cfg.JobID})
+	oversized := []byte{wire.MsgHello, 0xff, 0xff}
+	truncated := append([]byte{wire.MsgHello, 0, 0}, good[:10]...)
+	binary.LittleEndian.PutUint16(truncated[1:], uint16(len(good)))
+	badVersion := append([]byte(nil), good...)
+	badVersion[0] = 99
+	cases := []struct {
+		name  string
+		bytes []byte
+		reply bool // the server can still answer with a reject
+	}{
+		{"garbage", []byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"), true},
+		{"oversized", oversized, true},
+		{"truncated", truncated, false},
+		{"bad version", append([]byte{wire.MsgHello, byte(len(badVersion)), 0}, badVersion...), true},
+		{"proof first", append([]byte{wire.MsgProof, wire.ProofSize, 0}, make([]byte, wire.ProofSize)...), true},
+	}
+	for _, c := range cases {
+		before := b.Stats().Refused
+		conn, err := net.Dial("tcp", b.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.SetDeadline(time.Now().Add(5 * time.Second))
+		conn.Write(c.bytes)
+		if c.reply {
+			if code := readReject(t, conn); code != wire.RejectMalformed {
+				t.Errorf("%s: reject code %d", c.name, code)
+			}
+		} else {
+			conn.(*net.TCPConn).CloseWrite()
+		}
+		waitFor(t, 5*time.Second, func() bool { return b.Stats().Refused > before })
+		if st := b.Stats(); st.RefusedMalformed == 0 || !errors.Is(st.LastRefusal, ErrBadFrame) {
+			t.Errorf("%s: server side %v, want ErrBadFrame", c.name, st.LastRefusal)
+		}
+		conn.Close()
+	}
+	ra, rb, ea, eb := connectPair(a, b, 1, 1)
+	if ea != nil || eb != nil {
+		t.Fatalf("Connect after malformed handshakes: %v %v", ea, eb)
+	}
+	ra.Close()
+	rb.Close()
+}
+
+// TestConnectTimeoutNamesMissing: a peer that never connects makes Connect
+// fail with ErrTimeout naming what is missing.
+func TestConnectTimeoutNamesMissing(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.DialTimeout = 300 * time.Millisecond
+	cfg.HoldTimeout = 100 * time.Millisecond
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	_, err := a.Connect(context.Background(), World{Round: 1, Rank: 0, Addrs: []string{a.Addr(), b.Addr()}})
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("got %v, want ErrTimeout", err)
+	}
+	t.Log(err)
+}
+
+func selfSignedTLS(t *testing.T) (*tls.Config, *tls.Config) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1),
+		Subject:      pkix.Name{CommonName: "elastictrain test"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool := x509.NewCertPool()
+	pool.AddCert(cert)
+	server := &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}, MinVersion: tls.VersionTLS13}
+	client := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS13}
+	return server, client
+}
+
+func TestTLS(t *testing.T) {
+	for _, local := range []bool{false, true} {
+		cfg := smallConfig(t)
+		cfg.LocalSockets = local
+		cfg.ServerTLS, cfg.ClientTLS = selfSignedTLS(t)
+		w := newTestWorld(t, 3, cfg)
+		checkAllReduce(t, w, nil2rng(), 5003, OpSum)
+		checkAllReduce(t, w, nil2rng(), 10, OpAvg)
+	}
+	// A client that does not trust the server's certificate is refused.
+	cfg := testConfig(t)
+	cfg.DialTimeout = 2 * time.Second
+	cfg.ServerTLS, cfg.ClientTLS = selfSignedTLS(t)
+	other := cfg
+	_, other.ClientTLS = selfSignedTLS(t)
+	a, b := listenOne(t, other), listenOne(t, cfg)
+	_, err := a.Connect(context.Background(), World{Round: 1, Rank: 0, Addrs: []string{a.Addr(), b.Addr()}})
+	if !errors.Is(err, ErrAuth) {
+		t.Fatalf("untrusted certificate: %v, want ErrAuth", err)
+	}
+}
