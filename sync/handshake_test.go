@@ -24,8 +24,14 @@ func connectPair(a, b *Transport, roundA, roundB uint64) (ra, rb *Ring, ea, eb e
 	addrs := []string{a.Addr(), b.Addr()}
 	var wg gosync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); ra, ea = a.Connect(context.Background(), World{Round: roundA, Rank: 0, Addrs: addrs}) }()
-	go func() { defer wg.Done(); rb, eb = b.Connect(context.Background(), World{Round: roundB, Rank: 1, Addrs: addrs}) }()
+	go func() {
+		defer wg.Done()
+		ra, ea = a.Connect(context.Background(), World{Round: roundA, Rank: 0, Addrs: addrs})
+	}()
+	go func() {
+		defer wg.Done()
+		rb, eb = b.Connect(context.Background(), World{Round: roundB, Rank: 1, Addrs: addrs})
+	}()
 	wg.Wait()
 	return
 }
