@@ -411,3 +411,25 @@ func evalAccuracy(t testing.TB, m *Model, ds *MNIST) float64 {
 	}
 	return float64(correct) / float64(ds.Len())
 }
+
+// BenchmarkCompile measures what a new batch size costs: NewModel (which
+// compiles batch size 1) plus the first Step at batch size 64, which
+// builds and compiles that graph, minus nothing (it includes one run).
+func BenchmarkCompile(b *testing.B) {
+	ctx := context.Background()
+	px, labels := randomImages(64, 1)
+	for _, kind := range ModelKinds {
+		b.Run(kind, func(b *testing.B) {
+			for b.Loop() {
+				m, err := NewModel(kind, 1)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := m.Step(ctx, px, labels); err != nil {
+					b.Fatal(err)
+				}
+				m.Close()
+			}
+		})
+	}
+}

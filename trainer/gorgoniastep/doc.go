@@ -46,8 +46,11 @@
 //
 // # Costs and threads
 //
-// Compiling a graph takes milliseconds. Each run allocates the graph's
-// intermediate tensors afresh (gorgonia's tape machine resets its registers),
+// Building and compiling a graph takes a few milliseconds for the MNIST
+// example's MLP and about 40 ms for its CNN (2 cores). Each run allocates
+// the graph's intermediate tensors afresh (gorgonia's tape machine drops its
+// registers on Reset; 1.4 MB per run for the MLP at batch 64, 51 MB for the
+// CNN),
 // locks the calling goroutine to its OS thread for the run and starts one
 // goroutine that ends before Run returns; gonum's matrix multiply may use up
 // to GOMAXPROCS goroutines.
