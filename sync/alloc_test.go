@@ -1,0 +1,121 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"testing"
+)
+
+// pair drives rank 1 of a two-rank world from a persistent goroutine, so an
+// operation on both ranks can be measured without allocating to start it.
+type pair struct {
+	w     *testWorld
+	start chan func(*Ring) error
+	done  chan error
+	stop  chan struct{}
+}
+
+func newPair(t testing.TB, cfg Config) *pair {
+	p := &pair{w: newTestWorld(t, 2, cfg), start: make(chan func(*Ring) error), done: make(chan error), stop: make(chan struct{})}
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		for {
+			select {
+			case f := <-p.start:
+				p.done <- f(p.w.rings[1])
+			case <-p.stop:
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(p.stop); <-finished })
+	return p
+}
+
+// run runs f on both ranks and returns the first error.
+func (p *pair) run(f func(*Ring) error) error {
+	p.start <- f
+	err0 := f(p.w.rings[0])
+	err1 := <-p.done
+	if err0 != nil {
+		return err0
+	}
+	return err1
+}
+
+// TestNoAllocsPerOperation: once the Ring's buffers exist, collectives do
+// not allocate (counted over both ranks and all their goroutines).
+func TestNoAllocsPerOperation(t *testing.T) {
+	if testing.CoverMode() != "" {
+		t.Log("coverage instrumentation may allocate; counting anyway")
+	}
+	p := newPair(t, smallConfig(t))
+	ctx, cancel := context.WithCancel(context.Background()) // a cancellable context, as trainers use
+	defer cancel()
+	small := make([]float32, 100)   // direct path
+	large := make([]float64, 50000) // ring, 2 lanes, many chunks
+	bytes := make([]byte, 70000)
+	gather := make([]byte, 2*70000)
+	tensors := [][]float32{make([]float32, 300), make([]float32, 7), make([]float32, 5000)}
+	buckets := []*Buckets{NewBuckets(tensors, 4096), NewBuckets(tensors, 4096)}
+	ops := map[string]func(*Ring) error{
+		"allreduce small": func(r *Ring) error { return r.AllReduceFloat32(ctx, small, OpSum) },
+		"allreduce large": func(r *Ring) error { return r.AllReduceFloat64(ctx, large, OpAvg) },
+		"broadcast":       func(r *Ring) error { return r.Broadcast(ctx, bytes, 1) },
+		"allgather":       func(r *Ring) error { return r.AllGather(ctx, bytes, gather) },
+		"barrier":         func(r *Ring) error { return r.Barrier(ctx) },
+		"buckets": func(r *Ring) error {
+			// Each rank has its own Buckets over the same shapes; rank 1's
+			// tensors are shared here, which is fine for counting.
+			return buckets[r.Rank()].AllReduce(ctx, r, OpSum)
+		},
+	}
+	for name, f := range ops {
+		if err := p.run(f); err != nil { // warm up: size the buffers
+			t.Fatalf("%s: %v", name, err)
+		}
+		var err error
+		allocs := testing.AllocsPerRun(20, func() {
+			if e := p.run(f); e != nil && err == nil {
+				err = e
+			}
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if allocs > 0 {
+			t.Errorf("%s: %v allocations per operation (both ranks), want 0", name, allocs)
+		}
+	}
+}
+
+// BenchmarkAllReduce reports time and allocations per allreduce of float32
+// on a two-rank world inside this process (both ranks' allocations count).
+func BenchmarkAllReduce(b *testing.B) {
+	for _, size := range []int{4 << 10, 1 << 20, 16 << 20} {
+		b.Run(fmt.Sprintf("bytes=%d", size), func(b *testing.B) {
+			cfg := testConfig(b)
+			p := newPair(b, cfg)
+			buf0, buf1 := make([]float32, size/4), make([]float32, size/4)
+			f := func(r *Ring) error {
+				buf := buf0
+				if r.Rank() == 1 {
+					buf = buf1
+				}
+				return r.AllReduceFloat32(context.Background(), buf, OpSum)
+			}
+			if err := p.run(f); err != nil {
+				b.Fatal(err)
+			}
+			b.SetBytes(int64(size))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if err := p.run(f); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
