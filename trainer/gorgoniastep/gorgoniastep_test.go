@@ -372,6 +372,9 @@ func TestEmptyBatchZeroesGradients(t *testing.T) {
 	if _, err := m.Step(context.Background(), -1, nil); !errors.Is(err, ErrBadBatch) {
 		t.Fatalf("Step(-1): %v, want ErrBadBatch", err)
 	}
+	if _, err := m.Step(context.Background(), 2, nil); !errors.Is(err, ErrBadBatch) {
+		t.Fatalf("Step(2, nil fill): %v, want ErrBadBatch", err)
+	}
 }
 
 // TestDeterministicAcrossRunsModelsAndThreads checks that forward and

@@ -165,8 +165,8 @@ func (m *Model) Eval(batch int) (*Machine, error) { return m.machine(batch, fals
 // Param.Grad holds the SUM over the n samples of the per-sample gradient and
 // Step returns the SUM of the per-sample losses (the trainer.StepFunc
 // contract). With n == 0 it zeroes the gradients and returns 0 without
-// calling fill. Errors: ErrBadBatch (n < 0), those of Train and Run, and
-// fill's error (wrapped).
+// calling fill. Errors: ErrBadBatch (n < 0, or a nil fill with n > 0),
+// those of Train and Run, and fill's error (wrapped).
 func (m *Model) Step(ctx context.Context, n int, fill func(*Machine) error) (float64, error) {
 	if m.closed {
 		return 0, ErrClosed
@@ -180,6 +180,9 @@ func (m *Model) Step(ctx context.Context, n int, fill func(*Machine) error) (flo
 	if n == 0 {
 		m.ZeroGrads()
 		return 0, nil
+	}
+	if fill == nil {
+		return 0, fmt.Errorf("%w: nil fill function for %d samples", ErrBadBatch, n)
 	}
 	mc, err := m.Train(n)
 	if err != nil {
