@@ -53,23 +53,32 @@ func TestNoAllocsPerOperation(t *testing.T) {
 	p := newPair(t, smallConfig(t))
 	ctx, cancel := context.WithCancel(context.Background()) // a cancellable context, as trainers use
 	defer cancel()
-	small := make([]float32, 100)   // direct path
-	large := make([]float64, 50000) // ring, 2 lanes, many chunks
-	bytes := make([]byte, 70000)
-	gather := make([]byte, 2*70000)
-	tensors := [][]float32{make([]float32, 300), make([]float32, 7), make([]float32, 5000)}
-	buckets := []*Buckets{NewBuckets(tensors, 4096), NewBuckets(tensors, 4096)}
+	// Per-rank buffers (the ranks run concurrently).
+	type bufs struct {
+		small   []float32
+		large   []float64
+		bytes   []byte
+		gather  []byte
+		buckets *Buckets
+	}
+	var rb [2]bufs
+	for i := range rb {
+		tensors := [][]float32{make([]float32, 300), make([]float32, 7), make([]float32, 5000)}
+		rb[i] = bufs{
+			small:   make([]float32, 100),   // direct path
+			large:   make([]float64, 50000), // ring, 2 lanes, many chunks
+			bytes:   make([]byte, 70000),
+			gather:  make([]byte, 2*70000),
+			buckets: NewBuckets(tensors, 4096),
+		}
+	}
 	ops := map[string]func(*Ring) error{
-		"allreduce small": func(r *Ring) error { return r.AllReduceFloat32(ctx, small, OpSum) },
-		"allreduce large": func(r *Ring) error { return r.AllReduceFloat64(ctx, large, OpAvg) },
-		"broadcast":       func(r *Ring) error { return r.Broadcast(ctx, bytes, 1) },
-		"allgather":       func(r *Ring) error { return r.AllGather(ctx, bytes, gather) },
+		"allreduce small": func(r *Ring) error { return r.AllReduceFloat32(ctx, rb[r.Rank()].small, OpSum) },
+		"allreduce large": func(r *Ring) error { return r.AllReduceFloat64(ctx, rb[r.Rank()].large, OpAvg) },
+		"broadcast":       func(r *Ring) error { return r.Broadcast(ctx, rb[r.Rank()].bytes, 1) },
+		"allgather":       func(r *Ring) error { return r.AllGather(ctx, rb[r.Rank()].bytes, rb[r.Rank()].gather) },
 		"barrier":         func(r *Ring) error { return r.Barrier(ctx) },
-		"buckets": func(r *Ring) error {
-			// Each rank has its own Buckets over the same shapes; rank 1's
-			// tensors are shared here, which is fine for counting.
-			return buckets[r.Rank()].AllReduce(ctx, r, OpSum)
-		},
+		"buckets":         func(r *Ring) error { return rb[r.Rank()].buckets.AllReduce(ctx, r, OpSum) },
 	}
 	for name, f := range ops {
 		if err := p.run(f); err != nil { // warm up: size the buffers
