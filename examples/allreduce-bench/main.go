@@ -1,0 +1,333 @@
+// Command allreduce-bench measures package sync's allreduce between np
+// processes on this host (loopback), in the manner of NCCL-tests and of
+// shared/bench/gloo_allreduce.py, so both can run side by side.
+//
+// It re-executes itself np times (one process per rank), forms one round,
+// and per size runs warm-up iterations, a barrier, then timed back-to-back
+// AllReduceFloat32 (OpSum) calls on a zeroed buffer. An iteration's time is
+// the maximum over ranks (the slowest rank counts); per size it prints the
+// median time, algbw = size/median and busbw = algbw * 2(n-1)/n.
+//
+//	go run ./examples/allreduce-bench -np 2 -sizes 4K,1M,64M
+//	go run ./examples/allreduce-bench -np 4 -json
+//
+// With -json it prints one JSON object per size with the fields of the Gloo
+// script: impl, np, size_bytes, median_s, algbw_GBps, busbw_GBps (plus
+// iters, p10_s, p90_s and the settings).
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	elsync "github.com/elastictrain/elastictrain/sync"
+)
+
+type options struct {
+	np       int
+	sizes    []int
+	iters    int
+	warmup   int
+	json     bool
+	streams  int
+	chunk    int
+	direct   int
+	local    bool
+	timeout  time.Duration
+	child    int
+	sizesArg string
+}
+
+func main() {
+	var o options
+	flag.IntVar(&o.np, "np", 2, "number of ranks (processes)")
+	flag.StringVar(&o.sizesArg, "sizes", "4K,64K,1M,16M,64M", "comma-separated buffer sizes in bytes; suffixes K, M, G (powers of 1024)")
+	flag.IntVar(&o.iters, "iters", 0, "timed iterations per size (0: 500 for <=4K, 300 <=64K, 100 <=1M, 20 <=16M, else 10)")
+	flag.IntVar(&o.warmup, "warmup", -1, "warm-up iterations per size (-1: 20 for <=64K, 10 <=1M, 3 <=16M, else 2)")
+	flag.BoolVar(&o.json, "json", false, "print one JSON object per size")
+	def := elsync.DefaultConfig()
+	flag.IntVar(&o.streams, "streams", def.Streams, "parallel connections per ring link (Config.Streams)")
+	flag.IntVar(&o.chunk, "chunk", def.ChunkBytes, "pipelining chunk in bytes (Config.ChunkBytes)")
+	flag.IntVar(&o.direct, "direct", def.DirectBytes, "largest buffer in bytes for the direct (latency) path (Config.DirectBytes)")
+	flag.BoolVar(&o.local, "local", def.LocalSockets, "use Unix domain sockets between ranks on this host (Config.LocalSockets)")
+	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run")
+	flag.IntVar(&o.child, "child", -1, "internal: run as this rank")
+	flag.Parse()
+	sizes, err := parseSizes(o.sizesArg)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "allreduce-bench:", err)
+		os.Exit(2)
+	}
+	o.sizes = sizes
+	if o.np < 1 {
+		fmt.Fprintln(os.Stderr, "allreduce-bench: -np must be at least 1")
+		os.Exit(2)
+	}
+	if o.child >= 0 {
+		if err := runChild(o); err != nil {
+			fmt.Fprintln(os.Stderr, "allreduce-bench rank", o.child, ":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if err := runParent(o); err != nil {
+		fmt.Fprintln(os.Stderr, "allreduce-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// parseSizes parses "4K,1M,4096" into bytes; each must be a positive
+// multiple of 4 (float32 elements).
+func parseSizes(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(strings.ToUpper(f))
+		if f == "" {
+			continue
+		}
+		mult := 1
+		for _, suf := range []struct {
+			s string
+			m int
+		}{{"KIB", 1 << 10}, {"MIB", 1 << 20}, {"GIB", 1 << 30}, {"KB", 1 << 10}, {"MB", 1 << 20}, {"GB", 1 << 30}, {"K", 1 << 10}, {"M", 1 << 20}, {"G", 1 << 30}, {"B", 1}} {
+			if strings.HasSuffix(f, suf.s) {
+				f, mult = strings.TrimSuffix(f, suf.s), suf.m
+				break
+			}
+		}
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("bad size %q", f)
+		}
+		n *= mult
+		if n%4 != 0 {
+			return nil, fmt.Errorf("size %d is not a multiple of 4 bytes (float32)", n)
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no sizes")
+	}
+	return out, nil
+}
+
+func plan(o options, size int) (warm, iters int) {
+	switch {
+	case size <= 4<<10:
+		warm, iters = 20, 500
+	case size <= 64<<10:
+		warm, iters = 20, 300
+	case size <= 1<<20:
+		warm, iters = 10, 100
+	case size <= 16<<20:
+		warm, iters = 3, 20
+	default:
+		warm, iters = 2, 10
+	}
+	if o.iters > 0 {
+		iters = o.iters
+	}
+	if o.warmup >= 0 {
+		warm = o.warmup
+	}
+	return warm, iters
+}
+
+// sizeResult is what a child reports per size: its per-iteration times.
+type sizeResult struct {
+	Size  int       `json:"size"`
+	Times []float64 `json:"times"`
+}
+
+func config(o options) elsync.Config {
+	cfg := elsync.DefaultConfig()
+	cfg.JobID = os.Getenv("ALLREDUCE_BENCH_JOB")
+	cfg.Secret, _ = hex.DecodeString(os.Getenv("ALLREDUCE_BENCH_SECRET"))
+	cfg.Streams = o.streams
+	cfg.ChunkBytes = o.chunk
+	cfg.DirectBytes = o.direct
+	cfg.MaxFrameBytes = max(cfg.MaxFrameBytes, o.chunk, o.direct)
+	cfg.LocalSockets = o.local
+	cfg.OpTimeout = 60 * time.Second
+	return cfg
+}
+
+func runChild(o options) error {
+	ctx := context.Background()
+	tr, err := elsync.Listen(ctx, "127.0.0.1:0", config(o))
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+	fmt.Println("ADDR", tr.Addr())
+	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err != nil {
+		return fmt.Errorf("reading the world: %w", err)
+	}
+	addrs := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "WORLD ")), ",")
+	ring, err := tr.Connect(ctx, elsync.World{Round: 1, Rank: o.child, Addrs: addrs})
+	if err != nil {
+		return err
+	}
+	defer ring.Close()
+	enc := json.NewEncoder(os.Stdout)
+	for _, size := range o.sizes {
+		buf := make([]float32, size/4) // zeros: sums never overflow
+		warm, iters := plan(o, size)
+		for i := 0; i < warm; i++ {
+			if err := ring.AllReduceFloat32(ctx, buf, elsync.OpSum); err != nil {
+				return err
+			}
+		}
+		if err := ring.Barrier(ctx); err != nil {
+			return err
+		}
+		times := make([]float64, iters)
+		for i := range times {
+			t0 := time.Now()
+			if err := ring.AllReduceFloat32(ctx, buf, elsync.OpSum); err != nil {
+				return err
+			}
+			times[i] = time.Since(t0).Seconds()
+		}
+		if err := enc.Encode(sizeResult{Size: size, Times: times}); err != nil {
+			return err
+		}
+	}
+	return ring.Barrier(ctx)
+}
+
+type rank struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+func runParent(o options) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	job := make([]byte, 8)
+	rand.Read(job)
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	ranks := make([]*rank, o.np)
+	defer func() {
+		for _, r := range ranks {
+			if r != nil {
+				r.cmd.Process.Kill()
+				r.cmd.Wait()
+			}
+		}
+	}()
+	for i := range ranks {
+		args := append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...)
+		cmd := exec.CommandContext(ctx, exe, args...)
+		cmd.Env = append(os.Environ(), "ALLREDUCE_BENCH_JOB=bench-"+hex.EncodeToString(job), "ALLREDUCE_BENCH_SECRET="+hex.EncodeToString(secret))
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			return err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := cmd.Start(); err != nil {
+			return err
+		}
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
+	}
+	addrs := make([]string, o.np)
+	for i, r := range ranks {
+		if !r.out.Scan() || !strings.HasPrefix(r.out.Text(), "ADDR ") {
+			return fmt.Errorf("rank %d did not report its address", i)
+		}
+		addrs[i] = strings.TrimPrefix(r.out.Text(), "ADDR ")
+	}
+	for _, r := range ranks {
+		fmt.Fprintf(r.stdin, "WORLD %s\n", strings.Join(addrs, ","))
+	}
+	if !o.json {
+		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v\n", o.np, o.streams, o.chunk, o.direct, o.local)
+		fmt.Printf("%12s %8s %12s %12s %12s\n", "size(B)", "iters", "median(us)", "algbw(GB/s)", "busbw(GB/s)")
+	}
+	n := float64(o.np)
+	for _, size := range o.sizes {
+		per := make([][]float64, o.np)
+		for i, r := range ranks {
+			if !r.out.Scan() {
+				return fmt.Errorf("rank %d stopped before reporting size %d", i, size)
+			}
+			var res sizeResult
+			if err := json.Unmarshal(r.out.Bytes(), &res); err != nil || res.Size != size {
+				return fmt.Errorf("rank %d: bad report for size %d: %q", i, size, r.out.Text())
+			}
+			per[i] = res.Times
+		}
+		iters := len(per[0])
+		t := make([]float64, iters)
+		for k := range t {
+			for i := range per {
+				t[k] = max(t[k], per[i][k])
+			}
+		}
+		slices.Sort(t)
+		med := quantile(t, 0.5)
+		algbw := float64(size) / med / 1e9
+		busbw := algbw * 2 * (n - 1) / n
+		if o.np == 1 {
+			busbw = 0
+		}
+		if o.json {
+			out, _ := json.Marshal(map[string]any{
+				"impl": "elastictrain", "np": o.np, "size_bytes": size, "median_s": med,
+				"algbw_GBps": algbw, "busbw_GBps": busbw, "iters": iters,
+				"p10_s": quantile(t, 0.1), "p90_s": quantile(t, 0.9),
+				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local,
+			})
+			fmt.Println(string(out))
+		} else {
+			fmt.Printf("%12d %8d %12.1f %12.3f %12.3f\n", size, iters, med*1e6, algbw, busbw)
+		}
+	}
+	for i, r := range ranks {
+		r.stdin.Close()
+		if err := r.cmd.Wait(); err != nil {
+			return fmt.Errorf("rank %d: %w", i, err)
+		}
+		ranks[i] = nil
+	}
+	return nil
+}
+
+// quantile of sorted values, with linear interpolation.
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	pos := q * float64(len(sorted)-1)
+	lo := int(pos)
+	if lo+1 >= len(sorted) {
+		return sorted[lo]
+	}
+	return sorted[lo] + (pos-float64(lo))*(sorted[lo+1]-sorted[lo])
+}
