@@ -32,7 +32,7 @@ type Agent struct {
 	mu          sync.Mutex
 	inc         string // incarnation of the job state we are registered in
 	order       int64
-	maxRound    uint64
+	maxRound    uint64 // highest closed round seen
 	world       World
 	hasWorld    bool
 	view        View // last view seen
@@ -178,7 +178,9 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	if v.Order > 0 {
 		a.order = v.Order
 	}
-	a.maxRound = max(a.maxRound, v.Round)
+	if !v.Open {
+		a.maxRound = max(a.maxRound, v.Round)
+	}
 	a.view = v
 	a.leaseAt.Store(int64(sent.Sub(a.start)))
 	a.updatePendingLocked()

@@ -242,3 +242,15 @@ func (w *redisWatcher) Close() error {
 	})
 	return err
 }
+
+// DropJob deletes every key of a job. For tests and operators: a running
+// job's members treat it like a Redis restarted empty (they re-register).
+func (s *RedisStore) DropJob(ctx context.Context, jobID string) error {
+	if err := ValidateJobID(jobID); err != nil {
+		return err
+	}
+	if err := s.c.Del(ctx, jobKeys(jobID)...).Err(); err != nil {
+		return &StoreError{Op: "drop", JobID: jobID, Err: err}
+	}
+	return nil
+}

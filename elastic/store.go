@@ -94,7 +94,7 @@ type JoinRequest struct {
 	Incarnation    string   // incarnation the caller registered in; "" for a new member
 	NewIncarnation string   // used if the call creates the job state; random, non-empty
 	Order          int64    // caller's previous order when re-registering after a loss; 0 = assign
-	RoundHint      uint64   // highest round number the caller has seen; new rounds get a higher number
+	RoundHint      uint64   // highest closed round the caller has seen; rounds opened later get a higher number
 	Peers          []string // re-registration after a loss: member IDs of the caller's last World
 	Arrive         bool     // take part in the next/forming round; false = only (re-)register
 	Params         Params

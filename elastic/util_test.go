@@ -89,3 +89,148 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// dropRedisJob deletes a job's keys, as a Redis restarted empty would (only
+// this job's keys: the server is shared).
+func dropRedisJob(t *testing.T, s elastic.Store, jobID string) {
+	t.Helper()
+	rs, ok := s.(*elastic.RedisStore)
+	if !ok {
+		t.Fatalf("not a RedisStore: %T", s)
+	}
+	if err := rs.DropJob(context.Background(), jobID); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// spyStore forwards to a Store and reports every Join/Check view.
+type spyStore struct {
+	elastic.Store
+	views chan spyView
+}
+
+type spyView struct {
+	member string
+	v      elastic.View
+}
+
+func newSpy(s elastic.Store) *spyStore { return &spyStore{Store: s, views: make(chan spyView, 4096)} }
+
+func (s *spyStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	v, err := s.Store.Join(ctx, r)
+	if err == nil {
+		s.views <- spyView{r.Member.ID, v}
+	}
+	return v, err
+}
+
+// waitArrived waits until each of the given members was seen arrived (or
+// pending) in a Join answer.
+func (s *spyStore) waitArrived(t *testing.T, ids ...string) {
+	t.Helper()
+	want := map[string]bool{}
+	for _, id := range ids {
+		want[id] = true
+	}
+	timeout := time.After(20 * time.Second)
+	for len(want) > 0 {
+		select {
+		case sv := <-s.views:
+			if sv.v.Role == elastic.RoleArrived || sv.v.Role == elastic.RolePending || sv.v.Role == elastic.RoleRanked {
+				delete(want, sv.member)
+			}
+		case <-timeout:
+			t.Fatalf("members %v never arrived", want)
+		}
+	}
+}
+
+// worker emulates a trainer: Join, train until ChangePending, Join again.
+type worker struct {
+	a      *elastic.Agent
+	worlds chan elastic.World
+	errs   chan error
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startWorker(t *testing.T, a *elastic.Agent) *worker {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &worker{a: a, worlds: make(chan elastic.World, 64), errs: make(chan error, 1), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			world, err := a.Join(ctx)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.errs <- err
+				}
+				return
+			}
+			w.worlds <- world
+			for !a.ChangePending() {
+				select {
+				case <-ctx.Done():
+					return
+				case <-a.Changes():
+				case <-tick.C: // ChangePending also turns true on a stale lease, with no hint
+				}
+			}
+		}
+	}()
+	t.Cleanup(w.stop)
+	return w
+}
+
+func (w *worker) stop() {
+	w.cancel()
+	<-w.done
+}
+
+// awaitRound waits until every worker's latest World is the same round of
+// exactly len(ws) members, and returns those Worlds.
+func awaitRound(t *testing.T, timeout time.Duration, ws ...*worker) []elastic.World {
+	t.Helper()
+	latest := make([]elastic.World, len(ws))
+	have := make([]bool, len(ws))
+	deadline := time.After(timeout)
+	for {
+		ok := true
+		for i := range ws {
+			if !have[i] || latest[i].Size != len(ws) || latest[i].Round != latest[0].Round {
+				ok = false
+			}
+		}
+		if ok {
+			return latest
+		}
+		cases := make([]chan elastic.World, len(ws))
+		for i, w := range ws {
+			cases[i] = w.worlds
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("no common round of %d within %v; latest %+v", len(ws), timeout, latest)
+		default:
+		}
+		got := false
+		for i, w := range ws {
+			select {
+			case wd := <-w.worlds:
+				latest[i], have[i], got = wd, true, true
+			case err := <-w.errs:
+				t.Fatalf("worker %d: %v", i, err)
+			default:
+			}
+		}
+		if !got {
+			select {
+			case <-deadline:
+				t.Fatalf("no common round of %d within %v; latest %+v", len(ws), timeout, latest)
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+}

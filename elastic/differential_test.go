@@ -1,0 +1,179 @@
+package elastic_test
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// diffClient is what one simulated member remembers between calls.
+type diffClient struct {
+	m     elastic.Member
+	inc   string
+	order int64
+	hint  uint64
+	peers []string
+}
+
+func viewKey(v elastic.View) string {
+	ids := make([]string, len(v.Members))
+	for i, m := range v.Members {
+		ids[i] = m.ID
+	}
+	return fmt.Sprintf("code=%v inc=%s ver=%d round=%d open=%v role=%d rank=%d size=%d pending=%d order=%d members=%v",
+		v.Code, v.Incarnation, v.Version, v.Round, v.Open, v.Role, v.Rank, v.Size, v.Pending, v.Order, ids)
+}
+
+// TestStoresAgree drives the in-memory store (the Go core) and the Redis
+// store (the Lua scripts) with the same random sequences of calls and
+// requires identical answers. Leases are long and LastCall is 0 or an hour,
+// so the two stores' clocks cannot make them differ.
+func TestStoresAgree(t *testing.T) {
+	t.Parallel()
+	params := []elastic.Params{
+		{MinWorkers: 1, MaxWorkers: 3, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
+		{MinWorkers: 2, MaxWorkers: 4, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour},
+		{MinWorkers: 1, MaxWorkers: 2, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
+		{MinWorkers: 3, MaxWorkers: 8, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
+	}
+	kinds := []storeKind{redisKind(), standaloneKind()}
+	for _, k := range kinds {
+		for pi, p := range params {
+			for seed := uint64(1); seed <= 3; seed++ {
+				t.Run(fmt.Sprintf("%s/params%d/seed%d", k.name, pi, seed), func(t *testing.T) {
+					runDifferential(t, k.make(t), p, seed, 400)
+				})
+			}
+		}
+	}
+}
+
+func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed uint64, steps int) {
+	ctx := context.Background()
+	mem := elastic.NewMemoryStoreForTest()
+	jobID := testredis.JobID(t)
+	rng := rand.New(rand.NewPCG(seed, 99))
+	var clients []*diffClient
+	newClient := func() *diffClient {
+		c := &diffClient{m: elastic.Member{ID: fmt.Sprintf("m%02d-%d", len(clients), rng.IntN(1000)), Host: "h", PID: len(clients), Addr: fmt.Sprintf("127.0.0.1:%d", 20000+len(clients))}}
+		clients = append(clients, c)
+		return c
+	}
+	for range 3 {
+		newClient()
+	}
+	remember := func(c *diffClient, v elastic.View) {
+		if v.Code != elastic.CodeOK {
+			return
+		}
+		c.inc = v.Incarnation
+		if !v.Open {
+			c.hint = max(c.hint, v.Round)
+		}
+		if v.Order > 0 {
+			c.order = v.Order
+		}
+		if v.Role == elastic.RoleRanked {
+			c.peers = c.peers[:0]
+			for _, m := range v.Members {
+				if m.ID != c.m.ID {
+					c.peers = append(c.peers, m.ID)
+				}
+			}
+		}
+	}
+	mreq := func(c *diffClient) elastic.MemberRequest {
+		return elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+	}
+	var lastRound uint64
+	seen := map[string]int{}
+	defer func() { t.Logf("last closed round %d; outcomes %v", lastRound, seen) }()
+	for step := range steps {
+		c := clients[rng.IntN(len(clients))]
+		var vm, vo elastic.View
+		var em, eo error
+		var op string
+		switch r := rng.IntN(100); {
+		case r < 8 && len(clients) < 10:
+			c = newClient()
+			fallthrough
+		case r < 40:
+			op = "join"
+			req := elastic.JoinRequest{JobID: jobID, Member: c.m, Incarnation: c.inc, NewIncarnation: fmt.Sprintf("inc%d", step),
+				RoundHint: c.hint, Arrive: rng.IntN(5) != 0, Params: p}
+			if c.inc != "" {
+				req.Order, req.Peers = c.order, slices.Clone(c.peers)
+			}
+			vm, em = mem.Join(ctx, req)
+			vo, eo = other.Join(ctx, req)
+		case r < 60:
+			op = "check"
+			vm, em = mem.Check(ctx, mreq(c))
+			vo, eo = other.Check(ctx, mreq(c))
+		case r < 75:
+			op = "heartbeat"
+			bm, e1 := mem.Heartbeat(ctx, mreq(c))
+			bo, e2 := other.Heartbeat(ctx, mreq(c))
+			if e1 != nil || e2 != nil {
+				t.Fatalf("step %d heartbeat: %v / %v", step, e1, e2)
+			}
+			if bm != bo {
+				t.Fatalf("step %d heartbeat by %s: memory %+v, redis %+v", step, c.m.ID, bm, bo)
+			}
+			continue
+		case r < 85:
+			op = "report"
+			target := clients[rng.IntN(len(clients))].m.ID
+			round := lastRound
+			if rng.IntN(3) == 0 && round > 0 {
+				round-- // sometimes a stale report
+			}
+			req := elastic.ReportRequest{MemberRequest: mreq(c), Round: round, Target: target}
+			vm, em = mem.Report(ctx, req)
+			vo, eo = other.Report(ctx, req)
+		case r < 92:
+			op = "leave"
+			vm, em = mem.Leave(ctx, mreq(c))
+			vo, eo = other.Leave(ctx, mreq(c))
+		case r < 93 && step > steps*9/10:
+			op = "finish"
+			vm, em = mem.Finish(ctx, mreq(c))
+			vo, eo = other.Finish(ctx, mreq(c))
+		case r < 93:
+			op = "check"
+			vm, em = mem.Check(ctx, mreq(c))
+			vo, eo = other.Check(ctx, mreq(c))
+		case r < 95:
+			op = "drop"
+			mem.Drop(jobID)
+			dropRedisJob(t, other, jobID)
+			continue
+		default:
+			// A fenced member comes back as a new member.
+			op = "renew"
+			c.m.ID += "x"
+			c.inc, c.order, c.peers = "", 0, nil
+			continue
+		}
+		if em != nil || eo != nil {
+			t.Fatalf("step %d %s: errors memory=%v redis=%v", step, op, em, eo)
+		}
+		if a, b := viewKey(vm), viewKey(vo); a != b {
+			t.Fatalf("step %d %s by %s:\n memory %s\n redis  %s", step, op, c.m.ID, a, b)
+		}
+		remember(c, vm)
+		seen[fmt.Sprintf("%s/%v/role%d", op, vm.Code, vm.Role)]++
+		if !vm.Open && vm.Code == elastic.CodeOK {
+			lastRound = vm.Round
+		}
+		if vm.Code == elastic.CodeFinished {
+			return
+		}
+	}
+}
