@@ -23,8 +23,9 @@ type Config struct {
 	// (no goroutines). Must be >= 0. Default 2.
 	Prefetch int
 	// Workers is the number of goroutines that build prefetched batches
-	// (call Dataset.Get and collate) in parallel; ignored when Prefetch is
-	// 0. Must be >= 1. Default 1.
+	// (call Dataset.Get and collate) in parallel, one batch each; at most
+	// Prefetch of them are started (more could never all be busy), and none
+	// when Prefetch is 0. Must be >= 1. Default 1.
 	Workers int
 	// MicroBatch, when > 0, cuts every global batch into micro-batches of
 	// MicroBatch samples (the last one of a global batch may be smaller;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 )
 
 // Batch is one rank's share of one global batch.
@@ -93,9 +94,9 @@ type CollateFunc[T, B any] func(ctx context.Context, samples []T, indices []int)
 // Next, Reset and Commit must be called from one goroutine (the training
 // loop). Cursor and Close are safe to call from any goroutine; Close also
 // unblocks a Next waiting for a prefetched batch (it returns ErrClosed).
-// With Config.Prefetch > 0 the Loader starts Workers+1 goroutines on the
-// first Next after New or Reset; Reset and Close stop them and wait for
-// them to exit.
+// With Config.Prefetch > 0 the Loader starts min(Workers, Prefetch)
+// goroutines on the first Next after New or Reset; Reset and Close stop
+// them and wait for them to exit.
 type Loader[T, B any] struct {
 	ds      Dataset[T]
 	collate CollateFunc[T, B]
@@ -278,17 +279,7 @@ func (l *Loader[T, B]) Next(ctx context.Context) (Batch[B], error) {
 	}
 	l.mu.Unlock()
 
-	s := p.head
-	if s == nil {
-		select {
-		case s = <-p.ready:
-			p.head = s
-		case <-ctx.Done():
-			return zero, fmt.Errorf("dataloader: next: %w", ctx.Err())
-		case <-p.ctx.Done():
-			return zero, ErrClosed
-		}
-	}
+	s := p.slots[p.next%int64(len(p.slots))]
 	select {
 	case <-s.done:
 	case <-ctx.Done():
@@ -296,10 +287,10 @@ func (l *Loader[T, B]) Next(ctx context.Context) (Batch[B], error) {
 	case <-p.ctx.Done():
 		return zero, ErrClosed
 	}
-	p.head = nil
+	p.next++
 	b, err, at := s.b, s.err, s.pl.at
 	s.b, s.err = Batch[B]{}, nil
-	p.free <- s // never blocks: at most Prefetch slots exist
+	p.free <- struct{}{} // never blocks: at most Prefetch tokens exist
 	if err != nil {
 		l.mu.Lock()
 		if l.pipe == p {
@@ -453,75 +444,77 @@ func (p *planner) plan(c Cursor) plan {
 	return pl
 }
 
-// slot carries one prefetched batch from the dispatcher through a worker
-// to Next; the Prefetch slots are recycled.
+// slot holds one prefetched batch: batch number k (counted from the
+// pipeline's start cursor) uses slot k % Prefetch.
 type slot[B any] struct {
 	pl   plan
 	b    Batch[B]
 	err  error
-	done chan struct{} // capacity 1: signalled once the worker filled b/err
+	done chan struct{} // capacity 1: signalled once a worker filled pl, b, err
 }
 
-// pipeline is the set of prefetch goroutines for one run between
-// Reset/Close: one dispatcher that plans batches in order and hands them to
-// Workers workers. Batches reach Next in order through ready; free bounds
-// the number in flight to Prefetch.
+// pipeline is the set of prefetch workers for one run between Reset/Close.
+// A worker takes a token from free (Prefetch tokens; Next returns one per
+// batch it delivers), then claims the next batch number k from an atomic
+// counter and fills slot k % Prefetch. Claims never exceed Prefetch plus the
+// batches delivered, so batch k-Prefetch has left slot k % Prefetch before
+// batch k is claimed, and Next, reading slots in order, gets batches in
+// order. In steady state the only goroutine hand-off per batch is the
+// worker signalling done, and only when Next is already waiting.
 type pipeline[T, B any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	free  chan *slot[B] // slots available to the dispatcher
-	ready chan *slot[B] // planned slots in order, for Next
-	jobs  chan *slot[B] // planned slots for the workers
-	head  *slot[B]      // slot Next took from ready but has not delivered (owned by Next)
+	slots []*slot[B]
+	free  chan struct{} // tokens: slots that may be filled
+	claim atomic.Int64  // next batch number a worker claims
+	next  int64         // next batch number Next delivers (owned by Next)
+
+	start     Cursor // cursor of batch 0
+	startStep int    // its step within the epoch
+	steps     int    // steps per epoch
+
+	planMu sync.Mutex // guards plan (its order cache)
+	plan   *planner
 }
 
-// startPipeline starts the goroutines, serving from cursor c. The
-// dispatcher borrows l.plan until stop returns.
+// startPipeline starts the workers, serving from cursor c. They borrow
+// l.plan until stop returns.
 func (l *Loader[T, B]) startPipeline(c Cursor) *pipeline[T, B] {
 	n := l.cfg.Prefetch
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &pipeline[T, B]{
 		ctx: ctx, cancel: cancel,
-		free:  make(chan *slot[B], n),
-		ready: make(chan *slot[B], n),
-		jobs:  make(chan *slot[B], n),
+		slots: make([]*slot[B], n),
+		free:  make(chan struct{}, n),
+		start: c, startStep: c.Position / l.cfg.GlobalBatch, steps: l.StepsPerEpoch(),
+		plan: &l.plan,
 	}
-	for range n {
-		p.free <- &slot[B]{done: make(chan struct{}, 1)}
+	for i := range p.slots {
+		p.slots[i] = &slot[B]{done: make(chan struct{}, 1)}
+		p.free <- struct{}{}
 	}
-	workers := l.cfg.Workers
-	p.wg.Add(1 + workers)
-	go p.dispatch(&l.plan, c)
+	workers := min(l.cfg.Workers, n) // more could never all be busy
+	p.wg.Add(workers)
 	for range workers {
 		go p.work(l)
 	}
 	return p
 }
 
-// dispatch plans batches in order from c while slots are free.
-func (p *pipeline[T, B]) dispatch(pl *planner, c Cursor) {
-	defer p.wg.Done()
-	for {
-		var s *slot[B]
-		select {
-		case <-p.ctx.Done():
-			return
-		case s = <-p.free:
-		}
-		s.pl = pl.plan(c)
-		c = s.pl.next
-		p.ready <- s // never blocks: capacity Prefetch, at most Prefetch slots
-		select {
-		case <-p.ctx.Done():
-			return
-		case p.jobs <- s:
-		}
-	}
+// planAt returns the plan of batch number k.
+func (p *pipeline[T, B]) planAt(k int64) plan {
+	c := p.start
+	step := int64(p.startStep) + k
+	c.Epoch += int(step / int64(p.steps))
+	c.Position = int(step%int64(p.steps)) * c.GlobalBatch
+	p.planMu.Lock()
+	defer p.planMu.Unlock()
+	return p.plan.plan(c)
 }
 
-// work builds planned batches until the pipeline stops.
+// work claims and builds batches until the pipeline stops.
 func (p *pipeline[T, B]) work(l *Loader[T, B]) {
 	defer p.wg.Done()
 	var scratch []T
@@ -529,15 +522,18 @@ func (p *pipeline[T, B]) work(l *Loader[T, B]) {
 		select {
 		case <-p.ctx.Done():
 			return
-		case s := <-p.jobs:
-			s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
-			s.done <- struct{}{}
+		case <-p.free:
 		}
+		k := p.claim.Add(1) - 1
+		s := p.slots[k%int64(len(p.slots))]
+		s.pl = p.planAt(k)
+		s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
+		s.done <- struct{}{}
 	}
 }
 
-// stop cancels the goroutines and waits for them; safe to call more than
-// once and from several goroutines.
+// stop cancels the workers and waits for them; safe to call more than once
+// and from several goroutines.
 func (p *pipeline[T, B]) stop() {
 	p.cancel()
 	p.wg.Wait()
