@@ -116,7 +116,9 @@ func (p ShardProgress) Done() bool { return p.Total > 0 && p.Acked == p.Total }
 // earliest time a shard could come back. errors.Is(err, ErrNoShardFree)
 // holds.
 type BusyError struct {
-	Epoch   int
+	// Epoch is the epoch asked for.
+	Epoch int
+	// RetryAt is the earliest deadline among the live leases (queue clock).
 	RetryAt time.Time
 }
 
