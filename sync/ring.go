@@ -53,6 +53,14 @@ type lane struct {
 	// progress counters: step<<32 | chunks done within the step
 	sendProg, recvProg atomic.Int64
 	sendNote, recvNote chan struct{}
+	// shared memory (nil when the lane uses the socket for payloads)
+	tx, rx    []byte
+	slotBytes int
+	txNext    uint64
+	txCredits int
+	rxNext    uint64
+	creditBuf [64]byte
+	ack       [1]byte
 }
 
 type laneJob struct {
@@ -128,7 +136,7 @@ func alignedBytes(n int) []byte {
 	return f64Bytes(make([]float64, (n+7)/8))[:n]
 }
 
-func newRing(t *Transport, w World, rc *ringConns) *Ring {
+func newRing(t *Transport, w World, rc *ringConns, tx, rx [][]byte) *Ring {
 	cfg := t.cfg
 	n := w.Size()
 	r := &Ring{
@@ -162,15 +170,21 @@ func newRing(t *Transport, w World, rc *ringConns) *Ring {
 	r.laneDone = make(chan error, 2*len(rc.right))
 	for i := range r.lanes {
 		r.lanes[i] = &lane{
-			idx:      i,
-			right:    rc.right[i],
-			left:     rc.left[i],
-			leftR:    bufio.NewReaderSize(rc.left[i], readerBytes),
-			scratch:  alignedBytes(cfg.chunkBytes()),
-			sendJobs: make(chan laneJob),
-			recvJobs: make(chan laneJob),
-			sendNote: make(chan struct{}, 1),
-			recvNote: make(chan struct{}, 1),
+			idx:       i,
+			right:     rc.right[i],
+			left:      rc.left[i],
+			leftR:     bufio.NewReaderSize(rc.left[i], readerBytes),
+			scratch:   alignedBytes(cfg.chunkBytes()),
+			sendJobs:  make(chan laneJob),
+			recvJobs:  make(chan laneJob),
+			sendNote:  make(chan struct{}, 1),
+			recvNote:  make(chan struct{}, 1),
+			slotBytes: cfg.chunkBytes(),
+			txCredits: shmSlots,
+			ack:       [1]byte{1},
+		}
+		if tx != nil {
+			r.lanes[i].tx, r.lanes[i].rx = tx[i], rx[i]
 		}
 	}
 	for _, p := range r.peers {
@@ -246,6 +260,11 @@ func (r *Ring) Close() error {
 			l.left.Close()
 		}
 		r.wg.Wait()
+		for _, l := range r.lanes {
+			shmUnmap(l.tx)
+			shmUnmap(l.rx)
+			l.tx, l.rx = nil, nil
+		}
 		if r.t != nil {
 			r.t.forget(r)
 		}
@@ -419,8 +438,8 @@ func (r *Ring) begin(ctx context.Context) error {
 		}
 	}
 	for _, l := range r.lanes {
-		l.right.SetWriteDeadline(dl)
-		l.left.SetReadDeadline(dl)
+		l.right.SetDeadline(dl) // writes; reads of shared-memory credits
+		l.left.SetDeadline(dl)  // reads; writes of credits
 	}
 	r.watched = false
 	if ctx.Done() != nil {
@@ -491,8 +510,11 @@ func (r *Ring) protoErr(err error) error {
 }
 
 // writeFrame sends header h and payload on c (two writes, no copy).
-func (r *Ring) writeFrame(c net.Conn, hb []byte, h *wire.Header, payload []byte, peer int) error {
+func (r *Ring) writeFrame(c net.Conn, hb []byte, h *wire.Header, payload []byte, peer int, length ...int) error {
 	h.Length = uint32(len(payload))
+	if len(length) > 0 {
+		h.Length = uint32(length[0])
+	}
 	h.Put(hb)
 	if _, err := c.Write(hb[:wire.HeaderSize]); err != nil {
 		return r.connErr(peer, err)
@@ -508,6 +530,21 @@ func (r *Ring) writeFrame(c net.Conn, hb []byte, h *wire.Header, payload []byte,
 // readFrame reads one frame from br into dst, checking that it is exactly
 // the frame this rank expects (want, with len(dst) payload bytes).
 func (r *Ring) readFrame(br *bufio.Reader, hb []byte, want *wire.Header, dst []byte, peer int) error {
+	if err := r.readHeader(br, hb, want, len(dst), peer); err != nil {
+		return err
+	}
+	if _, err := io.ReadFull(br, dst); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return r.connErr(peer, err)
+	}
+	return nil
+}
+
+// readHeader reads one frame header from br and checks that it is exactly
+// the one this rank expects (want, with a payload of length bytes).
+func (r *Ring) readHeader(br *bufio.Reader, hb []byte, want *wire.Header, length int, peer int) error {
 	if _, err := io.ReadFull(br, hb[:wire.HeaderSize]); err != nil {
 		return r.connErr(peer, err)
 	}
@@ -516,16 +553,10 @@ func (r *Ring) readFrame(br *bufio.Reader, hb []byte, want *wire.Header, dst []b
 		return r.protoErr(fmt.Errorf("%w: from rank %d: %v", ErrBadFrame, peer, err))
 	}
 	if h.Kind != want.Kind || h.Op != want.Op || h.Round != want.Round || h.Seq != want.Seq ||
-		h.Total != want.Total || h.Aux != want.Aux || int(h.Length) != len(dst) {
+		h.Total != want.Total || h.Aux != want.Aux || int(h.Length) != length {
 		return r.protoErr(fmt.Errorf("%w: rank %d sent %v #%d (op %#x, round %d, %d of %d bytes, aux %d), rank %d expected %v #%d (op %#x, round %d, %d of %d bytes, aux %d)",
 			ErrMismatch, peer, h.Kind, h.Seq, h.Op, h.Round, h.Length, h.Total, h.Aux,
-			r.rank, want.Kind, want.Seq, want.Op, want.Round, len(dst), want.Total, want.Aux))
-	}
-	if _, err := io.ReadFull(br, dst); err != nil {
-		if err == io.EOF {
-			err = io.ErrUnexpectedEOF
-		}
-		return r.connErr(peer, err)
+			r.rank, want.Kind, want.Seq, want.Op, want.Round, length, want.Total, want.Aux))
 	}
 	return nil
 }
@@ -611,7 +642,7 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 						return err
 					}
 				}
-				if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c*j.elem:e*j.elem], right); err != nil {
+				if err := r.laneWrite(l, &h, j.buf[c*j.elem:e*j.elem], right); err != nil {
 					return err
 				}
 				l.sendProg.Store(prog(s, k))
@@ -630,7 +661,7 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 					return err
 				}
 			}
-			if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c:e], right); err != nil {
+			if err := r.laneWrite(l, &h, j.buf[c:e], right); err != nil {
 				return err
 			}
 		}
@@ -644,7 +675,7 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 						return err
 					}
 				}
-				if err := r.writeFrame(l.right, l.hdrW[:], &h, j.buf[c:e], right); err != nil {
+				if err := r.laneWrite(l, &h, j.buf[c:e], right); err != nil {
 					return err
 				}
 			}
@@ -671,11 +702,9 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 				e := min(c+chunk, hi)
 				dst := j.buf[c*j.elem : e*j.elem]
 				if s < n-1 {
-					tmp := l.scratch[:len(dst)]
-					if err := r.readFrame(l.leftR, l.hdrR[:], &h, tmp, left); err != nil {
+					if err := r.laneRecvInto(l, &h, dst, j.red, left); err != nil {
 						return err
 					}
-					j.red(dst, tmp)
 					if s == n-2 && j.op == OpAvg {
 						j.scale(dst, n)
 					}
@@ -685,7 +714,7 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 					if err := r.waitProg(&l.sendProg, l.sendNote, prog(s-n+1, k)); err != nil {
 						return err
 					}
-					if err := r.readFrame(l.leftR, l.hdrR[:], &h, dst, left); err != nil {
+					if err := r.laneRecvInto(l, &h, dst, nil, left); err != nil {
 						return err
 					}
 				}
@@ -699,7 +728,7 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 		}
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)
-			if err := r.readFrame(l.leftR, l.hdrR[:], &h, j.buf[c:e], left); err != nil {
+			if err := r.laneRecvInto(l, &h, j.buf[c:e], nil, left); err != nil {
 				return err
 			}
 			l.recvProg.Store(prog(0, k))
@@ -710,7 +739,7 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 			base := mod(rank-s-1, n) * j.block
 			for k, c := 0, base+j.lo; c < base+j.hi; k, c = k+1, c+chunk {
 				e := min(c+chunk, base+j.hi)
-				if err := r.readFrame(l.leftR, l.hdrR[:], &h, j.buf[c:e], left); err != nil {
+				if err := r.laneRecvInto(l, &h, j.buf[c:e], nil, left); err != nil {
 					return err
 				}
 				l.recvProg.Store(prog(s, k))

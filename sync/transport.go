@@ -852,7 +852,12 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	}
 	wg.Wait()
 	finish()
-	r := newRing(t, w, rc)
+	tx, rx, err := negotiateShm(cctx, t.cfg, rc)
+	if err != nil {
+		rc.closeAll()
+		return nil, fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, err)
+	}
+	r := newRing(t, w, rc, tx, rx)
 	t.mu.Lock()
 	if t.isClosed {
 		t.mu.Unlock()

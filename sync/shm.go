@@ -1,0 +1,221 @@
+package sync
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"syscall"
+	"time"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+// Shared-memory lanes: between ranks on one host (a lane over a Unix
+// socket, without TLS), the sender of a lane creates a sealed anonymous
+// shared-memory file of shmSlots slots of ChunkBytes and passes its
+// descriptor to the receiver (SCM_RIGHTS) right after the handshake. Frame
+// headers still travel on the socket and are checked as usual, but the
+// payload of chunk i lies in slot i mod shmSlots: the sender copies it
+// there before writing the header, the receiver reduces or copies it from
+// there after reading the header and then returns one credit byte on the
+// socket's reverse direction. This halves the copies of the socket path.
+const shmSlots = 4
+
+const shmOfferSize = 12
+
+var shmMagic = [4]byte{'E', 'T', 'S', 'M'}
+
+// negotiateShm runs the offer/answer exchange on every lane that runs over
+// a Unix socket and returns the mappings by lane (nil where not shared).
+// The exchange happens on every Unix lane, whatever the Config, so both
+// ends always agree on it; a side that does not want or cannot map shared
+// memory declines.
+func negotiateShm(ctx context.Context, cfg Config, rc *ringConns) (tx, rx [][]byte, err error) {
+	tx = make([][]byte, len(rc.right))
+	rx = make([][]byte, len(rc.left))
+	want := cfg.SharedMemory && shmSupported
+	slotBytes := cfg.chunkBytes()
+	size := shmSlots * slotBytes
+	defer func() {
+		if err != nil {
+			for _, m := range append(tx, rx...) {
+				shmUnmap(m)
+			}
+			tx, rx = nil, nil
+		}
+	}()
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		deadline = time.Now().Add(cfg.DialTimeout)
+	}
+	// 1. Offer on every lane this rank sends on.
+	for l, c := range rc.right {
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			continue
+		}
+		uc.SetDeadline(deadline)
+		var msg [shmOfferSize]byte
+		copy(msg[:], shmMagic[:])
+		var oob []byte
+		if want {
+			fd, mem, err := shmCreate(size)
+			if err == nil {
+				tx[l] = mem
+				binary.LittleEndian.PutUint32(msg[4:], shmSlots)
+				binary.LittleEndian.PutUint32(msg[8:], uint32(slotBytes))
+				oob = syscall.UnixRights(fd)
+				defer closeFD(fd)
+			} else {
+				cfg.logger().Debug("sync: no shared memory for lane", "lane", l, "err", err)
+			}
+		}
+		if _, _, err := uc.WriteMsgUnix(msg[:], oob, nil); err != nil {
+			return nil, nil, fmt.Errorf("%w: shared-memory offer on lane %d: %v", ErrPeerLost, l, err)
+		}
+	}
+	// 2. Answer every lane this rank receives on.
+	for l, c := range rc.left {
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			continue
+		}
+		uc.SetDeadline(deadline)
+		mem, err := readOffer(uc, size, want)
+		if err != nil {
+			return nil, nil, fmt.Errorf("shared-memory offer on lane %d: %w", l, err)
+		}
+		rx[l] = mem
+		answer := []byte{0}
+		if mem != nil {
+			answer[0] = 1
+		}
+		if _, err := uc.Write(answer); err != nil {
+			return nil, nil, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
+		}
+	}
+	// 3. Read the answers to this rank's offers.
+	for l, c := range rc.right {
+		uc, ok := c.(*net.UnixConn)
+		if !ok {
+			continue
+		}
+		var answer [1]byte
+		if _, err := uc.Read(answer[:]); err != nil {
+			return nil, nil, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
+		}
+		if answer[0] != 1 {
+			shmUnmap(tx[l])
+			tx[l] = nil
+		}
+	}
+	for _, c := range append(rc.right, rc.left...) {
+		if c != nil {
+			c.SetDeadline(time.Time{})
+		}
+	}
+	return tx, rx, nil
+}
+
+// readOffer reads exactly one offer (and its descriptor, if any) and maps
+// it when wanted and valid.
+func readOffer(uc *net.UnixConn, size int, want bool) ([]byte, error) {
+	var msg [shmOfferSize]byte
+	oob := make([]byte, syscall.CmsgSpace(4*4))
+	got, fds := 0, []int(nil)
+	for got < shmOfferSize {
+		n, oobn, _, _, err := uc.ReadMsgUnix(msg[got:], oob)
+		if err != nil {
+			for _, fd := range fds {
+				closeFD(fd)
+			}
+			return nil, fmt.Errorf("%w: %v", ErrPeerLost, err)
+		}
+		if oobn > 0 {
+			if cms, err := syscall.ParseSocketControlMessage(oob[:oobn]); err == nil {
+				for _, cm := range cms {
+					if r, err := syscall.ParseUnixRights(&cm); err == nil {
+						fds = append(fds, r...)
+					}
+				}
+			}
+		}
+		got += n
+	}
+	defer func() {
+		for _, fd := range fds {
+			closeFD(fd)
+		}
+	}()
+	if [4]byte(msg[:4]) != shmMagic {
+		return nil, fmt.Errorf("%w: bad shared-memory offer", ErrBadFrame)
+	}
+	slots := binary.LittleEndian.Uint32(msg[4:])
+	slotBytes := binary.LittleEndian.Uint32(msg[8:])
+	if slots == 0 || !want || len(fds) != 1 {
+		return nil, nil // declined (by the peer or by us)
+	}
+	if int(slots)*int(slotBytes) != size {
+		return nil, fmt.Errorf("%w: shared memory of %d slots of %d bytes, this rank expects %d bytes (ChunkBytes differ?)", ErrMismatch, slots, slotBytes, size)
+	}
+	mem, err := shmMap(fds[0], size)
+	if err != nil {
+		return nil, nil // fall back to the socket
+	}
+	return mem, nil
+}
+
+// laneWrite sends one chunk of a lane: through shared memory when the lane
+// has it, else header and payload on the socket.
+func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) error {
+	if l.tx == nil {
+		return r.writeFrame(l.right, l.hdrW[:], h, payload, peer)
+	}
+	for l.txCredits == 0 {
+		n, err := l.right.Read(l.creditBuf[:])
+		if err != nil {
+			return r.connErr(peer, err)
+		}
+		l.txCredits += n
+		if l.txCredits > shmSlots {
+			return r.protoErr(fmt.Errorf("%w: rank %d returned more shared-memory credits than slots", ErrBadFrame, peer))
+		}
+	}
+	off := int(l.txNext%shmSlots) * l.slotBytes
+	copy(l.tx[off:off+l.slotBytes], payload)
+	l.txNext++
+	l.txCredits--
+	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
+}
+
+// laneRecvInto receives the next chunk of a lane, of len(dst) bytes, and
+// folds it into dst with red, or copies it when red is nil.
+func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc, peer int) error {
+	if l.rx == nil {
+		if red == nil {
+			return r.readFrame(l.leftR, l.hdrR[:], h, dst, peer)
+		}
+		tmp := l.scratch[:len(dst)]
+		if err := r.readFrame(l.leftR, l.hdrR[:], h, tmp, peer); err != nil {
+			return err
+		}
+		red(dst, tmp)
+		return nil
+	}
+	if err := r.readHeader(l.leftR, l.hdrR[:], h, len(dst), peer); err != nil {
+		return err
+	}
+	off := int(l.rxNext%shmSlots) * l.slotBytes
+	src := l.rx[off : off+len(dst)]
+	if red == nil {
+		copy(dst, src)
+	} else {
+		red(dst, src)
+	}
+	l.rxNext++
+	if _, err := l.left.Write(l.ack[:]); err != nil {
+		return r.connErr(peer, err)
+	}
+	return nil
+}
