@@ -185,3 +185,15 @@ func TestMicroShareOf(t *testing.T) {
 		}
 	}
 }
+
+// TestKey pins Key against an independent Python implementation of its
+// documented formula, and checks that parts and their order matter.
+func TestKey(t *testing.T) {
+	mustEqual(t, uint64(0xbdd732262feb6e95), Key(42))
+	mustEqual(t, uint64(0xb593dcad4c0efec5), Key(42, 3, 1000))
+	seen := map[uint64]bool{}
+	for _, k := range []uint64{Key(42), Key(43), Key(42, 0), Key(42, 1), Key(42, 0, 1), Key(42, 1, 0), Key(42, 0, 0)} {
+		mustTrue(t, !seen[k], "key %#x repeats", k)
+		seen[k] = true
+	}
+}
