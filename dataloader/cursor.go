@@ -51,14 +51,14 @@ type Cursor struct {
 const (
 	cursorMagic   = "ETDC"
 	cursorVersion = 1
-	cursorLen     = 52
+	cursorLen     = CursorSize
 	flagShuffle   = 1 << 0
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // CursorSize is the length in bytes of an encoded Cursor (format version 1).
-const CursorSize = cursorLen
+const CursorSize = 52
 
 // Validate reports whether c is consistent in itself (see Cursor). It
 // returns an error wrapping ErrInvalidCursor naming the bad field, or nil.
