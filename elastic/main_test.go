@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/internal/testredis"
@@ -15,6 +17,8 @@ func TestMain(m *testing.M) {
 	if mode := os.Getenv(helperEnv); mode != "" {
 		os.Exit(helperMain(mode))
 	}
+	// go-redis logs every failed dial; the outage tests cause many.
+	redis.SetLogger(quietLogger{})
 	testredis.VerifyTestMain(m)
 }
 
@@ -62,3 +66,7 @@ func testConfig(t *testing.T) elastic.Config {
 	c.StateTTL = 2 * time.Minute
 	return c
 }
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}

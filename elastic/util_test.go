@@ -234,3 +234,17 @@ func awaitRound(t *testing.T, timeout time.Duration, ws ...*worker) []elastic.Wo
 		}
 	}
 }
+
+// next returns the worker's next World.
+func (w *worker) next(t *testing.T, timeout time.Duration) elastic.World {
+	t.Helper()
+	select {
+	case wd := <-w.worlds:
+		return wd
+	case err := <-w.errs:
+		t.Fatalf("worker: %v", err)
+	case <-time.After(timeout):
+		t.Fatalf("worker: no World within %v", timeout)
+	}
+	return elastic.World{}
+}

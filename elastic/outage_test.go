@@ -1,0 +1,218 @@
+package elastic_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// TestStoreRestartedEmpty: the store loses every key while a round runs.
+// Members re-register and re-form the same membership with the same ranks
+// and a higher round number; nobody is declared dead.
+func TestStoreRestartedEmpty(t *testing.T) {
+	for _, mk := range []struct {
+		name string
+		new  func(t *testing.T) (elastic.Store, func(jobID string))
+	}{
+		{"memory", func(t *testing.T) (elastic.Store, func(string)) {
+			m := elastic.NewMemoryStoreForTest()
+			return m, m.Drop
+		}},
+		{"redis", func(t *testing.T) (elastic.Store, func(string)) {
+			srv := testredis.Start(t)
+			c := newClient(srv.Addr())
+			t.Cleanup(func() { _ = c.Close() })
+			return elastic.NewRedisStore(c), func(string) {
+				if err := srv.Restart(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	} {
+		t.Run(mk.name, func(t *testing.T) {
+			t.Parallel()
+			s, restart := mk.new(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
+			as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			ws := []*worker{startWorker(t, as[0]), startWorker(t, as[1]), startWorker(t, as[2])}
+			before := awaitRound(t, 20*time.Second, ws...)
+			checkRound(t, before, as)
+
+			restart(cfg.JobID)
+
+			after := awaitRound(t, 20*time.Second, ws...)
+			checkRound(t, after, as)
+			if after[0].Round <= before[0].Round {
+				t.Fatalf("round went from %d to %d", before[0].Round, after[0].Round)
+			}
+			if !slices.Equal(after[0].MemberIDs(), before[0].MemberIDs()) {
+				t.Fatalf("membership or ranks changed: %v -> %v", before[0].MemberIDs(), after[0].MemberIDs())
+			}
+			for i, a := range as {
+				if err := a.Err(); err != nil {
+					t.Fatalf("agent %d: %v", i, err)
+				}
+			}
+		})
+	}
+}
+
+// TestStoreDownPastBudget: with the store unreachable for longer than the
+// outage budget, every member gets ErrStoreUnavailable (and so does a new
+// member trying to join).
+func TestStoreDownPastBudget(t *testing.T) {
+	for _, mk := range []struct {
+		name string
+		new  func(t *testing.T) (elastic.Store, func())
+	}{
+		{"memory", func(t *testing.T) (elastic.Store, func()) {
+			m := elastic.NewMemoryStoreForTest()
+			return m, func() { m.SetDown(errors.New("simulated outage")) }
+		}},
+		{"redis", func(t *testing.T) (elastic.Store, func()) {
+			srv := testredis.Start(t)
+			c := newClient(srv.Addr())
+			t.Cleanup(func() { _ = c.Close() })
+			return elastic.NewRedisStore(c), srv.Stop
+		}},
+	} {
+		t.Run(mk.name, func(t *testing.T) {
+			t.Parallel()
+			s, down := mk.new(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+			cfg.OutageBudget = time.Second
+			as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			ws := []*worker{startWorker(t, as[0]), startWorker(t, as[1])}
+			awaitRound(t, 20*time.Second, ws...)
+			down()
+			stopped := time.Now()
+			for i, w := range ws {
+				select {
+				case err := <-w.errs:
+					if !errors.Is(err, elastic.ErrStoreUnavailable) {
+						t.Fatalf("worker %d: %v, want ErrStoreUnavailable", i, err)
+					}
+				case <-time.After(cfg.OutageBudget + 10*time.Second):
+					t.Fatalf("worker %d: no error %v after the store went down", i, time.Since(stopped))
+				}
+			}
+			if el := time.Since(stopped); el < cfg.OutageBudget {
+				t.Fatalf("gave up after %v, before the budget %v", el, cfg.OutageBudget)
+			}
+			fresh := newAgent(t, s, cfg)
+			if _, err := fresh.Join(context.Background()); !errors.Is(err, elastic.ErrStoreUnavailable) {
+				t.Fatalf("Join on a dead store: %v", err)
+			}
+		})
+	}
+}
+
+// TestStoreOutageWithinBudget: a short outage is ridden out with retries:
+// the round goes on, nobody errs, and members can re-form afterwards.
+func TestStoreOutageWithinBudget(t *testing.T) {
+	t.Parallel()
+	m := elastic.NewMemoryStoreForTest()
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+	cfg.LeaseTTL = 5 * time.Second
+	A, B := newAgent(t, m, cfg), newAgent(t, m, cfg)
+	ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
+	m.SetDown(errors.New("simulated outage"))
+	// Let several heartbeats fail: wait until both agents' leases look
+	// older than two heartbeat intervals would allow... observed through
+	// the store being down for a while; the agents keep going.
+	deadline := time.Now().Add(3 * cfg.HeartbeatInterval)
+	for time.Now().Before(deadline) {
+		if A.Err() != nil || B.Err() != nil {
+			t.Fatalf("agent failed during a short outage: %v / %v", A.Err(), B.Err())
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition until a deadline
+	}
+	m.SetDown(nil)
+	if A.Err() != nil || B.Err() != nil {
+		t.Fatalf("agent failed during a short outage: %v / %v", A.Err(), B.Err())
+	}
+	again := joinAll(t, context.Background(), []*elastic.Agent{A, B})
+	checkRound(t, again, []*elastic.Agent{A, B})
+	if again[0].Round != ws[0].Round+1 {
+		t.Fatalf("round %d, want %d", again[0].Round, ws[0].Round+1)
+	}
+}
+
+// TestRestartAfterWholeJobCrash: every member of a job dies without leaving;
+// new processes start with the same job ID. The stale members and rounds
+// are recognised (their leases are gone) and the new members form a fresh
+// round, numbered above the old ones, within seconds.
+func TestRestartAfterWholeJobCrash(t *testing.T) {
+	for _, k := range allKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			s := k.make(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+			cfg.LeaseTTL = time.Second
+			cfg.HeartbeatInterval = 100 * time.Millisecond
+			old := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			ws := joinAll(t, context.Background(), old)
+			for _, a := range old {
+				_ = a.Close() // crash: no Leave
+			}
+			crashed := time.Now()
+			fresh := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			nw := joinAll(t, context.Background(), fresh)
+			checkRound(t, nw, fresh)
+			if nw[0].Round <= ws[0].Round {
+				t.Fatalf("fresh round %d not above the stale %d", nw[0].Round, ws[0].Round)
+			}
+			if el := time.Since(crashed); el > cfg.LeaseTTL+3*time.Second {
+				t.Fatalf("fresh round took %v", el)
+			}
+		})
+	}
+}
+
+// TestCorruptStateRecovers: garbage under the job's keys never panics; the
+// job re-forms as after a loss.
+func TestCorruptStateRecovers(t *testing.T) {
+	t.Parallel()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+	ctx := context.Background()
+	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	for _, garbage := range []string{"not json", `{"inc":5}`, `[]`, `{"inc":"x","ranked":"oops","ord":[1,2]}`} {
+		if err := c.Set(ctx, prefix+"state", garbage, time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+		as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+		ws := joinAll(t, ctx, as)
+		checkRound(t, ws, as)
+		for _, a := range as {
+			_ = a.Leave(ctx)
+			_ = a.Close()
+		}
+	}
+	// Wrong key types make the scripts fail: a clear error after the
+	// outage budget, no panic.
+	cfg.OutageBudget = 300 * time.Millisecond
+	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+	joinAll(t, ctx, as)
+	if err := c.Set(ctx, prefix+"leases", "not a sorted set", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "ErrStoreUnavailable", func() bool {
+		return errors.Is(as[0].Err(), elastic.ErrStoreUnavailable) && errors.Is(as[1].Err(), elastic.ErrStoreUnavailable)
+	})
+	if _, err := as[0].Join(ctx); !errors.Is(err, elastic.ErrStoreUnavailable) {
+		t.Fatalf("Join over a wrong-typed key: %v", err)
+	}
+	_ = c.Del(ctx, prefix+"leases")
+}
