@@ -153,10 +153,40 @@ func smallConfig(t testing.TB) Config {
 	return cfg
 }
 
+// transports names the payload paths: shared memory between same-host
+// ranks (the default), Unix sockets without shared memory, and TCP.
+var transports = []struct {
+	name         string
+	local, shmem bool
+	sizes        []int
+}{
+	{"shm", true, true, []int{1, 2, 3, 4, 5, 6, 7, 8}},
+	{"unix", true, false, []int{2, 3, 5}},
+	{"tcp", false, false, []int{2, 3, 5}},
+}
+
 func TestCollectivesWorldSizes(t *testing.T) {
-	for n := 1; n <= 8; n++ {
-		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
-			w := newTestWorld(t, n, smallConfig(t))
+	for _, tp := range transports {
+		for _, n := range tp.sizes {
+			t.Run(fmt.Sprintf("%s/n=%d", tp.name, n), func(t *testing.T) {
+				cfg := smallConfig(t)
+				cfg.LocalSockets, cfg.SharedMemory = tp.local, tp.shmem
+				testCollectives(t, n, cfg)
+			})
+		}
+	}
+}
+
+func testCollectives(t *testing.T, n int, cfg Config) {
+	{
+		{
+			w := newTestWorld(t, n, cfg)
+			if n > 1 {
+				l := w.rings[0].lanes[0]
+				if got := l.tx != nil && l.rx != nil; got != (cfg.LocalSockets && cfg.SharedMemory) {
+					t.Fatalf("lane 0 shared memory = %v with LocalSockets %v SharedMemory %v", got, cfg.LocalSockets, cfg.SharedMemory)
+				}
+			}
 			rng := rand.New(rand.NewPCG(uint64(n), 1))
 			// 0, 1, odd, not divisible by n, around the direct/ring switch,
 			// many chunks and two lanes.
@@ -172,7 +202,7 @@ func TestCollectivesWorldSizes(t *testing.T) {
 				checkAllGather(t, w, rng, length)
 			}
 			checkBarrier(t, w)
-		})
+		}
 	}
 }
 

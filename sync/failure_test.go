@@ -38,6 +38,7 @@ func helperMain() int {
 	cfg.Secret, _ = hex.DecodeString(os.Getenv("SYNC_HELPER_SECRET"))
 	cfg.OpTimeout = time.Duration(env("SYNC_HELPER_OPTIMEOUT_MS")) * time.Millisecond
 	cfg.DialTimeout = 20 * time.Second
+	cfg.LocalSockets = os.Getenv("SYNC_HELPER_TCP") == ""
 	rank, elems := env("SYNC_HELPER_RANK"), env("SYNC_HELPER_ELEMS")
 	ctx := context.Background()
 	tr, err := Listen(ctx, "127.0.0.1:0", cfg)
@@ -90,7 +91,7 @@ type child struct {
 
 // startRanks starts n child ranks and forms their world; it returns once
 // every child has completed one allreduce.
-func startRanks(t *testing.T, n, elems int, opTimeout time.Duration) []*child {
+func startRanks(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool) []*child {
 	t.Helper()
 	cfg := testConfig(t)
 	kids := make([]*child, n)
@@ -102,6 +103,9 @@ func startRanks(t *testing.T, n, elems int, opTimeout time.Duration) []*child {
 			fmt.Sprintf("SYNC_HELPER_RANK=%d", r),
 			fmt.Sprintf("SYNC_HELPER_ELEMS=%d", elems),
 			fmt.Sprintf("SYNC_HELPER_OPTIMEOUT_MS=%d", opTimeout.Milliseconds()))
+		if tcp {
+			cmd.Env = append(cmd.Env, "SYNC_HELPER_TCP=1")
+		}
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
 		if err != nil {
@@ -169,8 +173,13 @@ func (k *child) expect(t *testing.T, prefix string, d time.Duration) string {
 // allreduces back to back makes every survivor fail with a *PeerError naming
 // it within 2 s.
 func TestPeerKilledMidAllReduce(t *testing.T) {
+	t.Run("shm", func(t *testing.T) { testPeerKilled(t, false) })
+	t.Run("tcp", func(t *testing.T) { testPeerKilled(t, true) })
+}
+
+func testPeerKilled(t *testing.T, tcp bool) {
 	const n, victim = 4, 2
-	kids := startRanks(t, n, 1<<20, 30*time.Second)
+	kids := startRanks(t, n, 1<<20, 30*time.Second, tcp)
 	killed := time.Now()
 	if err := kids[victim].cmd.Process.Kill(); err != nil {
 		t.Fatal(err)
@@ -196,7 +205,7 @@ func TestPeerKilledMidAllReduce(t *testing.T) {
 func TestPeerStoppedTimesOut(t *testing.T) {
 	const n, victim = 3, 1
 	const opTimeout = time.Second
-	kids := startRanks(t, n, 1<<18, opTimeout)
+	kids := startRanks(t, n, 1<<18, opTimeout, false)
 	if err := kids[victim].cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

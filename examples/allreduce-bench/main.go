@@ -28,6 +28,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,6 +50,7 @@ type options struct {
 	timeout  time.Duration
 	child    int
 	sizesArg string
+	cpuprof  string
 }
 
 func main() {
@@ -65,6 +67,7 @@ func main() {
 	flag.BoolVar(&o.local, "local", def.LocalSockets, "use Unix domain sockets between ranks on this host (Config.LocalSockets)")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run")
 	flag.IntVar(&o.child, "child", -1, "internal: run as this rank")
+	flag.StringVar(&o.cpuprof, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
 	flag.Parse()
 	sizes, err := parseSizes(o.sizesArg)
 	if err != nil {
@@ -183,6 +186,17 @@ func runChild(o options) error {
 		return err
 	}
 	defer ring.Close()
+	if o.cpuprof != "" && o.child == 0 {
+		f, err := os.Create(o.cpuprof)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, size := range o.sizes {
 		buf := make([]float32, size/4) // zeros: sums never overflow
