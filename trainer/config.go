@@ -1,0 +1,120 @@
+package trainer
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// Config holds the settings users write down. Start from DefaultConfig and
+// change fields; New calls Validate.
+type Config struct {
+	// JobID names the job; every worker of one job uses the same value. It
+	// overrides Elastic.JobID and Sync.JobID. Required.
+	JobID string
+	// Epochs is how many epochs to train. Default 1.
+	Epochs int
+	// CommitEvery is the number of steps between in-memory commits; a
+	// failure rolls back at most this many steps. Default 1.
+	CommitEvery int
+	// CheckpointEvery is the number of steps between durable checkpoints
+	// (written asynchronously by rank 0 when a CheckpointStore is set);
+	// 0 writes one only at the end and on preemption. Default 0.
+	CheckpointEvery int
+	// ListenAddr is where this worker's collective transport listens
+	// (host:port; port 0 picks a free one). Default "127.0.0.1:0".
+	ListenAddr string
+	// BucketBytes is the size of the fused gradient buffers (tensor fusion),
+	// in bytes. Default 4 MiB.
+	BucketBytes int
+	// MaxRecoveries is how many failure recoveries the job tolerates within
+	// RecoveryWindow before Run returns ErrFailureBudget; membership growth
+	// and graceful leaves do not count. Default 20.
+	MaxRecoveries int
+	// RecoveryWindow is the sliding window of the failure budget. Default 10 min.
+	RecoveryWindow time.Duration
+	// StragglerFactor: a rank whose compute time exceeds this multiple of the
+	// median for StragglerSteps consecutive steps is reported. Default 2.
+	StragglerFactor float64
+	// StragglerSteps is the number of consecutive slow steps before a rank is
+	// reported as a straggler. Default 20.
+	StragglerSteps int
+	// EvictStragglers makes a reported straggler leave the job (its Run
+	// returns ErrEvicted) so the others go on without it. Default false.
+	EvictStragglers bool
+	// GracePeriod bounds how long a preempted worker may take to commit,
+	// checkpoint and leave after Preempt. Default 30 s.
+	GracePeriod time.Duration
+	// StepSpanEvery samples one step span every this many steps (0 = none).
+	// Default 100.
+	StepSpanEvery int
+	// Elastic configures the rendezvous (min/max workers, last call, leases).
+	Elastic elastic.Config
+	// Sync configures the collective transport (secret, timeouts, TLS).
+	Sync sync.Config
+}
+
+// DefaultConfig returns a Config with the documented defaults; JobID must
+// still be set.
+func DefaultConfig() Config {
+	return Config{
+		Epochs:          1,
+		CommitEvery:     1,
+		ListenAddr:      "127.0.0.1:0",
+		BucketBytes:     4 << 20,
+		MaxRecoveries:   20,
+		RecoveryWindow:  10 * time.Minute,
+		StragglerFactor: 2,
+		StragglerSteps:  20,
+		GracePeriod:     30 * time.Second,
+		StepSpanEvery:   100,
+		Elastic:         elastic.DefaultConfig(),
+		Sync:            sync.DefaultConfig(),
+	}
+}
+
+// Validate reports the first invalid field, wrapping ErrInvalidConfig.
+func (c Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
+	}
+	switch {
+	case c.JobID == "":
+		return bad("JobID is empty")
+	case c.Epochs < 1:
+		return bad("Epochs %d < 1", c.Epochs)
+	case c.CommitEvery < 1:
+		return bad("CommitEvery %d < 1", c.CommitEvery)
+	case c.CheckpointEvery < 0:
+		return bad("CheckpointEvery %d < 0", c.CheckpointEvery)
+	case c.ListenAddr == "":
+		return bad("ListenAddr is empty")
+	case c.BucketBytes < 4:
+		return bad("BucketBytes %d < 4", c.BucketBytes)
+	case c.MaxRecoveries < 0:
+		return bad("MaxRecoveries %d < 0", c.MaxRecoveries)
+	case c.RecoveryWindow <= 0:
+		return bad("RecoveryWindow %v <= 0", c.RecoveryWindow)
+	case c.StragglerFactor <= 1:
+		return bad("StragglerFactor %v <= 1", c.StragglerFactor)
+	case c.StragglerSteps < 1:
+		return bad("StragglerSteps %d < 1", c.StragglerSteps)
+	case c.GracePeriod <= 0:
+		return bad("GracePeriod %v <= 0", c.GracePeriod)
+	case c.StepSpanEvery < 0:
+		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
+	}
+	e := c.Elastic
+	e.JobID = c.JobID
+	if err := e.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	s := c.Sync
+	s.JobID = c.JobID
+	if err := s.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}

@@ -1,0 +1,55 @@
+package trainer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
+
+// Sentinel errors returned by the trainer, wrapped with detail; test them with
+// errors.Is.
+var (
+	// ErrInvalidConfig reports a Config or option that fails validation.
+	ErrInvalidConfig = errors.New("trainer: invalid config")
+	// ErrShapeMismatch reports parameters whose names or shapes differ from
+	// the ones a commit, checkpoint or peer holds.
+	ErrShapeMismatch = errors.New("trainer: parameter shape mismatch")
+	// ErrModelMismatch reports that ranks of one round hold different models
+	// (names, shapes or optimizer); every rank of the round returns it.
+	ErrModelMismatch = errors.New("trainer: ranks hold different models")
+	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
+	// its checks (bad magic, checksum, lengths).
+	ErrCorruptState = errors.New("trainer: corrupt state")
+	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated or
+	// fails its checksum; LocalDir skips such files for the previous good one.
+	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
+	// ErrNoCheckpoint is returned by CheckpointStore.Latest when none exists.
+	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
+	// ErrPreempted is returned by Run on a worker that left gracefully after
+	// Preempt (SIGTERM): its state was committed and checkpointed first.
+	ErrPreempted = errors.New("trainer: preempted")
+	// ErrFailureBudget is returned when more recoveries than
+	// Config.MaxRecoveries happened within Config.RecoveryWindow.
+	ErrFailureBudget = errors.New("trainer: failure budget exhausted")
+	// ErrStepFailed wraps an error returned by the user's StepFunc.
+	ErrStepFailed = errors.New("trainer: step function failed")
+	// ErrEvicted is returned on a worker that the job evicted as a straggler.
+	ErrEvicted = errors.New("trainer: evicted as straggler")
+)
+
+// BudgetError is returned (wrapping ErrFailureBudget) when the failure budget
+// is exhausted; it names the most recent failures.
+type BudgetError struct {
+	// Recoveries is how many recoveries happened within the window.
+	Recoveries int
+	// Last holds the most recent failure causes, newest last.
+	Last []string
+}
+
+func (e *BudgetError) Error() string {
+	return fmt.Sprintf("trainer: failure budget exhausted: %d recoveries within the window; last failures: %s",
+		e.Recoveries, strings.Join(e.Last, "; "))
+}
+
+// Unwrap lets errors.Is(err, ErrFailureBudget) match.
+func (e *BudgetError) Unwrap() error { return ErrFailureBudget }

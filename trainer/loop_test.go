@@ -1,0 +1,379 @@
+package trainer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	. "github.com/elastictrain/elastictrain/trainer"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(envWorker) != "" {
+		os.Exit(workerMain())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// job is an in-process elastic job of linear-regression workers, each with
+// its own trainer, store client, listener and goroutines.
+type job struct {
+	t       *testing.T
+	id      string
+	store   func() elastic.Store
+	prob    *trainertest.Problem
+	audit   *MemoryAudit
+	epochs  int
+	batch   int
+	mutate  func(*Config)
+	opts    func(i int) []Option
+	mu      stdsync.Mutex
+	workers []*inproc
+	wg      stdsync.WaitGroup
+}
+
+type inproc struct {
+	idx    int
+	model  *trainertest.Model
+	tr     *Trainer[trainertest.Batch]
+	cancel context.CancelFunc
+	res    Result
+	err    error
+	done   chan struct{}
+	steps  chan StepInfo
+}
+
+func newJob(t *testing.T, store func() elastic.Store) *job {
+	return &job{t: t, id: testredis.JobID(t), store: store, prob: trainertest.NewProblem(480, 4, 0.05, 7),
+		audit: &MemoryAudit{}, epochs: 3, batch: 16}
+}
+
+func (j *job) config() Config {
+	cfg := DefaultConfig()
+	cfg.JobID = j.id
+	cfg.Epochs = j.epochs
+	cfg.Elastic.LeaseTTL = time.Second
+	cfg.Elastic.HeartbeatInterval = 100 * time.Millisecond
+	cfg.Elastic.LastCall = 300 * time.Millisecond
+	cfg.Sync.OpTimeout = 5 * time.Second
+	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
+	if j.mutate != nil {
+		j.mutate(&cfg)
+	}
+	return cfg
+}
+
+// start launches one more worker.
+func (j *job) start() *inproc {
+	j.mu.Lock()
+	idx := len(j.workers)
+	j.mu.Unlock()
+	m := trainertest.NewModel(j.prob.Dim)
+	m.StepDelay = 2 * time.Millisecond
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = j.batch, 3
+	loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
+	require.NoError(j.t, err)
+	w := &inproc{idx: idx, model: m, done: make(chan struct{}), steps: make(chan StepInfo, 4096)}
+	opts := []Option{WithAudit(j.audit), WithLogger(testLogger(j.t, idx)), WithHooks(Hooks{OnStep: func(s StepInfo) {
+		select {
+		case w.steps <- s:
+		default:
+		}
+	}})}
+	if j.opts != nil {
+		opts = append(opts, j.opts(idx)...)
+	}
+	tr, err := New(m.Params(), NewSGD(0.3), loader, m.Step, j.store(), j.config(), opts...)
+	require.NoError(j.t, err)
+	w.tr = tr
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	j.mu.Lock()
+	j.workers = append(j.workers, w)
+	j.mu.Unlock()
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		defer close(w.done)
+		defer loader.Close()
+		w.res, w.err = tr.Run(ctx)
+	}()
+	return w
+}
+
+// waitStep blocks until w has applied global step s.
+func (w *inproc) waitStep(t *testing.T, s int64) {
+	t.Helper()
+	deadline := time.After(30 * time.Second)
+	for {
+		select {
+		case si := <-w.steps:
+			if si.Step >= s {
+				return
+			}
+		case <-w.done:
+			t.Fatalf("worker %d ended before step %d: %v", w.idx, s, w.err)
+		case <-deadline:
+			t.Fatalf("worker %d did not reach step %d", w.idx, s)
+		}
+	}
+}
+
+// testLogger logs to the test output when ELASTICTRAIN_TEST_LOG is set.
+func testLogger(t *testing.T, idx int) *slog.Logger {
+	if os.Getenv("ELASTICTRAIN_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("worker", idx)
+}
+
+func (j *job) wait() {
+	done := make(chan struct{})
+	go func() { j.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		for _, w := range j.workers {
+			w.cancel()
+		}
+		j.t.Fatal("job did not finish within 60 s")
+	}
+	for _, w := range j.workers {
+		w.cancel()
+	}
+}
+
+// expected lists the indices each epoch must hold exactly once.
+func (j *job) expected(epoch int) []int {
+	n := len(j.prob.Samples)
+	return dataloader.Order(3, epoch, n)[:n/j.batch*j.batch]
+}
+
+func (j *job) checkFinished(finishers []*inproc) {
+	t := j.t
+	for _, w := range finishers {
+		t.Logf("worker %d: %+v err=%v", w.idx, w.res, w.err)
+	}
+	for _, w := range finishers {
+		require.NoError(t, w.err, "worker %d", w.idx)
+		require.True(t, w.res.Finished)
+	}
+	ref := finishers[0].model
+	for _, w := range finishers[1:] {
+		require.Equal(t, ref.W, w.model.W, "identical parameters on every rank")
+		require.Equal(t, ref.B, w.model.B)
+	}
+	rep := VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	require.Zero(t, rep.Missing, "audit missing")
+	require.Zero(t, rep.Duplicates, "audit duplicates")
+	steps := int64(j.epochs * (len(j.prob.Samples) / j.batch))
+	require.EqualValues(t, steps, rep.Steps)
+	require.Equal(t, steps, finishers[0].res.Step)
+	// Linear regression converges to the least-squares optimum.
+	require.InDelta(t, j.prob.OptimumLoss(), ref.Loss(j.prob), 0.01)
+}
+
+func stores(t *testing.T) map[string]func() elastic.Store {
+	mem := elastic.NewMemoryStore()
+	return map[string]func() elastic.Store{
+		"memory": func() elastic.Store { return mem },
+		"redis":  func() elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) },
+	}
+}
+
+func TestJobTrainsToOptimum(t *testing.T) {
+	for name, st := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			j := newJob(t, st)
+			j.mutate = func(c *Config) { c.Elastic.MinWorkers = 3 }
+			ws := []*inproc{j.start(), j.start(), j.start()}
+			j.wait()
+			j.checkFinished(ws)
+			for _, w := range ws {
+				require.Equal(t, 3, w.res.WorldSize)
+				require.Equal(t, 1, w.res.Rounds)
+			}
+		})
+	}
+}
+
+func TestJoinerIsTakenInAtAStepBoundary(t *testing.T) {
+	j := newJob(t, stores(t)["redis"])
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	a, b := j.start(), j.start()
+	a.waitStep(t, 10)
+	c := j.start()
+	j.wait()
+	j.checkFinished([]*inproc{a, b, c})
+	require.Equal(t, 3, a.res.WorldSize)
+	require.GreaterOrEqual(t, a.res.Rounds, 2)
+	require.Zero(t, a.res.Recoveries, "growth is not a failure")
+}
+
+func TestPreemptedWorkerCheckpointsAndLeaves(t *testing.T) {
+	dir := t.TempDir()
+	ckpt, err := NewLocalDir(dir, 0)
+	require.NoError(t, err)
+	j := newJob(t, stores(t)["redis"])
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(ckpt)} }
+	a, b, c := j.start(), j.start(), j.start()
+	b.waitStep(t, 5)
+	b.tr.Preempt()
+	j.wait()
+	require.ErrorIs(t, b.err, ErrPreempted)
+	j.checkFinished([]*inproc{a, c})
+	require.Equal(t, 2, a.res.WorldSize)
+	require.Zero(t, a.res.Recoveries, "a graceful leave is not a failure")
+	steps, err := ckpt.List(context.Background())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(steps), 2, "the preempted worker's checkpoint and the final one")
+}
+
+func TestWholeJobRestartResumesFromCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	ckpt, err := NewLocalDir(dir, 0)
+	require.NoError(t, err)
+	st := stores(t)["redis"]
+	j := newJob(t, st)
+	j.epochs = 1
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(ckpt)} }
+	a, b := j.start(), j.start()
+	j.wait()
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	perEpoch := int64(len(j.prob.Samples) / j.batch)
+	require.Equal(t, perEpoch, a.res.Step)
+
+	// The same data, a new incarnation with more epochs, sharing the audit
+	// and the checkpoints: it must resume at the end of epoch 1.
+	j2 := newJob(t, st)
+	j2.audit, j2.epochs = j.audit, 3
+	j2.mutate = func(c *Config) { c.Elastic.MinWorkers = 3 }
+	j2.opts = j.opts
+	rounds := make(chan RoundInfo, 8)
+	j2.opts = func(int) []Option {
+		return []Option{WithCheckpointStore(ckpt), WithHooks(Hooks{OnRound: func(r RoundInfo) { rounds <- r }})}
+	}
+	ws := []*inproc{j2.start(), j2.start(), j2.start()}
+	j2.wait()
+	j2.checkFinished(ws)
+	r := <-rounds
+	require.Equal(t, "checkpoint", r.Source)
+	require.Equal(t, perEpoch, r.Step)
+	require.Equal(t, 1, r.Epoch)
+}
+
+func TestCorruptCheckpointFallsBackToPreviousGood(t *testing.T) {
+	ctx := context.Background()
+	ckptDir := t.TempDir()
+	ckpt, err := NewLocalDir(ckptDir, 0)
+	require.NoError(t, err)
+	st := stores(t)["memory"]
+	j := newJob(t, st)
+	j.epochs = 1
+	j.mutate = func(c *Config) { c.CheckpointEvery = 5 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(ckpt)} }
+	a := j.start()
+	j.wait()
+	require.NoError(t, a.err)
+	steps, err := ckpt.List(ctx)
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, len(steps), 2)
+	// Damage the newest: flip a bit in the middle.
+	p := filepath.Join(ckptDir, fmt.Sprintf("ckpt-%020d.etc", steps[0]))
+	b, err := os.ReadFile(p)
+	require.NoError(t, err)
+	b[len(b)/2] ^= 0x40
+	require.NoError(t, os.WriteFile(p, b, 0o644))
+
+	j2 := newJob(t, st)
+	j2.audit = j.audit
+	rounds := make(chan RoundInfo, 8)
+	j2.opts = func(int) []Option {
+		return []Option{WithCheckpointStore(ckpt), WithHooks(Hooks{OnRound: func(r RoundInfo) { rounds <- r }})}
+	}
+	j2.epochs = 2
+	w := j2.start()
+	j2.wait()
+	require.NoError(t, w.err)
+	r := <-rounds
+	require.Equal(t, "checkpoint", r.Source)
+	require.Equal(t, steps[1], r.Step, "the previous good checkpoint")
+	j2.checkFinished([]*inproc{w})
+}
+
+func TestRanksWithDifferentModelsRefuseToTrain(t *testing.T) {
+	st := stores(t)["memory"]
+	j := newJob(t, st)
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	a := j.start()
+	// A second worker whose model has another shape.
+	other := trainertest.NewProblem(240, 5, 0.05, 7)
+	m := trainertest.NewModel(5)
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = 16, 3
+	loader, err := dataloader.New(other.Dataset(), other.Collate, dcfg)
+	require.NoError(t, err)
+	defer loader.Close()
+	tr, err := New(m.Params(), NewSGD(0.05), loader, m.Step, st(), j.config())
+	require.NoError(t, err)
+	_, err = tr.Run(context.Background())
+	require.ErrorIs(t, err, ErrModelMismatch)
+	j.wait()
+	require.ErrorIs(t, a.err, ErrModelMismatch)
+}
+
+func TestInvalidConfig(t *testing.T) {
+	m := trainertest.NewModel(2)
+	p := trainertest.NewProblem(100, 2, 0, 1)
+	loader, err := dataloader.New(p.Dataset(), p.Collate, dataloader.DefaultConfig())
+	require.NoError(t, err)
+	defer loader.Close()
+	good := DefaultConfig()
+	good.JobID = "x"
+	good.Sync.Secret = []byte("a test secret of 32 bytes length")
+	store := elastic.NewMemoryStore()
+	for name, mut := range map[string]func(*Config){
+		"no job":       func(c *Config) { c.JobID = "" },
+		"zero epochs":  func(c *Config) { c.Epochs = 0 },
+		"commit 0":     func(c *Config) { c.CommitEvery = 0 },
+		"bad factor":   func(c *Config) { c.StragglerFactor = 1 },
+		"bad elastic":  func(c *Config) { c.Elastic.MinWorkers = -1 },
+		"empty listen": func(c *Config) { c.ListenAddr = "" },
+	} {
+		cfg := good
+		mut(&cfg)
+		_, err := New(m.Params(), NewSGD(0.1), loader, m.Step, store, cfg)
+		require.ErrorIs(t, err, ErrInvalidConfig, name)
+	}
+	bad := m.Params()
+	bad[0].Grad = bad[0].Grad[:1]
+	_, err = New(bad, NewSGD(0.1), loader, m.Step, store, good)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	dup := append(m.Params(), m.Params()[0])
+	_, err = New(dup, NewSGD(0.1), loader, m.Step, store, good)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+var _ = errors.Is
+var _ = fmt.Sprint
+var _ = math.Abs
+var _ = slices.Clone[[]int]

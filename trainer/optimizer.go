@@ -1,0 +1,262 @@
+package trainer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+)
+
+// Optimizer applies one update to the parameters from their averaged
+// gradients. The trainer calls every method from the goroutine that runs the
+// loop, never concurrently.
+//
+// An optimizer's whole state (moments, step count, learning rate) is part of
+// every commit and checkpoint through AppendState and LoadState, so that a
+// rollback or a restore continues bit for bit where the commit was taken.
+type Optimizer interface {
+	// Name identifies the algorithm in checkpoints ("sgd", "momentum", "adam").
+	Name() string
+	// Step updates every Param.Value from Param.Grad, which already holds the
+	// mean gradient over the global batch. It returns an error when the
+	// parameters do not match the ones the state was built for.
+	Step(params []Param) error
+	// AppendState appends the encoded state to dst and returns the result.
+	AppendState(dst []byte) []byte
+	// LoadState replaces the state with one produced by AppendState for the
+	// same parameters; it returns ErrCorruptState on malformed or mismatched
+	// input and leaves the state unchanged then.
+	LoadState(src []byte, params []Param) error
+	// LearningRate returns the current learning rate.
+	LearningRate() float64
+	// SetLearningRate sets the learning rate used from the next Step on (an
+	// OnRescale hook may scale it with the world size).
+	SetLearningRate(lr float64)
+}
+
+// SGD is plain stochastic gradient descent with optional L2 weight decay:
+// v -= lr * (g + wd*v). Not safe for concurrent use.
+type SGD struct {
+	// LR is the learning rate.
+	LR float64
+	// WeightDecay is the L2 penalty coefficient; 0 disables it.
+	WeightDecay float64
+}
+
+// NewSGD returns an SGD optimizer with learning rate lr.
+func NewSGD(lr float64) *SGD { return &SGD{LR: lr} }
+
+// Name implements Optimizer.
+func (o *SGD) Name() string { return "sgd" }
+
+// LearningRate implements Optimizer.
+func (o *SGD) LearningRate() float64 { return o.LR }
+
+// SetLearningRate implements Optimizer.
+func (o *SGD) SetLearningRate(lr float64) { o.LR = lr }
+
+// Step implements Optimizer.
+func (o *SGD) Step(params []Param) error {
+	lr, wd := float32(o.LR), float32(o.WeightDecay)
+	for _, p := range params {
+		v, g := p.Value, p.Grad[:len(p.Value)]
+		for i := range v {
+			v[i] -= lr * (g[i] + wd*v[i])
+		}
+	}
+	return nil
+}
+
+// AppendState implements Optimizer: the learning rate and weight decay.
+func (o *SGD) AppendState(dst []byte) []byte {
+	dst = appendF64(dst, o.LR)
+	return appendF64(dst, o.WeightDecay)
+}
+
+// LoadState implements Optimizer.
+func (o *SGD) LoadState(src []byte, params []Param) error {
+	r := reader{b: src}
+	lr, wd := r.f64(), r.f64()
+	if err := r.done(); err != nil {
+		return fmt.Errorf("%w: sgd: %v", ErrCorruptState, err)
+	}
+	o.LR, o.WeightDecay = lr, wd
+	return nil
+}
+
+// Momentum is SGD with heavy-ball momentum (Polyak 1964), optionally in the
+// Nesterov form (Sutskever et al. 2013): u = mu*u + g; v -= lr*u (or
+// v -= lr*(g + mu*u) with Nesterov). Not safe for concurrent use.
+type Momentum struct {
+	// LR is the learning rate.
+	LR float64
+	// Mu is the momentum coefficient, typically 0.9.
+	Mu float64
+	// Nesterov selects Nesterov's accelerated form.
+	Nesterov bool
+	u        [][]float32
+}
+
+// NewMomentum returns a Momentum optimizer with learning rate lr and
+// coefficient mu.
+func NewMomentum(lr, mu float64) *Momentum { return &Momentum{LR: lr, Mu: mu} }
+
+// Name implements Optimizer.
+func (o *Momentum) Name() string { return "momentum" }
+
+// LearningRate implements Optimizer.
+func (o *Momentum) LearningRate() float64 { return o.LR }
+
+// SetLearningRate implements Optimizer.
+func (o *Momentum) SetLearningRate(lr float64) { o.LR = lr }
+
+// Step implements Optimizer.
+func (o *Momentum) Step(params []Param) error {
+	if o.u == nil {
+		o.u = zerosLike(params)
+	}
+	if err := sameShapes(o.u, params); err != nil {
+		return err
+	}
+	lr, mu := float32(o.LR), float32(o.Mu)
+	for k, p := range params {
+		v, g, u := p.Value, p.Grad[:len(p.Value)], o.u[k][:len(p.Value)]
+		for i := range v {
+			u[i] = mu*u[i] + g[i]
+			if o.Nesterov {
+				v[i] -= lr * (g[i] + mu*u[i])
+			} else {
+				v[i] -= lr * u[i]
+			}
+		}
+	}
+	return nil
+}
+
+// AppendState implements Optimizer: learning rate, mu, Nesterov flag and the
+// velocity of every parameter.
+func (o *Momentum) AppendState(dst []byte) []byte {
+	dst = appendF64(dst, o.LR)
+	dst = appendF64(dst, o.Mu)
+	dst = appendBool(dst, o.Nesterov)
+	return appendTensors(dst, o.u)
+}
+
+// LoadState implements Optimizer.
+func (o *Momentum) LoadState(src []byte, params []Param) error {
+	r := reader{b: src}
+	lr, mu, nest := r.f64(), r.f64(), r.bool()
+	u := r.tensors(params)
+	if err := r.done(); err != nil {
+		return fmt.Errorf("%w: momentum: %v", ErrCorruptState, err)
+	}
+	o.LR, o.Mu, o.Nesterov, o.u = lr, mu, nest, u
+	return nil
+}
+
+// Adam is the adaptive moment estimation optimizer of Kingma & Ba, "Adam: A
+// Method for Stochastic Optimization", ICLR 2015, with bias correction.
+// Not safe for concurrent use.
+type Adam struct {
+	// LR is the learning rate (step size alpha), typically 1e-3.
+	LR float64
+	// Beta1 and Beta2 are the decay rates of the first and second moment
+	// estimates; defaults 0.9 and 0.999.
+	Beta1, Beta2 float64
+	// Eps is added to the denominator for numerical stability; default 1e-8.
+	Eps  float64
+	t    int64
+	m, v [][]float32
+}
+
+// NewAdam returns an Adam optimizer with learning rate lr and the paper's
+// default betas and epsilon.
+func NewAdam(lr float64) *Adam { return &Adam{LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8} }
+
+// Name implements Optimizer.
+func (o *Adam) Name() string { return "adam" }
+
+// LearningRate implements Optimizer.
+func (o *Adam) LearningRate() float64 { return o.LR }
+
+// SetLearningRate implements Optimizer.
+func (o *Adam) SetLearningRate(lr float64) { o.LR = lr }
+
+// Steps returns how many updates Adam has applied (its t).
+func (o *Adam) Steps() int64 { return o.t }
+
+// Step implements Optimizer.
+func (o *Adam) Step(params []Param) error {
+	if o.m == nil {
+		o.m, o.v = zerosLike(params), zerosLike(params)
+	}
+	if err := sameShapes(o.m, params); err != nil {
+		return err
+	}
+	o.t++
+	b1, b2 := o.Beta1, o.Beta2
+	// Fold the bias corrections into the step size (the paper's efficient form).
+	alpha := float32(o.LR * math.Sqrt(1-math.Pow(b2, float64(o.t))) / (1 - math.Pow(b1, float64(o.t))))
+	eps := float32(o.Eps)
+	fb1, fb2 := float32(b1), float32(b2)
+	for k, p := range params {
+		val, g := p.Value, p.Grad[:len(p.Value)]
+		m, v := o.m[k][:len(val)], o.v[k][:len(val)]
+		for i := range val {
+			gi := g[i]
+			m[i] = fb1*m[i] + (1-fb1)*gi
+			v[i] = fb2*v[i] + (1-fb2)*gi*gi
+			val[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
+		}
+	}
+	return nil
+}
+
+// AppendState implements Optimizer: hyper-parameters, step count t and both
+// moment estimates of every parameter.
+func (o *Adam) AppendState(dst []byte) []byte {
+	dst = appendF64(dst, o.LR)
+	dst = appendF64(dst, o.Beta1)
+	dst = appendF64(dst, o.Beta2)
+	dst = appendF64(dst, o.Eps)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(o.t))
+	dst = appendTensors(dst, o.m)
+	return appendTensors(dst, o.v)
+}
+
+// LoadState implements Optimizer.
+func (o *Adam) LoadState(src []byte, params []Param) error {
+	r := reader{b: src}
+	lr, b1, b2, eps := r.f64(), r.f64(), r.f64(), r.f64()
+	t := int64(r.u64())
+	m := r.tensors(params)
+	v := r.tensors(params)
+	if err := r.done(); err != nil {
+		return fmt.Errorf("%w: adam: %v", ErrCorruptState, err)
+	}
+	if t < 0 {
+		return fmt.Errorf("%w: adam: negative step count %d", ErrCorruptState, t)
+	}
+	o.LR, o.Beta1, o.Beta2, o.Eps, o.t, o.m, o.v = lr, b1, b2, eps, t, m, v
+	return nil
+}
+
+func zerosLike(params []Param) [][]float32 {
+	out := make([][]float32, len(params))
+	for i, p := range params {
+		out[i] = make([]float32, len(p.Value))
+	}
+	return out
+}
+
+func sameShapes(state [][]float32, params []Param) error {
+	if len(state) != len(params) {
+		return fmt.Errorf("%w: optimizer state has %d tensors, model has %d", ErrShapeMismatch, len(state), len(params))
+	}
+	for i, p := range params {
+		if len(state[i]) != len(p.Value) || len(p.Grad) < len(p.Value) {
+			return fmt.Errorf("%w: parameter %q has %d values and %d grads, optimizer state %d",
+				ErrShapeMismatch, p.Name, len(p.Value), len(p.Grad), len(state[i]))
+		}
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+package trainer
+
+import (
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Option configures a Trainer beyond its Config: collaborators and hooks.
+type Option func(*options)
+
+type options struct {
+	ckpt   CheckpointStore
+	audit  Audit
+	hooks  Hooks
+	logger *slog.Logger
+	tp     trace.TracerProvider
+	mp     metric.MeterProvider
+	state  Stateful
+	now    func() time.Time
+}
+
+// WithCheckpointStore enables durable checkpoints in s (see
+// Config.CheckpointEvery). Without it the job keeps only in-memory commits.
+func WithCheckpointStore(s CheckpointStore) Option { return func(o *options) { o.ckpt = s } }
+
+// WithAudit records every applied sample index in a (see Audit).
+func WithAudit(a Audit) Option { return func(o *options) { o.audit = a } }
+
+// WithHooks sets callbacks the loop calls at round starts, steps, commits,
+// checkpoints, rescales and stragglers.
+func WithHooks(h Hooks) Option { return func(o *options) { o.hooks = h } }
+
+// WithLogger sets the structured logger; default: discard.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithTracerProvider sets the OpenTelemetry tracer provider; default: the global one.
+func WithTracerProvider(tp trace.TracerProvider) Option { return func(o *options) { o.tp = tp } }
+
+// WithMeterProvider sets the OpenTelemetry meter provider; default: the global one.
+func WithMeterProvider(mp metric.MeterProvider) Option { return func(o *options) { o.mp = mp } }
+
+// WithState adds user state (RNG streams, counters) to every commit and
+// checkpoint, restored with the parameters.
+func WithState(s Stateful) Option { return func(o *options) { o.state = s } }
+
+// Stateful is extra user state carried in commits and checkpoints. The
+// trainer calls it from its loop goroutine only.
+type Stateful interface {
+	// AppendState appends the encoded state to dst.
+	AppendState(dst []byte) []byte
+	// LoadState replaces the state with an encoding from AppendState
+	// (nil or empty when the job starts fresh).
+	LoadState(src []byte) error
+}
+
+// Hooks are optional callbacks, called synchronously from the loop
+// goroutine; they must return quickly. A nil field is skipped.
+type Hooks struct {
+	// OnRound is called when a round has agreed on its state, before its
+	// first step.
+	OnRound func(RoundInfo)
+	// OnRescale is called when the world size differs from the previous
+	// round's, before the first step; scale the learning rate here if that
+	// is the policy you prefer over a fixed global batch.
+	OnRescale func(oldSize, newSize int)
+	// OnStep is called after every applied step.
+	OnStep func(StepInfo)
+	// OnCommit is called after every in-memory commit with its global step.
+	OnCommit func(step int64)
+	// OnCheckpoint is called when a durable checkpoint write finished, with
+	// its error (nil on success). Called from the checkpoint goroutine.
+	OnCheckpoint func(step int64, err error)
+	// OnStraggler is called on every rank when a rank is found slow.
+	OnStraggler func(StragglerInfo)
+}
+
+// RoundInfo describes a round at its start.
+type RoundInfo struct {
+	Round     uint64
+	Rank      int
+	WorldSize int
+	// PrevWorldSize is the world size of this worker's previous round (0 for its first).
+	PrevWorldSize int
+	// Step is the global step the round continues from; Epoch and
+	// EpochStep locate it in the data.
+	Step      int64
+	Epoch     int
+	EpochStep int
+	// Source says where the state came from: "init", "checkpoint" or "commit".
+	Source string
+	// Recovery is true when the previous round ended by a failure.
+	Recovery bool
+	// RolledBack is how many steps this worker discarded to reach Step.
+	RolledBack int64
+}
+
+// StepInfo describes one applied step.
+type StepInfo struct {
+	Round     uint64
+	Rank      int
+	WorldSize int
+	// Step is the global step count once this step is applied.
+	Step      int64
+	Epoch     int
+	EpochStep int
+	// Loss is the mean per-sample loss over the global batch.
+	Loss float64
+	// Samples is the global batch size of this step.
+	Samples int
+	// ComputeSeconds is this rank's StepFunc time; SyncSeconds the time in
+	// collectives; StepSeconds the whole step.
+	ComputeSeconds, SyncSeconds, StepSeconds float64
+	// RecoverySeconds is set on the first step completed after a failure:
+	// seconds from when this worker saw the failure.
+	RecoverySeconds float64
+}
+
+// StragglerInfo reports a rank whose compute time stayed above
+// Config.StragglerFactor times the median for Config.StragglerSteps steps.
+type StragglerInfo struct {
+	Round uint64
+	Rank  int
+	Step  int64
+	Ratio float64 // its compute time over the median, last step
+	Evict bool    // Config.EvictStragglers: it leaves now
+}

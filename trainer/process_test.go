@@ -1,0 +1,397 @@
+package trainer_test
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	. "github.com/elastictrain/elastictrain/trainer"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+// Worker processes: the test binary re-executed with envWorker set runs one
+// linear-regression worker and reports on stdout, one JSON object a line.
+const (
+	envWorker    = "ELASTICTRAIN_TRAINER_TEST_WORKER"
+	envRedis     = "ELASTICTRAIN_TRAINER_TEST_REDIS"
+	envJob       = "ELASTICTRAIN_TRAINER_TEST_JOB"
+	envAudit     = "ELASTICTRAIN_TRAINER_TEST_AUDIT"
+	envCkpt      = "ELASTICTRAIN_TRAINER_TEST_CKPT"
+	envMin       = "ELASTICTRAIN_TRAINER_TEST_MIN"
+	envEpochs    = "ELASTICTRAIN_TRAINER_TEST_EPOCHS"
+	envCkptEvery = "ELASTICTRAIN_TRAINER_TEST_CKPT_EVERY"
+)
+
+// Process-test problem: big enough that faults land mid-epoch.
+const (
+	procSamples = 1600
+	procBatch   = 16
+	procDim     = 8
+	procSeed    = 11
+	procDelay   = 4 * time.Millisecond
+)
+
+type report struct {
+	Kind   string  `json:"kind"` // "round", "step", "final", "error"
+	PID    int     `json:"pid"`
+	Round  uint64  `json:"round,omitempty"`
+	Rank   int     `json:"rank"`
+	Size   int     `json:"size,omitempty"`
+	Step   int64   `json:"step,omitempty"`
+	Source string  `json:"source,omitempty"`
+	SHA    string  `json:"sha,omitempty"`
+	Loss   float64 `json:"loss,omitempty"`
+	Err    string  `json:"err,omitempty"`
+}
+
+func paramsHash(ps []Param, opt Optimizer) string {
+	h := sha256.New()
+	for _, p := range ps {
+		for _, v := range p.Value {
+			h.Write(binary.LittleEndian.AppendUint32(nil, math.Float32bits(v)))
+		}
+	}
+	h.Write(opt.AppendState(nil))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+func workerMain() int {
+	enc := json.NewEncoder(os.Stdout)
+	emit := func(r report) { r.PID = os.Getpid(); enc.Encode(r) }
+	fail := func(err error) int { emit(report{Kind: "error", Err: err.Error()}); return 1 }
+	minW, _ := strconv.Atoi(os.Getenv(envMin))
+	epochs, _ := strconv.Atoi(os.Getenv(envEpochs))
+	prob := trainertest.NewProblem(procSamples, procDim, 0.05, procSeed)
+	m := trainertest.NewModel(procDim)
+	m.StepDelay = procDelay
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = procBatch, procSeed
+	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer loader.Close()
+	client := redis.NewClient(&redis.Options{Addr: os.Getenv(envRedis)})
+	defer client.Close()
+	cfg := DefaultConfig()
+	cfg.JobID, cfg.Epochs = os.Getenv(envJob), epochs
+	cfg.Elastic.MinWorkers = minW
+	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
+	cfg.Elastic.LeaseTTL = time.Second
+	cfg.Elastic.HeartbeatInterval = 150 * time.Millisecond
+	cfg.Elastic.LastCall = 300 * time.Millisecond
+	cfg.CheckpointEvery = 20
+	if v := os.Getenv(envCkptEvery); v != "" {
+		cfg.CheckpointEvery, _ = strconv.Atoi(v)
+	}
+	audit, err := OpenFileAudit(os.Getenv(envAudit))
+	if err != nil {
+		return fail(err)
+	}
+	defer audit.Close()
+	level := slog.LevelWarn
+	if os.Getenv("ELASTICTRAIN_TEST_LOG") != "" {
+		level = slog.LevelDebug
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("pid", os.Getpid())
+	cfg.Elastic.Logger = logger
+	opts := []Option{WithAudit(audit), WithLogger(logger), WithHooks(Hooks{
+		OnRound: func(r RoundInfo) {
+			emit(report{Kind: "round", Round: r.Round, Rank: r.Rank, Size: r.WorldSize, Step: r.Step, Source: r.Source})
+		},
+		OnStep: func(s StepInfo) {
+			emit(report{Kind: "step", Round: s.Round, Rank: s.Rank, Size: s.WorldSize, Step: s.Step, Loss: s.Loss})
+		},
+	})}
+	if dir := os.Getenv(envCkpt); dir != "" {
+		st, err := NewLocalDir(dir, 3)
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, WithCheckpointStore(st))
+	}
+	opt := NewMomentum(0.02, 0.9)
+	tr, err := New(m.Params(), opt, loader, m.Step, elastic.NewRedisStore(client), cfg, opts...)
+	if err != nil {
+		return fail(err)
+	}
+	sigs := make(chan os.Signal, 1)
+	signalNotify(sigs)
+	go func() {
+		if _, ok := <-sigs; ok {
+			tr.Preempt()
+		}
+	}()
+	res, err := tr.Run(context.Background())
+	if err != nil {
+		emit(report{Kind: "error", Err: err.Error()})
+		if res.Step > 0 {
+			return 143
+		}
+		return 1
+	}
+	emit(report{Kind: "final", Step: res.Step, SHA: paramsHash(m.Params(), opt), Loss: m.Loss(prob)})
+	return 0
+}
+
+func signalNotify(c chan os.Signal) { signalNotifyTerm(c) }
+
+// proc is a worker process seen from the test.
+type proc struct {
+	cmd     *exec.Cmd
+	reports chan report
+	exited  chan struct{}
+	final   *report
+	last    report
+}
+
+type procJob struct {
+	t      *testing.T
+	env    []string
+	audit  string
+	procs  []*proc
+	merged chan report
+}
+
+func newProcJob(t *testing.T, minW, epochs int, ckpt string) *procJob {
+	dir := t.TempDir()
+	j := &procJob{t: t, audit: filepath.Join(dir, "audit.jsonl"), merged: make(chan report, 1<<16)}
+	j.env = append(os.Environ(), envWorker+"=1", envRedis+"="+testredis.Addr(t), envJob+"="+testredis.JobID(t),
+		envAudit+"="+j.audit, envMin+"="+strconv.Itoa(minW), envEpochs+"="+strconv.Itoa(epochs), envCkpt+"="+ckpt)
+	t.Cleanup(func() {
+		for _, p := range j.procs {
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	})
+	return j
+}
+
+func (j *procJob) start() *proc {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = j.env
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	require.NoError(j.t, err)
+	require.NoError(j.t, cmd.Start())
+	p := &proc{cmd: cmd, reports: make(chan report, 1<<16), exited: make(chan struct{})}
+	j.procs = append(j.procs, p)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var r report
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				p.reports <- r
+				j.merged <- r
+			}
+		}
+		cmd.Wait()
+		close(p.reports)
+		close(p.exited)
+	}()
+	return p
+}
+
+// waitStep waits until some worker reports step >= s and returns the pid
+// holding rank `rank` in the newest round seen.
+func (j *procJob) waitStep(s int64) map[int]int {
+	j.t.Helper()
+	rankOf := map[int]int{}
+	newest := map[int]uint64{}
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case r := <-j.merged:
+			if r.Kind == "round" && r.Round >= newest[r.PID] {
+				rankOf[r.PID], newest[r.PID] = r.Rank, r.Round
+			}
+			if r.Kind == "step" && r.Step >= s {
+				return rankOf
+			}
+			if r.Kind == "error" {
+				j.t.Logf("worker %d: %s", r.PID, r.Err)
+			}
+		case <-deadline:
+			j.t.Fatalf("no worker reached step %d", s)
+		}
+	}
+}
+
+func (j *procJob) waitAll() {
+	deadline := time.After(120 * time.Second)
+	for _, p := range j.procs {
+		select {
+		case <-p.exited:
+		case <-deadline:
+			j.t.Fatal("workers did not exit within 120 s")
+		}
+	}
+	for _, p := range j.procs {
+		for r := range p.reports {
+			p.last = r
+			if r.Kind == "final" {
+				rr := r
+				p.final = &rr
+			}
+		}
+	}
+}
+
+func (j *procJob) verifyAudit(epochs int) AuditReport {
+	f, err := os.Open(j.audit)
+	require.NoError(j.t, err)
+	defer f.Close()
+	entries, err := ReadAuditLog(f)
+	require.NoError(j.t, err)
+	steps := procSamples / procBatch
+	return VerifyAudit(entries, epochs, func(e int) []int {
+		return dataloader.Order(procSeed, e, procSamples)[:steps*procBatch]
+	})
+}
+
+// Must-show 1 of the trainer issue: 4 worker processes, real Redis; one is
+// SIGKILLed at a random step, a new one joins later; the audit shows every
+// sample of every epoch exactly once, all ranks end with identical
+// parameters, and the loss reaches the known optimum.
+func TestProcessesSurviveKillAndJoin(t *testing.T) {
+	const epochs = 3
+	j := newProcJob(t, 3, epochs, t.TempDir())
+	for range 4 {
+		j.start()
+	}
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	killAt := int64(20 + rng.IntN(60))
+	rankOf := j.waitStep(killAt)
+	victim := rng.IntN(4)
+	var pid int
+	for p, r := range rankOf {
+		if r == victim {
+			pid = p
+		}
+	}
+	require.NotZero(t, pid, "some process holds rank %d", victim)
+	t.Logf("SIGKILL rank %d (pid %d) at step >= %d", victim, pid, killAt)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
+	j.waitStep(killAt + 60)
+	j.start()
+	j.waitAll()
+
+	var finals []*report
+	for _, p := range j.procs {
+		if p.cmd.Process.Pid == pid {
+			require.Nil(t, p.final)
+			continue
+		}
+		require.NotNil(t, p.final, "pid %d ended with %+v", p.cmd.Process.Pid, p.last)
+		finals = append(finals, p.final)
+	}
+	require.Len(t, finals, 4, "3 survivors and the newcomer finish")
+	for _, f := range finals[1:] {
+		require.Equal(t, finals[0].SHA, f.SHA, "identical parameters and optimizer state")
+		require.Equal(t, finals[0].Step, f.Step)
+	}
+	require.EqualValues(t, epochs*(procSamples/procBatch), finals[0].Step)
+	rep := j.verifyAudit(epochs)
+	require.Zero(t, rep.Missing)
+	require.Zero(t, rep.Duplicates)
+	prob := trainertest.NewProblem(procSamples, procDim, 0.05, procSeed)
+	require.InDelta(t, prob.OptimumLoss(), finals[0].Loss, 0.01)
+}
+
+// Must-show 3: SIGTERM makes a worker commit, checkpoint and leave within
+// the grace period; the others go on; after a whole-job crash, a restart
+// with the same job ID resumes from that checkpoint with no sample lost or
+// repeated.
+func TestSIGTERMThenWholeJobRestart(t *testing.T) {
+	ctx := context.Background()
+	const epochs = 2
+	ckpt := t.TempDir()
+	j := newProcJob(t, 2, epochs, ckpt)
+	j.env = append(j.env, envCkptEvery+"=0") // only the preempted worker writes one
+	for range 3 {
+		j.start()
+	}
+	rankOf := j.waitStep(15)
+	var termPID int
+	for p, r := range rankOf {
+		if r == 1 {
+			termPID = p
+		}
+	}
+	require.NotZero(t, termPID)
+	require.NoError(t, syscall.Kill(termPID, syscall.SIGTERM))
+	var termed *proc
+	for _, p := range j.procs {
+		if p.cmd.Process.Pid == termPID {
+			termed = p
+		}
+	}
+	select {
+	case <-termed.exited:
+	case <-time.After(30 * time.Second):
+		t.Fatal("preempted worker did not leave within its grace period")
+	}
+	require.Equal(t, 143, termed.cmd.ProcessState.ExitCode(), "documented exit status of a preempted worker")
+	st, err := NewLocalDir(ckpt, 0)
+	require.NoError(t, err)
+	steps, err := st.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, steps, 1, "the preempted worker's checkpoint")
+	saved := steps[0]
+
+	// The others go on without it; then the whole job crashes.
+	j.waitStep(saved + 30)
+	for _, p := range j.procs {
+		if p != termed {
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+	}
+
+	// Restart with the same job ID: it resumes from that checkpoint.
+	for range 2 {
+		j.start()
+	}
+	j.waitAll()
+	var finals []*report
+	for _, p := range j.procs[3:] {
+		require.NotNil(t, p.final, "restarted worker ended with %+v", p.last)
+		finals = append(finals, p.final)
+	}
+	require.Equal(t, finals[0].SHA, finals[1].SHA)
+	require.EqualValues(t, epochs*(procSamples/procBatch), finals[0].Step)
+	rep := j.verifyAudit(epochs)
+	require.Zero(t, rep.Missing)
+	require.Zero(t, rep.Duplicates)
+	f, err := os.Open(j.audit)
+	require.NoError(t, err)
+	defer f.Close()
+	entries, err := ReadAuditLog(f)
+	require.NoError(t, err)
+	restored := false
+	for _, e := range entries {
+		if e.Kind == "agreed" && e.Restored && e.Step == saved {
+			restored = true
+		}
+	}
+	require.True(t, restored, "the restart continued from the preempted worker's checkpoint at step %d", saved)
+}

@@ -1,0 +1,169 @@
+package trainer
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"slices"
+)
+
+// snapshot is one commit: everything needed to continue training exactly
+// from a step boundary. It is what rollbacks restore, what joiners receive by
+// broadcast and what durable checkpoints hold.
+type snapshot struct {
+	step       int64       // global steps applied since the job began
+	gen        uint64      // lineage: random, new at every restore or fresh start
+	values     [][]float32 // copy of every Param.Value, in model order
+	optName    string
+	opt        []byte // Optimizer.AppendState
+	cursor     []byte // dataloader.Cursor.MarshalBinary after the step
+	recoveries []int64
+	user       []byte // Stateful.AppendState, if the user registered one
+}
+
+const snapshotMagic = "ETSNAP01"
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// take copies the live state into s, reusing s's buffers.
+func (s *snapshot) take(step int64, gen uint64, params []Param, opt Optimizer, cursor []byte, recoveries []int64, user []byte) {
+	s.step, s.gen = step, gen
+	if len(s.values) != len(params) {
+		s.values = make([][]float32, len(params))
+	}
+	for i, p := range params {
+		if len(s.values[i]) != len(p.Value) {
+			s.values[i] = make([]float32, len(p.Value))
+		}
+		copy(s.values[i], p.Value)
+	}
+	s.optName = opt.Name()
+	s.opt = opt.AppendState(s.opt[:0])
+	s.cursor = append(s.cursor[:0], cursor...)
+	s.recoveries = append(s.recoveries[:0], recoveries...)
+	s.user = append(s.user[:0], user...)
+}
+
+// clone returns a deep copy.
+func (s *snapshot) clone() *snapshot {
+	c := &snapshot{step: s.step, gen: s.gen, optName: s.optName}
+	c.values = make([][]float32, len(s.values))
+	for i, v := range s.values {
+		c.values[i] = slices.Clone(v)
+	}
+	c.opt = slices.Clone(s.opt)
+	c.cursor = slices.Clone(s.cursor)
+	c.recoveries = slices.Clone(s.recoveries)
+	c.user = slices.Clone(s.user)
+	return c
+}
+
+// restoreInto writes the snapshot's values into the live parameters and the
+// optimizer; shapes must match.
+func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
+	if len(s.values) != len(params) {
+		return fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, len(s.values), len(params))
+	}
+	for i, p := range params {
+		if len(s.values[i]) != len(p.Value) {
+			return fmt.Errorf("%w: %q has %d values in the snapshot, %d in the model", ErrShapeMismatch, p.Name, len(s.values[i]), len(p.Value))
+		}
+	}
+	if s.optName != opt.Name() {
+		return fmt.Errorf("%w: snapshot optimizer %q, configured %q", ErrShapeMismatch, s.optName, opt.Name())
+	}
+	if err := opt.LoadState(s.opt, params); err != nil {
+		return err
+	}
+	for i, p := range params {
+		copy(p.Value, s.values[i])
+	}
+	return nil
+}
+
+// encode appends the snapshot's wire and disk form to dst: magic, step,
+// parameters with names and shapes, optimizer, cursor, recoveries, user
+// state, then a CRC-32C of all of it.
+func (s *snapshot) encode(dst []byte, params []Param) []byte {
+	start := len(dst)
+	dst = append(dst, snapshotMagic...)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.step))
+	dst = binary.LittleEndian.AppendUint64(dst, s.gen)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(params)))
+	for i, p := range params {
+		dst = appendString(dst, p.Name)
+		dst = append(dst, uint8(len(p.Shape)))
+		for _, d := range p.Shape {
+			dst = binary.LittleEndian.AppendUint64(dst, uint64(d))
+		}
+		dst = appendFloats(dst, s.values[i])
+	}
+	dst = appendString(dst, s.optName)
+	dst = appendBytes(dst, s.opt)
+	dst = appendBytes(dst, s.cursor)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.recoveries)))
+	for _, r := range s.recoveries {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(r))
+	}
+	dst = appendBytes(dst, s.user)
+	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// decodeSnapshot parses b, checking it against the model's parameters. It
+// never panics; any problem is ErrCorruptState or ErrShapeMismatch.
+func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
+	if len(b) < len(snapshotMagic)+4 {
+		return nil, fmt.Errorf("%w: %d bytes is too short", ErrCorruptState, len(b))
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if got := crc32.Checksum(body, castagnoli); got != sum {
+		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
+	}
+	if string(body[:len(snapshotMagic)]) != snapshotMagic {
+		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, body[:len(snapshotMagic)])
+	}
+	r := reader{b: body, off: len(snapshotMagic)}
+	s := &snapshot{step: int64(r.u64()), gen: r.u64()}
+	n := int(r.u32())
+	if r.err == nil && n != len(params) {
+		return nil, fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, n, len(params))
+	}
+	s.values = make([][]float32, len(params))
+	for i, p := range params {
+		name := r.string()
+		nd := int(r.u8())
+		shape := make([]int, 0, nd)
+		for range nd {
+			shape = append(shape, int(r.u64()))
+		}
+		if r.err != nil {
+			break
+		}
+		if name != p.Name || !slices.Equal(shape, p.Shape) {
+			return nil, fmt.Errorf("%w: tensor %d is %q%v in the snapshot, %q%v in the model", ErrShapeMismatch, i, name, shape, p.Name, p.Shape)
+		}
+		s.values[i] = make([]float32, len(p.Value))
+		r.floatsInto(s.values[i])
+	}
+	s.optName = r.string()
+	s.opt = r.bytes()
+	s.cursor = r.bytes()
+	nr := int(r.u32())
+	if r.err == nil && nr > (len(body)-r.off)/8 {
+		r.fail("recovery count exceeds input")
+	}
+	for range nr {
+		if r.err != nil {
+			break
+		}
+		s.recoveries = append(s.recoveries, int64(r.u64()))
+	}
+	s.user = r.bytes()
+	if err := r.done(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptState, err)
+	}
+	if s.step < 0 {
+		return nil, fmt.Errorf("%w: negative step %d", ErrCorruptState, s.step)
+	}
+	return s, nil
+}

@@ -1,0 +1,310 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func testParams() []Param {
+	return []Param{
+		{Name: "w", Shape: []int{2, 3}, Value: []float32{1, 2, 3, 4, 5, 6}, Grad: []float32{.1, .2, .3, .4, .5, .6}},
+		{Name: "b", Shape: []int{3}, Value: []float32{-1, 0, 1}, Grad: []float32{.5, -.5, .25}},
+	}
+}
+
+func cloneParams(ps []Param) []Param {
+	out := make([]Param, len(ps))
+	for i, p := range ps {
+		out[i] = Param{Name: p.Name, Shape: slices.Clone(p.Shape), Value: slices.Clone(p.Value), Grad: slices.Clone(p.Grad)}
+	}
+	return out
+}
+
+func TestAdamMatchesFloat64Reference(t *testing.T) {
+	ps := testParams()
+	opt := NewAdam(0.01)
+	// Reference in float64 with the textbook bias-corrected form.
+	ref := make([]float64, 0)
+	for _, p := range ps {
+		for _, v := range p.Value {
+			ref = append(ref, float64(v))
+		}
+	}
+	m := make([]float64, len(ref))
+	v := make([]float64, len(ref))
+	for step := 1; step <= 5; step++ {
+		require.NoError(t, opt.Step(ps))
+		k := 0
+		for _, p := range ps {
+			for _, g := range p.Grad {
+				gd := float64(g)
+				m[k] = 0.9*m[k] + 0.1*gd
+				v[k] = 0.999*v[k] + 0.001*gd*gd
+				mh := m[k] / (1 - math.Pow(0.9, float64(step)))
+				vh := v[k] / (1 - math.Pow(0.999, float64(step)))
+				ref[k] -= 0.01 * mh / (math.Sqrt(vh) + 1e-8)
+				k++
+			}
+		}
+	}
+	k := 0
+	for _, p := range ps {
+		for _, got := range p.Value {
+			require.InDelta(t, ref[k], float64(got), 1e-5, "element %d", k)
+			k++
+		}
+	}
+	require.EqualValues(t, 5, opt.Steps())
+}
+
+// Restoring an optimizer's state must continue bit for bit.
+func TestOptimizerStateRoundTripIsBitExact(t *testing.T) {
+	for _, mk := range []func() Optimizer{
+		func() Optimizer { return NewSGD(0.1) },
+		func() Optimizer { return NewMomentum(0.1, 0.9) },
+		func() Optimizer { return &Momentum{LR: 0.05, Mu: 0.8, Nesterov: true} },
+		func() Optimizer { return NewAdam(0.01) },
+	} {
+		opt := mk()
+		t.Run(opt.Name(), func(t *testing.T) {
+			ps := testParams()
+			for range 3 {
+				require.NoError(t, opt.Step(ps))
+			}
+			saved := opt.AppendState(nil)
+			savedParams := cloneParams(ps)
+			for range 2 {
+				require.NoError(t, opt.Step(ps))
+			}
+			want := cloneParams(ps)
+
+			other := mk()
+			require.NoError(t, other.LoadState(saved, savedParams))
+			require.Equal(t, saved, other.AppendState(nil), "save(restore(x)) == x")
+			for range 2 {
+				require.NoError(t, other.Step(savedParams))
+			}
+			for i := range want {
+				require.Equal(t, want[i].Value, savedParams[i].Value)
+			}
+		})
+	}
+}
+
+func TestOptimizerLoadStateRejectsGarbage(t *testing.T) {
+	ps := testParams()
+	adam := NewAdam(0.01)
+	require.NoError(t, adam.Step(ps))
+	good := adam.AppendState(nil)
+	for _, bad := range [][]byte{nil, good[:10], good[:len(good)-1], append(slices.Clone(good), 0)} {
+		fresh := NewAdam(0.5)
+		err := fresh.LoadState(bad, ps)
+		require.ErrorIs(t, err, ErrCorruptState)
+		require.Equal(t, 0.5, fresh.LR, "state unchanged on error")
+	}
+	// State for another model shape.
+	other := []Param{{Name: "w", Shape: []int{2}, Value: make([]float32, 2), Grad: make([]float32, 2)}}
+	require.ErrorIs(t, NewAdam(1).LoadState(good, other), ErrCorruptState)
+	require.ErrorIs(t, NewMomentum(1, 0.9).LoadState(good, ps), ErrCorruptState)
+}
+
+func testSnapshot(ps []Param, opt Optimizer) *snapshot {
+	s := &snapshot{}
+	s.take(42, 7, ps, opt, []byte("cursor-bytes"), []int64{1, 2, 3}, []byte("user"))
+	return s
+}
+
+func TestSnapshotEncodeDecodeRoundTrip(t *testing.T) {
+	ps := testParams()
+	opt := NewAdam(0.01)
+	require.NoError(t, opt.Step(ps))
+	s := testSnapshot(ps, opt)
+	b := s.encode(nil, ps)
+	got, err := decodeSnapshot(b, ps)
+	require.NoError(t, err)
+	require.Equal(t, s.step, got.step)
+	require.Equal(t, s.gen, got.gen)
+	require.Equal(t, s.values, got.values)
+	require.Equal(t, s.opt, got.opt)
+	require.Equal(t, s.cursor, got.cursor)
+	require.Equal(t, s.recoveries, got.recoveries)
+	require.Equal(t, s.user, got.user)
+	require.Equal(t, b, got.encode(nil, ps))
+
+	// restoreInto brings the live model back.
+	live := cloneParams(ps)
+	for _, p := range live {
+		clear(p.Value)
+	}
+	opt2 := NewAdam(1)
+	require.NoError(t, got.restoreInto(live, opt2))
+	for i := range ps {
+		require.Equal(t, ps[i].Value, live[i].Value)
+	}
+	require.Equal(t, opt.AppendState(nil), opt2.AppendState(nil))
+}
+
+func TestSnapshotDecodeRejectsCorruption(t *testing.T) {
+	ps := testParams()
+	b := testSnapshot(ps, NewSGD(0.1)).encode(nil, ps)
+	for i := range b {
+		for _, bit := range []byte{1, 0x80} {
+			c := slices.Clone(b)
+			c[i] ^= bit
+			_, err := decodeSnapshot(c, ps)
+			require.Error(t, err, "flip at %d", i)
+		}
+	}
+	for n := range len(b) {
+		_, err := decodeSnapshot(b[:n], ps)
+		require.ErrorIs(t, err, ErrCorruptState, "truncated to %d", n)
+	}
+	// Another model: a clear shape error.
+	other := cloneParams(ps)
+	other[1].Shape = []int{1, 3}
+	_, err := decodeSnapshot(b, other)
+	require.ErrorIs(t, err, ErrShapeMismatch)
+}
+
+func FuzzDecodeSnapshot(f *testing.F) {
+	ps := testParams()
+	f.Add(testSnapshot(ps, NewAdam(0.1)).encode(nil, ps))
+	f.Add([]byte(snapshotMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		s, err := decodeSnapshot(b, ps)
+		if err == nil && len(s.values) != len(ps) {
+			t.Fatalf("decoded %d tensors", len(s.values))
+		}
+	})
+}
+
+func TestLocalDirSaveLoadKeep(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewLocalDir(t.TempDir(), 2)
+	require.NoError(t, err)
+	_, err = d.Load(ctx, 1)
+	require.ErrorIs(t, err, ErrNoCheckpoint)
+	for s := int64(1); s <= 4; s++ {
+		require.NoError(t, d.Save(ctx, s*10, []byte{byte(s), 1, 2, 3}))
+	}
+	steps, err := d.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{40, 30}, steps, "newest first, only keep=2")
+	b, err := d.Load(ctx, 40)
+	require.NoError(t, err)
+	require.Equal(t, []byte{4, 1, 2, 3}, b)
+	// No temporary files left behind.
+	entries, _ := os.ReadDir(d.Dir())
+	require.Len(t, entries, 2)
+}
+
+func TestLocalDirDetectsTruncationAndBitFlips(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	payload := make([]byte, 1000)
+	for i := range payload {
+		payload[i] = byte(i * 7)
+	}
+	require.NoError(t, d.Save(ctx, 5, payload))
+	path := d.path(5)
+	good, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, n := range []int{0, 3, len(ckptMagic) + 2, len(good) / 2, len(good) - 1} {
+		require.NoError(t, os.WriteFile(path, good[:n], 0o644))
+		_, err := d.Load(ctx, 5)
+		require.ErrorIs(t, err, ErrCorruptCheckpoint, "truncated to %d", n)
+	}
+	for _, at := range []int{0, len(ckptMagic) + 6, len(good) - 500, len(good) - 1} {
+		c := slices.Clone(good)
+		c[at] ^= 0x10
+		require.NoError(t, os.WriteFile(path, c, 0o644))
+		_, err := d.Load(ctx, 5)
+		require.True(t, errors.Is(err, ErrCorruptCheckpoint), "flip at %d: %v", at, err)
+	}
+	// A file renamed to another step is refused too.
+	require.NoError(t, os.WriteFile(filepath.Join(d.Dir(), "ckpt-00000000000000000006.etc"), good, 0o644))
+	_, err = d.Load(ctx, 6)
+	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+}
+
+func FuzzParseCheckpoint(f *testing.F) {
+	d, _ := NewLocalDir(f.TempDir(), 0)
+	_ = d.Save(context.Background(), 1, []byte("payload"))
+	good, _ := os.ReadFile(d.path(1))
+	f.Add(good)
+	f.Add([]byte(ckptMagic + "\xff\xff\xff\xff"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_, _ = parseCheckpoint(b, 1)
+	})
+}
+
+func TestVerifyAudit(t *testing.T) {
+	expected := func(int) []int { return []int{0, 1, 2, 3, 4, 5} }
+	gen := uint64(1)
+	step := func(round uint64, s int64, ix ...int) AuditEntry {
+		return AuditEntry{Kind: "step", Gen: gen, Round: round, Step: s, Indices: ix}
+	}
+	agreed := func(round uint64, s int64, restored bool) AuditEntry {
+		return AuditEntry{Kind: "agreed", Gen: gen, Round: round, Step: s, Restored: restored}
+	}
+	newGen := func(e AuditEntry) AuditEntry { e.Gen = 2; return e }
+	cases := []struct {
+		name      string
+		log       []AuditEntry
+		miss, dup int
+	}{
+		{"clean", []AuditEntry{agreed(1, 0, true), step(1, 1, 0, 1), step(1, 1, 2), step(1, 2, 3, 4, 5)}, 0, 0},
+		{"missing", []AuditEntry{step(1, 1, 0, 1), step(1, 2, 3, 4, 5)}, 1, 0},
+		{"duplicate", []AuditEntry{step(1, 1, 0, 1, 2), step(1, 2, 2, 3, 4, 5)}, 0, 1},
+		{"unexpected", []AuditEntry{step(1, 1, 0, 1, 2, 9), step(1, 2, 3, 4, 5)}, 0, 1},
+		{"rolled back then redone", []AuditEntry{
+			step(1, 1, 0, 1, 2), step(1, 2, 3, 4), agreed(2, 1, false), step(2, 2, 3, 4, 5)}, 0, 0},
+		{"zombie write after agreement is dropped", []AuditEntry{
+			step(1, 1, 0, 1, 2), agreed(2, 1, false), step(1, 2, 3), step(2, 2, 3, 4, 5)}, 0, 0},
+		{"restart from checkpoint drops later steps of the old lineage", []AuditEntry{
+			step(7, 1, 0, 1, 2), step(7, 2, 3, 4, 5), newGen(agreed(1, 1, true)), newGen(step(1, 2, 3, 4, 5))}, 0, 0},
+		{"restart with round numbers starting over", []AuditEntry{
+			step(1, 1, 0, 1, 2), step(1, 2, 3, 4, 5), newGen(step(1, 2, 3, 4, 5)), newGen(agreed(1, 1, true))}, 0, 0},
+		{"agreement written after the round's first steps", []AuditEntry{
+			step(1, 1, 0, 1, 2), step(1, 2, 3, 4), step(2, 2, 3, 4, 5), agreed(2, 1, false)}, 0, 0},
+		{"kept step of a dead rank counts", []AuditEntry{
+			step(1, 1, 0, 1), step(1, 1, 2), step(1, 2, 3, 4), step(1, 2, 5), agreed(2, 2, false)}, 0, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rep := VerifyAudit(c.log, 1, expected)
+			require.Equal(t, c.miss, rep.Missing, "missing")
+			require.Equal(t, c.dup, rep.Duplicates, "duplicates")
+		})
+	}
+}
+
+func TestFileAuditRoundTrip(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "audit.jsonl")
+	a, err := OpenFileAudit(path)
+	require.NoError(t, err)
+	require.NoError(t, a.RecordAgreed(AuditEntry{Gen: 9, Round: 1, Step: 0, Restored: true}))
+	require.NoError(t, a.RecordStep(AuditEntry{Round: 1, Rank: 1, Step: 1, Epoch: 0, Indices: []int{3, 1}}))
+	require.NoError(t, a.Close())
+	// A torn last line (a crash mid-write) is ignored.
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	require.NoError(t, err)
+	f.WriteString(`{"kind":"step","rou`)
+	f.Close()
+	f, err = os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	es, err := ReadAuditLog(f)
+	require.NoError(t, err)
+	require.Len(t, es, 2)
+	require.Equal(t, []int{3, 1}, es[1].Indices)
+	require.Equal(t, "step", es[1].Kind)
+}

@@ -1,0 +1,93 @@
+package trainer
+
+import (
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Instrumentation scope and the documented telemetry names.
+const (
+	scopeName = "github.com/elastictrain/elastictrain/trainer"
+
+	// Span names.
+	SpanJoin       = "elastictrain.join"
+	SpanStateSync  = "elastictrain.state_sync"
+	SpanStep       = "elastictrain.step"
+	SpanAllReduce  = "elastictrain.allreduce"
+	SpanCommit     = "elastictrain.commit"
+	SpanCheckpoint = "elastictrain.checkpoint"
+	SpanRecovery   = "elastictrain.recovery"
+
+	// Metric names (units in the instrument).
+	MetricStepDuration     = "elastictrain.step.duration"     // s, histogram
+	MetricSamples          = "elastictrain.samples"           // {sample}, counter; rate = samples/s
+	MetricWorldSize        = "elastictrain.world_size"        // {worker}, gauge
+	MetricRounds           = "elastictrain.rounds"            // {round}, counter
+	MetricRecoveries       = "elastictrain.recoveries"        // {recovery}, counter
+	MetricRecoveryDuration = "elastictrain.recovery.duration" // s, histogram
+	MetricGoodput          = "elastictrain.goodput"           // 1, gauge: useful training time / wall time
+	MetricStragglers       = "elastictrain.stragglers"        // {report}, counter
+
+	// Attribute keys.
+	AttrJob       = attribute.Key("elastictrain.job")
+	AttrRound     = attribute.Key("elastictrain.round")
+	AttrRank      = attribute.Key("elastictrain.rank")
+	AttrWorldSize = attribute.Key("elastictrain.world_size")
+	AttrStep      = attribute.Key("elastictrain.step")
+	AttrEpoch     = attribute.Key("elastictrain.epoch")
+	AttrBytes     = attribute.Key("elastictrain.bytes")
+	AttrSource    = attribute.Key("elastictrain.state_source")
+	AttrCause     = attribute.Key("elastictrain.cause")
+)
+
+type telemetry struct {
+	tracer      trace.Tracer
+	stepDur     metric.Float64Histogram
+	samples     metric.Int64Counter
+	worldSize   metric.Int64Gauge
+	rounds      metric.Int64Counter
+	recoveries  metric.Int64Counter
+	recoveryDur metric.Float64Histogram
+	goodput     metric.Float64Gauge
+	stragglers  metric.Int64Counter
+	jobAttr     attribute.KeyValue
+	commonAttrs metric.MeasurementOption
+}
+
+func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) (*telemetry, error) {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	m := mp.Meter(scopeName)
+	t := &telemetry{tracer: tp.Tracer(scopeName), jobAttr: AttrJob.String(job)}
+	var err error
+	must := func(e error) {
+		if err == nil && e != nil {
+			err = e
+		}
+	}
+	var e error
+	t.stepDur, e = m.Float64Histogram(MetricStepDuration, metric.WithUnit("s"), metric.WithDescription("Wall time of one applied training step."))
+	must(e)
+	t.samples, e = m.Int64Counter(MetricSamples, metric.WithUnit("{sample}"), metric.WithDescription("Samples of the global batches applied (counted on rank 0)."))
+	must(e)
+	t.worldSize, e = m.Int64Gauge(MetricWorldSize, metric.WithUnit("{worker}"), metric.WithDescription("World size of the current round."))
+	must(e)
+	t.rounds, e = m.Int64Counter(MetricRounds, metric.WithUnit("{round}"), metric.WithDescription("Rounds this worker took part in."))
+	must(e)
+	t.recoveries, e = m.Int64Counter(MetricRecoveries, metric.WithUnit("{recovery}"), metric.WithDescription("Rounds begun because the previous one failed."))
+	must(e)
+	t.recoveryDur, e = m.Float64Histogram(MetricRecoveryDuration, metric.WithUnit("s"), metric.WithDescription("Time from seeing a failure to the first applied step of the next round."))
+	must(e)
+	t.goodput, e = m.Float64Gauge(MetricGoodput, metric.WithUnit("1"), metric.WithDescription("Useful training time over wall time since Run began."))
+	must(e)
+	t.stragglers, e = m.Int64Counter(MetricStragglers, metric.WithUnit("{report}"), metric.WithDescription("Straggler reports."))
+	must(e)
+	t.commonAttrs = metric.WithAttributes(t.jobAttr)
+	return t, err
+}

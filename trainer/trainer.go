@@ -1,0 +1,894 @@
+package trainer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"math"
+	"slices"
+	stdsync "sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// Loader is what the trainer needs of a data loader; *dataloader.Loader
+// implements it. The trainer calls it from its loop goroutine only.
+type Loader[B any] interface {
+	// Reset reshards the loader from a committed cursor for rank of worldSize.
+	Reset(c dataloader.Cursor, rank, worldSize int) error
+	// Next returns this rank's share of the next global batch.
+	Next(ctx context.Context) (dataloader.Batch[B], error)
+	// NewCursor returns the cursor of a fresh job (epoch 0, position 0).
+	NewCursor() dataloader.Cursor
+}
+
+// Result summarises a Run from this worker's view.
+type Result struct {
+	// Step is the global step count when Run returned.
+	Step int64
+	// Epochs is how many epochs the job completed.
+	Epochs int
+	// Rounds is how many rounds this worker took part in.
+	Rounds int
+	// Recoveries is the job-wide count of failure recoveries (from the
+	// committed state, so every rank agrees).
+	Recoveries int
+	// Rank and WorldSize are those of this worker's last round.
+	Rank, WorldSize int
+	// Loss is the mean loss of the last applied step.
+	Loss float64
+	// Finished is true when the job completed all epochs (also when this
+	// worker joined after it had).
+	Finished bool
+}
+
+// Trainer runs the elastic training loop for one worker process. Create it
+// with New and call Run once. Run's goroutine owns the parameters' Value and
+// Grad buffers while it runs; Preempt may be called from any goroutine.
+type Trainer[B any] struct {
+	cfg     Config
+	params  []Param
+	opt     Optimizer
+	loader  Loader[B]
+	stepFn  StepFunc[B]
+	store   elastic.Store
+	o       options
+	log     *slog.Logger
+	tel     *telemetry
+	grads   *sync.Buckets
+	fp      float64
+	ran     atomic.Bool
+	preempt chan struct{}
+	once    stdsync.Once
+	prAt    atomic.Int64 // unix nanos of Preempt
+
+	// Loop state, owned by Run's goroutine.
+	latest, prev, spare *snapshot
+	step                int64
+	gen                 uint64 // lineage of the live state (see Audit)
+	restored            bool   // this round's state came from a checkpoint or init
+	cursor              dataloader.Cursor
+	recoveries          []int64
+	failures            []string
+	lastLoss            float64
+	useful              time.Duration
+	pendingUseful       time.Duration
+	slow                []int
+}
+
+// New returns a Trainer for the model params (updated in place), optimizer
+// opt, data loader, step function and rendezvous store.
+//
+// Errors: ErrInvalidConfig for a bad Config, nil collaborators, duplicate
+// parameter names or parameters whose Value, Grad and Shape disagree.
+func New[B any](params []Param, opt Optimizer, loader Loader[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	switch {
+	case len(params) == 0:
+		return nil, fmt.Errorf("%w: no parameters", ErrInvalidConfig)
+	case opt == nil || loader == nil || step == nil || store == nil:
+		return nil, fmt.Errorf("%w: nil optimizer, loader, step function or store", ErrInvalidConfig)
+	}
+	names := map[string]bool{}
+	grads := make([][]float32, len(params))
+	for i, p := range params {
+		n := 1
+		for _, d := range p.Shape {
+			if d < 0 {
+				return nil, fmt.Errorf("%w: parameter %q has negative dimension in %v", ErrInvalidConfig, p.Name, p.Shape)
+			}
+			n *= d
+		}
+		if names[p.Name] {
+			return nil, fmt.Errorf("%w: duplicate parameter name %q", ErrInvalidConfig, p.Name)
+		}
+		names[p.Name] = true
+		if len(p.Value) != n || len(p.Grad) != n {
+			return nil, fmt.Errorf("%w: parameter %q: shape %v holds %d values, Value has %d, Grad %d",
+				ErrInvalidConfig, p.Name, p.Shape, n, len(p.Value), len(p.Grad))
+		}
+		grads[i] = p.Grad
+	}
+	t := &Trainer[B]{cfg: cfg, params: params, opt: opt, loader: loader, stepFn: step, store: store,
+		preempt: make(chan struct{}), spare: &snapshot{}}
+	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
+	t.o.now = time.Now
+	for _, o := range opts {
+		o(&t.o)
+	}
+	t.log = t.o.logger
+	if t.log == nil {
+		t.log = slog.New(slog.DiscardHandler)
+	}
+	tel, err := newTelemetry(t.o.tp, t.o.mp, cfg.JobID)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: telemetry: %w", err)
+	}
+	t.tel = tel
+	t.grads = sync.NewBuckets(grads, cfg.BucketBytes)
+	t.fp = fingerprint(params, opt)
+	return t, nil
+}
+
+// newGen returns a lineage ID for state that starts fresh or from a
+// checkpoint: the wall clock in nanoseconds, so a later restore has a larger
+// ID (restores are whole-job events, seconds apart).
+func newGen() uint64 { return uint64(time.Now().UnixNano()) }
+
+// fingerprint hashes parameter names, shapes and the optimizer name into a
+// float64 that holds the hash exactly (52 bits), so ranks can compare models
+// with one max-allreduce.
+func fingerprint(params []Param, opt Optimizer) float64 {
+	h := fnv.New64a()
+	var b []byte
+	for _, p := range params {
+		b = appendString(b[:0], p.Name)
+		for _, d := range p.Shape {
+			b = binary.LittleEndian.AppendUint64(b, uint64(d))
+		}
+		b = append(b, 0xff)
+		h.Write(b)
+	}
+	h.Write([]byte(opt.Name()))
+	return float64(h.Sum64() & (1<<52 - 1))
+}
+
+// Preempt asks the worker to leave gracefully: at the next step boundary
+// every rank commits, this worker writes a durable checkpoint (when a
+// CheckpointStore is set) and leaves, and Run returns ErrPreempted within
+// Config.GracePeriod. Call it on SIGTERM. Safe from any goroutine; calls
+// after the first do nothing.
+func (t *Trainer[B]) Preempt() {
+	t.once.Do(func() {
+		t.prAt.Store(time.Now().UnixNano())
+		close(t.preempt)
+	})
+}
+
+func (t *Trainer[B]) preempted() bool {
+	select {
+	case <-t.preempt:
+		return true
+	default:
+		return false
+	}
+}
+
+// roundEnd says why a round ended.
+type roundEnd int
+
+const (
+	endFinished  roundEnd = iota // all epochs done
+	endRejoin                    // planned: membership change agreed at a step boundary
+	endFailure                   // a peer failed, a collective timed out or was aborted
+	endPreempted                 // this worker was preempted and has committed
+	endEvicted                   // this worker was evicted as a straggler
+)
+
+// errAbortChange is the cause of a round context cancelled because the
+// rendezvous moved on while this rank was stuck in a collective.
+var errAbortChange = errors.New("trainer: membership changed during a collective")
+
+// Run trains until every epoch is done, the job is finished by others, ctx
+// is cancelled, the worker is preempted or evicted, or an unrecoverable
+// error occurs. It returns nil when the job finished (Result.Finished).
+//
+// Errors: ErrPreempted, ErrEvicted, ErrFailureBudget (*BudgetError),
+// ErrModelMismatch, ErrStepFailed, elastic.ErrStoreUnavailable,
+// elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
+func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
+	var res Result
+	if t.ran.Swap(true) {
+		return res, fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
+	}
+	start := t.o.now()
+	ctx, cancelRun := context.WithCancel(ctx)
+	defer cancelRun()
+	// After Preempt, everything must be over within the grace period.
+	graceDone := make(chan struct{})
+	defer close(graceDone)
+	go func() {
+		select {
+		case <-graceDone:
+			return
+		case <-t.preempt:
+		}
+		timer := time.NewTimer(t.cfg.GracePeriod)
+		defer timer.Stop()
+		select {
+		case <-graceDone:
+		case <-timer.C:
+			cancelRun()
+		}
+	}()
+
+	tr, err := sync.Listen(ctx, t.cfg.ListenAddr, t.cfg.Sync)
+	if err != nil {
+		return res, fmt.Errorf("trainer: listen: %w", err)
+	}
+	defer tr.Close()
+	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
+	defer ck.close()
+
+	agent, err := elastic.NewAgent(t.store, elastic.NewMember(tr.Addr()), t.cfg.Elastic)
+	if err != nil {
+		return res, fmt.Errorf("trainer: rendezvous: %w", err)
+	}
+	defer func() { agent.Close() }()
+
+	leave := func() {
+		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := agent.Leave(lctx); err != nil {
+			t.log.Warn("leave failed", "err", err)
+		}
+	}
+
+	prevSize := 0
+	var failedAt time.Time // when this worker saw the failure that ended its last round
+	failed := false
+	for {
+		if err := ctx.Err(); err != nil {
+			leave()
+			if t.preempted() {
+				return res, fmt.Errorf("%w: grace period of %v exceeded: %w", ErrPreempted, t.cfg.GracePeriod, err)
+			}
+			return res, fmt.Errorf("trainer: %w", err)
+		}
+		jctx, span := t.tel.tracer.Start(ctx, SpanJoin)
+		world, err := agent.Join(jctx)
+		endSpan(span, err)
+		switch {
+		case errors.Is(err, elastic.ErrFenced):
+			// Our member was evicted (e.g. we were paused past our lease):
+			// our state is stale, so come back as a new member without it.
+			t.log.Warn("fenced; rejoining as a new member", "err", err)
+			agent.Close()
+			t.latest, t.prev = nil, nil
+			agent, err = elastic.NewAgent(t.store, elastic.NewMember(tr.Addr()), t.cfg.Elastic)
+			if err != nil {
+				return res, fmt.Errorf("trainer: rendezvous: %w", err)
+			}
+			continue
+		case errors.Is(err, elastic.ErrJobFinished):
+			res.Finished = true
+			return res, nil
+		case err != nil:
+			if ctx.Err() != nil {
+				continue // reported at the top of the loop
+			}
+			return res, fmt.Errorf("trainer: join: %w", err)
+		}
+		res.Rounds++
+		res.Rank, res.WorldSize = world.Rank, world.Size
+		t.tel.rounds.Add(ctx, 1, t.tel.commonAttrs)
+		t.tel.worldSize.Record(ctx, int64(world.Size), t.tel.commonAttrs)
+		t.log.Info("round formed", "round", world.Round, "rank", world.Rank, "world_size", world.Size)
+
+		end, rerr := t.round(ctx, tr, agent, world, prevSize, failed, failedAt, ck)
+		prevSize = world.Size
+		res.Step, res.Loss = t.step, t.lastLoss
+		res.Recoveries = len(t.recoveries)
+		res.Epochs = t.cursor.Epoch
+		t.tel.goodput.Record(ctx, t.goodput(start), t.tel.commonAttrs)
+		switch end {
+		case endFinished:
+			res.Finished = true
+			fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			if world.Rank == 0 {
+				if err := agent.Finish(fctx); err != nil {
+					t.log.Warn("finish failed", "err", err)
+				}
+			} else if err := agent.Leave(fctx); err != nil && !errors.Is(err, elastic.ErrJobFinished) {
+				t.log.Warn("leave failed", "err", err)
+			}
+			cancel()
+			return res, nil
+		case endRejoin:
+			failed = false
+		case endFailure:
+			failed, failedAt = true, t.o.now()
+			cause := rerr.Error()
+			t.failures = append(t.failures, cause)
+			if len(t.failures) > 5 {
+				t.failures = t.failures[len(t.failures)-5:]
+			}
+			t.log.Warn("round failed", "round", world.Round, "err", rerr)
+			var pe *sync.PeerError
+			if errors.As(rerr, &pe) && pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
+				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
+					t.log.Warn("failure report failed", "err", err)
+				}
+				cancel()
+			}
+		case endPreempted:
+			leave()
+			return res, ErrPreempted
+		case endEvicted:
+			leave()
+			return res, ErrEvicted
+		default:
+			leave()
+			return res, rerr
+		}
+	}
+}
+
+// fatal marks an error that ends Run on this worker.
+const endFatal roundEnd = -1
+
+func (t *Trainer[B]) goodput(start time.Time) float64 {
+	wall := t.o.now().Sub(start)
+	if wall <= 0 {
+		return 0
+	}
+	return float64(t.useful) / float64(wall)
+}
+
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
+
+// collectiveWatch aborts a round's collectives when the rendezvous has moved
+// on (a member was lost, e.g. paused past its lease) while this rank waits
+// inside a collective, so a hung peer becomes a new round within the
+// detection time rather than after the operation timeout.
+type collectiveWatch struct {
+	since atomic.Int64 // unix nanos when the current collective began; 0 outside
+	stop  chan struct{}
+	done  chan struct{}
+}
+
+// abortGrace is how long a collective may run with a membership change
+// pending before the watch aborts it; planned changes are normally taken at
+// the next step boundary well within it.
+const abortGrace = 250 * time.Millisecond
+
+func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *collectiveWatch {
+	w := &collectiveWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		tick := time.NewTicker(50 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-agent.Changes():
+			case <-tick.C:
+			}
+			s := w.since.Load()
+			if s != 0 && agent.ChangePending() && time.Since(time.Unix(0, s)) > abortGrace {
+				cancel(errAbortChange)
+				return
+			}
+		}
+	}()
+	return w
+}
+
+func (w *collectiveWatch) enter() { w.since.Store(time.Now().UnixNano()) }
+func (w *collectiveWatch) leave() { w.since.Store(0) }
+func (w *collectiveWatch) close() {
+	close(w.stop)
+	<-w.done
+}
+
+// round runs one round: connect, agree on state, train until the round ends.
+func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elastic.Agent, world elastic.World,
+	prevSize int, recovered bool, failedAt time.Time, ck *checkpointer) (roundEnd, error) {
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	comm, err := tr.Connect(rctx, sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Addrs()})
+	if err != nil {
+		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
+	}
+	defer comm.Close()
+	watch := watchCollectives(agent, cancel)
+	defer watch.close()
+
+	info, err := t.syncState(rctx, comm, world, recovered, watch)
+	if err != nil {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrShapeMismatch) {
+			return endFatal, err
+		}
+		return t.classify(ctx, rctx, err)
+	}
+	info.PrevWorldSize = prevSize
+	if t.o.hooks.OnRound != nil {
+		t.o.hooks.OnRound(info)
+	}
+	if prevSize != 0 && prevSize != world.Size && t.o.hooks.OnRescale != nil {
+		t.o.hooks.OnRescale(prevSize, world.Size)
+	}
+	if len(t.slow) != world.Size {
+		t.slow = make([]int, world.Size)
+	}
+	clear(t.slow)
+	return t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
+}
+
+// classify turns an error inside a round into how the round ends.
+func (t *Trainer[B]) classify(ctx, rctx context.Context, err error) (roundEnd, error) {
+	if ctx.Err() != nil {
+		return endFatal, fmt.Errorf("trainer: %w", ctx.Err())
+	}
+	if errors.Is(context.Cause(rctx), errAbortChange) {
+		return endFailure, fmt.Errorf("%w: %w", errAbortChange, err)
+	}
+	return endFailure, err
+}
+
+// syncState makes every rank of the round hold the same state: the newest
+// commit that every survivor holds, sent by broadcast from the lowest rank
+// that has it; or, when no rank has live state (a new job or a whole-job
+// restart), rank 0's latest good durable checkpoint or its initial values.
+func (t *Trainer[B]) syncState(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool, watch *collectiveWatch) (RoundInfo, error) {
+	ctx, span := t.tel.tracer.Start(ctx, SpanStateSync, trace.WithAttributes(
+		AttrRound.Int64(int64(world.Round)), AttrRank.Int(world.Rank), AttrWorldSize.Int(world.Size)))
+	info, err := t.syncStateInner(ctx, comm, world, recovered, watch)
+	span.SetAttributes(AttrStep.Int64(info.Step), AttrSource.String(info.Source))
+	endSpan(span, err)
+	return info, err
+}
+
+func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool, watch *collectiveWatch) (RoundInfo, error) {
+	const none = -1e300
+	info := RoundInfo{Round: world.Round, Rank: world.Rank, WorldSize: world.Size, Recovery: recovered}
+	v := []float64{t.fp, -t.fp, none, -float64(world.Size), 0}
+	if t.latest != nil {
+		v[2] = -float64(t.latest.step)
+		v[3] = -float64(world.Rank)
+	}
+	if recovered {
+		v[4] = 1
+	}
+	watch.enter()
+	err := comm.AllReduceFloat64(ctx, v, sync.OpMax)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state agreement: %w", err)
+	}
+	if v[0] != t.fp || -v[1] != t.fp {
+		return info, fmt.Errorf("%w: parameter names, shapes or optimizer differ between ranks of round %d", ErrModelMismatch, world.Round)
+	}
+	recovered = v[4] > 0
+	info.Recovery = recovered
+	root := 0
+	var sn *snapshot
+	if v[3] > -float64(world.Size) { // some rank holds live state
+		root = int(-v[3])
+		agreed := int64(-v[2])
+		info.Source = "commit"
+		if world.Rank == root {
+			for _, c := range []*snapshot{t.latest, t.prev} {
+				if c != nil && c.step == agreed {
+					sn = c
+				}
+			}
+			if sn == nil {
+				return info, fmt.Errorf("%w: rank %d lacks the agreed commit of step %d", ErrCorruptState, root, agreed)
+			}
+		}
+	} else {
+		info.Source = "init"
+		if world.Rank == 0 {
+			var err error
+			sn, info.Source, err = t.initialState(ctx)
+			if err != nil {
+				return info, err
+			}
+		}
+	}
+	if t.latest != nil {
+		info.RolledBack = t.step - int64(-v[2])
+	}
+
+	// Broadcast the root's snapshot: its length, then its bytes.
+	var blob []byte
+	lenBuf := make([]byte, 8)
+	if world.Rank == root {
+		if recovered {
+			sn = sn.clone()
+			sn.recoveries = append(sn.recoveries, t.o.now().UnixMilli())
+		}
+		blob = sn.encode(nil, t.params)
+		binary.LittleEndian.PutUint64(lenBuf, uint64(len(blob)))
+	}
+	watch.enter()
+	err = comm.Broadcast(ctx, lenBuf, root)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state broadcast: %w", err)
+	}
+	n := binary.LittleEndian.Uint64(lenBuf)
+	if n > 1<<40 {
+		return info, fmt.Errorf("%w: state of %d bytes announced", ErrCorruptState, n)
+	}
+	if world.Rank != root {
+		blob = make([]byte, n)
+	}
+	watch.enter()
+	err = comm.Broadcast(ctx, blob, root)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state broadcast: %w", err)
+	}
+	got, err := decodeSnapshot(blob, t.params)
+	if err != nil {
+		return info, err
+	}
+	if err := t.install(got, world); err != nil {
+		return info, err
+	}
+	t.restored = info.Source != "commit"
+	info.Step, info.Epoch = t.step, t.cursor.Epoch
+	if t.cursor.GlobalBatch > 0 {
+		info.EpochStep = t.cursor.Position / t.cursor.GlobalBatch
+	}
+	// The failure budget, counted per job from the committed state.
+	if recovered {
+		t.tel.recoveries.Add(ctx, 1, t.tel.commonAttrs)
+	}
+	cutoff := t.o.now().Add(-t.cfg.RecoveryWindow).UnixMilli()
+	within := 0
+	for _, r := range t.recoveries {
+		if r >= cutoff {
+			within++
+		}
+	}
+	if within > t.cfg.MaxRecoveries {
+		return info, &BudgetError{Recoveries: within, Last: slices.Clone(t.failures)}
+	}
+	return info, nil
+}
+
+// initialState returns rank 0's state for a round in which nobody holds
+// live state: the newest durable checkpoint that loads, else the current
+// parameter values with a fresh optimizer and cursor.
+func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error) {
+	if st := t.o.ckpt; st != nil {
+		steps, err := st.List(ctx)
+		if err != nil {
+			t.log.Warn("cannot list checkpoints", "err", err)
+		}
+		for _, s := range steps {
+			data, err := st.Load(ctx, s)
+			if err == nil {
+				var sn *snapshot
+				sn, err = decodeSnapshot(data, t.params)
+				if err == nil {
+					t.log.Info("restoring durable checkpoint", "step", s)
+					sn.gen = newGen()
+					return sn, "checkpoint", nil
+				}
+			}
+			t.log.Warn("skipping unreadable checkpoint", "step", s, "err", err)
+		}
+	}
+	cur, err := t.loader.NewCursor().MarshalBinary()
+	if err != nil {
+		return nil, "", fmt.Errorf("trainer: cursor: %w", err)
+	}
+	var user []byte
+	if t.o.state != nil {
+		user = t.o.state.AppendState(nil)
+	}
+	sn := &snapshot{}
+	sn.take(0, newGen(), t.params, t.opt, cur, nil, user)
+	return sn, "init", nil
+}
+
+// install makes sn the live state and the latest commit, and reshards the loader.
+func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
+	var cur dataloader.Cursor
+	if err := cur.UnmarshalBinary(sn.cursor); err != nil {
+		return fmt.Errorf("%w: cursor: %w", ErrCorruptState, err)
+	}
+	if err := sn.restoreInto(t.params, t.opt); err != nil {
+		return err
+	}
+	if t.o.state != nil {
+		if err := t.o.state.LoadState(sn.user); err != nil {
+			return fmt.Errorf("trainer: user state: %w", err)
+		}
+	}
+	if err := t.loader.Reset(cur, world.Rank, world.Size); err != nil {
+		return fmt.Errorf("trainer: reshard loader: %w", err)
+	}
+	t.step, t.gen, t.cursor = sn.step, sn.gen, cur
+	t.recoveries = slices.Clone(sn.recoveries)
+	t.latest, t.prev = sn, nil
+	t.pendingUseful = 0
+	return nil
+}
+
+// commit snapshots the live state as the latest commit, keeping the previous
+// one (a rank may be one commit ahead of another when a round fails).
+func (t *Trainer[B]) commit(ctx context.Context) error {
+	cur, err := t.cursor.MarshalBinary()
+	if err != nil {
+		return fmt.Errorf("trainer: cursor: %w", err)
+	}
+	var user []byte
+	if t.o.state != nil {
+		user = t.o.state.AppendState(nil)
+	}
+	sn := t.spare
+	if sn == nil || sn == t.latest {
+		sn = &snapshot{}
+	}
+	sn.take(t.step, t.gen, t.params, t.opt, cur, t.recoveries, user)
+	t.spare, t.prev, t.latest = t.prev, t.latest, sn
+	t.useful += t.pendingUseful
+	t.pendingUseful = 0
+	if t.o.hooks.OnCommit != nil {
+		t.o.hooks.OnCommit(t.step)
+	}
+	return nil
+}
+
+// Control slots carried in each step's first allreduce (sum), so every rank
+// takes the same decision after the same step.
+const (
+	ctlLoss = iota
+	ctlSamples
+	ctlChange
+	ctlStepErr
+	ctlFixed // then W compute times, then W stop flags
+)
+
+// train runs steps until the round ends.
+func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
+	recovered bool, failedAt time.Time, watch *collectiveWatch, ck *checkpointer, pending func() bool) (roundEnd, error) {
+	W, rank := world.Size, world.Rank
+	ctl := make([]float64, ctlFixed+2*W)
+	var agreement *AuditEntry
+	if t.o.audit != nil && rank == 0 {
+		agreement = &AuditEntry{Gen: t.gen, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
+	}
+	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
+	for {
+		b, err := t.loader.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return t.classify(runCtx, ctx, err)
+			}
+			return endFatal, fmt.Errorf("trainer: data: %w", err)
+		}
+		if b.Epoch >= t.cfg.Epochs {
+			return t.finish(ctx, comm, world, ck)
+		}
+		stepStart := time.Now()
+		var span trace.Span
+		sctx := ctx
+		if t.cfg.StepSpanEvery > 0 && (t.step+1)%int64(t.cfg.StepSpanEvery) == 0 {
+			sctx, span = t.tel.tracer.Start(ctx, SpanStep, trace.WithAttributes(append(roundAttrs,
+				AttrStep.Int64(t.step+1), AttrEpoch.Int(b.Epoch))...))
+		}
+		if a := t.o.audit; a != nil {
+			if err := a.RecordStep(AuditEntry{Gen: t.gen, Round: world.Round, Rank: rank, Step: t.step + 1, Epoch: b.Epoch, Indices: b.Indices}); err != nil {
+				return endFatal, err
+			}
+		}
+		loss, stepErr := t.stepFn(sctx, b)
+		compute := time.Since(stepStart)
+
+		clear(ctl)
+		ctl[ctlLoss], ctl[ctlSamples] = loss, float64(len(b.Indices))
+		if pending() {
+			ctl[ctlChange] = 1
+		}
+		if stepErr != nil {
+			ctl[ctlStepErr] = 1
+		}
+		ctl[ctlFixed+rank] = compute.Seconds()
+		if t.preempted() {
+			ctl[ctlFixed+W+rank] = 1
+		}
+		syncStart := time.Now()
+		actx, aspan := sctx, trace.Span(nil)
+		if span != nil {
+			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
+		}
+		watch.enter()
+		err = comm.AllReduceFloat64(actx, ctl, sync.OpSum)
+		if err == nil && ctl[ctlStepErr] == 0 {
+			err = t.grads.AllReduce(actx, comm, sync.OpSum)
+		}
+		watch.leave()
+		if aspan != nil {
+			endSpan(aspan, err)
+		}
+		if err != nil {
+			if span != nil {
+				endSpan(span, err)
+			}
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
+		}
+		if agreement != nil {
+			// Every rank has installed the round's state (it took part in
+			// this allreduce), so the agreement is final: record it once.
+			if err := t.o.audit.RecordAgreed(*agreement); err != nil {
+				return endFatal, err
+			}
+			agreement = nil
+		}
+		if ctl[ctlStepErr] > 0 {
+			if span != nil {
+				endSpan(span, stepErr)
+			}
+			if stepErr != nil {
+				return endFatal, fmt.Errorf("%w: step %d: %w", ErrStepFailed, t.step+1, stepErr)
+			}
+			return endRejoin, nil // another rank's step failed; it leaves, we go on without it
+		}
+		syncDur := time.Since(syncStart)
+		n := ctl[ctlSamples]
+		if n > 0 {
+			inv := float32(1 / n)
+			for _, p := range t.params {
+				for i := range p.Grad {
+					p.Grad[i] *= inv
+				}
+			}
+		}
+		if err := t.opt.Step(t.params); err != nil {
+			return endFatal, err
+		}
+		t.step++
+		t.cursor = b.Next
+		t.lastLoss = 0
+		if n > 0 {
+			t.lastLoss = ctl[ctlLoss] / n
+		}
+		stepDur := time.Since(stepStart)
+		t.pendingUseful += stepDur
+
+		stop, evict := false, -1
+		for r := range W {
+			if ctl[ctlFixed+W+r] > 0 {
+				stop = true
+			}
+		}
+		if ev := t.stragglers(ctx, world, ctl[ctlFixed:ctlFixed+W]); ev >= 0 {
+			evict = ev
+		}
+		leaving := stop || evict >= 0 || ctl[ctlChange] > 0
+		if leaving || t.step%int64(t.cfg.CommitEvery) == 0 {
+			if err := t.commit(ctx); err != nil {
+				return endFatal, err
+			}
+		}
+		if rank == 0 && t.cfg.CheckpointEvery > 0 && t.step%int64(t.cfg.CheckpointEvery) == 0 && !stop {
+			ck.submit(t.step, t.latest.encode(nil, t.params))
+		}
+		t.tel.stepDur.Record(ctx, stepDur.Seconds(), t.tel.commonAttrs)
+		if rank == 0 {
+			t.tel.samples.Add(ctx, int64(n), t.tel.commonAttrs)
+		}
+		if span != nil {
+			span.End()
+		}
+		si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
+			Loss: t.lastLoss, Samples: int(n), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+		if recovered {
+			rec := t.o.now().Sub(failedAt).Seconds()
+			si.RecoverySeconds = rec
+			t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
+			_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
+			rs.End()
+			recovered = false
+		}
+		if t.o.hooks.OnStep != nil {
+			t.o.hooks.OnStep(si)
+		}
+		switch {
+		case stop:
+			if t.preempted() {
+				// The lowest preempted rank writes the checkpoint.
+				first := -1
+				for r := range W {
+					if ctl[ctlFixed+W+r] > 0 {
+						first = r
+						break
+					}
+				}
+				if first == rank {
+					ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+				}
+				return endPreempted, nil
+			}
+			return endRejoin, nil
+		case evict == rank:
+			return endEvicted, nil
+		case leaving:
+			return endRejoin, nil
+		}
+	}
+}
+
+// stragglers updates the per-rank slow-step counters from this step's
+// compute times (identical on every rank) and returns the rank to evict, or
+// -1. Every rank takes the same decision.
+func (t *Trainer[B]) stragglers(ctx context.Context, world elastic.World, compute []float64) int {
+	if len(compute) < 3 {
+		return -1 // a median needs at least three ranks to mean anything
+	}
+	sorted := slices.Clone(compute)
+	slices.Sort(sorted)
+	med := sorted[len(sorted)/2]
+	evict := -1
+	for r, c := range compute {
+		if med > 0 && c > t.cfg.StragglerFactor*med {
+			t.slow[r]++
+		} else {
+			t.slow[r] = 0
+		}
+		if t.slow[r] == t.cfg.StragglerSteps {
+			info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: c / med, Evict: t.cfg.EvictStragglers}
+			t.log.Warn("straggler", "rank", r, "ratio", math.Round(info.Ratio*100)/100, "steps", t.cfg.StragglerSteps)
+			t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
+			if t.o.hooks.OnStraggler != nil {
+				t.o.hooks.OnStraggler(info)
+			}
+			if t.cfg.EvictStragglers && evict < 0 {
+				evict = r
+			}
+		}
+	}
+	return evict
+}
+
+// finish ends the job at the end of the last epoch: commit, a final
+// checkpoint by rank 0, and a barrier so no rank reports done early.
+func (t *Trainer[B]) finish(ctx context.Context, comm sync.Synchronizer, world elastic.World, ck *checkpointer) (roundEnd, error) {
+	if err := t.commit(ctx); err != nil {
+		return endFatal, err
+	}
+	if world.Rank == 0 {
+		ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+	}
+	if err := comm.Barrier(ctx); err != nil {
+		return endFailure, fmt.Errorf("trainer: final barrier: %w", err)
+	}
+	return endFinished, nil
+}
