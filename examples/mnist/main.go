@@ -211,8 +211,13 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	logw := stderr
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.model, c.epochs, c.batch, redisDesc, runtime.NumCPU())
+	// The job secret authenticates the workers' collective connections; it
+	// travels in the environment, never on a command line.
+	secret := make([]byte, 32)
+	rand.Read(secret)
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
+		Env: []string{envSecret + "=" + hex.EncodeToString(secret)},
 	})
 	if err != nil {
 		return err

@@ -39,6 +39,9 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
+// envSecret carries the job secret (hex) from the launcher to its workers.
+const envSecret = "ELASTICTRAIN_SECRET"
+
 // Exit statuses of a worker.
 const (
 	exitOK        = 0
@@ -83,8 +86,13 @@ func runWorker(c *config, stderr io.Writer) int {
 	defer client.Close()
 	store := elastic.NewRedisStore(client)
 
+	secret, err := hex.DecodeString(os.Getenv(envSecret))
+	if err != nil || len(secret) < 16 {
+		return fail(fmt.Errorf("%s must hold the job secret (hex, at least 16 bytes)", envSecret))
+	}
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
+	tcfg.Sync.Secret = secret
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
 	tcfg.Elastic.HeartbeatInterval = c.detect / 6
