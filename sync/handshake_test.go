@@ -340,3 +340,28 @@ func TestTLS(t *testing.T) {
 		t.Fatalf("untrusted certificate: %v, want ErrAuth", err)
 	}
 }
+
+// TestCloseDuringConnect: closing the Transport ends a Connect in progress
+// with ErrClosed, and leaves no goroutine behind (goleak in TestMain).
+func TestCloseDuringConnect(t *testing.T) {
+	cfg := testConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	done := make(chan error, 1)
+	go func() {
+		_, err := a.Connect(context.Background(), World{Round: 1, Rank: 0, Addrs: []string{a.Addr(), b.Addr()}})
+		done <- err
+	}()
+	waitFor(t, 2*time.Second, func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.connecting != nil
+	})
+	start := time.Now()
+	a.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("took %v", el)
+	}
+}

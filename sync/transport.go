@@ -21,6 +21,11 @@ import (
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
 
+// keepAlive makes the kernel probe idle TCP connections, so that a peer
+// whose host vanished (no FIN, no RST) is noticed on the control
+// connections after about Idle + Count*Interval even between operations.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}
+
 // maxHeld bounds the authenticated connections held for future rounds.
 const maxHeld = 4096
 
@@ -132,7 +137,7 @@ func Listen(ctx context.Context, addr string, cfg Config) (*Transport, error) {
 	if !littleEndian {
 		return nil, fmt.Errorf("%w: package sync supports little-endian hosts only", ErrInvalid)
 	}
-	var lc net.ListenConfig
+	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("sync: listen %s: %w", addr, err)
@@ -591,7 +596,7 @@ func retryable(err error) bool {
 // dialOnce opens a raw connection to addr: the peer's Unix socket if it is on
 // this host and LocalSockets is on, else TCP; then TLS if configured.
 func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
+	d := net.Dialer{KeepAliveConfig: keepAlive}
 	var c net.Conn
 	var err error
 	if t.cfg.LocalSockets && runtime.GOOS == "linux" {
@@ -821,6 +826,8 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			}
 		case <-cctx.Done():
 			firstErr = t.connectTimeout(ctx, w, rc)
+		case <-t.closed:
+			firstErr = fmt.Errorf("%w: transport closed during Connect", ErrClosed)
 		}
 	}
 	if firstErr != nil {
