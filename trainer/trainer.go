@@ -328,7 +328,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
 			var pe *sync.PeerError
-			if errors.As(rerr, &pe) && pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
+			// A peer that aborted on purpose (its round moved on, it was
+			// preempted) is alive; only a lost connection is reported.
+			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) &&
+				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
 					t.log.Warn("failure report failed", "err", err)
