@@ -464,8 +464,10 @@ func (t *Transport) place(key connKey) (decision, *heldConn) {
 		}
 		return claim(t.connecting, key), nil
 	}
-	if _, dup := t.held[key]; dup {
-		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: duplicate %v for round %d", ErrRoundMismatch, key, key.round)}}, nil
+	if old, dup := t.held[key]; dup {
+		// A redial of the same connection: the newer one is the live one.
+		old.decide <- decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: %v for round %d superseded by a newer dial", errNotReady, key, key.round)}}
+		delete(t.held, key)
 	}
 	if len(t.held) >= maxHeld {
 		return decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: %d connections already held for future rounds", errNotReady, len(t.held))}}, nil
