@@ -32,6 +32,14 @@
 //   - Broadcast: pipelined chain root -> root+1 -> ... (direct for small).
 //   - AllGather: ring allgather (direct for small). Barrier: direct exchange.
 //
+// Between ranks on one host (Config.LocalSockets, Linux), connections use
+// Unix domain sockets, and the ring lanes carry their payloads through
+// shared memory (Config.SharedMemory: a sealed memfd per lane, passed over
+// the authenticated socket); frame headers and flow-control credits stay on
+// the socket, so framing checks, deadlines and abort work the same. Links
+// between hosts are TCP (optionally TLS), with Config.Streams connections
+// per ring link.
+//
 // Results are bit-identical on every rank. The reduction order is fixed by
 // the buffer length and the Config, so float64 results are reproducible.
 // Element values travel as little-endian IEEE 754, as they lie in memory

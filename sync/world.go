@@ -94,3 +94,13 @@ type Synchronizer interface {
 	// in flight (on any rank) fails.
 	Close() error
 }
+
+// AllGatherer is the optional allgather capability of a Synchronizer, found
+// by type assertion (*Ring and NewLocal have it): recv (len Size()*len(send))
+// receives every rank's send buffer in rank order.
+type AllGatherer interface {
+	AllGather(ctx context.Context, send, recv []byte) error
+}
+
+var _ AllGatherer = (*Ring)(nil)
+var _ AllGatherer = (*local)(nil)

@@ -47,6 +47,7 @@ type options struct {
 	chunk    int
 	direct   int
 	local    bool
+	shm      bool
 	timeout  time.Duration
 	child    int
 	sizesArg string
@@ -65,6 +66,7 @@ func main() {
 	flag.IntVar(&o.chunk, "chunk", def.ChunkBytes, "pipelining chunk in bytes (Config.ChunkBytes)")
 	flag.IntVar(&o.direct, "direct", def.DirectBytes, "largest buffer in bytes for the direct (latency) path (Config.DirectBytes)")
 	flag.BoolVar(&o.local, "local", def.LocalSockets, "use Unix domain sockets between ranks on this host (Config.LocalSockets)")
+	flag.BoolVar(&o.shm, "shm", def.SharedMemory, "carry ring payloads between ranks on this host through shared memory (Config.SharedMemory)")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run")
 	flag.IntVar(&o.child, "child", -1, "internal: run as this rank")
 	flag.StringVar(&o.cpuprof, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
@@ -164,6 +166,7 @@ func config(o options) elsync.Config {
 	cfg.DirectBytes = o.direct
 	cfg.MaxFrameBytes = max(cfg.MaxFrameBytes, o.chunk, o.direct)
 	cfg.LocalSockets = o.local
+	cfg.SharedMemory = o.shm
 	cfg.OpTimeout = 60 * time.Second
 	return cfg
 }
@@ -281,7 +284,7 @@ func runParent(o options) error {
 		fmt.Fprintf(r.stdin, "WORLD %s\n", strings.Join(addrs, ","))
 	}
 	if !o.json {
-		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v\n", o.np, o.streams, o.chunk, o.direct, o.local)
+		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v, shared memory=%v\n", o.np, o.streams, o.chunk, o.direct, o.local, o.shm)
 		fmt.Printf("%12s %8s %12s %12s %12s\n", "size(B)", "iters", "median(us)", "algbw(GB/s)", "busbw(GB/s)")
 	}
 	n := float64(o.np)
@@ -316,7 +319,7 @@ func runParent(o options) error {
 				"impl": "elastictrain", "np": o.np, "size_bytes": size, "median_s": med,
 				"algbw_GBps": algbw, "busbw_GBps": busbw, "iters": iters,
 				"p10_s": quantile(t, 0.1), "p90_s": quantile(t, 0.9),
-				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local,
+				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local, "shared_memory": o.shm,
 			})
 			fmt.Println(string(out))
 		} else {
