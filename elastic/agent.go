@@ -360,7 +360,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	check := func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) }
 
 	v, err := a.call(jctx, join)
-	lostAgain := false // the previous call was an immediate re-arrival after a loss
+	immediate := false // the previous call was an immediate re-arrival (at most one per wait)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
@@ -375,8 +375,8 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		case v.Code == CodeLost:
 			// The job state is gone (store restarted empty): register and
 			// arrive again at once, keeping our order.
-			if !lostAgain {
-				lostAgain = true
+			if !immediate {
+				immediate = true
 				v, err = a.call(jctx, join)
 				continue
 			}
@@ -393,10 +393,20 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			}
 			a.mu.Unlock()
 			arrive = true // still ranked in the round we hold: arrive for the next
+		case v.Role == RoleExpected:
+			// The round we were about to be given was superseded before we
+			// saw it closed (a peer already opened the next one, expecting
+			// us): arrive in the forming round at once.
+			if !immediate {
+				immediate = true
+				v, err = a.call(jctx, join)
+				continue
+			}
+			arrive = true
 		case v.Role == RoleNone:
 			arrive = true // registered but not arrived (re-registered after a loss)
 		}
-		lostAgain = false
+		immediate = false
 		wait := a.cfg.PollInterval
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
