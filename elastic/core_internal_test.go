@@ -1,0 +1,89 @@
+package elastic
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// A clock-driven table test of the core through the in-memory store: lease
+// expiry and the last-call deadline follow the injected clock exactly.
+func TestCoreClock(t *testing.T) {
+	ctx := context.Background()
+	now := time.Unix(1000, 0)
+	s := NewMemoryStoreForTest()
+	s.SetClock(func() time.Time { return now })
+	p := Params{MinWorkers: 2, MaxWorkers: 4, LastCall: 500 * time.Millisecond, LeaseTTL: 3 * time.Second, StateTTL: time.Minute}
+	mem := func(id string) Member { return Member{ID: id, Addr: id + ":1"} }
+	join := func(id, inc string) View {
+		t.Helper()
+		v, err := s.Join(ctx, JoinRequest{JobID: "j", Member: mem(id), Incarnation: inc, NewIncarnation: "inc1", Arrive: true, Params: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	check := func(id string) View {
+		t.Helper()
+		v, err := s.Check(ctx, MemberRequest{JobID: "j", MemberID: id, Incarnation: "inc1", Params: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	steps := []struct {
+		name    string
+		advance time.Duration
+		do      func() View
+		want    func(View) bool
+	}{
+		{"a arrives alone: forming, no deadline", 0, func() View { return join("a", "") }, func(v View) bool { return v.Open && v.Role == RoleArrived && v.Wait == 0 }},
+		{"b reaches MinWorkers: deadline in 500ms", 0, func() View { return join("b", "") }, func(v View) bool { return v.Open && v.Wait == 500*time.Millisecond }},
+		{"499ms later still open", 499 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return v.Open && v.Wait == time.Millisecond }},
+		{"at the deadline it closes", time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 && v.Rank == 0 }},
+		{"c arrives late: pending, admissible", 0, func() View { return join("c", "") }, func(v View) bool { return v.Role == RolePending }},
+		{"a sees one admissible pending joiner", 0, func() View { return check("a") }, func(v View) bool { return v.Pending == 1 && v.Round == 1 }},
+		{"at t=2.9s a renews; b (last renewed at t=0) and c go quiet", 2400 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
+		{"at 3s after b's last renewal b's lease lapses: one new round", 100 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return v.Open && v.Round == 2 && v.Role == RoleExpected }},
+		{"b is fenced", 0, func() View { return check("b") }, func(v View) bool { return v.Code == CodeFenced }},
+	}
+	for _, st := range steps {
+		now = now.Add(st.advance)
+		v := st.do()
+		if !st.want(v) {
+			t.Fatalf("%s: view %+v", st.name, v)
+		}
+	}
+}
+
+// Malformed store replies give ErrBadState, never a panic.
+func TestParseViewRejectsGarbage(t *testing.T) {
+	good := []any{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), `{"id":"a","addr":"h:1"}`}
+	if v, err := parseView(good); err != nil {
+		t.Fatal(err)
+	} else if _, err := v.toView(); err != nil {
+		t.Fatal(err)
+	}
+	bad := [][]any{
+		nil,
+		{int64(0)},
+		{"x", "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
+		{int64(9), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
+		{int64(0), int64(5), int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
+		{int64(0), "inc", int64(-3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
+		{int64(0), "inc", int64(3), int64(2), int64(0), int64(7), int64(0), int64(1), int64(0), int64(0), int64(1)},
+		{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), []any{}},
+	}
+	for i, b := range bad {
+		if _, err := parseView(b); err == nil {
+			t.Errorf("case %d: garbage accepted", i)
+		}
+	}
+	// Record problems surface in toView.
+	for i, recs := range [][]string{{"not json"}, {`{"addr":"no id"}`}, {}, {"{}", "{}"}} {
+		v := rawView{View: View{Role: RoleRanked, Rank: 0, Size: 1}, records: recs}
+		if _, err := v.toView(); err == nil {
+			t.Errorf("records case %d accepted", i)
+		}
+	}
+}
