@@ -347,6 +347,12 @@ func TestMismatchFailsEveryRank(t *testing.T) {
 			}
 			return r.AllReduceFloat32(context.Background(), make([]float32, 16), OpSum)
 		}},
+		{"sequence", func(rank int, r *Ring) error {
+			if rank == 1 {
+				r.seq++ // as if rank 1 had run one more operation
+			}
+			return r.AllReduceFloat32(context.Background(), make([]float32, 5000), OpSum)
+		}},
 		{"kind", func(rank int, r *Ring) error {
 			if rank == 0 {
 				return r.Barrier(context.Background())

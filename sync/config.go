@@ -9,7 +9,10 @@ import (
 )
 
 // Config holds the settings of a Transport and the Rings it connects.
-// Start from DefaultConfig; Listen calls Validate.
+// Start from DefaultConfig; Listen calls Validate. JobID, Secret,
+// ChunkBytes, DirectBytes and Streams must be equal on every rank of a job
+// (they shape the wire traffic); a disagreement fails Connect or the
+// operations (at worst after OpTimeout) rather than hanging.
 type Config struct {
 	// JobID names the job; a connection from another job is refused
 	// (ErrJobMismatch). Required; at most 255 bytes.
