@@ -50,6 +50,14 @@ type Config struct {
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
 	StepSpanEvery int
+	// Deterministic makes training reproducible bit for bit whatever the
+	// world size and whatever failed: the loader must cut global batches
+	// into fixed micro-batches (dataloader.Config.MicroBatch), the StepFunc
+	// runs once per micro-batch, and gradients and losses are summed in
+	// exact fixed-point arithmetic (see the package doc). It costs one
+	// gradient copy per micro-batch and a float64 allreduce instead of a
+	// float32 one. Default false.
+	Deterministic bool
 	// Elastic configures the rendezvous (min/max workers, last call, leases).
 	Elastic elastic.Config
 	// Sync configures the collective transport (secret, timeouts, TLS).

@@ -66,7 +66,10 @@ func (r *reader) take(n int) []byte {
 		r.err = fmt.Errorf("%w: need %d bytes at offset %d of %d", errShort, n, r.off, len(r.b))
 		return nil
 	}
-	s := r.b[r.off : r.off+n]
+	// Capped, so a caller that appends to the result (a snapshot buffer
+	// reused by a later commit) reallocates instead of overwriting the
+	// bytes that follow in the input.
+	s := r.b[r.off : r.off+n : r.off+n]
 	r.off += n
 	return s
 }

@@ -39,6 +39,7 @@ const (
 	envMin       = "ELASTICTRAIN_TRAINER_TEST_MIN"
 	envEpochs    = "ELASTICTRAIN_TRAINER_TEST_EPOCHS"
 	envCkptEvery = "ELASTICTRAIN_TRAINER_TEST_CKPT_EVERY"
+	envDet       = "ELASTICTRAIN_TRAINER_TEST_DETERMINISTIC"
 )
 
 // Process-test problem: big enough that faults land mid-epoch.
@@ -48,6 +49,7 @@ const (
 	procDim     = 8
 	procSeed    = 11
 	procDelay   = 4 * time.Millisecond
+	procMicro   = 4
 )
 
 type report struct {
@@ -85,6 +87,10 @@ func workerMain() int {
 	m.StepDelay = procDelay
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = procBatch, procSeed
+	det := os.Getenv(envDet) != ""
+	if det {
+		dcfg.MicroBatch = procMicro
+	}
 	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
 	if err != nil {
 		return fail(err)
@@ -95,6 +101,7 @@ func workerMain() int {
 	cfg := DefaultConfig()
 	cfg.JobID, cfg.Epochs = os.Getenv(envJob), epochs
 	cfg.Elastic.MinWorkers = minW
+	cfg.Deterministic = det
 	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
 	cfg.Elastic.LeaseTTL = time.Second
 	cfg.Elastic.HeartbeatInterval = 150 * time.Millisecond
@@ -162,6 +169,7 @@ type proc struct {
 	exited  chan struct{}
 	final   *report
 	last    report
+	seen    []report
 }
 
 type procJob struct {
@@ -248,6 +256,7 @@ func (j *procJob) waitAll() {
 	for _, p := range j.procs {
 		for r := range p.reports {
 			p.last = r
+			p.seen = append(p.seen, r)
 			if r.Kind == "final" {
 				rr := r
 				p.final = &rr
@@ -394,4 +403,76 @@ func TestSIGTERMThenWholeJobRestart(t *testing.T) {
 		}
 	}
 	require.True(t, restored, "the restart continued from the preempted worker's checkpoint at step %d", saved)
+}
+
+// runDeterministic runs one job of deterministic workers to the end and
+// returns the final hash and the loss of every global step (checking that
+// every report of a step, from any rank or any retry, agrees).
+func runDeterministic(t *testing.T, workers int, faults func(j *procJob)) (string, map[int64]float64) {
+	j := newProcJob(t, 1, 3, t.TempDir())
+	j.env = append(j.env, envDet+"=1")
+	for range workers {
+		j.start()
+	}
+	if faults != nil {
+		faults(j)
+	}
+	j.waitAll()
+	losses := map[int64]float64{}
+	sha := ""
+	for _, p := range j.procs {
+		for _, r := range p.seen {
+			if r.Kind != "step" {
+				continue
+			}
+			if l, ok := losses[r.Step]; ok && l != r.Loss {
+				t.Fatalf("step %d reported with loss %v and %v", r.Step, l, r.Loss)
+			}
+			losses[r.Step] = r.Loss
+		}
+		if p.final != nil {
+			if sha != "" && sha != p.final.SHA {
+				t.Fatalf("ranks of one run disagree: %s vs %s", sha, p.final.SHA)
+			}
+			sha = p.final.SHA
+		}
+	}
+	require.NotEmpty(t, sha, "some worker finished")
+	return sha, losses
+}
+
+// Issue 9, must-show 1: run A (4 workers, no fault), run B (4 workers, one
+// SIGKILLed, one joining later, then the whole job killed and resumed from
+// its checkpoint) and run C (1 worker) end with the same SHA-256 of the
+// parameters and optimizer state, and the same loss at every step.
+func TestDeterministicAcrossWorldSizesAndFaults(t *testing.T) {
+	shaA, lossA := runDeterministic(t, 4, nil)
+	shaC, lossC := runDeterministic(t, 1, nil)
+	shaB, lossB := runDeterministic(t, 4, func(j *procJob) {
+		rankOf := j.waitStep(30)
+		for pid, r := range rankOf {
+			if r == 2 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		j.waitStep(60)
+		j.start()
+		j.waitStep(130)
+		// The whole job dies; a new set of workers resumes from the checkpoint.
+		for _, p := range j.procs {
+			p.cmd.Process.Kill()
+			<-p.exited
+		}
+		for range 2 {
+			j.start()
+		}
+	})
+	steps := int64(3 * procSamples / procBatch)
+	require.Len(t, lossA, int(steps))
+	require.Equal(t, shaA, shaC, "1 worker vs 4 workers")
+	require.Equal(t, shaA, shaB, "with a kill, a join and a whole-job restart")
+	for s := int64(1); s <= steps; s++ {
+		require.Equal(t, lossA[s], lossC[s], "loss of step %d", s)
+		require.Equal(t, lossA[s], lossB[s], "loss of step %d", s)
+	}
 }

@@ -308,3 +308,21 @@ func TestFileAuditRoundTrip(t *testing.T) {
 	require.Equal(t, []int{3, 1}, es[1].Indices)
 	require.Equal(t, "step", es[1].Kind)
 }
+
+// A decoded snapshot reused by a later commit must not overwrite its own
+// fields: appending to one byte field may not spill into the next.
+func TestDecodedSnapshotReuseKeepsFieldsApart(t *testing.T) {
+	ps := testParams()
+	fresh := NewMomentum(0.1, 0.9) // no velocity yet: a short state
+	s := &snapshot{}
+	s.take(1, 1, ps, fresh, []byte("cursor-1"), nil, nil)
+	got, err := decodeSnapshot(s.encode(nil, ps), ps)
+	require.NoError(t, err)
+	stepped := NewMomentum(0.1, 0.9)
+	require.NoError(t, stepped.Step(ps)) // now a long state
+	got.take(2, 1, ps, stepped, []byte("cursor-2"), nil, nil)
+	require.Equal(t, stepped.AppendState(nil), got.opt)
+	require.Equal(t, []byte("cursor-2"), got.cursor)
+	other := NewMomentum(1, 0)
+	require.NoError(t, other.LoadState(got.opt, ps))
+}

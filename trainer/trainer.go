@@ -85,6 +85,12 @@ type Trainer[B any] struct {
 	useful              time.Duration
 	pendingUseful       time.Duration
 	slow                []int
+	computes            []float64   // per-rank compute seconds of the last step
+	acc                 []float32   // gradient accumulator over micro-batches
+	micro               [][]float32 // deterministic mode: each micro-batch's gradients
+	fixed               []float64   // deterministic mode: fixed-point gradient sums
+	microCount          int         // deterministic mode: micro-batches of this rank's share
+	nvalues             int         // values over all parameters
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -139,6 +145,9 @@ func New[B any](params []Param, opt Optimizer, loader Loader[B], step StepFunc[B
 	}
 	t.tel = tel
 	t.grads = sync.NewBuckets(grads, cfg.BucketBytes)
+	for _, g := range grads {
+		t.nvalues += len(g)
+	}
 	t.fp = fingerprint(params, opt)
 	return t, nil
 }
@@ -669,21 +678,36 @@ func (t *Trainer[B]) commit(ctx context.Context) error {
 	return nil
 }
 
-// Control slots carried in each step's first allreduce (sum), so every rank
-// takes the same decision after the same step.
+// Control slots carried in each step's first allreduce, reduced by max, so
+// every rank takes the same decision after the same step. Flags are 0 or 1;
+// per-rank values sit in their rank's slots (the others send 0), so the max
+// hands every rank every rank's value.
 const (
-	ctlLoss = iota
-	ctlSamples
-	ctlChange
-	ctlStepErr
-	ctlFixed // then W compute times, then W stop flags
+	ctlChange  = iota // a membership change is pending somewhere
+	ctlStepErr        // a StepFunc failed somewhere
+	ctlGradMax        // largest |gradient| of any micro-batch (deterministic mode)
+	ctlFixed          // then ctlPerRank slots for each rank:
 )
+
+const (
+	ctlLoss     = iota // loss sum (fixed point in deterministic mode)
+	ctlSamples         // samples in this rank's share
+	ctlCompute         // StepFunc seconds
+	ctlStop            // preempted
+	ctlPerRank
+)
+
+// lossScale is the fixed-point scale of loss sums in deterministic mode.
+const lossScale = 1 << 24
 
 // train runs steps until the round ends.
 func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
 	recovered bool, failedAt time.Time, watch *collectiveWatch, ck *checkpointer, pending func() bool) (roundEnd, error) {
 	W, rank := world.Size, world.Rank
-	ctl := make([]float64, ctlFixed+2*W)
+	ctl := make([]float64, ctlFixed+ctlPerRank*W)
+	if len(t.computes) < W {
+		t.computes = make([]float64, W)
+	}
 	var agreement *AuditEntry
 	if t.o.audit != nil && rank == 0 {
 		agreement = &AuditEntry{Gen: t.gen, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
@@ -712,20 +736,22 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				return endFatal, err
 			}
 		}
-		loss, stepErr := t.stepFn(sctx, b)
+		loss, gmax, stepErr := t.compute(sctx, b)
+		t.microCount = len(b.Micro)
 		compute := time.Since(stepStart)
 
 		clear(ctl)
-		ctl[ctlLoss], ctl[ctlSamples] = loss, float64(len(b.Indices))
 		if pending() {
 			ctl[ctlChange] = 1
 		}
 		if stepErr != nil {
 			ctl[ctlStepErr] = 1
 		}
-		ctl[ctlFixed+rank] = compute.Seconds()
+		ctl[ctlGradMax] = gmax
+		mine := ctl[ctlFixed+ctlPerRank*rank:]
+		mine[ctlLoss], mine[ctlSamples], mine[ctlCompute] = loss, float64(len(b.Indices)), compute.Seconds()
 		if t.preempted() {
-			ctl[ctlFixed+W+rank] = 1
+			mine[ctlStop] = 1
 		}
 		syncStart := time.Now()
 		actx, aspan := sctx, trace.Span(nil)
@@ -733,9 +759,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
 		}
 		watch.enter()
-		err = comm.AllReduceFloat64(actx, ctl, sync.OpSum)
+		err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
 		if err == nil && ctl[ctlStepErr] == 0 {
-			err = t.grads.AllReduce(actx, comm, sync.OpSum)
+			err = t.reduceGrads(actx, comm, ctl[ctlGradMax], b.GlobalSize)
 		}
 		watch.leave()
 		if aspan != nil {
@@ -765,8 +791,19 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return endRejoin, nil // another rank's step failed; it leaves, we go on without it
 		}
 		syncDur := time.Since(syncStart)
-		n := ctl[ctlSamples]
-		if n > 0 {
+		var lossSum, n float64
+		stop := false
+		for r := range W {
+			v := ctl[ctlFixed+ctlPerRank*r:]
+			lossSum += v[ctlLoss] // in rank order, so every rank gets the same bits
+			n += v[ctlSamples]
+			stop = stop || v[ctlStop] > 0
+			t.computes[r] = v[ctlCompute]
+		}
+		if t.cfg.Deterministic {
+			lossSum /= lossScale
+		}
+		if n > 0 && !t.cfg.Deterministic {
 			inv := float32(1 / n)
 			for _, p := range t.params {
 				for i := range p.Grad {
@@ -781,20 +818,12 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		t.cursor = b.Next
 		t.lastLoss = 0
 		if n > 0 {
-			t.lastLoss = ctl[ctlLoss] / n
+			t.lastLoss = lossSum / n
 		}
 		stepDur := time.Since(stepStart)
 		t.pendingUseful += stepDur
 
-		stop, evict := false, -1
-		for r := range W {
-			if ctl[ctlFixed+W+r] > 0 {
-				stop = true
-			}
-		}
-		if ev := t.stragglers(ctx, world, ctl[ctlFixed:ctlFixed+W]); ev >= 0 {
-			evict = ev
-		}
+		evict := t.stragglers(ctx, world, t.computes[:W])
 		leaving := stop || evict >= 0 || ctl[ctlChange] > 0
 		if leaving || t.step%int64(t.cfg.CommitEvery) == 0 {
 			if err := t.commit(ctx); err != nil {
@@ -830,7 +859,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				// The lowest preempted rank writes the checkpoint.
 				first := -1
 				for r := range W {
-					if ctl[ctlFixed+W+r] > 0 {
+					if ctl[ctlFixed+ctlPerRank*r+ctlStop] > 0 {
 						first = r
 						break
 					}

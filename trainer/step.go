@@ -1,0 +1,142 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/bits"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// compute runs the StepFunc on this rank's share of a global batch and
+// leaves the gradient SUM over the share in the parameters' Grad buffers
+// (default mode) or each micro-batch's gradients in t.micro (deterministic
+// mode). It returns the loss sum (fixed point in deterministic mode) and, in
+// deterministic mode, the largest |gradient| of any micro-batch.
+//
+// With the loader's micro-batches (dataloader.Config.MicroBatch), the
+// StepFunc runs once per micro-batch (gradient accumulation) so memory
+// stays bounded whatever the share.
+func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
+	if b.Micro == nil {
+		if t.cfg.Deterministic {
+			return 0, 0, fmt.Errorf("%w: Deterministic needs the loader's MicroBatch set", ErrInvalidConfig)
+		}
+		loss, err = t.stepFn(ctx, b)
+		return loss, 0, err
+	}
+	if t.cfg.Deterministic {
+		for len(t.micro) < len(b.Micro) {
+			t.micro = append(t.micro, make([]float32, t.nvalues))
+		}
+		for k := range b.Micro {
+			l, err := t.stepFn(ctx, b.MicroBatch(k))
+			if err != nil {
+				return 0, 0, err
+			}
+			// Quantised per micro-batch, so the sum is exact in any order.
+			loss += math.Round(l * lossScale)
+			dst := t.micro[k]
+			off := 0
+			for _, p := range t.params {
+				copy(dst[off:], p.Grad)
+				for _, g := range p.Grad {
+					gmax = math.Max(gmax, math.Abs(float64(g)))
+				}
+				off += len(p.Grad)
+			}
+		}
+		return loss, gmax, nil
+	}
+	if len(b.Micro) == 0 {
+		for _, p := range t.params {
+			clear(p.Grad)
+		}
+		return 0, 0, nil
+	}
+	if len(b.Micro) == 1 {
+		loss, err = t.stepFn(ctx, b.MicroBatch(0))
+		return loss, 0, err
+	}
+	if len(t.acc) != t.nvalues {
+		t.acc = make([]float32, t.nvalues)
+	}
+	clear(t.acc)
+	for k := range b.Micro {
+		l, err := t.stepFn(ctx, b.MicroBatch(k))
+		if err != nil {
+			return 0, 0, err
+		}
+		loss += l
+		off := 0
+		for _, p := range t.params {
+			acc := t.acc[off : off+len(p.Grad)]
+			for i, g := range p.Grad {
+				acc[i] += g
+			}
+			off += len(p.Grad)
+		}
+	}
+	off := 0
+	for _, p := range t.params {
+		copy(p.Grad, t.acc[off:])
+		off += len(p.Grad)
+	}
+	return loss, 0, nil
+}
+
+// reduceGrads sums the gradients over every rank.
+//
+// Default mode: a float32 allreduce of the fused gradient buckets; the sum's
+// rounding depends on the ring's order, so results may differ in the last
+// bits between world sizes.
+//
+// Deterministic mode: every micro-batch's gradients are converted to fixed
+// point with one scale for the whole job step, 2^s with
+// s = 52 - e - bits(globalSize) where gmax < 2^e is the largest |gradient| of
+// any micro-batch on any rank (from the control allreduce). Each value is
+// then an integer of magnitude below 2^(52-bits(globalSize)), so any sum of
+// at most globalSize of them stays below 2^52 and float64 adds them exactly:
+// the sum over micro-batches, and the allreduce over ranks, give the same
+// bits in any order and for any world size. The result is scaled back and
+// divided by globalSize once. Precision: about 2^-(52-bits) of gmax, far finer
+// than float32's own rounding. (This is exact integer accumulation, the
+// simplest of the reproducible-summation schemes; compare the binned sums of
+// Demmel & Nguyen, "Fast Reproducible Floating-Point Summation", ARITH 2013.)
+func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gmax float64, globalSize int) error {
+	if !t.cfg.Deterministic {
+		return t.grads.AllReduce(ctx, comm, sync.OpSum)
+	}
+	if math.IsInf(gmax, 0) || math.IsNaN(gmax) {
+		return fmt.Errorf("%w: non-finite gradient (max |g| = %v)", ErrStepFailed, gmax)
+	}
+	s := 0
+	if gmax > 0 {
+		_, e := math.Frexp(gmax) // gmax < 2^e
+		s = 52 - e - bits.Len(uint(globalSize))
+	}
+	if len(t.fixed) != t.nvalues {
+		t.fixed = make([]float64, t.nvalues)
+	}
+	fixed := t.fixed
+	clear(fixed)
+	for k := range t.microCount {
+		for i, g := range t.micro[k] {
+			fixed[i] += math.Round(math.Ldexp(float64(g), s))
+		}
+	}
+	if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
+		return err
+	}
+	inv := 1 / float64(max(globalSize, 1))
+	off := 0
+	for _, p := range t.params {
+		for i := range p.Grad {
+			p.Grad[i] = float32(math.Ldexp(fixed[off+i], -s) * inv)
+		}
+		off += len(p.Grad)
+	}
+	return nil
+}
