@@ -690,10 +690,10 @@ const (
 )
 
 const (
-	ctlLoss     = iota // loss sum (fixed point in deterministic mode)
-	ctlSamples         // samples in this rank's share
-	ctlCompute         // StepFunc seconds
-	ctlStop            // preempted
+	ctlLoss    = iota // loss sum (fixed point in deterministic mode)
+	ctlSamples        // samples in this rank's share
+	ctlCompute        // StepFunc seconds
+	ctlStop           // preempted
 	ctlPerRank
 )
 
