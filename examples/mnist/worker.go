@@ -39,6 +39,9 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
+// detMicroBatch is the micro-batch size of -deterministic runs.
+const detMicroBatch = 16
+
 // envSecret carries the job secret (hex) from the launcher to its workers.
 const envSecret = "ELASTICTRAIN_SECRET"
 
@@ -76,6 +79,11 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.seed
+	if c.deterministic {
+		// Fixed micro-batches: the same shapes, and so the same bits,
+		// whatever the world size.
+		dcfg.MicroBatch = min(detMicroBatch, c.batch)
+	}
 	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
 	if err != nil {
 		return fail(err)
@@ -93,6 +101,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
 	tcfg.Sync.Secret = secret
+	tcfg.Deterministic = c.deterministic
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
 	tcfg.Elastic.HeartbeatInterval = c.detect / 6
