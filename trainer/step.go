@@ -40,13 +40,21 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 			loss += math.Round(l * lossScale)
 			dst := t.micro[k]
 			off := 0
+			var m float32
 			for _, p := range t.params {
 				copy(dst[off:], p.Grad)
 				for _, g := range p.Grad {
-					gmax = math.Max(gmax, math.Abs(float64(g)))
+					if g > m {
+						m = g
+					} else if -g > m {
+						m = -g
+					} else if g != g { // NaN: reported as such
+						return 0, math.NaN(), nil
+					}
 				}
 				off += len(p.Grad)
 			}
+			gmax = max(gmax, float64(m))
 		}
 		return loss, gmax, nil
 	}
@@ -122,19 +130,23 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	}
 	fixed := t.fixed
 	clear(fixed)
+	// Multiplying by a power of two is exact (no overflow: |g| < 2^e), and
+	// rounding to an integer is a pure function of the value.
+	scale := math.Ldexp(1, s)
 	for k := range t.microCount {
 		for i, g := range t.micro[k] {
-			fixed[i] += math.Round(math.Ldexp(float64(g), s))
+			fixed[i] += math.Round(float64(g) * scale)
 		}
 	}
 	if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
 		return err
 	}
-	inv := 1 / float64(max(globalSize, 1))
+	unscale, inv := math.Ldexp(1, -s), 1/float64(max(globalSize, 1))
 	off := 0
 	for _, p := range t.params {
+		f := fixed[off : off+len(p.Grad)]
 		for i := range p.Grad {
-			p.Grad[i] = float32(math.Ldexp(fixed[off+i], -s) * inv)
+			p.Grad[i] = float32(f[i] * unscale * inv)
 		}
 		off += len(p.Grad)
 	}
