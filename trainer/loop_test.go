@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	stdsync "sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ type job struct {
 	batch   int
 	mutate  func(*Config)
 	opts    func(i int) []Option
+	delay   func(i int) time.Duration
 	mu      stdsync.Mutex
 	workers []*inproc
 	wg      stdsync.WaitGroup
@@ -85,6 +87,9 @@ func (j *job) start() *inproc {
 	j.mu.Unlock()
 	m := trainertest.NewModel(j.prob.Dim)
 	m.StepDelay = 2 * time.Millisecond
+	if j.delay != nil {
+		m.StepDelay = j.delay(idx)
+	}
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = j.batch, 3
 	loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
@@ -377,3 +382,79 @@ var _ = errors.Is
 var _ = fmt.Sprint
 var _ = math.Abs
 var _ = slices.Clone[[]int]
+
+// Must-show 2: a step that fails on one rank after another rank applied it.
+// The failing rank keeps its older commit; the next round agrees on the
+// newest commit all ranks hold, so the others roll that step back, and every
+// rank ends with the same state and an exact audit.
+func TestStepFailingOnOneRankAfterOthersAppliedIt(t *testing.T) {
+	j := newJob(t, stores(t)["redis"])
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 3 }
+	rounds := make(chan RoundInfo, 64)
+	j.opts = func(int) []Option {
+		return []Option{WithHooks(Hooks{OnRound: func(r RoundInfo) { rounds <- r }})}
+	}
+	ws := []*inproc{j.start(), j.start(), j.start()}
+	var fired atomic.Bool
+	for _, w := range ws {
+		SetAfterReduceHook(w.tr, func(rank int, step int64) error {
+			if rank == 1 && step == 20 && fired.CompareAndSwap(false, true) {
+				return errors.New("injected failure after the allreduce")
+			}
+			return nil
+		})
+	}
+	j.wait()
+	j.checkFinished(ws)
+	require.True(t, fired.Load())
+	close(rounds)
+	rolledBack := false
+	for r := range rounds {
+		if r.Round > 1 && r.Step == 19 && r.RolledBack == 1 {
+			rolledBack = true
+		}
+	}
+	require.True(t, rolledBack, "ranks that applied step 20 rolled it back to the commit every rank held")
+}
+
+// Must-show 5, first half: a slow rank is reported, by rank, within
+// StragglerSteps steps.
+func TestSlowRankIsReported(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 1
+	j.mutate = func(c *Config) {
+		c.Elastic.MinWorkers = 3
+		c.StragglerSteps = 5
+		c.StragglerFactor = 3
+	}
+	reports := make(chan StragglerInfo, 64)
+	j.opts = func(int) []Option {
+		return []Option{WithHooks(Hooks{OnStraggler: func(s StragglerInfo) { reports <- s }})}
+	}
+	j.delay = func(i int) time.Duration {
+		if i == 2 {
+			return 30 * time.Millisecond
+		}
+		return 2 * time.Millisecond
+	}
+	ws := []*inproc{j.start(), j.start(), j.start()}
+	j.wait()
+	j.checkFinished(ws)
+	close(reports)
+	var got []StragglerInfo
+	for r := range reports {
+		got = append(got, r)
+	}
+	require.NotEmpty(t, got, "the slow rank was reported")
+	slowRank := -1
+	for _, w := range ws {
+		if w.idx == 2 {
+			slowRank = w.res.Rank
+		}
+	}
+	for _, r := range got {
+		require.Equal(t, slowRank, r.Rank)
+		require.LessOrEqual(t, r.Step, int64(5+1), "reported within StragglerSteps steps")
+		require.Greater(t, r.Ratio, 3.0)
+	}
+}

@@ -476,3 +476,53 @@ func TestDeterministicAcrossWorldSizesAndFaults(t *testing.T) {
 		require.Equal(t, lossA[s], lossB[s], "loss of step %d", s)
 	}
 }
+
+// Must-show 5, second half: a hung rank (SIGSTOP) leads to a new round
+// without it within the detection time (its lease, 1 s here, plus 1 s of
+// slack); after SIGCONT it is fenced, rejoins as a new member, and the job
+// still trains every sample exactly once.
+func TestHungRankIsLeftBehind(t *testing.T) {
+	const epochs = 2
+	j := newProcJob(t, 2, epochs, t.TempDir())
+	for range 3 {
+		j.start()
+	}
+	rankOf := j.waitStep(25)
+	var pid int
+	for p, r := range rankOf {
+		if r == 1 {
+			pid = p
+		}
+	}
+	require.NotZero(t, pid)
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	stopped := time.Now()
+	deadline := time.After(30 * time.Second)
+wait:
+	for {
+		select {
+		case r := <-j.merged:
+			if r.Kind == "round" && r.Size == 2 {
+				break wait
+			}
+		case <-deadline:
+			t.Fatal("no round without the hung rank")
+		}
+	}
+	took := time.Since(stopped)
+	t.Logf("new round without the hung rank after %v", took)
+	require.Less(t, took, 2*time.Second, "within LeaseTTL (1 s) + 1 s")
+	require.NoError(t, syscall.Kill(pid, syscall.SIGCONT))
+	j.waitAll()
+	var sha string
+	for _, p := range j.procs {
+		require.NotNil(t, p.final, "pid %d ended with %+v", p.cmd.Process.Pid, p.last)
+		if sha == "" {
+			sha = p.final.SHA
+		}
+		require.Equal(t, sha, p.final.SHA)
+	}
+	rep := j.verifyAudit(epochs)
+	require.Zero(t, rep.Missing)
+	require.Zero(t, rep.Duplicates)
+}

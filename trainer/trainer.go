@@ -91,6 +91,10 @@ type Trainer[B any] struct {
 	fixed               []float64   // deterministic mode: fixed-point gradient sums
 	microCount          int         // deterministic mode: micro-batches of this rank's share
 	nvalues             int         // values over all parameters
+
+	// afterReduce, when set (tests only), runs after a successful gradient
+	// allreduce; an error makes this rank treat the step as failed there.
+	afterReduce func(rank int, step int64) error
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -339,7 +343,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			var pe *sync.PeerError
 			// A peer that aborted on purpose (its round moved on, it was
 			// preempted) is alive; only a lost connection is reported.
-			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) &&
+			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
 				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
@@ -762,6 +766,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
 		if err == nil && ctl[ctlStepErr] == 0 {
 			err = t.reduceGrads(actx, comm, ctl[ctlGradMax], b.GlobalSize)
+			if err == nil && t.afterReduce != nil {
+				err = t.afterReduce(rank, t.step+1)
+			}
 		}
 		watch.leave()
 		if aspan != nil {
