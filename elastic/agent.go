@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,7 +46,7 @@ type Agent struct {
 	leaseAt  atomic.Int64 // ns since start: when the last lease renewal was sent (0 = never)
 	pending  atomic.Bool
 	changes  chan struct{}
-	joinWake chan struct{}
+	joinWake chan Hint // hints for a waiting Join (capacity 1, newest wins)
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -77,7 +78,7 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		log:      log.With("job", cfg.JobID, "member", self.ID),
 		start:    time.Now(),
 		changes:  make(chan struct{}, 1),
-		joinWake: make(chan struct{}, 1),
+		joinWake: make(chan Hint, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -138,7 +139,16 @@ func (a *Agent) failLocked(err error) {
 	a.err = err
 	a.log.Debug("agent stopped", "err", err)
 	a.updatePendingLocked()
-	a.notify(a.joinWake)
+	a.wakeJoin(Hint{})
+}
+
+// wakeJoin hands a hint to a waiting Join. Several goroutines may call it,
+// so it does not replace an unread hint (a Join re-reads the store anyway).
+func (a *Agent) wakeJoin(h Hint) {
+	select {
+	case a.joinWake <- h:
+	default:
+	}
 }
 
 func (a *Agent) fail(err error) {
@@ -417,7 +427,10 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			return fail(jctx.Err())
 		case <-a.stop:
 			return World{}, ErrClosed
-		case <-a.joinWake:
+		case h := <-a.joinWake:
+			if w, ok := a.worldFromHint(h); ok {
+				return w, nil
+			}
 		case <-timer.C:
 		}
 		if arrive {
@@ -426,6 +439,31 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			v, err = a.call(jctx, check)
 		}
 	}
+}
+
+// worldFromHint takes this member's World from a hint that announces a
+// closed round, if the round is newer than the World held, of our
+// incarnation, and has us as a member.
+func (a *Agent) worldFromHint(h Hint) (World, bool) {
+	if h.Members == nil {
+		return World{}, false
+	}
+	rank := slices.IndexFunc(h.Members, func(m Member) bool { return m.ID == a.self.ID })
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if rank < 0 || a.err != nil || h.Incarnation != a.inc || (a.hasWorld && h.Round <= a.world.Round) {
+		return World{}, false
+	}
+	w := World{JobID: a.cfg.JobID, Round: h.Round, Rank: rank, Size: len(h.Members), Members: h.Members}
+	// A round closes with no admissible pending joiner (extras beyond
+	// MaxWorkers stay pending only when the round is full), so Pending is 0.
+	a.view = View{Code: CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
+		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
+	a.maxRound = max(a.maxRound, h.Round)
+	a.world, a.hasWorld = w, true
+	a.updatePendingLocked()
+	a.log.Debug("joined (from hint)", "round", w.Round, "rank", w.Rank, "size", w.Size)
+	return w, true
 }
 
 // ReportFailure reports that member memberID failed while both held ranks in
@@ -555,15 +593,15 @@ func (a *Agent) run(w Watcher) {
 	defer timer.Stop()
 	backoff := 10 * time.Millisecond
 	for {
-		var hints <-chan struct{}
+		var hints <-chan Hint
 		if w != nil {
 			hints = w.C()
 		}
 		select {
 		case <-a.stop:
 			return
-		case <-hints:
-			a.onHint()
+		case h := <-hints:
+			a.onHint(h)
 		case <-timer.C:
 			if w == nil {
 				wctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
@@ -591,12 +629,12 @@ func (a *Agent) run(w Watcher) {
 
 // onHint handles a change hint: a waiting Join re-reads the state itself;
 // otherwise refresh the view so ChangePending is current.
-func (a *Agent) onHint() {
+func (a *Agent) onHint(h Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
 	a.mu.Unlock()
 	if joining {
-		a.notify(a.joinWake)
+		a.wakeJoin(h)
 		return
 	}
 	if inc != "" {
@@ -648,7 +686,7 @@ func (a *Agent) beat() bool {
 		a.mu.Unlock()
 		if stale {
 			if joining {
-				a.notify(a.joinWake)
+				a.wakeJoin(Hint{})
 			} else {
 				a.refresh()
 			}

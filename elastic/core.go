@@ -44,6 +44,7 @@ type coreJob struct {
 type opCtx struct {
 	changed bool // a visible change: bump Version and publish
 	reopen  bool // a ranked member of the closed round was evicted
+	closed  bool // the forming round closed
 }
 
 // rawView is a View before member records are parsed.
@@ -185,13 +186,29 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 	st.Open, st.Reform, st.DL = false, false, 0
 	st.Prev = st.Round
 	st.Expected, st.Arrived = []string{}, []string{}
-	c.changed = true
+	c.changed, c.closed = true, true
 }
 
 func (j *coreJob) save(c *opCtx) {
 	if c.changed {
 		j.st.Ver++
 	}
+}
+
+// hint is what a visible change publishes.
+func (j *coreJob) hint(c opCtx) Hint {
+	h := Hint{Version: j.st.Ver}
+	if c.closed && !j.st.Open {
+		h.Round, h.Incarnation = j.st.Round, j.st.Inc
+		for _, id := range j.st.Ranked {
+			m, err := parseRecord(j.members[id])
+			if err != nil {
+				return Hint{Version: j.st.Ver}
+			}
+			h.Members = append(h.Members, m)
+		}
+	}
+	return h
 }
 
 func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
@@ -242,7 +259,7 @@ func (j *coreJob) precheck(inc string) (Code, bool) {
 	return CodeOK, true
 }
 
-func (j *coreJob) join(r JoinRequest, now int64) (rawView, bool) {
+func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	p, id := r.Params, r.Member.ID
 	var c opCtx
 	if j.st == nil {
@@ -252,13 +269,13 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, bool) {
 	}
 	st := j.st
 	if st.Fin {
-		return j.view(id, CodeFinished, now, p), false
+		return j.view(id, CodeFinished, now, p), opCtx{}
 	}
 	j.sweep(now, &c)
 	_, known := j.members[id]
 	if r.Incarnation != "" && r.Incarnation == st.Inc && !known {
 		j.save(&c)
-		return j.view(id, CodeFenced, now, p), c.changed
+		return j.view(id, CodeFenced, now, p), c
 	}
 	st.Floor = max(st.Floor, r.RoundHint+1)
 	if !known {
@@ -311,7 +328,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, bool) {
 	}
 	j.tryClose(now, p, &c)
 	j.save(&c)
-	return j.view(id, CodeOK, now, p), c.changed
+	return j.view(id, CodeOK, now, p), c
 }
 
 // member runs the common prologue of the calls by a registered member:
@@ -328,7 +345,7 @@ func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, bool) {
 	return CodeOK, true
 }
 
-func (j *coreJob) check(r MemberRequest, now int64) (rawView, bool) {
+func (j *coreJob) check(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
 	code, ok := j.member(r, now, &c)
 	if ok {
@@ -337,16 +354,16 @@ func (j *coreJob) check(r MemberRequest, now int64) (rawView, bool) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c.changed
+	return j.view(r.MemberID, code, now, r.Params), c
 }
 
-func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, bool) {
+func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 	if code, ok := j.precheck(r.Incarnation); !ok {
 		b := Beat{Code: code}
 		if j.st != nil {
 			b.Incarnation, b.Version = j.st.Inc, j.st.Ver
 		}
-		return b, false
+		return b, opCtx{}
 	}
 	var c opCtx
 	for _, exp := range j.leases {
@@ -359,13 +376,13 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, bool) {
 	b := Beat{Code: CodeOK, Incarnation: j.st.Inc, Version: j.st.Ver}
 	if _, known := j.members[r.MemberID]; !known {
 		b.Code = CodeFenced
-		return b, c.changed
+		return b, c
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
-	return b, c.changed
+	return b, c
 }
 
-func (j *coreJob) report(r ReportRequest, now int64) (rawView, bool) {
+func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 	var c opCtx
 	code, ok := j.member(r.MemberRequest, now, &c)
 	if ok {
@@ -382,10 +399,10 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, bool) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c.changed
+	return j.view(r.MemberID, code, now, r.Params), c
 }
 
-func (j *coreJob) leave(r MemberRequest, now int64) (rawView, bool) {
+func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
 	code, ok := j.member(r, now, &c)
 	if ok {
@@ -396,10 +413,10 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, bool) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c.changed
+	return j.view(r.MemberID, code, now, r.Params), c
 }
 
-func (j *coreJob) finish(r MemberRequest, now int64) (rawView, bool) {
+func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
 	code, ok := j.member(r, now, &c)
 	if ok {
@@ -409,7 +426,7 @@ func (j *coreJob) finish(r MemberRequest, now int64) (rawView, bool) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c.changed
+	return j.view(r.MemberID, code, now, r.Params), c
 }
 
 // toView parses the member records of a raw view.

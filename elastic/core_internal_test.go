@@ -87,3 +87,19 @@ func TestParseViewRejectsGarbage(t *testing.T) {
 		}
 	}
 }
+
+func TestParseHint(t *testing.T) {
+	if h := parseHint("7"); h.Version != 7 || h.Members != nil {
+		t.Fatalf("plain hint %+v", h)
+	}
+	h := parseHint("9\n4\ninc\n{\"id\":\"a\",\"addr\":\"h:1\"}\n{\"id\":\"b\",\"addr\":\"h:2\"}")
+	if h.Version != 9 || h.Round != 4 || h.Incarnation != "inc" || len(h.Members) != 2 || h.Members[1].ID != "b" {
+		t.Fatalf("close hint %+v", h)
+	}
+	for _, bad := range []string{"", "x", "9\nnotanumber\ninc\n{}", "9\n4\ninc\nnot json", "9\n4\ninc\n{\"addr\":\"no id\"}"} {
+		h := parseHint(bad)
+		if h.Members != nil {
+			t.Errorf("%q: members from a malformed hint", bad)
+		}
+	}
+}

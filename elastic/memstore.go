@@ -78,7 +78,7 @@ func (s *MemoryStore) job(jobID string, nowMS int64) *memJob {
 
 // commit stores the job back (if it has state), renews its TTL when asked,
 // and notifies watchers of a visible change. Called with s.mu held.
-func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, renew, changed bool) {
+func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, renew bool, c opCtx) {
 	if j.st == nil {
 		return
 	}
@@ -86,9 +86,10 @@ func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, ren
 		j.expireAt = nowMS + ms(p.StateTTL)
 	}
 	s.jobs[jobID] = j
-	if changed {
+	if c.changed {
+		h := j.hint(c)
 		for w := range s.watchers[jobID] {
-			w.notify()
+			w.notify(h)
 		}
 	}
 }
@@ -119,25 +120,25 @@ func (s *MemoryStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 
 // Check implements Store.
 func (s *MemoryStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.memberOp(ctx, "check", r, func(j *memJob, now int64) (rawView, bool) { return j.check(r, now) })
+	return s.memberOp(ctx, "check", r, func(j *memJob, now int64) (rawView, opCtx) { return j.check(r, now) })
 }
 
 // Report implements Store.
 func (s *MemoryStore) Report(ctx context.Context, r ReportRequest) (View, error) {
-	return s.memberOp(ctx, "report", r.MemberRequest, func(j *memJob, now int64) (rawView, bool) { return j.report(r, now) })
+	return s.memberOp(ctx, "report", r.MemberRequest, func(j *memJob, now int64) (rawView, opCtx) { return j.report(r, now) })
 }
 
 // Leave implements Store.
 func (s *MemoryStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.memberOp(ctx, "leave", r, func(j *memJob, now int64) (rawView, bool) { return j.leave(r, now) })
+	return s.memberOp(ctx, "leave", r, func(j *memJob, now int64) (rawView, opCtx) { return j.leave(r, now) })
 }
 
 // Finish implements Store.
 func (s *MemoryStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.memberOp(ctx, "finish", r, func(j *memJob, now int64) (rawView, bool) { return j.finish(r, now) })
+	return s.memberOp(ctx, "finish", r, func(j *memJob, now int64) (rawView, opCtx) { return j.finish(r, now) })
 }
 
-func (s *MemoryStore) memberOp(ctx context.Context, op string, r MemberRequest, f func(*memJob, int64) (rawView, bool)) (View, error) {
+func (s *MemoryStore) memberOp(ctx context.Context, op string, r MemberRequest, f func(*memJob, int64) (rawView, opCtx)) (View, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, err := s.begin(ctx, op, r.JobID)
@@ -179,7 +180,7 @@ func (s *MemoryStore) Watch(ctx context.Context, jobID string) (Watcher, error) 
 	if err := ctx.Err(); err != nil {
 		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
 	}
-	w := &memWatcher{s: s, jobID: jobID, c: make(chan struct{}, 1)}
+	w := &memWatcher{s: s, jobID: jobID, c: make(chan Hint, 1)}
 	if s.watchers[jobID] == nil {
 		s.watchers[jobID] = map[*memWatcher]struct{}{}
 	}
@@ -190,18 +191,14 @@ func (s *MemoryStore) Watch(ctx context.Context, jobID string) (Watcher, error) 
 type memWatcher struct {
 	s     *MemoryStore
 	jobID string
-	c     chan struct{}
+	c     chan Hint
 	once  sync.Once
 }
 
-func (w *memWatcher) notify() {
-	select {
-	case w.c <- struct{}{}:
-	default:
-	}
-}
+// notify is called with the store's mutex held, so sends are serialised.
+func (w *memWatcher) notify(h Hint) { offer(w.c, h) }
 
-func (w *memWatcher) C() <-chan struct{} { return w.c }
+func (w *memWatcher) C() <-chan Hint { return w.c }
 
 func (w *memWatcher) Close() error {
 	err := errors.New("elastic: watcher already closed")

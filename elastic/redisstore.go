@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/redis/go-redis/v9"
@@ -209,7 +210,7 @@ func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
 		_ = ps.Close()
 		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
 	}
-	w := &redisWatcher{ps: ps, c: make(chan struct{}, 1), done: make(chan struct{})}
+	w := &redisWatcher{ps: ps, c: make(chan Hint, 1), done: make(chan struct{})}
 	msgs := ps.Channel()
 	go w.forward(msgs)
 	return w, nil
@@ -217,22 +218,47 @@ func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
 
 type redisWatcher struct {
 	ps   *redis.PubSub
-	c    chan struct{}
+	c    chan Hint
 	done chan struct{}
 	once sync.Once
 }
 
 func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
 	defer close(w.done)
-	for range msgs {
-		select {
-		case w.c <- struct{}{}:
-		default:
-		}
+	for m := range msgs {
+		offer(w.c, parseHint(m.Payload))
 	}
 }
 
-func (w *redisWatcher) C() <-chan struct{} { return w.c }
+// parseHint decodes a change message (see scripts.go). A malformed message
+// still counts as a hint, with nothing known but that something changed.
+func parseHint(payload string) Hint {
+	lines := strings.Split(payload, "\n")
+	ver, err := strconv.ParseUint(lines[0], 10, 64)
+	if err != nil {
+		return Hint{}
+	}
+	h := Hint{Version: ver}
+	if len(lines) < 4 {
+		return h
+	}
+	round, err := strconv.ParseUint(lines[1], 10, 64)
+	if err != nil {
+		return h
+	}
+	members := make([]Member, 0, len(lines)-3)
+	for _, rec := range lines[3:] {
+		m, err := parseRecord(rec)
+		if err != nil {
+			return h
+		}
+		members = append(members, m)
+	}
+	h.Round, h.Incarnation, h.Members = round, lines[2], members
+	return h
+}
+
+func (w *redisWatcher) C() <-chan Hint { return w.c }
 
 func (w *redisWatcher) Close() error {
 	var err error

@@ -15,6 +15,10 @@ package elastic
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
 // wait_ms, order, record...}; heartbeat = {code, inc, ver}.
+//
+// Pub/Sub message on a visible change: "<ver>", or, when the change closed a
+// round, "<ver>\n<round>\n<inc>\n<record>\n<record>..." (records in rank
+// order; JSON never contains a raw newline).
 
 const luaPrelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
@@ -28,7 +32,7 @@ local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 
 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local C = {changed = false, reopen = false}
+local C = {changed = false, reopen = false, closed = false}
 
 local function index(list, id)
   for i = 1, #list do if list[i] == id then return i end end
@@ -133,7 +137,7 @@ local function try_close(st)
   end
   st.open, st.reform, st.dl, st.prev = false, false, 0, st.round
   st.expected, st.arrived = {}, {}
-  C.changed = true
+  C.changed, C.closed = true, true
 end
 
 local function save(st)
@@ -143,7 +147,17 @@ local function save(st)
   redis.call('PEXPIRE', K_META, P.ttl)
   redis.call('PEXPIRE', K_MEMBERS, P.ttl)
   redis.call('PEXPIRE', K_LEASES, P.ttl)
-  if C.changed then redis.call('PUBLISH', CHANNEL, tostring(st.ver)) end
+  if C.changed then
+    -- The hint: the version, and when a round closed, the round, the
+    -- incarnation and the member records in rank order, one per line.
+    local msg = tostring(st.ver)
+    if C.closed and not st.open then
+      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
+      local recs = redis.call('HMGET', K_MEMBERS, unpack(st.ranked))
+      for j = 1, #st.ranked do msg = msg .. '\n' .. (recs[j] or '') end
+    end
+    redis.call('PUBLISH', CHANNEL, msg)
+  end
 end
 
 local function view(st, code)

@@ -115,12 +115,39 @@ type ReportRequest struct {
 	Target string
 }
 
-// Watcher delivers change hints of one job. C has capacity 1 and never
-// blocks the sender; a value means "the job state changed, re-read it".
-// Hints can be lost (Redis Pub/Sub drops messages); Agents poll as well.
+// Hint is a change notification of one job. Version is the job's version
+// after the change (0 if unknown). When the change closed a round, Round,
+// Incarnation and Members (in rank order) describe it, so a waiting member
+// can take its World without another store call; otherwise Members is nil.
+type Hint struct {
+	Version     uint64
+	Round       uint64
+	Incarnation string
+	Members     []Member
+}
+
+// Watcher delivers change hints of one job. C has capacity 1; the sender
+// never blocks and replaces an unread hint with the newer one. Hints can be
+// lost (Redis Pub/Sub drops messages); Agents poll as well.
 type Watcher interface {
-	C() <-chan struct{}
+	C() <-chan Hint
 	Close() error // stops delivery and every goroutine of the Watcher; waits for them
+}
+
+// offer puts h into c (capacity 1), replacing an unread hint. Only one
+// goroutine may send on c.
+func offer(c chan Hint, h Hint) {
+	for {
+		select {
+		case c <- h:
+			return
+		default:
+		}
+		select {
+		case <-c:
+		default:
+		}
+	}
 }
 
 // Store is the shared state of the rendezvous: a few atomic operations on the
