@@ -26,6 +26,9 @@ func tol32(n int, absSum float64) float64 { return float64(n) * math.Ldexp(1, -2
 // parts floor(count*l/used); each part splits into n segments the same way.
 func refStart(r *Ring, count, elem, i int) int {
 	n := r.Size()
+	if n > 1 && count*elem <= r.cfg.DirectBytes && n > directMaxWorld {
+		return -2 // recursive doubling
+	}
 	if n == 1 || count*elem <= r.cfg.DirectBytes {
 		return -1
 	}
@@ -45,7 +48,44 @@ func refStart(r *Ring, count, elem, i int) int {
 	panic("unreachable")
 }
 
+func combine64(op Op, a, b float64) float64 {
+	switch op {
+	case OpMax:
+		return max(a, b)
+	case OpMin:
+		return min(a, b)
+	}
+	return a + b
+}
+
+// rdRef64 reduces xs in the order of recursive doubling: fold rank q+p into
+// q, then combine v[q] with v[q^mask] for mask = 1, 2, ... p/2.
+func rdRef64(op Op, xs []float64) float64 {
+	n, p := len(xs), 1
+	for p*2 <= n {
+		p *= 2
+	}
+	v := append([]float64(nil), xs[:p]...)
+	for q := 0; q < n-p; q++ {
+		v[q] = combine64(op, v[q], xs[q+p])
+	}
+	for mask := 1; mask < p; mask <<= 1 {
+		next := make([]float64, p)
+		for q := range v {
+			next[q] = combine64(op, v[q], v[q^mask])
+		}
+		v = next
+	}
+	if op == OpAvg {
+		return v[0] / float64(n)
+	}
+	return v[0]
+}
+
 func reduceRef64(op Op, xs []float64, start int) float64 {
+	if start == -2 {
+		return rdRef64(op, xs)
+	}
 	n := len(xs)
 	order := make([]int, n)
 	for k := range order {
@@ -387,3 +427,26 @@ func TestMismatchFailsEveryRank(t *testing.T) {
 }
 
 func nil2rng() *rand.Rand { return rand.New(rand.NewPCG(7, 7)) }
+
+// TestRecursiveDoubling: small allreduces of worlds larger than
+// directMaxWorld use recursive doubling; here forced for small worlds too
+// (powers of two and not), and natural for a world of 12.
+func TestRecursiveDoubling(t *testing.T) {
+	saved := directMaxWorld
+	defer func() { directMaxWorld = saved }()
+	for _, n := range []int{2, 3, 5, 6, 8, 12} {
+		directMaxWorld = 1
+		if n == 12 {
+			directMaxWorld = saved
+		}
+		t.Run(fmt.Sprintf("n=%d", n), func(t *testing.T) {
+			w := newTestWorld(t, n, smallConfig(t))
+			rng := rand.New(rand.NewPCG(uint64(n), 9))
+			for _, length := range []int{0, 1, 7, 3*n + 1, 100} {
+				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+					checkAllReduce(t, w, rng, length, op)
+				}
+			}
+		})
+	}
+}

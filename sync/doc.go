@@ -28,7 +28,10 @@
 //     overlap.
 //   - AllReduce of at most DirectBytes: a direct exchange (every rank sends
 //     its buffer to every other and reduces all inputs in rank order), one
-//     network step, for latency.
+//     network step, for latency; in worlds of more than 8 ranks, recursive
+//     doubling instead (log2(n) steps of one message; Thakur, Rabenseifner &
+//     Gropp, "Optimization of collective communication operations in
+//     MPICH", IJHPCA 2005).
 //   - Broadcast: pipelined chain root -> root+1 -> ... (direct for small).
 //   - AllGather: ring allgather (direct for small). Barrier: direct exchange.
 //

@@ -792,25 +792,18 @@ func (r *Ring) lanesFor(bytes int) int {
 // (at most DirectBytes) that the writes never wait for the reads.
 func (r *Ring) exchange(h wire.Header, payload []byte, sendTo func(int) bool, recv func(int) ([]byte, bool)) error {
 	for i := 1; i < r.size; i++ {
-		p := r.peers[(r.rank+i)%r.size]
-		if !sendTo(p.rank) {
-			continue
-		}
-		h.Length = uint32(len(payload))
-		h.Put(p.meshW)
-		n := wire.HeaderSize + copy(p.meshW[wire.HeaderSize:], payload)
-		if _, err := p.mesh.Write(p.meshW[:n]); err != nil {
-			return r.connErr(p.rank, err)
+		if p := (r.rank + i) % r.size; sendTo(p) {
+			if err := r.meshSend(p, h, payload); err != nil {
+				return err
+			}
 		}
 	}
 	for i := 1; i < r.size; i++ {
-		p := r.peers[(r.rank-i+r.size)%r.size]
-		dst, ok := recv(p.rank)
-		if !ok {
-			continue
-		}
-		if err := r.readFrame(p.meshR, p.meshH[:], &h, dst, p.rank); err != nil {
-			return err
+		p := (r.rank - i + r.size) % r.size
+		if dst, ok := recv(p); ok {
+			if err := r.meshRecv(p, h, dst); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -823,8 +816,9 @@ func always(int) bool { return true }
 // Config.DirectBytes use the direct exchange (each rank reduces all inputs
 // in rank order 0..n-1); larger ones the pipelined ring, where the element
 // at index i of lane part p, segment s is reduced in ring order starting at
-// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. OpAvg divides the sum by the
-// world size. It does not allocate. Errors: see Ring.
+// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. Small buffers in worlds of
+// more than 8 ranks use recursive doubling (see the package doc). OpAvg
+// divides the sum by the world size. It does not allocate. Errors: see Ring.
 func (r *Ring) AllReduceFloat32(ctx context.Context, buf []float32, op Op) error {
 	return r.allReduce(ctx, f32Bytes(buf), 4, op)
 }
@@ -851,6 +845,9 @@ func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
 	red, scale := kernels(elem, op)
 	opb := uint8(op) | uint8(elem)<<4
 	h := wire.Header{Kind: wire.KindAllReduce, Op: opb, Round: r.round, Seq: r.seq, Total: uint64(len(b))}
+	if len(b) <= r.cfg.DirectBytes && r.size > directMaxWorld {
+		return r.recursiveDoubling(h, b, red, scale, op)
+	}
 	if len(b) <= r.cfg.DirectBytes {
 		err := r.exchange(h, b, always, func(p int) ([]byte, bool) { return r.scratch[p][:len(b)], true })
 		if err != nil {
@@ -868,6 +865,75 @@ func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
 	}
 	j := laneJob{kind: wire.KindAllReduce, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(len(b)), red: red, scale: scale}
 	return r.runLanes(j, len(b)/elem, r.lanesFor(len(b)))
+}
+
+// directMaxWorld is the largest world size whose small allreduces use the
+// direct exchange; larger worlds use recursive doubling (log2 steps instead
+// of one step with size-1 messages per rank). A variable for tests.
+var directMaxWorld = 8
+
+// recursiveDoubling is the latency path for large worlds (Thakur,
+// Rabenseifner & Gropp, "Optimization of collective communication
+// operations in MPICH", 2005): with p the largest power of two <= n, rank
+// q+p (q < n-p) first folds its buffer into rank q; ranks 0..p-1 then
+// exchange with rank^1, rank^2, ... rank^(p/2), each combining the two
+// buffers (addition is commutative, so both partners get the same bits);
+// finally rank q sends the result back to rank q+p.
+func (r *Ring) recursiveDoubling(h wire.Header, b []byte, red reduceFunc, scale scaleFunc, op Op) error {
+	n, rank := r.size, r.rank
+	p := 1
+	for p*2 <= n {
+		p *= 2
+	}
+	tmp := r.scratch[rank][:len(b)]
+	if rank >= p {
+		if err := r.meshSend(rank-p, h, b); err != nil {
+			return err
+		}
+		return r.meshRecv(rank-p, h, b)
+	}
+	if rank < n-p {
+		if err := r.meshRecv(rank+p, h, tmp); err != nil {
+			return err
+		}
+		red(b, tmp)
+	}
+	for mask := 1; mask < p; mask <<= 1 {
+		partner := rank ^ mask
+		if err := r.meshSend(partner, h, b); err != nil {
+			return err
+		}
+		if err := r.meshRecv(partner, h, tmp); err != nil {
+			return err
+		}
+		red(b, tmp)
+	}
+	if op == OpAvg {
+		scale(b, n)
+	}
+	if rank < n-p {
+		return r.meshSend(rank+p, h, b)
+	}
+	return nil
+}
+
+// meshSend writes one frame (header and payload of at most DirectBytes, in
+// one write) to peer over its mesh connection.
+func (r *Ring) meshSend(peer int, h wire.Header, payload []byte) error {
+	pl := r.peers[peer]
+	h.Length = uint32(len(payload))
+	h.Put(pl.meshW)
+	n := wire.HeaderSize + copy(pl.meshW[wire.HeaderSize:], payload)
+	if _, err := pl.mesh.Write(pl.meshW[:n]); err != nil {
+		return r.connErr(peer, err)
+	}
+	return nil
+}
+
+// meshRecv reads the expected frame from peer's mesh connection into dst.
+func (r *Ring) meshRecv(peer int, h wire.Header, dst []byte) error {
+	pl := r.peers[peer]
+	return r.readFrame(pl.meshR, pl.meshH[:], &h, dst, peer)
 }
 
 // Broadcast copies root's buf to buf on every other rank. len(buf) must be

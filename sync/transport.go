@@ -335,8 +335,8 @@ func (t *Transport) serveConn(raw net.Conn) {
 	c.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
 	scratch := make([]byte, 0, 64)
 	if d.ref != nil {
-		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
 		t.refused(remote, d.ref.err)
+		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
 		return
 	}
 	err := wire.WriteMsg(c, scratch, wire.MsgAccept, nil)
@@ -361,8 +361,8 @@ func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decisio
 	buf := make([]byte, wire.MaxMsgBytes)
 	scratch := make([]byte, 0, 128)
 	reject := func(code uint8, err error) (connKey, decision, bool) {
+		t.refused(remote, err) // counted before the dialer can see the refusal
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, code, err.Error()))
-		t.refused(remote, err)
 		return connKey{}, decision{}, false
 	}
 	typ, p, err := wire.ReadMsg(c, buf)
