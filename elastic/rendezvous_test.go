@@ -95,15 +95,25 @@ func TestFormation(t *testing.T) {
 }
 
 func TestSimultaneousJoinersNeverSplit(t *testing.T) {
+	cases := []struct {
+		name          string
+		min, max, rep int
+		lastCall      time.Duration
+	}{
+		// Closes at the 12th arrival: no two rounds may form on the way.
+		{"closing at MaxWorkers", 1, 12, 5, time.Hour},
+		// The first arrival starts the last call; all must land in it.
+		{"closing after LastCall", 1, 64, 1, time.Second},
+	}
 	for _, k := range allKinds() {
-		for _, min := range []int{1, 12} {
-			t.Run(fmt.Sprintf("%s/min%d", k.name, min), func(t *testing.T) {
+		for _, tc := range cases {
+			t.Run(k.name+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
 				s := k.make(t)
-				for rep := range 3 {
+				for rep := range tc.rep {
 					cfg := testConfig(t)
 					cfg.JobID += fmt.Sprint(rep)
-					cfg.MinWorkers, cfg.LastCall = min, time.Second
+					cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = tc.min, tc.max, tc.lastCall
 					as := make([]*elastic.Agent, 12)
 					for i := range as {
 						as[i] = newAgent(t, s, cfg)
