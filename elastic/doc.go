@@ -83,7 +83,12 @@
 // peers: the job re-forms with the same ranks and nobody is declared dead
 // because keys vanished. While the store is unreachable, calls retry with
 // exponential backoff (10 ms to 1 s); past OutageBudget every member gets
-// ErrStoreUnavailable.
+// ErrStoreUnavailable. An outage shorter than LeaseTTL is invisible to the
+// job. An outage longer than LeaseTTL while Redis keeps its data (a network
+// partition) lets every lease lapse on Redis' clock: the members are then
+// fenced when they reach Redis again, because a member that could not renew
+// its lease cannot be told apart from a paused one; the trainer rejoins with
+// new Members and a fresh round forms.
 //
 // # Defaults
 //

@@ -2,8 +2,6 @@ package elastic
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"sync"
 	"time"
 )
@@ -201,7 +199,6 @@ func (w *memWatcher) notify(h Hint) { offer(w.c, h) }
 func (w *memWatcher) C() <-chan Hint { return w.c }
 
 func (w *memWatcher) Close() error {
-	err := errors.New("elastic: watcher already closed")
 	w.once.Do(func() {
 		w.s.mu.Lock()
 		delete(w.s.watchers[w.jobID], w)
@@ -209,10 +206,6 @@ func (w *memWatcher) Close() error {
 			delete(w.s.watchers, w.jobID)
 		}
 		w.s.mu.Unlock()
-		err = nil
 	})
-	if err != nil {
-		return fmt.Errorf("%w", err)
-	}
 	return nil
 }
