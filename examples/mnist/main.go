@@ -66,8 +66,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
-	fs.StringVar(&c.otlp, "otlp", "", "export traces and metrics to this OTLP/gRPC endpoint (host:port)")
-	fs.StringVar(&c.metrics, "metrics", "", "serve Prometheus metrics on this address (host:port)")
+	fs.StringVar(&c.otlp, "otlp", "", otlpHelp)
+	fs.StringVar(&c.metrics, "metrics", "", metricsHelp)
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
@@ -102,6 +102,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
 		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
+	}
+	if err := validateTelemetryFlags(c.otlp, c.metrics); err != nil {
+		return nil, err
 	}
 	return c, nil
 }
@@ -156,6 +159,9 @@ func workerArgs(c *config) []string {
 	}
 	if c.otlp != "" {
 		a = append(a, "-otlp", c.otlp)
+	}
+	if c.metrics != "" {
+		a = append(a, "-metrics", c.metrics)
 	}
 	return a
 }

@@ -113,6 +113,21 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	defer audit.Close()
 	opts = append(opts, trainer.WithAudit(audit), trainer.WithLogger(logger))
+	tel, err := newTelemetry(ctx, c.otlp, c.metrics, workerIndex(), c.job)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), telemetryShutdownTimeout)
+		defer cancel()
+		if err := tel.shutdown(sctx); err != nil {
+			fmt.Fprintf(stderr, "mnist worker %d: telemetry: %v\n", os.Getpid(), err)
+		}
+	}()
+	if tel.addr != "" {
+		fmt.Fprintf(stderr, "mnist worker %d: Prometheus metrics of worker %d at http://%s/metrics\n", os.Getpid(), workerIndex(), tel.addr)
+	}
+	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
 		st, err := trainer.NewLocalDir(c.ckpt, 3)
 		if err != nil {

@@ -1,0 +1,485 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"compress/gzip"
+	"context"
+	"errors"
+	"image/png"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// runMain runs the command's run function as main would, with the
+// launcher's worker variable cleared so it acts as the launcher.
+func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	t.Setenv(launcher.EnvWorker, "")
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string // in stderr
+	}{
+		{[]string{"-workers", "0"}, "-workers 0: want at least 1"},
+		{[]string{"-workers", "-3"}, "-workers -3: want at least 1"},
+		{[]string{"-workers", "x"}, `invalid value "x" for flag -workers`},
+		{[]string{"-min", "0"}, "-min 0: want at least 1"},
+		{[]string{"-min", "3", "-max", "2"}, "-max 2 is below -min 3"},
+		{[]string{"-workers", "5", "-max", "4"}, "-workers 5 is above -max 4"},
+		{[]string{"-epochs", "0"}, "-epochs 0: want at least 1"},
+		{[]string{"-batch", "0"}, "-batch 0: want at least 1"},
+		{[]string{"-lr", "0"}, "-lr 0: want a positive learning rate"},
+		{[]string{"-lr", "-0.1"}, "-lr -0.1: want a positive learning rate"},
+		{[]string{"-lr", "NaN"}, "-lr NaN: want a positive learning rate"},
+		{[]string{"-model", "foo"}, `-model "foo": want mlp or cnn`},
+		{[]string{"-detect", "1ms"}, "-detect 1ms: want at least 100ms"},
+		{[]string{"-kill", "x"}, `want kill as N@STEP, got "x"`},
+		{[]string{"-kill", "1@0"}, `bad kill step "0": want a step >= 1`},
+		{[]string{"-kill", "-1@5"}, `bad kill target "-1"`},
+		{[]string{"-kill", "1@x"}, `bad kill step "x"`},
+		{[]string{"-stop", "1@"}, `bad stop step ""`},
+		{[]string{"-term", "a@3"}, `bad term target "a"`},
+		{[]string{"-join", "0@5"}, "bad join count 0: want at least 1"},
+		{[]string{"-plot", "foo.jpg"}, `-plot "foo.jpg": want a .png file name`},
+		{[]string{"-metrics", "9464"}, `-metrics "9464": want host:port`},
+		{[]string{"-metrics", "localhost:http"}, `-metrics "localhost:http": want a port number`},
+		{[]string{"-metrics", ":70000"}, `-metrics ":70000": want a port number`},
+		{[]string{"-otlp", "collector"}, `-otlp "collector": want host:port or an http(s):// URL`},
+		{[]string{"-otlp", "grpc://collector:4317"}, `-otlp "grpc://collector:4317": want an http:// or https:// URL`},
+		{[]string{"-otlp", "localhost:0"}, `-otlp "localhost:0": want a port number from 1 to 65535`},
+		{[]string{"-no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"extra"}, `unexpected arguments: ["extra"]`},
+	}
+	for _, tc := range cases {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			code, stdout, stderr := runMain(t, tc.args...)
+			require.Equal(t, 2, code, "stderr: %s", stderr)
+			require.Contains(t, stderr, tc.want)
+			require.Empty(t, stdout)
+		})
+	}
+}
+
+func TestHelpExitsWithStatus0AndDocumentsTelemetryFlags(t *testing.T) {
+	code, _, stderr := runMain(t, "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, stderr, "-metrics")
+	require.Contains(t, stderr, "port+i")
+	require.Contains(t, stderr, "-otlp")
+}
+
+func TestMissingDataDirIsAClearError(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "no-such-dir")
+	code, stdout, stderr := runMain(t, "-data", dir)
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "pass -data DIR holding the four MNIST IDX files")
+	require.Contains(t, stderr, dir)
+	require.NotContains(t, stderr, "[launcher] job", "no worker may start")
+}
+
+func TestRedisOnAClosedPortIsAClearErrorBeforeAnyWorker(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	start := time.Now()
+	code, stdout, stderr := runMain(t, "-redis", addr)
+	require.Equal(t, 1, code)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "-redis "+addr+" does not answer")
+	require.Contains(t, stderr, "connection refused")
+	require.NotContains(t, stderr, "[launcher] job", "no worker may start")
+	// Not a hang: the refusal comes back within pingRedis's own 3 s bound.
+	require.Less(t, time.Since(start), 10*time.Second)
+}
+
+// --- telemetry ---
+
+func TestMetricsAddrGivesWorkerIPortPlusI(t *testing.T) {
+	for _, tc := range []struct {
+		addr   string
+		worker int
+		want   string
+		err    string
+	}{
+		{"127.0.0.1:9464", 0, "127.0.0.1:9464", ""},
+		{"127.0.0.1:9464", 3, "127.0.0.1:9467", ""},
+		{":9464", 1, ":9465", ""},
+		{"[::1]:9000", 2, "[::1]:9002", ""},
+		{"127.0.0.1:0", 5, "127.0.0.1:0", ""},
+		{"127.0.0.1:65535", 0, "127.0.0.1:65535", ""},
+		{"127.0.0.1:65535", 1, "", "worker 1 would need port 65536"},
+		{"9464", 0, "", "want host:port"},
+		{"host:-1", 0, "", "want a port number"},
+	} {
+		got, err := metricsAddr(tc.addr, tc.worker)
+		if tc.err != "" {
+			require.ErrorContains(t, err, tc.err, tc.addr)
+			continue
+		}
+		require.NoError(t, err, tc.addr)
+		require.Equal(t, tc.want, got, tc.addr)
+	}
+}
+
+func TestParseOTLPEndpoint(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want otlpEndpoint
+	}{
+		{"localhost:4318", otlpEndpoint{host: "localhost:4318", insecure: true}},
+		{":4318", otlpEndpoint{host: "localhost:4318", insecure: true}},
+		{"http://otel:4318", otlpEndpoint{host: "otel:4318", insecure: true}},
+		{"https://otel.example:443/otlp", otlpEndpoint{host: "otel.example:443", prefix: "/otlp"}},
+	} {
+		got, err := parseOTLPEndpoint(tc.in)
+		require.NoError(t, err, tc.in)
+		require.Equal(t, tc.want, got, tc.in)
+	}
+	for _, bad := range []string{"", "otel", "https://otel", "http://otel:4318/?x=1", "ftp://otel:21", "otel:port"} {
+		_, err := parseOTLPEndpoint(bad)
+		require.Error(t, err, bad)
+	}
+}
+
+// stepSpanEvery is the trainer's step span sampling in trainLinReg.
+const stepSpanEvery = 4
+
+// trainLinReg runs a short single-worker job (linear regression, in-memory
+// store) with opts and returns its result and the global batch size.
+func trainLinReg(t *testing.T, opts ...trainer.Option) (trainer.Result, int) {
+	t.Helper()
+	const batch = 16
+	prob := trainertest.NewProblem(256, 4, 0.05, 1)
+	m := trainertest.NewModel(prob.Dim)
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = batch, 1
+	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+	require.NoError(t, err)
+	defer loader.Close()
+	cfg := trainer.DefaultConfig()
+	cfg.JobID = "mnist-telemetry-" + strings.ReplaceAll(t.Name(), "/", "-")
+	cfg.Epochs = 2
+	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
+	cfg.Elastic.LeaseTTL = time.Second
+	cfg.Elastic.HeartbeatInterval = 100 * time.Millisecond
+	cfg.Elastic.LastCall = 0
+	cfg.StepSpanEvery = stepSpanEvery
+	tr, err := trainer.New(m.Params(), trainer.NewSGD(0.1), loader, m.Step, elastic.NewMemoryStore(), cfg, opts...)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res, err := tr.Run(ctx)
+	require.NoError(t, err)
+	require.True(t, res.Finished)
+	require.EqualValues(t, 2*(256/batch), res.Step)
+	return res, batch
+}
+
+// scrape reads a Prometheus text exposition into sample lines by metric
+// name (the part before '{' or ' ').
+func scrape(t *testing.T, url string) map[string][]string {
+	t.Helper()
+	c := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	resp, err := c.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	out := map[string][]string{}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		name := line[:strings.IndexAny(line, "{ ")]
+		out[name] = append(out[name], line)
+	}
+	require.NoError(t, sc.Err())
+	return out
+}
+
+// sampleValue is the value of a sample line (its last field).
+func sampleValue(t *testing.T, line string) float64 {
+	t.Helper()
+	f := strings.Fields(line)
+	v, err := strconv.ParseFloat(f[len(f)-1], 64)
+	require.NoError(t, err, line)
+	return v
+}
+
+func TestPrometheusEndpointServesTheTrainerMetrics(t *testing.T) {
+	tel, err := newTelemetry(context.Background(), "", "127.0.0.1:0", 0, "job-prom")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tel.shutdown(context.Background())) }()
+	require.NotEmpty(t, tel.addr)
+	require.Len(t, tel.options(), 1, "a meter provider, no tracer provider without -otlp")
+
+	res, batch := trainLinReg(t, tel.options()...)
+	got := scrape(t, "http://"+tel.addr+"/metrics")
+
+	// The trainer's documented instruments under the names the OTel
+	// Prometheus exporter gives them (unit suffixes, _total on counters).
+	// Recoveries, recovery duration and stragglers appear only once one
+	// happens, which a one-worker job without faults never has.
+	for otelName, promName := range map[string]string{
+		trainer.MetricStepDuration: "elastictrain_step_duration_seconds_count",
+		trainer.MetricSamples:      "elastictrain_samples_total",
+		trainer.MetricWorldSize:    "elastictrain_world_size",
+		trainer.MetricRounds:       "elastictrain_rounds_total",
+		trainer.MetricGoodput:      "elastictrain_goodput_ratio",
+	} {
+		require.Contains(t, got, promName, "%s is not served; got %v", otelName, keys(got))
+	}
+	require.Equal(t, float64(res.Step)*float64(batch), sampleValue(t, got["elastictrain_samples_total"][0]))
+	require.Equal(t, float64(res.Step), sampleValue(t, got["elastictrain_step_duration_seconds_count"][0]))
+	require.Equal(t, 1.0, sampleValue(t, got["elastictrain_world_size"][0]))
+	require.Equal(t, 1.0, sampleValue(t, got["elastictrain_rounds_total"][0]))
+	g := sampleValue(t, got["elastictrain_goodput_ratio"][0])
+	require.True(t, g > 0 && g <= 1, "goodput %v", g)
+	require.Contains(t, got["target_info"][0], `service_name="elastictrain-mnist"`)
+}
+
+func TestWorkerIBindsMetricsPortPlusI(t *testing.T) {
+	a, err := newTelemetry(context.Background(), "", "127.0.0.1:0", 0, "job-ports")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, a.shutdown(context.Background())) }()
+	_, port, err := net.SplitHostPort(a.addr)
+	require.NoError(t, err)
+	p, err := strconv.Atoi(port)
+	require.NoError(t, err)
+	// With -metrics one below the port a holds, worker 1 asks for a's
+	// port itself: it binds port+1 for real, and says clearly that it is taken.
+	base := net.JoinHostPort("127.0.0.1", strconv.Itoa(p-1))
+	_, err = newTelemetry(context.Background(), "", base, 1, "job-ports")
+	require.ErrorContains(t, err, "-metrics: listen tcp 127.0.0.1:"+port)
+	require.ErrorContains(t, err, "address already in use")
+}
+
+// collector is a fake OTLP/HTTP collector recording what it is sent.
+type collector struct {
+	mu      sync.Mutex
+	spans   map[string]int // span name -> count
+	metrics map[string]int // metric name -> data points seen in requests
+	paths   map[string]int
+}
+
+func (c *collector) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var body io.Reader = r.Body
+	if r.Header.Get("Content-Encoding") == "gzip" {
+		zr, err := gzip.NewReader(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		body = zr
+	}
+	b, err := io.ReadAll(body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paths[r.URL.Path]++
+	var resp proto.Message
+	switch r.URL.Path {
+	case "/v1/traces":
+		var req coltracepb.ExportTraceServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, rs := range req.ResourceSpans {
+			for _, ss := range rs.ScopeSpans {
+				for _, s := range ss.Spans {
+					c.spans[s.Name]++
+				}
+			}
+		}
+		resp = &coltracepb.ExportTraceServiceResponse{}
+	case "/v1/metrics":
+		var req colmetricpb.ExportMetricsServiceRequest
+		if err := proto.Unmarshal(b, &req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		for _, rm := range req.ResourceMetrics {
+			for _, sm := range rm.ScopeMetrics {
+				for _, m := range sm.Metrics {
+					c.metrics[m.Name]++
+				}
+			}
+		}
+		resp = &colmetricpb.ExportMetricsServiceResponse{}
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	out, _ := proto.Marshal(resp)
+	w.Header().Set("Content-Type", "application/x-protobuf")
+	w.Write(out)
+}
+
+func TestOTLPExportsTheTrainerSpansAndMetricsOnShutdown(t *testing.T) {
+	col := &collector{spans: map[string]int{}, metrics: map[string]int{}, paths: map[string]int{}}
+	srv := httptest.NewServer(col)
+	defer srv.Close()
+
+	tel, err := newTelemetry(context.Background(), srv.URL, "", 0, "job-otlp")
+	require.NoError(t, err)
+	require.Len(t, tel.options(), 2, "a tracer and a meter provider")
+	res, _ := trainLinReg(t, tel.options()...)
+	// Shutdown flushes: everything is at the collector when it returns.
+	ctx, cancel := context.WithTimeout(context.Background(), telemetryShutdownTimeout)
+	defer cancel()
+	require.NoError(t, tel.shutdown(ctx))
+
+	col.mu.Lock()
+	defer col.mu.Unlock()
+	require.Equal(t, int(res.Step)/stepSpanEvery, col.spans[trainer.SpanStep], "one step span every %d steps; spans %v", stepSpanEvery, col.spans)
+	require.Positive(t, col.spans[trainer.SpanJoin], "spans %v", col.spans)
+	for _, name := range []string{trainer.MetricStepDuration, trainer.MetricSamples, trainer.MetricWorldSize, trainer.MetricRounds} {
+		require.Positive(t, col.metrics[name], "%s not exported; got %v", name, col.metrics)
+	}
+}
+
+func TestOTLPToAnUnreachableCollectorDoesNotHoldUpShutdown(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+
+	tel, err := newTelemetry(context.Background(), addr, "", 0, "job-otlp-down")
+	require.NoError(t, err)
+	trainLinReg(t, tel.options()...)
+	ctx, cancel := context.WithTimeout(context.Background(), telemetryShutdownTimeout)
+	defer cancel()
+	err = tel.shutdown(ctx)
+	require.Error(t, err, "the failed export is reported")
+	require.NotErrorIs(t, err, context.DeadlineExceeded, "a refused connection fails fast, without using up the shutdown bound")
+}
+
+func TestNoTelemetryFlagsInstallNothing(t *testing.T) {
+	tel, err := newTelemetry(context.Background(), "", "", 0, "job")
+	require.NoError(t, err)
+	require.Empty(t, tel.options())
+	require.Empty(t, tel.addr)
+	require.NoError(t, tel.shutdown(context.Background()))
+}
+
+func keys(m map[string][]string) []string {
+	var k []string
+	for n := range m {
+		k = append(k, n)
+	}
+	return k
+}
+
+// --- plot ---
+
+// syntheticSummary is a 3-worker job that lost rank 1 at step 300 (rolled
+// back to 298, went on with 2) and grew back to 3 at step 601.
+func syntheticSummary() launcher.Summary {
+	var sum launcher.Summary
+	sum.Rounds = []launcher.RoundSeen{
+		{Round: 1, WorldSize: 3},
+		{Round: 2, WorldSize: 2, Step: 298, Recovery: true},
+		{Round: 3, WorldSize: 3, Step: 601},
+	}
+	add := func(from, to int64, round uint64, ws int) {
+		for s := from; s <= to; s++ {
+			loss := 2.3*math.Exp(-float64(s)/40) + 0.08 + 0.04*math.Sin(float64(s))
+			sum.Steps = append(sum.Steps, launcher.StepSeen{Step: s, Round: round, WorldSize: ws, Loss: loss})
+		}
+	}
+	add(1, 300, 1, 3)
+	add(299, 601, 2, 2)
+	add(602, 937, 3, 3)
+	return sum
+}
+
+func decodePNG(t *testing.T, path string) (w, h int) {
+	t.Helper()
+	f, err := os.Open(path)
+	require.NoError(t, err)
+	defer f.Close()
+	img, err := png.Decode(f)
+	require.NoError(t, err)
+	return img.Bounds().Dx(), img.Bounds().Dy()
+}
+
+func TestWritePlotDrawsAPNG(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "job.png")
+	require.NoError(t, writePlot(path, syntheticSummary()))
+	w, h := decodePNG(t, path)
+	// 24 x 16 cm at 120 dpi.
+	require.InDelta(t, 24/2.54*plotDPI, w, 1)
+	require.InDelta(t, 16/2.54*plotDPI, h, 1)
+}
+
+func TestFinalHistoryKeepsTheRetrainedStep(t *testing.T) {
+	h := finalHistory(syntheticSummary().Steps)
+	require.Len(t, h, 937)
+	for i, s := range h {
+		require.EqualValues(t, i+1, s.Step)
+	}
+	// Steps 299 and 300 were trained in round 1, rolled back, and trained
+	// again with world size 2 in round 2: the later ones are history.
+	require.Equal(t, uint64(2), h[298].Round)
+	require.Equal(t, 2, h[299].WorldSize)
+	require.Equal(t, uint64(1), h[297].Round)
+}
+
+func TestWritePlotHandlesDegenerateSummaries(t *testing.T) {
+	dir := t.TempDir()
+	one := launcher.Summary{Steps: []launcher.StepSeen{{Step: 1, Round: 1, WorldSize: 1, Loss: 2}}}
+	flat := launcher.Summary{Rounds: []launcher.RoundSeen{{Round: 1, WorldSize: 2}}}
+	bad := launcher.Summary{Rounds: []launcher.RoundSeen{{Round: 1, WorldSize: 2}, {Round: 2, WorldSize: 1, Step: 3, Recovery: true}}}
+	for s := int64(1); s <= 5; s++ {
+		flat.Steps = append(flat.Steps, launcher.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: 0.5})
+		bad.Steps = append(bad.Steps, launcher.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: []float64{math.NaN(), math.Inf(1), 0, -1, math.NaN()}[s-1]})
+	}
+	for name, sum := range map[string]launcher.Summary{"one step, no rounds": one, "constant loss": flat, "no finite positive loss": bad} {
+		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".png")
+		require.NoError(t, writePlot(path, sum), name)
+		decodePNG(t, path)
+	}
+	err := writePlot(filepath.Join(dir, "none.png"), launcher.Summary{})
+	require.True(t, errors.Is(err, errNoSteps), "%v", err)
+	require.ErrorContains(t, writePlot(filepath.Join(dir, "no-such-dir", "x.png"), syntheticSummary()), "no such file or directory")
+}
