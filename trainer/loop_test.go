@@ -458,3 +458,54 @@ func TestSlowRankIsReported(t *testing.T) {
 		require.Greater(t, r.Ratio, 3.0)
 	}
 }
+
+// The failure budget is counted per job: past MaxRecoveries within the
+// window every rank stops with a *BudgetError naming the last failures.
+func TestFailureBudgetStopsTheJob(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.mutate = func(c *Config) {
+		c.Elastic.MinWorkers = 2
+		c.MaxRecoveries = 1
+	}
+	ws := []*inproc{j.start(), j.start()}
+	for _, w := range ws {
+		SetAfterReduceHook(w.tr, func(rank int, step int64) error {
+			if rank == 1 && step%10 == 0 {
+				return fmt.Errorf("injected failure at step %d", step)
+			}
+			return nil
+		})
+	}
+	j.wait()
+	for _, w := range ws {
+		require.ErrorIs(t, w.err, ErrFailureBudget, "worker %d", w.idx)
+		var be *BudgetError
+		require.ErrorAs(t, w.err, &be)
+		require.Equal(t, 2, be.Recoveries)
+	}
+}
+
+// With EvictStragglers, a rank that stays slow leaves (ErrEvicted) and the
+// others finish without it, every sample still trained exactly once.
+func TestStragglerEviction(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.mutate = func(c *Config) {
+		c.Elastic.MinWorkers = 2
+		c.Elastic.LastCall = time.Second // the first round takes all three
+		c.StragglerSteps = 5
+		c.StragglerFactor = 3
+		c.EvictStragglers = true
+	}
+	j.delay = func(i int) time.Duration {
+		if i == 0 {
+			return 30 * time.Millisecond
+		}
+		return 2 * time.Millisecond
+	}
+	j.start()
+	ws := []*inproc{j.start(), j.start()}
+	j.wait()
+	require.ErrorIs(t, j.workers[0].err, ErrEvicted)
+	j.checkFinished(ws)
+	require.Equal(t, 2, ws[0].res.WorldSize)
+}

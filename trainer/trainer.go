@@ -443,7 +443,12 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 
 	info, err := t.syncState(rctx, comm, world, recovered, watch)
 	if err != nil {
-		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrShapeMismatch) {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
+			// Every rank took this decision from the same collective.
+			t.goodbye(rctx, comm)
+			return endFatal, err
+		}
+		if errors.Is(err, ErrShapeMismatch) {
 			return endFatal, err
 		}
 		return t.classify(ctx, rctx, err)
@@ -459,8 +464,31 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 		t.slow = make([]int, world.Size)
 	}
 	clear(t.slow)
-	return t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
+	end, err := t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
+	switch end {
+	case endFinished, endRejoin, endPreempted, endEvicted:
+		t.goodbye(rctx, comm)
+	}
+	return end, err
 }
+
+// goodbye ends a round that every rank leaves by the same decision, taken
+// after the same collective. A rank that completed that collective may
+// close its connections while a slower peer is still receiving the end of
+// it, which would abort the collective there and turn the decision into a
+// failure. So all ranks first meet in one more barrier: leaving it proves
+// that every rank has entered it, hence has completed the deciding
+// collective. The barrier itself may be cut short on a slow rank by a fast
+// rank's close; that is harmless, its error is ignored.
+func (t *Trainer[B]) goodbye(ctx context.Context, comm sync.Synchronizer) {
+	ctx, cancel := context.WithTimeout(ctx, goodbyeTimeout)
+	defer cancel()
+	_ = comm.Barrier(ctx)
+}
+
+// goodbyeTimeout bounds the round-end barrier; a peer that died meanwhile
+// fails it at once, a hung one costs at most this.
+const goodbyeTimeout = 2 * time.Second
 
 // classify turns an error inside a round into how the round ends.
 func (t *Trainer[B]) classify(ctx, rctx context.Context, err error) (roundEnd, error) {
@@ -917,17 +945,14 @@ func (t *Trainer[B]) stragglers(ctx context.Context, world elastic.World, comput
 	return evict
 }
 
-// finish ends the job at the end of the last epoch: commit, a final
-// checkpoint by rank 0, and a barrier so no rank reports done early.
+// finish ends the job at the end of the last epoch: commit and a final
+// checkpoint by rank 0 (round then says goodbye).
 func (t *Trainer[B]) finish(ctx context.Context, comm sync.Synchronizer, world elastic.World, ck *checkpointer) (roundEnd, error) {
 	if err := t.commit(ctx); err != nil {
 		return endFatal, err
 	}
 	if world.Rank == 0 {
 		ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
-	}
-	if err := comm.Barrier(ctx); err != nil {
-		return endFailure, fmt.Errorf("trainer: final barrier: %w", err)
 	}
 	return endFinished, nil
 }
