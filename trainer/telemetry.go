@@ -22,7 +22,7 @@ const (
 
 	// Metric names (units in the instrument).
 	MetricStepDuration     = "elastictrain.step.duration"     // s, histogram
-	MetricSamples          = "elastictrain.samples"           // {sample}, counter; rate = samples/s
+	MetricSamples          = "elastictrain.samples"           // {sample}, counter on rank 0 of samples in applied steps (rolled-back steps count too); rate = samples/s
 	MetricWorldSize        = "elastictrain.world_size"        // {worker}, gauge
 	MetricRounds           = "elastictrain.rounds"            // {round}, counter
 	MetricRecoveries       = "elastictrain.recoveries"        // {recovery}, counter

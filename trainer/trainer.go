@@ -861,7 +861,15 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		evict := t.stragglers(ctx, world, t.computes[:W])
 		leaving := stop || evict >= 0 || ctl[ctlChange] > 0
 		if leaving || t.step%int64(t.cfg.CommitEvery) == 0 {
-			if err := t.commit(ctx); err != nil {
+			var cspan trace.Span
+			if span != nil || leaving {
+				_, cspan = t.tel.tracer.Start(sctx, SpanCommit, trace.WithAttributes(AttrStep.Int64(t.step)))
+			}
+			err := t.commit(ctx)
+			if cspan != nil {
+				endSpan(cspan, err)
+			}
+			if err != nil {
 				return endFatal, err
 			}
 		}
