@@ -113,7 +113,10 @@ type Ring struct {
 	ctxDeadline bool // the current op's deadline is the context's
 	watched     bool
 	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
-	laneDone    chan error
+	laneDone    chan struct{} // signalled by the lane half that finishes last
+	lanePending atomic.Int32  // lane halves still running the current job
+	laneErrMu   gosync.Mutex
+	laneErr     error // first error of the current job's lane halves
 	watchCh     chan context.Context
 	unwatchCh   chan struct{}
 
@@ -167,7 +170,7 @@ func newRing(t *Transport, w World, rc *ringConns, tx, rx [][]byte) *Ring {
 		}
 	}
 	r.lanes = make([]*lane, len(rc.right))
-	r.laneDone = make(chan error, 2*len(rc.right))
+	r.laneDone = make(chan struct{}, 1)
 	for i := range r.lanes {
 		r.lanes[i] = &lane{
 			idx:       i,
@@ -597,7 +600,7 @@ func (r *Ring) sendLoop(l *lane) {
 		case <-r.quit:
 			return
 		case j := <-l.sendJobs:
-			r.laneDone <- r.laneSend(l, &j)
+			r.laneFinished(r.laneSend(l, &j))
 		}
 	}
 }
@@ -609,7 +612,7 @@ func (r *Ring) recvLoop(l *lane) {
 		case <-r.quit:
 			return
 		case j := <-l.recvJobs:
-			r.laneDone <- r.laneRecv(l, &j)
+			r.laneFinished(r.laneRecv(l, &j))
 		}
 	}
 }
@@ -753,6 +756,8 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 // runLanes runs job on `used` lanes, lane i taking the i-th balanced part of
 // [0, extent), and waits for all of them.
 func (r *Ring) runLanes(j laneJob, extent, used int) error {
+	r.laneErr = nil // no lane half runs between jobs
+	r.lanePending.Store(int32(2 * used))
 	dispatched := 0
 dispatch:
 	for i := 0; i < used; i++ {
@@ -769,16 +774,31 @@ dispatch:
 			}
 		}
 	}
-	var first error
-	if dispatched < 2*used {
+	// One wake-up for the caller: the last lane half to finish signals.
+	if rest := int32(2*used - dispatched); rest == 0 || r.lanePending.Add(-rest) != 0 {
+		<-r.laneDone
+	}
+	r.laneErrMu.Lock()
+	first := r.laneErr
+	r.laneErrMu.Unlock()
+	if dispatched < 2*used && first == nil {
 		first = r.causeNow()
 	}
-	for i := 0; i < dispatched; i++ {
-		if err := <-r.laneDone; err != nil && first == nil {
-			first = err
-		}
-	}
 	return first
+}
+
+// laneFinished records the result of one lane half of the current job.
+func (r *Ring) laneFinished(err error) {
+	if err != nil {
+		r.laneErrMu.Lock()
+		if r.laneErr == nil {
+			r.laneErr = err
+		}
+		r.laneErrMu.Unlock()
+	}
+	if r.lanePending.Add(-1) == 0 {
+		r.laneDone <- struct{}{}
+	}
 }
 
 // lanesFor picks how many lanes to use for an operation of the given bytes.
