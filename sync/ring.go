@@ -112,7 +112,7 @@ type Ring struct {
 	seq         uint64
 	ctxDeadline bool // the current op's deadline is the context's
 	watched     bool
-	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
+	scratch     [][]byte      // by rank: DirectBytes each, 8-byte aligned
 	laneDone    chan struct{} // signalled by the lane half that finishes last
 	lanePending atomic.Int32  // lane halves still running the current job
 	laneErrMu   gosync.Mutex
