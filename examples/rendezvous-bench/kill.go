@@ -162,8 +162,11 @@ func childMain() int {
 			_ = out.Encode(event{Err: err.Error()})
 			return 1
 		}
-		_ = out.Encode(event{Round: w.Round, Size: w.Size, At: time.Now().UnixNano()})
+		at := time.Now().UnixNano()
+		// Connect the ring before announcing the World, so that a kill that
+		// follows the announcement always finds the connections in place.
 		ring.connect(w)
+		_ = out.Encode(event{Round: w.Round, Size: w.Size, At: at})
 		for !a.ChangePending() {
 			<-a.Changes()
 		}
