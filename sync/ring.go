@@ -57,10 +57,9 @@ type lane struct {
 	tx, rx    []byte
 	slotBytes int
 	txNext    uint64
-	txCredits int
 	rxNext    uint64
-	creditBuf [64]byte
-	ack       [1]byte
+	wakeBuf   [64]byte
+	wake      [1]byte
 }
 
 type laneJob struct {
@@ -183,8 +182,7 @@ func newRing(t *Transport, w World, rc *ringConns, tx, rx [][]byte) *Ring {
 			sendNote:  make(chan struct{}, 1),
 			recvNote:  make(chan struct{}, 1),
 			slotBytes: cfg.chunkBytes(),
-			txCredits: shmSlots,
-			ack:       [1]byte{1},
+			wake:      [1]byte{1},
 		}
 		if tx != nil {
 			r.lanes[i].tx, r.lanes[i].rx = tx[i], rx[i]

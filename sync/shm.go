@@ -5,8 +5,10 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
@@ -18,9 +20,20 @@ import (
 // headers still travel on the socket and are checked as usual, but the
 // payload of chunk i lies in slot i mod shmSlots: the sender copies it
 // there before writing the header, the receiver reduces or copies it from
-// there after reading the header and then returns one credit byte on the
-// socket's reverse direction. This halves the copies of the socket path.
+// there after reading the header. Flow control needs no system call in the
+// common case: the first page of the file holds a counter of consumed
+// chunks (written by the receiver) and a waiting flag (set by a sender out
+// of free slots, which then blocks on the socket's reverse direction until
+// the receiver writes a wake-up byte). This halves the copies of the socket
+// path and saves the acknowledgement write per chunk.
 const shmSlots = 4
+
+// shmHeader is the control page in front of the slots: consumed (uint64) at
+// offset 0 and waiting (uint32) at offset 64, on separate cache lines.
+const shmHeader = 4096
+
+func shmConsumed(mem []byte) *uint64 { return (*uint64)(unsafe.Pointer(&mem[0])) }
+func shmWaiting(mem []byte) *uint32  { return (*uint32)(unsafe.Pointer(&mem[64])) }
 
 const shmOfferSize = 12
 
@@ -36,7 +49,7 @@ func negotiateShm(ctx context.Context, cfg Config, rc *ringConns) (tx, rx [][]by
 	rx = make([][]byte, len(rc.left))
 	want := cfg.SharedMemory && shmSupported
 	slotBytes := cfg.chunkBytes()
-	size := shmSlots * slotBytes
+	size := shmHeader + shmSlots*slotBytes
 	defer func() {
 		if err != nil {
 			for _, m := range append(tx, rx...) {
@@ -156,7 +169,7 @@ func readOffer(uc *net.UnixConn, size int, want bool) ([]byte, error) {
 	if slots == 0 || !want || len(fds) != 1 {
 		return nil, nil // declined (by the peer or by us)
 	}
-	if int(slots)*int(slotBytes) != size {
+	if shmHeader+int(slots)*int(slotBytes) != size {
 		return nil, fmt.Errorf("%w: shared memory of %d slots of %d bytes, this rank expects %d bytes (ChunkBytes differ?)", ErrMismatch, slots, slotBytes, size)
 	}
 	mem, err := shmMap(fds[0], size)
@@ -172,20 +185,26 @@ func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) erro
 	if l.tx == nil {
 		return r.writeFrame(l.right, l.hdrW[:], h, payload, peer)
 	}
-	for l.txCredits == 0 {
-		n, err := l.right.Read(l.creditBuf[:])
+	// Wait for a free slot: fewer than shmSlots chunks unconsumed.
+	consumed, waiting := shmConsumed(l.tx), shmWaiting(l.tx)
+	for l.txNext-atomic.LoadUint64(consumed) >= shmSlots {
+		atomic.StoreUint32(waiting, 1)
+		if l.txNext-atomic.LoadUint64(consumed) < shmSlots {
+			atomic.StoreUint32(waiting, 0)
+			break
+		}
+		_, err := l.right.Read(l.wakeBuf[:]) // wake-up bytes (possibly stale ones)
+		atomic.StoreUint32(waiting, 0)
 		if err != nil {
 			return r.connErr(peer, err)
 		}
-		l.txCredits += n
-		if l.txCredits > shmSlots {
-			return r.protoErr(fmt.Errorf("%w: rank %d returned more shared-memory credits than slots", ErrBadFrame, peer))
-		}
 	}
-	off := int(l.txNext%shmSlots) * l.slotBytes
+	if c := atomic.LoadUint64(consumed); c > l.txNext {
+		return r.protoErr(fmt.Errorf("%w: rank %d consumed %d shared-memory chunks of %d sent", ErrBadFrame, peer, c, l.txNext))
+	}
+	off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
 	copy(l.tx[off:off+l.slotBytes], payload)
 	l.txNext++
-	l.txCredits--
 	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
 }
 
@@ -206,7 +225,7 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 	if err := r.readHeader(l.leftR, l.hdrR[:], h, len(dst), peer); err != nil {
 		return err
 	}
-	off := int(l.rxNext%shmSlots) * l.slotBytes
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
 	src := l.rx[off : off+len(dst)]
 	if red == nil {
 		copy(dst, src)
@@ -214,8 +233,14 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 		red(dst, src)
 	}
 	l.rxNext++
-	if _, err := l.left.Write(l.ack[:]); err != nil {
-		return r.connErr(peer, err)
+	// Publish the free slot; wake the sender if it waits for one (the
+	// sender sets waiting before re-reading consumed, so one of the two
+	// sides always sees the other's write).
+	atomic.AddUint64(shmConsumed(l.rx), 1)
+	if atomic.LoadUint32(shmWaiting(l.rx)) != 0 {
+		if _, err := l.left.Write(l.wake[:]); err != nil {
+			return r.connErr(peer, err)
+		}
 	}
 	return nil
 }
