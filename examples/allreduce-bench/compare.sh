@@ -6,7 +6,8 @@
 #   apt-get install -y python3-torch     # Debian's PyTorch, CPU, Gloo
 #   examples/allreduce-bench/compare.sh [ROUNDS] [NP...]     # default: 3 rounds, np 2 4
 #
-# Env: GLOO (path of gloo_allreduce.py), SIZES (bytes, comma-separated), OUT (JSON lines file).
+# Env: GLOO (path of gloo_allreduce.py), SIZES (bytes, comma-separated), OUT (JSON lines file),
+# BIN (a prebuilt allreduce-bench binary; default: build it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
@@ -16,8 +17,10 @@ GLOO=${GLOO:-../shared/bench/gloo_allreduce.py}
 [ -f "$GLOO" ] || GLOO=/work/shared/bench/gloo_allreduce.py
 SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
 OUT=${OUT:-$(mktemp /tmp/allreduce-compare.XXXXXX.jsonl)}
-BIN=$(mktemp -d)/allreduce-bench
-go build -o "$BIN" ./examples/allreduce-bench
+if [ -z "${BIN:-}" ]; then
+	BIN=$(mktemp -d)/allreduce-bench
+	go build -o "$BIN" ./examples/allreduce-bench
+fi
 port=29600
 for r in $(seq "$ROUNDS"); do
 	for np in $NPS; do
