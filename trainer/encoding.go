@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 )
 
 // Little-endian helpers shared by the snapshot and optimizer encodings. The
@@ -34,11 +35,22 @@ func appendString(dst []byte, s string) []byte {
 
 func appendFloats(dst []byte, v []float32) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(len(v)))
+	if littleEndian && len(v) > 0 {
+		// The in-memory form is the encoding: one copy (commits encode the
+		// optimizer state every step, so this is on the hot path).
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))...)
+	}
 	for _, f := range v {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(f))
 	}
 	return dst
 }
+
+// littleEndian reports whether this machine stores numbers little-endian.
+var littleEndian = func() bool {
+	x := uint16(1)
+	return *(*byte)(unsafe.Pointer(&x)) == 1
+}()
 
 // appendTensors writes a tensor count, then each tensor; a nil list (state
 // not created yet) is written as count 0.
@@ -150,6 +162,10 @@ func (r *reader) floatsInto(dst []float32) {
 		return
 	}
 	s := r.take(4 * n)
+	if littleEndian && n > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*n), s)
+		return
+	}
 	for i := range dst {
 		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(s[4*i:]))
 	}

@@ -131,11 +131,16 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	fixed := t.fixed
 	clear(fixed)
 	// Multiplying by a power of two is exact (no overflow: |g| < 2^e), and
-	// rounding to an integer is a pure function of the value.
+	// rounding to an integer is a pure function of the value: adding and
+	// subtracting 1.5*2^52 rounds any |x| < 2^51 to the nearest integer
+	// (ties to even) in IEEE 754 double arithmetic, which Go never
+	// reassociates.
 	scale := math.Ldexp(1, s)
+	const magic = 1.5 * (1 << 52)
 	for k := range t.microCount {
-		for i, g := range t.micro[k] {
-			fixed[i] += math.Round(float64(g) * scale)
+		mg := t.micro[k][:len(fixed)]
+		for i, g := range mg {
+			fixed[i] += (float64(g)*scale + magic) - magic
 		}
 	}
 	if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {

@@ -12,6 +12,7 @@ import (
 	"math"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"syscall"
 	"time"
 
@@ -40,7 +41,7 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 }
 
 // detMicroBatch is the micro-batch size of -deterministic runs.
-const detMicroBatch = 16
+const detMicroBatch = 32
 
 // envSecret carries the job secret (hex) from the launcher to its workers.
 const envSecret = "ELASTICTRAIN_SECRET"
@@ -168,6 +169,11 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 	}()
 
+	if p := os.Getenv("CPUPROF"); p != "" {
+		f, _ := os.Create(fmt.Sprintf("%s.%d", p, os.Getpid()))
+		pprof.StartCPUProfile(f)
+		defer pprof.StopCPUProfile()
+	}
 	res, err := tr.Run(ctx)
 	switch {
 	case errors.Is(err, trainer.ErrPreempted):
