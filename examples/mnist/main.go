@@ -179,6 +179,7 @@ type result struct {
 	AuditMissing    int       `json:"audit_missing"`
 	AuditDuplicates int       `json:"audit_duplicates"`
 	WallSeconds     float64   `json:"wall_seconds"`
+	StepsPerSecond  float64   `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
 	ParamsSHA256    string    `json:"params_sha256"`
 	Workers         int       `json:"workers"`
 	Model           string    `json:"model"`
@@ -253,6 +254,11 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	res.AuditMissing, res.AuditDuplicates, res.SamplesApplied = rep.Missing, rep.Duplicates, rep.Samples
 	res.WallSeconds = time.Since(start).Seconds()
+	if n := len(sum.Steps); n > 1 {
+		if dt := sum.Steps[n-1].At - sum.Steps[0].At; dt > 0 {
+			res.StepsPerSecond = float64(n-1) / dt
+		}
+	}
 	if c.plot != "" {
 		if err := writePlot(c.plot, sum); err != nil {
 			fmt.Fprintf(stderr, "mnist: plot: %v\n", err)
