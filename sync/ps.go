@@ -1,0 +1,478 @@
+package sync
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"math"
+	"slices"
+	gosync "sync"
+)
+
+// Parameter-server errors, in addition to the package's other sentinels.
+var (
+	// ErrStale: an asynchronous push was computed on rows pulled more than
+	// PSConfig.MaxStaleness shard updates ago; the shard refused it and
+	// applied nothing of it. The round stays usable: pull again and
+	// recompute.
+	ErrStale = errors.New("sync: parameter-server push too stale")
+	// ErrRowsLost: the rows of a committed shard can be found neither on a
+	// live host of the round nor in the ShardStore, so the table cannot be
+	// restored to the requested step.
+	ErrRowsLost = errors.New("sync: parameter-server rows lost")
+	// ErrCorruptShard: encoded shard bytes (from a ShardStore or a peer) did
+	// not decode or do not match the tables.
+	ErrCorruptShard = errors.New("sync: corrupt parameter-server shard")
+)
+
+// PSMode selects when a parameter server applies pushed gradients.
+type PSMode uint8
+
+const (
+	// PSSync: every worker pushes once per step (possibly no rows) to every
+	// shard; a shard sums the pushes of all workers for step t, in worker
+	// rank order, applies the optimizer once per touched row and only then
+	// serves pulls of step t+1. Results do not depend on timing.
+	PSSync PSMode = iota
+	// PSAsync: a shard applies each push at once, counting updates; a push
+	// computed on rows pulled more than PSConfig.MaxStaleness updates ago
+	// is refused with ErrStale (bounded staleness, as in the stale
+	// synchronous parallel model of Ho et al., NIPS 2013).
+	PSAsync
+)
+
+// String names the mode.
+func (m PSMode) String() string {
+	switch m {
+	case PSSync:
+		return "sync"
+	case PSAsync:
+		return "async"
+	}
+	return fmt.Sprintf("PSMode(%d)", uint8(m))
+}
+
+// SparseKind names a sparse optimizer algorithm.
+type SparseKind uint8
+
+// Sparse optimizers. Each updates only the rows present in a step's
+// gradient; their state lives with the rows on the shards.
+const (
+	// SparseSGD: w -= LR * g. No state.
+	SparseSGD SparseKind = iota + 1
+	// SparseAdagrad (Duchi, Hazan & Singer, JMLR 2011): a += g*g;
+	// w -= LR * g / (sqrt(a) + Eps), a starting at InitialAccumulator.
+	// State: dim floats per row. A row without gradient is unchanged, so
+	// it equals dense Adagrad exactly.
+	SparseAdagrad
+	// SparseAdam (Kingma & Ba, ICLR 2015) in its lazy form (as TensorFlow's
+	// LazyAdam and PyTorch's SparseAdam): a row's moments and its own step
+	// count t advance only when the row has a gradient; m = B1*m + (1-B1)*g,
+	// v = B2*v + (1-B2)*g*g, w -= LR * (m/(1-B1^t)) / (sqrt(v/(1-B2^t)) + Eps).
+	// State: 2*dim+1 floats per row. Equal to dense Adam when every row has
+	// a gradient at every step.
+	SparseAdam
+)
+
+// String names the algorithm.
+func (k SparseKind) String() string {
+	switch k {
+	case SparseSGD:
+		return "sgd"
+	case SparseAdagrad:
+		return "adagrad"
+	case SparseAdam:
+		return "adam"
+	}
+	return fmt.Sprintf("SparseKind(%d)", uint8(k))
+}
+
+// SparseOptimizer configures the optimizer a shard applies to its rows.
+// Build one with NewSparseSGD, NewSparseAdagrad or NewSparseAdam, which set
+// the documented defaults.
+type SparseOptimizer struct {
+	// Kind is the algorithm. Required.
+	Kind SparseKind
+	// LR is the learning rate (step size), > 0.
+	LR float64
+	// Beta1 and Beta2 are Adam's decay rates of the first and second
+	// moments, in [0, 1). Defaults 0.9 and 0.999.
+	Beta1, Beta2 float64
+	// Eps is added to the denominator of Adagrad and Adam, > 0. Default
+	// 1e-8 (Adam) and 1e-10 (Adagrad).
+	Eps float64
+	// InitialAccumulator is Adagrad's starting sum of squares, >= 0.
+	// Default 0.1 (as TensorFlow).
+	InitialAccumulator float64
+}
+
+// NewSparseSGD returns plain SGD with learning rate lr.
+func NewSparseSGD(lr float64) SparseOptimizer { return SparseOptimizer{Kind: SparseSGD, LR: lr} }
+
+// NewSparseAdagrad returns Adagrad with learning rate lr, Eps 1e-10 and
+// InitialAccumulator 0.1.
+func NewSparseAdagrad(lr float64) SparseOptimizer {
+	return SparseOptimizer{Kind: SparseAdagrad, LR: lr, Eps: 1e-10, InitialAccumulator: 0.1}
+}
+
+// NewSparseAdam returns lazy Adam with learning rate lr, Beta1 0.9, Beta2
+// 0.999 and Eps 1e-8.
+func NewSparseAdam(lr float64) SparseOptimizer {
+	return SparseOptimizer{Kind: SparseAdam, LR: lr, Beta1: 0.9, Beta2: 0.999, Eps: 1e-8}
+}
+
+// StateDim returns the optimizer state in float32 values per row of a
+// table of dim columns: 0 (SGD), dim (Adagrad), 2*dim+1 (Adam).
+func (o SparseOptimizer) StateDim(dim int) int {
+	switch o.Kind {
+	case SparseAdagrad:
+		return dim
+	case SparseAdam:
+		return 2*dim + 1
+	}
+	return 0
+}
+
+// Validate reports the first invalid field with an error wrapping ErrInvalid.
+func (o SparseOptimizer) Validate() error {
+	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+	switch {
+	case o.Kind < SparseSGD || o.Kind > SparseAdam:
+		return fmt.Errorf("%w: unknown sparse optimizer %v", ErrInvalid, o.Kind)
+	case !(o.LR > 0) || !finite(o.LR):
+		return fmt.Errorf("%w: sparse optimizer LR %v must be positive", ErrInvalid, o.LR)
+	}
+	switch o.Kind {
+	case SparseAdagrad:
+		if !(o.Eps > 0) || !finite(o.Eps) || !(o.InitialAccumulator >= 0) || !finite(o.InitialAccumulator) {
+			return fmt.Errorf("%w: Adagrad needs Eps > 0 and InitialAccumulator >= 0 (got %v, %v)", ErrInvalid, o.Eps, o.InitialAccumulator)
+		}
+	case SparseAdam:
+		if !(o.Beta1 >= 0 && o.Beta1 < 1) || !(o.Beta2 >= 0 && o.Beta2 < 1) || !(o.Eps > 0) || !finite(o.Eps) {
+			return fmt.Errorf("%w: Adam needs Beta1, Beta2 in [0,1) and Eps > 0 (got %v, %v, %v)", ErrInvalid, o.Beta1, o.Beta2, o.Eps)
+		}
+	}
+	return nil
+}
+
+// TableSpec describes one embedding table: Rows rows of Dim float32 values,
+// partitioned by row over the shards of a parameter server.
+type TableSpec struct {
+	// Name identifies the table in checkpoints; unique per parameter
+	// server, at most 255 bytes.
+	Name string
+	// Rows is the number of rows (row IDs are 0..Rows-1), > 0.
+	Rows int64
+	// Dim is the number of float32 values per row, 1..65536.
+	Dim int
+	// Optimizer is applied by the shards to pushed gradients.
+	Optimizer SparseOptimizer
+	// InitScale: row values start uniform in [-InitScale, InitScale],
+	// drawn from a hash of (Seed, table name, row, column), so every
+	// process computes the same initial rows. Default 0 (zeros).
+	InitScale float32
+	// Seed seeds the initial values.
+	Seed uint64
+}
+
+// Validate reports the first invalid field with an error wrapping ErrInvalid.
+func (s TableSpec) Validate() error {
+	switch {
+	case s.Name == "" || len(s.Name) > 255:
+		return fmt.Errorf("%w: table name %q must be 1..255 bytes", ErrInvalid, s.Name)
+	case s.Rows <= 0 || s.Rows > 1<<40:
+		return fmt.Errorf("%w: table %q has %d rows, want 1..2^40", ErrInvalid, s.Name, s.Rows)
+	case s.Dim < 1 || s.Dim > 1<<16:
+		return fmt.Errorf("%w: table %q has dim %d, want 1..65536", ErrInvalid, s.Name, s.Dim)
+	case !(s.InitScale >= 0) || math.IsInf(float64(s.InitScale), 0):
+		return fmt.Errorf("%w: table %q InitScale %v must be finite and >= 0", ErrInvalid, s.Name, s.InitScale)
+	}
+	if err := s.Optimizer.Validate(); err != nil {
+		return fmt.Errorf("table %q: %w", s.Name, err)
+	}
+	return nil
+}
+
+// PSConfig holds the settings of a ParamServer. Start from
+// DefaultPSConfig. Every process of a job must use the same Mode and
+// MaxStaleness; Round checks it.
+type PSConfig struct {
+	// Mode is PSSync (default) or PSAsync.
+	Mode PSMode
+	// MaxStaleness (PSAsync only) is how many updates a shard may have
+	// applied since the pull a push was computed on; a staler push is
+	// refused with ErrStale. Default 8.
+	MaxStaleness int64
+	// Store receives every committed shard (PSRound.Commit), so that the
+	// rows of a host that died can be restored in the next round and a
+	// whole job can restart onto any number of shards. It must be shared
+	// by every process (e.g. a directory on a shared filesystem, see
+	// NewDirShardStore). Default nil: commits live only in the hosts'
+	// memory, and a host's death loses its rows (ErrRowsLost).
+	Store ShardStore
+	// KeepCommits is how many of the latest committed steps each process
+	// keeps in memory to serve restores. At least 2, since ranks may be one
+	// commit apart when a round fails. Default 2.
+	KeepCommits int
+	// FrameRows bounds the rows in one request frame; larger requests are
+	// split and pipelined. 0 (the default) fits each frame within the
+	// Transport's Config.MaxFrameBytes.
+	FrameRows int
+}
+
+// DefaultPSConfig returns a PSConfig with the documented defaults.
+func DefaultPSConfig() PSConfig {
+	return PSConfig{Mode: PSSync, MaxStaleness: 8, KeepCommits: 2}
+}
+
+// Validate reports the first invalid field with an error wrapping ErrInvalid.
+func (c PSConfig) Validate() error {
+	switch {
+	case c.Mode != PSSync && c.Mode != PSAsync:
+		return fmt.Errorf("%w: unknown PSConfig.Mode %v", ErrInvalid, c.Mode)
+	case c.MaxStaleness < 0:
+		return fmt.Errorf("%w: PSConfig.MaxStaleness %d is negative", ErrInvalid, c.MaxStaleness)
+	case c.KeepCommits < 2:
+		return fmt.Errorf("%w: PSConfig.KeepCommits %d, want at least 2", ErrInvalid, c.KeepCommits)
+	case c.FrameRows < 0:
+		return fmt.Errorf("%w: PSConfig.FrameRows %d is negative", ErrInvalid, c.FrameRows)
+	}
+	return nil
+}
+
+// PSWorld is one round of a parameter server: the round's World (addresses
+// of the ranks' parameter-server Transports) and the roles of its ranks.
+// Every rank of the round must pass the same Hosts, Workers and Shards.
+type PSWorld struct {
+	World
+	// Hosts are the ranks that host shards; shard s lives on
+	// Hosts[s % len(Hosts)]. Nil means every rank (shards colocated with
+	// the workers).
+	Hosts []int
+	// Workers are the ranks that pull and push. In PSSync mode a shard
+	// waits for one push per worker per step. Nil means every rank. A rank
+	// in Hosts but not in Workers is a dedicated parameter-server process.
+	Workers []int
+	// Shards is the number of shards; 0 means len(Hosts). Row r of every
+	// table lives in shard r % Shards.
+	Shards int
+}
+
+// layout returns the resolved hosts, workers and shard count, checked.
+func (w PSWorld) layout() (hosts, workers []int, shards int, err error) {
+	n := w.Size()
+	all := func() []int {
+		s := make([]int, n)
+		for i := range s {
+			s[i] = i
+		}
+		return s
+	}
+	hosts, workers = w.Hosts, w.Workers
+	if hosts == nil {
+		hosts = all()
+	}
+	if workers == nil {
+		workers = all()
+	}
+	check := func(what string, s []int) error {
+		if len(s) == 0 {
+			return fmt.Errorf("%w: PSWorld.%s is empty", ErrInvalid, what)
+		}
+		seen := map[int]bool{}
+		for _, r := range s {
+			if r < 0 || r >= n || seen[r] {
+				return fmt.Errorf("%w: PSWorld.%s %v: ranks must be distinct and within world size %d", ErrInvalid, what, s, n)
+			}
+			seen[r] = true
+		}
+		return nil
+	}
+	if err := check("Hosts", hosts); err != nil {
+		return nil, nil, 0, err
+	}
+	if err := check("Workers", workers); err != nil {
+		return nil, nil, 0, err
+	}
+	shards = w.Shards
+	if shards == 0 {
+		shards = len(hosts)
+	}
+	if shards < 1 || shards > 1<<16 {
+		return nil, nil, 0, fmt.Errorf("%w: PSWorld.Shards %d, want 1..65536", ErrInvalid, shards)
+	}
+	workers = slices.Clone(workers)
+	slices.Sort(workers)
+	return slices.Clone(hosts), workers, shards, nil
+}
+
+// ShardOf returns the shard that holds row of a table partitioned over
+// shards shards, and the row's index within that shard: row % shards and
+// row / shards.
+func ShardOf(row int64, shards int) (shard int, local int64) {
+	return int(row % int64(shards)), row / int64(shards)
+}
+
+// ShardRows returns how many rows of a table of rows rows shard s of
+// shards holds: those r with r % shards == s.
+func ShardRows(rows int64, s, shards int) int64 {
+	if int64(s) >= rows {
+		return 0
+	}
+	return (rows - int64(s) + int64(shards) - 1) / int64(shards)
+}
+
+// ParamServer is this process's part of a parameter server for sparse
+// embedding tables: it hosts shards of the tables (rows partitioned by row
+// ID over the shards) and is the client through which the process pulls
+// rows and pushes sparse gradients. It lives as long as the process; each
+// round of the job gets a PSRound from Round. The commits it took (its
+// shards' rows and optimizer state at committed steps) outlive rounds, so
+// that the next round can move rows from their old owner.
+//
+// A ParamServer is safe for concurrent use, but Round calls must not
+// overlap, and a PSRound's methods are called from one goroutine.
+type ParamServer struct {
+	tr     *Transport
+	cfg    PSConfig
+	tables []TableSpec
+	fp     uint64
+
+	mu      gosync.Mutex
+	commits []*psCommit
+	round   *PSRound
+	pinned  int64 // restore step of the current round: its commits stay
+	closed  bool
+}
+
+// NewParamServer returns the parameter server of this process for tables,
+// exchanging frames over tr. tr must be used by this ParamServer only (its
+// rounds are the parameter server's rounds; the collectives of the job use
+// another Transport): its handshake, secret, TLS and timeouts (OpTimeout
+// bounds every pull, push and commit) apply to every parameter-server
+// connection. Errors wrap ErrInvalid.
+func NewParamServer(tr *Transport, tables []TableSpec, cfg PSConfig) (*ParamServer, error) {
+	if tr == nil {
+		return nil, fmt.Errorf("%w: nil Transport", ErrInvalid)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if len(tables) == 0 || len(tables) > 1<<16 {
+		return nil, fmt.Errorf("%w: %d tables, want 1..65536", ErrInvalid, len(tables))
+	}
+	names := map[string]bool{}
+	for _, t := range tables {
+		if err := t.Validate(); err != nil {
+			return nil, err
+		}
+		if names[t.Name] {
+			return nil, fmt.Errorf("%w: duplicate table name %q", ErrInvalid, t.Name)
+		}
+		names[t.Name] = true
+	}
+	ps := &ParamServer{tr: tr, cfg: cfg, tables: slices.Clone(tables), pinned: -1}
+	ps.fp = psFingerprint(ps.tables, cfg)
+	return ps, nil
+}
+
+// psFingerprint hashes what every process of a job must agree on.
+func psFingerprint(tables []TableSpec, cfg PSConfig) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%v/%d/", cfg.Mode, cfg.MaxStaleness)
+	for _, t := range tables {
+		fmt.Fprintf(h, "%q/%d/%d/%+v/%v/%d;", t.Name, t.Rows, t.Dim, t.Optimizer, t.InitScale, t.Seed)
+	}
+	return h.Sum64() & (1<<52 - 1) // exact in a float64
+}
+
+// Tables returns the table specs (a copy).
+func (ps *ParamServer) Tables() []TableSpec { return slices.Clone(ps.tables) }
+
+// Config returns the configuration.
+func (ps *ParamServer) Config() PSConfig { return ps.cfg }
+
+// Commits returns the committed steps whose shards this process holds in
+// memory, newest first.
+func (ps *ParamServer) Commits() []int64 {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var steps []int64
+	for _, c := range ps.commits {
+		if !slices.Contains(steps, c.step) {
+			steps = append(steps, c.step)
+		}
+	}
+	slices.Sort(steps)
+	slices.Reverse(steps)
+	return steps
+}
+
+// Close closes the current round, if any, and drops the commits held in
+// memory. It does not close the Transport. Safe to call more than once.
+func (ps *ParamServer) Close() error {
+	ps.mu.Lock()
+	r := ps.round
+	ps.closed = true
+	ps.commits = nil
+	ps.mu.Unlock()
+	if r != nil {
+		r.Close()
+	}
+	return nil
+}
+
+// psCommit is one shard's rows and optimizer state at a committed step.
+type psCommit struct {
+	step   int64
+	shards int // shard count of the layout
+	shard  int
+	data   *psShardData
+}
+
+func (ps *ParamServer) findCommit(step int64, shards, shard int) *psCommit {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	for _, c := range ps.commits {
+		if c.step == step && c.shards == shards && c.shard == shard {
+			return c
+		}
+	}
+	return nil
+}
+
+// addCommit records c and forgets commits older than the KeepCommits
+// newest steps (except the current round's restore step).
+func (ps *ParamServer) addCommit(c *psCommit) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		return
+	}
+	kept := ps.commits[:0]
+	for _, o := range ps.commits {
+		if !(o.step == c.step && o.shards == c.shards && o.shard == c.shard) {
+			kept = append(kept, o)
+		}
+	}
+	ps.commits = append(kept, c)
+	var steps []int64
+	for _, o := range ps.commits {
+		if !slices.Contains(steps, o.step) {
+			steps = append(steps, o.step)
+		}
+	}
+	slices.Sort(steps)
+	if len(steps) <= ps.cfg.KeepCommits {
+		return
+	}
+	cut := steps[len(steps)-ps.cfg.KeepCommits]
+	kept = ps.commits[:0]
+	for _, o := range ps.commits {
+		if o.step >= cut || o.step == ps.pinned {
+			kept = append(kept, o)
+		}
+	}
+	clear(ps.commits[len(kept):])
+	ps.commits = kept
+}
