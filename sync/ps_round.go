@@ -1619,4 +1619,3 @@ func (r *PSRound) serveFetch(h *wire.PSHeader, p []byte, buf *[]byte) (int64, []
 	}
 	return h.Step, out, nil
 }
-

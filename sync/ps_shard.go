@@ -181,9 +181,9 @@ func encodeShard(dst []byte, specs []TableSpec, d *psShardData) []byte {
 
 // ShardInfo describes encoded shard bytes (see DecodeShardInfo).
 type ShardInfo struct {
-	Step   int64  // the committed step
-	Shards int    // the shard count of the layout
-	Shard  int    // this shard's index
+	Step   int64 // the committed step
+	Shards int   // the shard count of the layout
+	Shard  int   // this shard's index
 	Tables []struct {
 		Name string
 		Rows int64 // rows of the whole table
