@@ -184,15 +184,19 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 		return
 	}
 	a.lost = false
-	a.inc = v.Incarnation
 	if v.Order > 0 {
 		a.order = v.Order
 	}
 	if !v.Open {
 		a.maxRound = max(a.maxRound, v.Round)
 	}
-	a.view = v
 	a.leaseAt.Store(int64(sent.Sub(a.start)))
+	// Calls run concurrently (Join, the background refresh): keep the newest
+	// view; versions only grow within an incarnation.
+	if v.Incarnation != a.inc || v.Version >= a.view.Version {
+		a.inc = v.Incarnation
+		a.view = v
+	}
 	a.updatePendingLocked()
 }
 
