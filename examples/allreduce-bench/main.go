@@ -11,6 +11,11 @@
 //	go run ./examples/allreduce-bench -np 2 -sizes 4K,1M,64M
 //	go run ./examples/allreduce-bench -np 4 -json
 //
+// Each rank runs with GOMAXPROCS = max(1, NumCPU/np) unless -procs says
+// otherwise: several ranks on one host should not each spin up a thread per
+// core (torchrun likewise sets OMP_NUM_THREADS=1 per rank); -procs 0 keeps
+// Go's default.
+//
 // With -json it prints one JSON object per size with the fields of the Gloo
 // script: impl, np, size_bytes, median_s, algbw_GBps, busbw_GBps (plus
 // iters, p10_s, p90_s and the settings).
@@ -28,6 +33,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strconv"
@@ -52,6 +58,7 @@ type options struct {
 	child    int
 	sizesArg string
 	cpuprof  string
+	procs    int
 }
 
 func main() {
@@ -68,6 +75,7 @@ func main() {
 	flag.BoolVar(&o.local, "local", def.LocalSockets, "use Unix domain sockets between ranks on this host (Config.LocalSockets)")
 	flag.BoolVar(&o.shm, "shm", def.SharedMemory, "carry ring payloads between ranks on this host through shared memory (Config.SharedMemory)")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run")
+	flag.IntVar(&o.procs, "procs", -1, "GOMAXPROCS of each rank: -1 = max(1, NumCPU/np), the usual setting for several ranks per host (as torchrun sets OMP_NUM_THREADS=1); 0 = Go's default (NumCPU)")
 	flag.IntVar(&o.child, "child", -1, "internal: run as this rank")
 	flag.StringVar(&o.cpuprof, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
 	flag.Parse()
@@ -77,6 +85,9 @@ func main() {
 		os.Exit(2)
 	}
 	o.sizes = sizes
+	if o.procs < 0 {
+		o.procs = max(1, runtime.NumCPU()/max(1, o.np))
+	}
 	if o.np < 1 {
 		fmt.Fprintln(os.Stderr, "allreduce-bench: -np must be at least 1")
 		os.Exit(2)
@@ -172,6 +183,9 @@ func config(o options) elsync.Config {
 }
 
 func runChild(o options) error {
+	if o.procs > 0 {
+		runtime.GOMAXPROCS(o.procs)
+	}
 	ctx := context.Background()
 	tr, err := elsync.Listen(ctx, "127.0.0.1:0", config(o))
 	if err != nil {
@@ -284,7 +298,7 @@ func runParent(o options) error {
 		fmt.Fprintf(r.stdin, "WORLD %s\n", strings.Join(addrs, ","))
 	}
 	if !o.json {
-		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v, shared memory=%v\n", o.np, o.streams, o.chunk, o.direct, o.local, o.shm)
+		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v, shared memory=%v, GOMAXPROCS per rank=%d (0: Go default)\n", o.np, o.streams, o.chunk, o.direct, o.local, o.shm, o.procs)
 		fmt.Printf("%12s %8s %12s %12s %12s\n", "size(B)", "iters", "median(us)", "algbw(GB/s)", "busbw(GB/s)")
 	}
 	n := float64(o.np)
@@ -319,7 +333,7 @@ func runParent(o options) error {
 				"impl": "elastictrain", "np": o.np, "size_bytes": size, "median_s": med,
 				"algbw_GBps": algbw, "busbw_GBps": busbw, "iters": iters,
 				"p10_s": quantile(t, 0.1), "p90_s": quantile(t, 0.9),
-				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local, "shared_memory": o.shm,
+				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local, "shared_memory": o.shm, "gomaxprocs": o.procs,
 			})
 			fmt.Println(string(out))
 		} else {
