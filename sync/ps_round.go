@@ -359,6 +359,10 @@ func (r *PSRound) agree(ctx context.Context, w PSWorld) (*psPlan, error) {
 	if err := r.ring.Broadcast(ctx, planBytes, 0); err != nil {
 		return nil, err
 	}
+	// Nobody leaves (and closes its connections) before everyone has the plan.
+	if err := r.ring.Barrier(ctx); err != nil {
+		return nil, err
+	}
 	return parsePlan(planBytes)
 }
 
@@ -504,7 +508,9 @@ func (r *PSRound) start() {
 		if pl == nil {
 			continue
 		}
-		p := &psPeer{rank: q, conn: pl.mesh, br: bufio.NewReaderSize(pl.mesh, 64<<10), pending: map[uint64]*psCall{}, qnote: make(chan struct{}, 1)}
+		// The Ring's reader, not a new one: it may already hold frames a
+		// peer sent right after the last collective of agree.
+		p := &psPeer{rank: q, conn: pl.mesh, br: pl.meshR, pending: map[uint64]*psCall{}, qnote: make(chan struct{}, 1)}
 		r.peers[q] = p
 		r.wg.Add(2)
 		go r.readLoop(p)
@@ -611,7 +617,25 @@ func (r *PSRound) migrate(ctx context.Context, plan *psPlan) error {
 			close(sh.ready)
 		}
 	}
-	return nil
+	// Return only once every rank's shards are in place, so that Round
+	// succeeds or fails on all ranks alike.
+	inflight = 0
+	for q := range r.peers {
+		if r.peers[q] == nil {
+			continue
+		}
+		if err := r.send(&psCall{kind: wire.PSReady, peer: q, done: done}, wire.PSHeader{Kind: wire.PSReady}, nil); err != nil {
+			return err
+		}
+		inflight++
+		if inflight == cap(done) {
+			if err := r.await(ctx, done, 1, nil); err != nil {
+				return err
+			}
+			inflight--
+		}
+	}
+	return r.await(ctx, done, inflight, nil)
 }
 
 // idPayload encodes row IDs into the round's scratch buffer.
@@ -1369,8 +1393,18 @@ func (r *PSRound) waitVersion(ctx context.Context, sh *psShard, want int64) erro
 // serve answers request h with payload p from rank `from` (this rank for
 // local calls). It returns the reply's step and payload (in *buf).
 func (r *PSRound) serve(ctx context.Context, from int, h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
-	if h.Kind == wire.PSFetch {
+	switch h.Kind {
+	case wire.PSFetch:
 		return r.serveFetch(h, p, buf)
+	case wire.PSReady:
+		for _, sh := range r.local {
+			if sh != nil {
+				if err := r.waitReady(ctx, sh); err != nil {
+					return 0, nil, err
+				}
+			}
+		}
+		return 0, nil, nil
 	}
 	if h.Kind != wire.PSPull && h.Kind != wire.PSPush && h.Kind != wire.PSCommit {
 		return 0, nil, psErrf(psCodeInvalid, "unexpected %v request", h.Kind)
