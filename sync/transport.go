@@ -26,8 +26,13 @@ import (
 // connections after about Idle + Count*Interval even between operations.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}
 
-// maxHeld bounds the authenticated connections held for future rounds.
-const maxHeld = 4096
+// maxHeld bounds the authenticated connections held for future rounds, and
+// maxInflight the connections in the handshake or held at once (each has a
+// goroutine and a small buffer); connections over the bound are dropped.
+const (
+	maxHeld     = 4096
+	maxInflight = 8192
+)
 
 // littleEndian is true on the hosts this package supports: the wire format
 // is little-endian and buffers are sent as they lie in memory.
@@ -272,6 +277,12 @@ func (t *Transport) track(c net.Conn) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.isClosed {
+		return false
+	}
+	if len(t.inflight) >= maxInflight {
+		t.stats.Refused++
+		t.stats.LastRefusal = fmt.Errorf("sync: %d handshakes already in progress; connection from %s dropped", len(t.inflight), c.RemoteAddr())
+		t.stats.LastRefusedAt = time.Now()
 		return false
 	}
 	t.inflight[c] = struct{}{}
