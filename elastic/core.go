@@ -28,6 +28,7 @@ type coreState struct {
 	Ranked   []string         `json:"ranked"`   // closed round: member IDs in rank order
 	Arrived  []string         `json:"arrived"`  // forming round: arrived members
 	Expected []string         `json:"expected"` // forming round: survivors not yet arrived
+	Back     []string         `json:"back"`     // forming round: survivors that arrived
 	Pending  []string         `json:"pending"`  // closed round: waiting joiners in arrival order
 	Ord      map[string]int64 `json:"ord"`      // member ID -> arrival order
 }
@@ -81,6 +82,7 @@ func (j *coreJob) evict(id string, c *opCtx) {
 	}
 	remove(&st.Arrived, id)
 	remove(&st.Expected, id)
+	remove(&st.Back, id)
 	remove(&st.Pending, id)
 	c.changed = true
 }
@@ -94,6 +96,7 @@ func (j *coreJob) openNext(c *opCtx) {
 	st.Reform = len(st.Ranked) > 0
 	st.DL = 0
 	st.Expected = st.Ranked
+	st.Back = []string{}
 	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
@@ -138,13 +141,18 @@ func (j *coreJob) sweep(now int64, c *opCtx) {
 
 func (j *coreJob) arrive(id string) {
 	st := j.st
-	remove(&st.Expected, id)
+	if remove(&st.Expected, id) {
+		st.Back = append(st.Back, id)
+	}
 	if !contains(st.Arrived, id) {
 		st.Arrived = append(st.Arrived, id)
 	}
 }
 
-// tryClose closes the forming round if its rule says so.
+// tryClose closes the forming round if its rule says so. A re-formed round
+// closes without LastCall only if a survivor came back; if every expected
+// survivor was evicted instead (a job restarted after a crash), it gathers
+// arrivals like a fresh round.
 func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 	st := j.st
 	if !st.Open || len(st.Expected) > 0 {
@@ -157,7 +165,7 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 	}
 	closeNow := false
 	switch {
-	case st.Reform && n >= p.MinWorkers:
+	case st.Reform && len(st.Back) > 0 && n >= p.MinWorkers:
 		closeNow = true
 	case n >= p.MaxWorkers:
 		closeNow = true
@@ -185,7 +193,7 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 	st.Pending = slices.Clone(arr[k:])
 	st.Open, st.Reform, st.DL = false, false, 0
 	st.Prev = st.Round
-	st.Expected, st.Arrived = []string{}, []string{}
+	st.Expected, st.Arrived, st.Back = []string{}, []string{}, []string{}
 	c.changed, c.closed = true, true
 }
 

@@ -61,7 +61,7 @@ local function load()
   st.dl, st.seq, st.ver = num(st.dl), num(st.seq), num(st.ver)
   st.open, st.reform, st.fin = st.open == true, st.reform == true, st.fin == true
   st.ranked, st.arrived = arr(st.ranked), arr(st.arrived)
-  st.expected, st.pending = arr(st.expected), arr(st.pending)
+  st.expected, st.pending, st.back = arr(st.expected), arr(st.pending), arr(st.back)
   local ord = {}
   if type(st.ord) == 'table' then
     for k, v in pairs(st.ord) do if type(k) == 'string' and type(v) == 'number' then ord[k] = v end end
@@ -77,6 +77,7 @@ local function evict(st, id)
   if not st.open and remove(st.ranked, id) then C.reopen = true end
   remove(st.arrived, id)
   remove(st.expected, id)
+  remove(st.back, id)
   remove(st.pending, id)
   C.changed = true
 end
@@ -87,6 +88,7 @@ local function open_next(st)
   st.reform = #st.ranked > 0
   st.dl = 0
   st.expected = st.ranked
+  st.back = {}
   st.ranked = {}
   st.arrived = st.pending
   st.pending = {}
@@ -116,7 +118,7 @@ local function try_close(st)
   local n = #st.arrived
   if n == 0 then st.dl = 0; st.reform = false; return end
   local close = false
-  if st.reform and n >= P.min then close = true
+  if st.reform and #st.back > 0 and n >= P.min then close = true
   elseif n >= P.max then close = true
   elseif n >= P.min then
     if st.dl == 0 then st.dl = NOW + P.lastcall end
@@ -136,7 +138,7 @@ local function try_close(st)
     if i <= k then st.ranked[#st.ranked + 1] = a[i] else st.pending[#st.pending + 1] = a[i] end
   end
   st.open, st.reform, st.dl, st.prev = false, false, 0, st.round
-  st.expected, st.arrived = {}, {}
+  st.expected, st.arrived, st.back = {}, {}, {}
   C.changed, C.closed = true, true
 end
 
@@ -204,7 +206,7 @@ local st = load()
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES)
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
-    fin = false, dl = 0, seq = 0, ver = 0, ranked = {}, arrived = {}, expected = {}, pending = {}, ord = {}}
+    fin = false, dl = 0, seq = 0, ver = 0, ranked = {}, arrived = {}, expected = {}, back = {}, pending = {}, ord = {}}
   C.changed = true
 end
 if st.fin then return view(st, FINISHED) end
@@ -253,7 +255,7 @@ if ARRIVE then
     end
   end
   if st.open then
-    remove(st.expected, ID)
+    if remove(st.expected, ID) then st.back[#st.back + 1] = ID end
     if not contains(st.arrived, ID) then st.arrived[#st.arrived + 1] = ID end
   end
 end
