@@ -707,7 +707,10 @@ func (r *PSRound) fail(cause error, reason uint8, blamed int) error {
 }
 
 // Close ends the round on this rank: a graceful close if no request is in
-// flight, else an abort seen by the other ranks. It waits for the round's
+// flight, else an abort seen by the other ranks. Requests other ranks send
+// to this rank's shards afterwards fail (a *PeerError wrapping ErrClosed),
+// so close only once the other workers are done with the round (see
+// Commit). It waits for the round's
 // goroutines; the commits taken stay with the ParamServer. Safe to call more
 // than once and from any goroutine; returns nil.
 func (r *PSRound) Close() error {
@@ -1101,6 +1104,10 @@ func unwrapJoined(err error) []error {
 // first worker's request arrives: quiesce the workers first (e.g. a
 // barrier) for a consistent commit. Errors: as Pull; a store failure
 // breaks the round (ErrAborted wrapping the store's error).
+//
+// A shard answers the commit requests of every worker, so a host must not
+// close its round before every worker's Commit returned: end a round with
+// Commit, then a barrier (e.g. on the job's Ring), then Close.
 func (r *PSRound) Commit(ctx context.Context, step int64) error {
 	if err := r.begin(ctx); err != nil {
 		return err

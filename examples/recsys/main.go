@@ -1,0 +1,240 @@
+// Command recsys trains a click-through model whose user and item
+// embeddings live on elastictrain's parameter server (package sync), with
+// the small dense part allreduced in the same step (a hybrid step, as in
+// DLRM), on a generated click log with a known best achievable AUC. Several
+// local worker processes rendezvous through Redis (an embedded
+// Redis-protocol server unless -redis is given); each hosts one shard of
+// the tables. Faults can be injected: when a worker hosting a shard is
+// killed, the survivors form a new round, roll back to the last commit and
+// re-partition the rows over themselves, taking the dead worker's rows
+// from the shard store.
+//
+//	go run ./examples/recsys -json
+//	go run ./examples/recsys -workers 4 -kill 1@600 -join 1@1000 -json
+//
+// The final line with -json holds auc, oracle_auc (the generator's own
+// model scored on the same test impressions), rows, recoveries and
+// wall_seconds, among others. Run with -h for every flag.
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"runtime"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+)
+
+// config holds the parsed flags.
+type config struct {
+	workers, min, max int
+	epochs, batch     int
+	dim, commitEvery  int
+	lr, denseLR       float64
+	gen               GenConfig
+	redis, shardDir   string
+	json, quiet       bool
+	faults            []launcher.Fault
+	detect            time.Duration
+	job               string // set by the launcher for workers
+}
+
+func parseFlags(args []string, stderr io.Writer) (*config, error) {
+	c := &config{gen: DefaultGenConfig()}
+	fs := flag.NewFlagSet("recsys", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&c.workers, "workers", 3, "number of worker processes to start (each hosts one parameter-server shard)")
+	fs.IntVar(&c.min, "min", 1, "minimum world size to train (rendezvous MinWorkers)")
+	fs.IntVar(&c.max, "max", 64, "maximum world size (rendezvous MaxWorkers)")
+	fs.IntVar(&c.epochs, "epochs", 3, "epochs to train")
+	fs.IntVar(&c.batch, "batch", 1024, "global batch size (impressions per step, split over the workers)")
+	fs.IntVar(&c.dim, "dim", 16, "embedding dimension")
+	fs.IntVar(&c.commitEvery, "commit-every", 20, "steps between commits (parameter-server shards to the shard store, dense state in memory)")
+	fs.Float64Var(&c.lr, "lr", 0.2, "sparse Adagrad learning rate of the embeddings")
+	fs.Float64Var(&c.denseLR, "dense-lr", 0.01, "Adam learning rate of the dense weights")
+	fs.IntVar(&c.gen.Users, "users", c.gen.Users, "rows of the user table (users in the generated log)")
+	fs.IntVar(&c.gen.Items, "items", c.gen.Items, "rows of the item table (items in the generated log)")
+	fs.IntVar(&c.gen.Impressions, "impressions", c.gen.Impressions, "impressions in the generated log (train + test)")
+	fs.IntVar(&c.gen.Latent, "latent", c.gen.Latent, "dimension of the generator's hidden user and item vectors")
+	fs.Float64Var(&c.gen.Zipf, "zipf", c.gen.Zipf, "Zipf exponent of item popularity")
+	fs.Uint64Var(&c.gen.Seed, "seed", c.gen.Seed, "seed of the generated log, the data order and the initial weights")
+	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
+	fs.StringVar(&c.shardDir, "shard-dir", "", "directory of the parameter-server shard store (default: a temporary directory)")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
+	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
+	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
+	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
+	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	switch {
+	case c.workers < 1:
+		return nil, fmt.Errorf("-workers %d: want at least 1", c.workers)
+	case c.min < 1 || c.max < c.min || c.workers > c.max:
+		return nil, fmt.Errorf("-min %d, -max %d, -workers %d: want 1 <= min <= max and workers <= max", c.min, c.max, c.workers)
+	case c.epochs < 1 || c.batch < 1 || c.dim < 1 || c.commitEvery < 1:
+		return nil, fmt.Errorf("-epochs, -batch, -dim and -commit-every must be positive")
+	case !(c.lr > 0) || !(c.denseLR > 0):
+		return nil, fmt.Errorf("-lr %v and -dense-lr %v must be positive", c.lr, c.denseLR)
+	case c.detect < 100*time.Millisecond:
+		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
+	}
+	if err := c.gen.Validate(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "recsys: %v\n", err)
+		return 2
+	}
+	if os.Getenv(launcher.EnvWorker) != "" {
+		return runWorker(cfg, stderr)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := runLauncher(ctx, cfg, stdout, stderr); err != nil {
+		fmt.Fprintf(stderr, "recsys: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+// workerArgs are the flags passed on to every worker.
+func workerArgs(c *config) []string {
+	g := c.gen
+	return []string{
+		"-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch), "-dim", fmt.Sprint(c.dim),
+		"-commit-every", fmt.Sprint(c.commitEvery), "-lr", fmt.Sprint(c.lr), "-dense-lr", fmt.Sprint(c.denseLR),
+		"-users", fmt.Sprint(g.Users), "-items", fmt.Sprint(g.Items), "-impressions", fmt.Sprint(g.Impressions),
+		"-latent", fmt.Sprint(g.Latent), "-zipf", fmt.Sprint(g.Zipf), "-seed", fmt.Sprint(g.Seed),
+		"-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max), "-redis", c.redis, "-shard-dir", c.shardDir,
+		"-job", c.job, "-detect", c.detect.String(),
+	}
+}
+
+// result is the final JSON line.
+type result struct {
+	AUC             float64   `json:"auc"`
+	OracleAUC       float64   `json:"oracle_auc"`
+	Gap             float64   `json:"gap"`
+	Rows            int64     `json:"rows"`
+	Users           int       `json:"users"`
+	Items           int       `json:"items"`
+	Dim             int       `json:"dim"`
+	TrainImpr       int       `json:"train_impressions"`
+	TestImpr        int       `json:"test_impressions"`
+	Epochs          int       `json:"epochs"`
+	Steps           int64     `json:"steps"`
+	Workers         int       `json:"workers"`
+	WorldSizes      []int     `json:"world_sizes"`
+	Rounds          int       `json:"rounds"`
+	Recoveries      int       `json:"recoveries"`
+	RecoverySeconds []float64 `json:"recovery_seconds"`
+	PulledRows      int64     `json:"pulled_rows"`
+	WallSeconds     float64   `json:"wall_seconds"`
+	Redis           string    `json:"redis"`
+}
+
+func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
+	start := time.Now()
+	if c.job == "" {
+		b := make([]byte, 6)
+		rand.Read(b)
+		c.job = "recsys-" + hex.EncodeToString(b)
+	}
+	redisDesc := c.redis
+	if c.redis == "" {
+		srv, err := standalone.Start(ctx, "127.0.0.1:0")
+		if err != nil {
+			return fmt.Errorf("embedded store: %w", err)
+		}
+		defer srv.Close()
+		c.redis = srv.Addr()
+		redisDesc = "embedded"
+	} else {
+		rc := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second, MaxRetries: 1})
+		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		err := rc.Ping(pctx).Err()
+		cancel()
+		rc.Close()
+		if err != nil {
+			return fmt.Errorf("-redis %s does not answer: %w", c.redis, err)
+		}
+	}
+	if c.shardDir == "" {
+		dir, err := os.MkdirTemp("", "elastictrain-recsys-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		c.shardDir = dir
+	}
+	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s, %d cores\n",
+		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, redisDesc, runtime.NumCPU())
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	sum, err := launcher.Run(ctx, launcher.Spec{
+		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
+		Env: []string{envSecret + "=" + hex.EncodeToString(secret)},
+	})
+	if err != nil {
+		return err
+	}
+	if sum.Done == nil {
+		return fmt.Errorf("the job ended without a final report (exits: %v)", sum.Exits)
+	}
+	res := result{Workers: c.workers, Redis: redisDesc, Rounds: len(sum.Rounds), WorldSizes: sum.WorldSizes(),
+		RecoverySeconds: sum.Recoveries, Epochs: c.epochs, Dim: c.dim, Users: c.gen.Users, Items: c.gen.Items,
+		Rows: int64(c.gen.Users + c.gen.Items), Steps: sum.Done.Step}
+	if res.RecoverySeconds == nil {
+		res.RecoverySeconds = []float64{}
+	}
+	for _, r := range sum.Rounds {
+		if r.Recovery {
+			res.Recoveries++
+		}
+	}
+	x := sum.Done.Extra
+	num := func(k string) float64 { v, _ := x[k].(float64); return v }
+	res.AUC, res.OracleAUC = num("auc"), num("oracle_auc")
+	res.Gap = res.OracleAUC - res.AUC
+	res.TrainImpr, res.TestImpr = int(num("train")), int(num("test"))
+	res.PulledRows = int64(num("pulled_rows"))
+	res.WallSeconds = time.Since(start).Seconds()
+	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f, gap %.4f) after %d steps in %.1f s; world sizes %v; %d rounds, %d recoveries\n",
+		res.AUC, res.OracleAUC, res.Gap, res.Steps, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries)
+	if c.json {
+		b, _ := json.Marshal(res)
+		fmt.Fprintln(stdout, string(b))
+	}
+	return nil
+}
