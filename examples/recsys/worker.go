@@ -151,7 +151,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.gen.Seed
 	loader, err := dataloader.New[Sample, []Sample](dataloader.FromSlice(train),
-		func(_ context.Context, s []Sample, _ []int) ([]Sample, error) { return append([]Sample(nil), s...), nil }, dcfg)
+		func(_ context.Context, s []Sample, _ []int) ([]Sample, error) {
+			return append([]Sample(nil), s...), nil
+		}, dcfg)
 	if err != nil {
 		return fail(err)
 	}
