@@ -32,9 +32,12 @@ func (l *local) check(ctx context.Context) error {
 	return nil
 }
 
+// Rank returns 0.
 func (l *local) Rank() int { return 0 }
+// Size returns 1.
 func (l *local) Size() int { return 1 }
 
+// AllReduceFloat32 leaves buf unchanged (the reduction over one rank).
 func (l *local) AllReduceFloat32(ctx context.Context, buf []float32, op Op) error {
 	if err := l.check(ctx); err != nil {
 		return err
@@ -45,6 +48,7 @@ func (l *local) AllReduceFloat32(ctx context.Context, buf []float32, op Op) erro
 	return nil
 }
 
+// AllReduceFloat64 leaves buf unchanged (the reduction over one rank).
 func (l *local) AllReduceFloat64(ctx context.Context, buf []float64, op Op) error {
 	if err := l.check(ctx); err != nil {
 		return err
@@ -55,6 +59,7 @@ func (l *local) AllReduceFloat64(ctx context.Context, buf []float64, op Op) erro
 	return nil
 }
 
+// Broadcast accepts root 0 only and leaves buf unchanged.
 func (l *local) Broadcast(ctx context.Context, buf []byte, root int) error {
 	if err := l.check(ctx); err != nil {
 		return err
@@ -77,8 +82,10 @@ func (l *local) AllGather(ctx context.Context, send, recv []byte) error {
 	return nil
 }
 
+// Barrier returns at once (after the context and Close checks).
 func (l *local) Barrier(ctx context.Context) error { return l.check(ctx) }
 
+// Close makes every later call return ErrClosed.
 func (l *local) Close() error {
 	l.mu.Lock()
 	l.closed = true

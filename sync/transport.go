@@ -88,6 +88,7 @@ type connKey struct {
 	lane     int
 }
 
+// String names the connection for error messages.
 func (k connKey) String() string {
 	kind := "control"
 	switch k.kind {
