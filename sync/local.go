@@ -34,6 +34,7 @@ func (l *local) check(ctx context.Context) error {
 
 // Rank returns 0.
 func (l *local) Rank() int { return 0 }
+
 // Size returns 1.
 func (l *local) Size() int { return 1 }
 
