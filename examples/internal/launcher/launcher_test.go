@@ -1,0 +1,461 @@
+package launcher
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// The launcher re-executes its own binary: here, the test binary, which
+// acts as a fake worker when the launcher's EnvWorker variable is set.
+func TestMain(m *testing.M) {
+	if os.Getenv(EnvWorker) != "" {
+		os.Exit(fakeWorker(os.Args[1:]))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// fakeWorker is a worker that trains nothing. Worker idx of the first
+// -world holds rank (idx+1) mod world in round 1 (so ranks and launch
+// indices differ); a worker started later by a join holds rank idx in a
+// round of its own, with world size idx+1. Every worker writes
+// DIR/ready-IDX ("rank pid"), reports its round, then an "error" event
+// with the message "round reported" (the launcher echoes it to its log
+// after handling the round event from the same pipe), and waits for
+// DIR/done; on
+// SIGTERM it writes DIR/term-IDX and exits with 143.
+//
+// The holder of rank 0 waits until the launcher's log (mirrored to
+// DIR/launcher.log by the test) holds every worker's echo, so the launcher
+// knows who holds which rank; then it reports steps 1..-steps and the job
+// done. After each step that a -faults entry names it waits, with a
+// deadline, until the fault has visibly hit its target (gone, stopped,
+// terminated, or the joiners' echoes logged), so the launcher must have
+// applied it at that step. With -hold it never reports done.
+func fakeWorker(args []string) int {
+	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
+	dir := fs.String("dir", "", "shared directory")
+	world := fs.Int("world", 1, "world size of round 1")
+	steps := fs.Int64("steps", 0, "steps rank 0 reports")
+	faults := fs.String("faults", "", "kind:N@STEP,... as given to the launcher")
+	hold := fs.Bool("hold", false, "never finish")
+	noDone := fs.Bool("no-done", false, "rank 0 exits without reporting done")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	idx, _ := strconv.Atoi(os.Getenv(EnvWorker))
+	ev := NewEmitter()
+	fail := func(format string, a ...any) int {
+		msg := fmt.Sprintf(format, a...)
+		ev.Emit(Event{Ev: "error", Message: msg})
+		fmt.Fprintf(os.Stderr, "fake worker %d: %s\n", idx, msg)
+		return 1
+	}
+	terms := make(chan os.Signal, 1)
+	signal.Notify(terms, syscall.SIGTERM)
+	go func() {
+		<-terms
+		os.WriteFile(filepath.Join(*dir, fmt.Sprintf("term-%d", idx)), nil, 0o644)
+		os.Exit(143)
+	}()
+
+	rank, round, ws := (idx+1)%*world, uint64(1), *world
+	if idx >= *world {
+		rank, round, ws = idx, uint64(idx-*world+2), idx+1
+	}
+	if err := os.WriteFile(filepath.Join(*dir, fmt.Sprintf("ready-%d", idx)), fmt.Appendf(nil, "%d %d", rank, os.Getpid()), 0o644); err != nil {
+		return fail("%v", err)
+	}
+	ev.Emit(Event{Ev: "round", Round: round, Rank: rank, WorldSize: ws})
+	ev.Emit(Event{Ev: "error", Message: roundReported})
+
+	waitDone := func() int {
+		if !waitFor(2*time.Minute, func() bool { return exists(filepath.Join(*dir, "done")) }) {
+			return fail("no done file")
+		}
+		return 0
+	}
+	if rank != 0 {
+		return waitDone()
+	}
+
+	var list []Fault
+	for _, f := range strings.Split(*faults, ",") {
+		if f == "" {
+			continue
+		}
+		kind, spec, _ := strings.Cut(f, ":")
+		if err := (Faults{Kind: FaultKind(kind), List: &list}).Set(spec); err != nil {
+			return fail("%v", err)
+		}
+	}
+	if !waitFor(20*time.Second, func() bool { return echoed(*dir, *world) }) {
+		return fail("the other workers never got ready")
+	}
+	started := *world
+	for s := int64(1); s <= *steps; s++ {
+		ev.Emit(Event{Ev: "step", Round: uint64(started - *world + 1), Rank: 0, WorldSize: started, Step: s, Loss: 1 / float64(s), Samples: 8})
+		for _, f := range list {
+			if f.Step != s {
+				continue
+			}
+			if f.Kind == Join {
+				started += f.Rank
+				if !waitFor(20*time.Second, func() bool { return echoed(*dir, started) }) {
+					return fail("%v: the joiners never got ready", f)
+				}
+				fmt.Fprintf(os.Stderr, "fake: %v hit: %d workers ready\n", f, started)
+				continue
+			}
+			h, ok := holders(*dir)[f.Rank]
+			if !ok {
+				return fail("%v: nobody holds rank %d", f, f.Rank)
+			}
+			hit := map[FaultKind]func() bool{
+				Kill: func() bool { st := procState(h.pid); return st == 0 || st == 'Z' || st == 'X' },
+				Stop: func() bool { return procState(h.pid) == 'T' },
+				Term: func() bool { return exists(filepath.Join(*dir, fmt.Sprintf("term-%d", h.idx))) },
+			}[f.Kind]
+			if !waitFor(20*time.Second, hit) {
+				return fail("%v: worker %d (pid %d) was not hit after step %d", f, h.idx, h.pid, s)
+			}
+			fmt.Fprintf(os.Stderr, "fake: %v hit worker %d\n", f, h.idx)
+		}
+	}
+	if *hold {
+		return waitDone() // until the launcher kills it
+	}
+	if !*noDone {
+		ev.Emit(Event{Ev: "done", Rank: 0, Step: *steps, Extra: map[string]any{"fake": true}})
+	}
+	if err := os.WriteFile(filepath.Join(*dir, "done"), nil, 0o644); err != nil {
+		return fail("%v", err)
+	}
+	return 0
+}
+
+// roundReported is the message a fake worker sends after its round.
+const roundReported = "round reported"
+
+// echoed reports whether the launcher has logged the roundReported echo
+// of workers 0..n-1, and so has handled their round events.
+func echoed(dir string, n int) bool {
+	b, _ := os.ReadFile(filepath.Join(dir, "launcher.log"))
+	for i := range n {
+		if !bytes.Contains(b, fmt.Appendf(nil, "[launcher] worker %d: %s\n", i, roundReported)) {
+			return false
+		}
+	}
+	return true
+}
+
+type holder struct{ idx, pid int }
+
+// holders maps rank to the worker that wrote it in its ready file.
+func holders(dir string) map[int]holder {
+	out := map[int]holder{}
+	names, _ := filepath.Glob(filepath.Join(dir, "ready-*"))
+	for _, n := range names {
+		idx, err := strconv.Atoi(strings.TrimPrefix(filepath.Base(n), "ready-"))
+		b, err2 := os.ReadFile(n)
+		var rank, pid int
+		if _, err3 := fmt.Sscan(string(b), &rank, &pid); err != nil || err2 != nil || err3 != nil {
+			continue
+		}
+		out[rank] = holder{idx: idx, pid: pid}
+	}
+	return out
+}
+
+// procState is the state letter in /proc/PID/stat, 0 when there is no such
+// process.
+func procState(pid int) byte {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 || i+2 >= len(b) {
+		return 0
+	}
+	return b[i+2]
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
+// waitFor polls cond every few milliseconds until it holds or d passes.
+func waitFor(d time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		<-tick.C
+	}
+	return true
+}
+
+// logBuf collects the launcher's log (its own lines and the workers'
+// stderr), mirrors it to DIR/launcher.log for the fake workers, and
+// signals when a line matching a pattern has appeared.
+type logBuf struct {
+	mu      sync.Mutex
+	buf     bytes.Buffer
+	mirror  *os.File
+	pending []byte
+	watch   *regexp.Regexp
+	want    int
+	fired   chan struct{}
+}
+
+func newLogBuf(t *testing.T, dir, watch string, want int) *logBuf {
+	f, err := os.Create(filepath.Join(dir, "launcher.log"))
+	require.NoError(t, err)
+	t.Cleanup(func() { f.Close() })
+	l := &logBuf{mirror: f, want: want, fired: make(chan struct{})}
+	if watch != "" {
+		l.watch = regexp.MustCompile(watch)
+	}
+	return l
+}
+
+func (l *logBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	l.mirror.Write(p)
+	l.pending = append(l.pending, p...)
+	for {
+		i := bytes.IndexByte(l.pending, '\n')
+		if i < 0 {
+			break
+		}
+		line := l.pending[:i]
+		l.pending = l.pending[i+1:]
+		if l.watch != nil && l.want > 0 && l.watch.Match(line) {
+			if l.want--; l.want == 0 {
+				close(l.fired)
+			}
+		}
+	}
+	return len(p), nil
+}
+
+func (l *logBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
+// pidsOf returns every worker pid the ready files name.
+func pidsOf(dir string) []int {
+	var pids []int
+	for _, h := range holders(dir) {
+		pids = append(pids, h.pid)
+	}
+	return pids
+}
+
+// requireGone checks that no process is left with any of pids: Run has
+// reaped them all, so even a zombie would be a failure.
+func requireGone(t *testing.T, pids []int) {
+	t.Helper()
+	require.NotEmpty(t, pids)
+	for _, pid := range pids {
+		err := syscall.Kill(pid, 0)
+		require.True(t, errors.Is(err, syscall.ESRCH), "pid %d is still there (kill 0: %v)", pid, err)
+	}
+}
+
+// testCtx bounds a launcher run, so a fake worker that fails leaves an
+// error (Run kills the rest) rather than a hung test.
+func testCtx(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+var faultLine = regexp.MustCompile(`\[launcher\] step (\d+): (\S.*) rank (\d+) \(worker (\d+), pid (\d+)\)`)
+
+func TestFaultsHitTheRankHolderAtTheirStep(t *testing.T) {
+	dir := t.TempDir()
+	// Ranks are (idx+1) mod 3: rank 1 is worker 0, rank 2 worker 1, rank
+	// 0 (the stepper) worker 2; the joiner is worker 3 with rank 3.
+	faults := "kill:1@5,stop:2@9,join:1@12,term:3@17"
+	var list []Fault
+	for _, f := range strings.Split(faults, ",") {
+		kind, spec, _ := strings.Cut(f, ":")
+		require.NoError(t, Faults{Kind: FaultKind(kind), List: &list}.Set(spec))
+	}
+	log := newLogBuf(t, dir, "", 0)
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 3, Faults: list, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "3", "-steps", "24", "-faults", faults},
+	})
+	out := log.String()
+	require.NoError(t, err, out)
+
+	// Each fault line names the step it was applied at and the process
+	// that held the rank then.
+	type applied struct {
+		step             int64
+		what             string
+		rank, worker, pi int
+	}
+	var got []applied
+	for _, m := range faultLine.FindAllStringSubmatch(out, -1) {
+		s, _ := strconv.ParseInt(m[1], 10, 64)
+		r, _ := strconv.Atoi(m[3])
+		w, _ := strconv.Atoi(m[4])
+		p, _ := strconv.Atoi(m[5])
+		got = append(got, applied{s, m[2], r, w, p})
+	}
+	hs := holders(dir)
+	require.Len(t, got, 3, out)
+	require.Equal(t, applied{5, syscall.SIGKILL.String(), 1, 0, hs[1].pid}, got[0])
+	require.Equal(t, applied{9, syscall.SIGSTOP.String(), 2, 1, hs[2].pid}, got[1])
+	require.Equal(t, applied{17, syscall.SIGTERM.String(), 3, 3, hs[3].pid}, got[2])
+	require.Contains(t, out, "[launcher] step 12: starting 1 more worker(s)")
+	for _, f := range list {
+		require.Contains(t, out, fmt.Sprintf("fake: %v hit", f), "the stepper saw each fault land before its next step")
+	}
+
+	// Killed and stopped workers end by a signal (the stopped one is
+	// killed once the job is done); the preempted one by its own exit.
+	require.Equal(t, map[int]int{0: -1, 1: -1, 2: 0, 3: 143}, sum.Exits)
+	require.NotNil(t, sum.Done)
+	require.EqualValues(t, 24, sum.Done.Step)
+	require.Equal(t, true, sum.Done.Extra["fake"])
+	require.EqualValues(t, 24, sum.MaxStep)
+	require.Len(t, sum.Steps, 24)
+	require.Equal(t, []int{3, 4}, sum.WorldSizes())
+	require.Len(t, sum.Rounds, 2)
+	// The kill and the stop each await the first step of a later round:
+	// the joiner's round 2 from step 13 on.
+	require.Len(t, sum.Recoveries, 2)
+	requireGone(t, pidsOf(dir))
+}
+
+func TestCancelKillsEveryChildIncludingAStoppedOne(t *testing.T) {
+	dir := t.TempDir()
+	// Rank 1 (worker 0) is stopped at step 2; the stepper then holds the
+	// job open for good, and every worker is left waiting.
+	log := newLogBuf(t, dir, `^fake: stop 1@2 hit worker 0$`, 1)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	type result struct {
+		sum Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, err := Run(ctx, Spec{
+			Workers: 3, Faults: []Fault{{Kind: Stop, Rank: 1, Step: 2}}, Log: log, Quiet: true,
+			Args: []string{"-dir", dir, "-world", "3", "-steps", "3", "-faults", "stop:1@2", "-hold"},
+		})
+		done <- result{sum, err}
+	}()
+	select {
+	case <-log.fired:
+	case r := <-done:
+		t.Fatalf("Run returned before the stop landed: %v\n%s", r.err, log.String())
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the stop never landed\n%s", log.String())
+	}
+	pids := pidsOf(dir)
+	require.Len(t, pids, 3)
+	require.Equal(t, byte('T'), procState(holders(dir)[1].pid))
+	cancel()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("Run did not return after cancel\n%s", log.String())
+	}
+	require.ErrorIs(t, r.err, context.Canceled)
+	requireGone(t, pids)
+}
+
+func TestEveryWorkerExitingWithoutDoneIsAnError(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-no-done"},
+	})
+	require.ErrorContains(t, err, "every worker exited and none reported the job done")
+	require.Nil(t, sum.Done)
+	require.Equal(t, map[int]int{0: 0, 1: 0}, sum.Exits)
+	requireGone(t, pidsOf(dir))
+}
+
+func TestAFaultOnAnUnheldRankIsSkipped(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	// The stop of rank 1 (worker 0) at step 3 keeps the job open until
+	// the launcher has handled the done event, which kills it.
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Faults: []Fault{{Kind: Kill, Rank: 7, Step: 2}, {Kind: Stop, Rank: 1, Step: 3}}, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "4", "-faults", "stop:1@3"},
+	})
+	require.NoError(t, err, log.String())
+	require.Contains(t, log.String(), "[launcher] step 2: no live worker holds rank 7; kill skipped")
+	require.Equal(t, map[int]int{0: -1, 1: 0}, sum.Exits)
+	requireGone(t, pidsOf(dir))
+}
+
+func TestWorldSizesMergesRepeatsInRoundOrder(t *testing.T) {
+	for _, tc := range []struct {
+		sizes []int
+		want  []int
+	}{
+		{nil, nil},
+		{[]int{2}, []int{2}},
+		{[]int{3, 2, 3}, []int{3, 2, 3}},
+		{[]int{3, 3, 2, 2, 2, 3}, []int{3, 2, 3}},
+	} {
+		var s Summary
+		for i, w := range tc.sizes {
+			s.Rounds = append(s.Rounds, RoundSeen{Round: uint64(i + 1), WorldSize: w})
+		}
+		require.Equal(t, tc.want, s.WorldSizes(), "%v", tc.sizes)
+	}
+}
+
+func TestFaultsFlagParsesAndRejects(t *testing.T) {
+	var list []Fault
+	require.NoError(t, Faults{Kind: Kill, List: &list}.Set("1@300"))
+	require.NoError(t, Faults{Kind: Join, List: &list}.Set("2@600"))
+	require.NoError(t, Faults{Kind: Kill, List: &list}.Set("0@7"))
+	require.Equal(t, []Fault{{Kill, 1, 300}, {Join, 2, 600}, {Kill, 0, 7}}, list)
+	require.Equal(t, "1@300,0@7", Faults{Kind: Kill, List: &list}.String())
+	require.Equal(t, "", Faults{Kind: Kill}.String())
+	for _, bad := range []string{"", "x", "1", "1@", "@5", "1@0", "-1@5", "1@-2", "a@b", "1@5x"} {
+		require.Error(t, Faults{Kind: Kill, List: &list}.Set(bad), bad)
+	}
+	require.ErrorContains(t, Faults{Kind: Join, List: &list}.Set("0@5"), "want at least 1")
+	require.Len(t, list, 3, "a rejected value adds nothing")
+}
+
+func TestEmitterWithoutALauncherDiscards(t *testing.T) {
+	t.Setenv(EnvEventsFD, "")
+	t.Setenv(EnvWorker, "")
+	NewEmitter().Emit(Event{Ev: "step", Step: 1}) // must not panic or write anywhere
+}
