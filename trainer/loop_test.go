@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
@@ -28,7 +27,7 @@ func TestMain(m *testing.M) {
 	if os.Getenv(envWorker) != "" {
 		os.Exit(workerMain())
 	}
-	goleak.VerifyTestMain(m)
+	testredis.VerifyTestMain(m)
 }
 
 // job is an in-process elastic job of linear-regression workers, each with
