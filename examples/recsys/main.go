@@ -29,6 +29,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	gosync "sync"
 	"syscall"
 	"time"
 
@@ -164,8 +165,24 @@ type result struct {
 	Redis           string    `json:"redis"`
 }
 
+// lockedWriter serialises writes: the launcher copies every worker's
+// stderr into one writer from several goroutines.
+type lockedWriter struct {
+	mu gosync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
+
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	start := time.Now()
+	if _, ok := stderr.(*os.File); !ok {
+		stderr = &lockedWriter{w: stderr}
+	}
 	if c.job == "" {
 		b := make([]byte, 6)
 		rand.Read(b)
