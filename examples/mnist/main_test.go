@@ -483,3 +483,15 @@ func TestWritePlotHandlesDegenerateSummaries(t *testing.T) {
 	require.True(t, errors.Is(err, errNoSteps), "%v", err)
 	require.ErrorContains(t, writePlot(filepath.Join(dir, "no-such-dir", "x.png"), syntheticSummary()), "no such file or directory")
 }
+
+func TestLogTicksLabelOneTwoFive(t *testing.T) {
+	var labels []string
+	for _, tk := range (logTicks125{}).Ticks(0.03, 2.5) {
+		if tk.Label != "" {
+			labels = append(labels, tk.Label)
+		}
+	}
+	require.Equal(t, []string{"0.05", "0.1", "0.2", "0.5", "1", "2"}, labels)
+	require.Empty(t, (logTicks125{}).Ticks(0, 1))
+	require.Empty(t, (logTicks125{}).Ticks(1, 1))
+}

@@ -149,7 +149,7 @@ func lossPanel(steps []launcher.StepSeen, rounds []launcher.RoundSeen, xmax floa
 		p.Y.Min, p.Y.Max = 0, hi*1.05
 	} else {
 		p.Y.Scale = plot.LogScale{}
-		p.Y.Tick.Marker = plot.LogTicks{Prec: -1}
+		p.Y.Tick.Marker = logTicks125{}
 		p.Y.Min, p.Y.Max = lo/1.2, hi*1.2
 	}
 	lr, err := plotter.NewLine(raw)
@@ -319,6 +319,32 @@ func (u unlabelled) Ticks(lo, hi float64) []plot.Tick {
 	t := u.Ticker.Ticks(lo, hi)
 	for i := range t {
 		t[i].Label = ""
+	}
+	return t
+}
+
+// logTicks125 marks 1..9 times each power of ten in range and labels the
+// 1, 2 and 5 multiples, so a log axis spanning less than two decades
+// still has several numbers on it.
+type logTicks125 struct{}
+
+func (logTicks125) Ticks(lo, hi float64) []plot.Tick {
+	if !(lo > 0) || !(hi > lo) {
+		return nil
+	}
+	var t []plot.Tick
+	for k := int(math.Floor(math.Log10(lo))); k <= int(math.Ceil(math.Log10(hi))); k++ {
+		for i := 1; i <= 9; i++ {
+			v := float64(i) * math.Pow10(k)
+			if v < lo || v > hi {
+				continue
+			}
+			tk := plot.Tick{Value: v}
+			if i == 1 || i == 2 || i == 5 {
+				tk.Label = strconv.FormatFloat(v, 'f', max(0, -k), 64)
+			}
+			t = append(t, tk)
+		}
 	}
 	return t
 }
