@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"runtime"
 	"sort"
 	"sync"
 	"syscall"
@@ -199,6 +200,12 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		cmd := exec.Command(self, spec.Args...)
 		cmd.Env = append(append(os.Environ(), spec.Env...),
 			fmt.Sprintf("%s=3", EnvEventsFD), fmt.Sprintf("%s=%d", EnvWorker, idx))
+		if os.Getenv("GOMAXPROCS") == "" {
+			// Several ranks share this host's cores: one Go scheduler
+			// thread set per rank's share avoids oversubscription (the
+			// usual setting, like torchrun's OMP_NUM_THREADS=1).
+			cmd.Env = append(cmd.Env, fmt.Sprintf("GOMAXPROCS=%d", max(1, runtime.NumCPU()/max(1, spec.Workers))))
+		}
 		cmd.Stdout, cmd.Stderr = logw, logw
 		cmd.ExtraFiles = []*os.File{wr}
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
