@@ -58,19 +58,19 @@ type SparseKind uint8
 // Sparse optimizers. Each updates only the rows present in a step's
 // gradient; their state lives with the rows on the shards.
 const (
-	// SparseSGD: w -= LR * g. No state.
+	// SparseSGD: w -= LR * g, in float32. No state.
 	SparseSGD SparseKind = iota + 1
 	// SparseAdagrad (Duchi, Hazan & Singer, JMLR 2011): a += g*g;
 	// w -= LR * g / (sqrt(a) + Eps), a starting at InitialAccumulator.
 	// State: dim floats per row. A row without gradient is unchanged, so
-	// it equals dense Adagrad exactly.
+	// it equals dense Adagrad. Arithmetic in float32.
 	SparseAdagrad
 	// SparseAdam (Kingma & Ba, ICLR 2015) in its lazy form (as TensorFlow's
 	// LazyAdam and PyTorch's SparseAdam): a row's moments and its own step
 	// count t advance only when the row has a gradient; m = B1*m + (1-B1)*g,
 	// v = B2*v + (1-B2)*g*g, w -= LR * (m/(1-B1^t)) / (sqrt(v/(1-B2^t)) + Eps).
 	// State: 2*dim+1 floats per row. Equal to dense Adam when every row has
-	// a gradient at every step.
+	// a gradient at every step. Arithmetic in float64, stored as float32.
 	SparseAdam
 )
 

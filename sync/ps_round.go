@@ -1501,8 +1501,8 @@ func (r *PSRound) servePush(ctx context.Context, sh *psShard, from int, h *wire.
 		if err != nil {
 			return 0, nil, err
 		}
-		g := make([]float32, len(ids)*dim)
-		copy(f32AsBytes(g), p[8*len(ids):])
+		// The payload is this request's own buffer: view the gradients in place.
+		g := bytesAsF32(p[8*len(ids):])
 		for _, x := range g {
 			if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
 				return 0, nil, psErrf(psCodeInvalid, "non-finite gradient for table %q", r.ps.tables[h.Table].Name)

@@ -104,20 +104,25 @@ func initShardData(specs []TableSpec, d *psShardData) {
 // psApply applies one optimizer step with gradient g to the row values w
 // and its state st.
 func psApply(o *SparseOptimizer, w, st, g []float32) {
-	lr := o.LR
 	switch o.Kind {
 	case SparseSGD:
+		lr := float32(o.LR)
 		for k, gk := range g {
-			w[k] = float32(float64(w[k]) - lr*float64(gk))
+			w[k] -= lr * gk
 		}
 	case SparseAdagrad:
+		// float32 throughout: the compiler turns the square root into one
+		// single-precision instruction.
+		lr, eps := float32(o.LR), float32(o.Eps)
+		st = st[:len(g)]
+		w = w[:len(g)]
 		for k, gk := range g {
-			gf := float64(gk)
-			a := float64(st[k]) + gf*gf
-			st[k] = float32(a)
-			w[k] = float32(float64(w[k]) - lr*gf/(math.Sqrt(a)+o.Eps))
+			a := st[k] + gk*gk
+			st[k] = a
+			w[k] -= lr * gk / (float32(math.Sqrt(float64(a))) + eps)
 		}
 	case SparseAdam:
+		lr := o.LR
 		d := len(g)
 		t := float64(st[2*d]) + 1
 		st[2*d] = float32(t)
@@ -140,6 +145,21 @@ func f32AsBytes(v []float32) []byte {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&v[0])), 4*len(v))
+}
+
+// bytesAsF32 views b (len a multiple of 4) as float32 values when it is
+// 4-byte aligned, else returns a copy.
+func bytesAsF32(b []byte) []float32 {
+	n := len(b) / 4
+	if n == 0 {
+		return nil
+	}
+	if uintptr(unsafe.Pointer(&b[0]))%4 == 0 {
+		return unsafe.Slice((*float32)(unsafe.Pointer(&b[0])), n)
+	}
+	v := make([]float32, n)
+	copy(f32AsBytes(v), b)
+	return v
 }
 
 // Shard encoding, version 1, little-endian:
