@@ -371,3 +371,38 @@ func FuzzPSShardDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestPSBarrierThenClose: after Barrier every rank may close at once:
+// no rank fails because another left first, and a barrier waits for the
+// slowest rank.
+func TestPSBarrierThenClose(t *testing.T) {
+	specs := psTables()
+	for iter := 0; iter < 5; iter++ {
+		nodes := newPSNodes(t, 4, psTestConfig(t), specs, DefaultPSConfig())
+		rs, errs := psRounds(nodes, 1, PSWorld{}, 0)
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", i, err)
+			}
+		}
+		var entered atomic.Int32
+		eachRank(t, "barrier", rs, func(w int, r *PSRound) error {
+			for b := 0; b < 3; b++ {
+				entered.Add(1)
+				if err := r.Barrier(context.Background()); err != nil {
+					return err
+				}
+				if n := entered.Load(); n < int32(4*(b+1)) {
+					return fmt.Errorf("barrier %d returned with only %d entries", b, n)
+				}
+			}
+			r.Close() // at once: the others may still be finishing theirs
+			return nil
+		})
+		for i, r := range rs {
+			if err := r.Err(); !errors.Is(err, ErrClosed) {
+				t.Fatalf("rank %d after its close: %v", i, err)
+			}
+		}
+	}
+}

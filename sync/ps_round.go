@@ -118,6 +118,11 @@ type PSRound struct {
 		pulled, pushed, sent, recv, stale atomic.Int64
 	}
 
+	barSeq    int64         // client: barriers entered
+	barMu     gosync.Mutex  // guards barIn, barNote
+	barIn     int64         // barriers this rank has entered
+	barServed int64         // peers' barrier requests answered (reply written)
+	barNote   chan struct{} // closed and replaced when barIn moves
 	nextID    atomic.Uint64
 	mu        gosync.Mutex
 	err       error
@@ -246,7 +251,7 @@ func (ps *ParamServer) Round(ctx context.Context, w PSWorld, restore int64) (*PS
 		hosts: hosts, workers: workers, shards: shards, restore: restore,
 		widx: make([]int, w.Size()), local: make([]*psShard, shards), peers: make([]*psPeer, w.Size()),
 		pulled: make([]int64, shards), seen: make([]bool, shards),
-		dead: make(chan struct{}), done: make(chan struct{}), step: restore,
+		dead: make(chan struct{}), done: make(chan struct{}), step: restore, barNote: make(chan struct{}),
 	}
 	for i := range r.widx {
 		r.widx[i] = -1
@@ -1094,6 +1099,91 @@ func unwrapJoined(err error) []error {
 	return []error{err}
 }
 
+// Barrier returns once every rank of the round has entered it (each rank
+// asks every other and is answered only once the other entered the same
+// barrier). Every rank calls it, the same number of times. Use it before
+// Close so that no rank leaves while others still need its shards.
+// Errors: as Pull.
+func (r *PSRound) Barrier(ctx context.Context) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	r.barSeq++
+	r.barMu.Lock()
+	r.barIn = r.barSeq
+	close(r.barNote)
+	r.barNote = make(chan struct{})
+	r.barMu.Unlock()
+	done := make(chan *psCall, max(1, r.size-1))
+	inflight := 0
+	for q, p := range r.peers {
+		if p == nil {
+			continue
+		}
+		if err := r.send(&psCall{kind: wire.PSBarrier, peer: q, done: done}, wire.PSHeader{Kind: wire.PSBarrier, Step: r.barSeq}, nil); err != nil {
+			return r.fail(err, wire.ReasonPeerLost, q)
+		}
+		inflight++
+	}
+	if err := r.await(ctx, done, inflight, nil); err != nil {
+		return err
+	}
+	// Every peer's request for this barrier must have been answered too, or
+	// a peer could still be waiting for this rank's reply when it closes.
+	// (A request for the next barrier cannot be answered before this rank
+	// enters it, so the count is exact.)
+	t, tc := r.timeout()
+	defer t.Stop()
+	for {
+		r.barMu.Lock()
+		served, ch := r.barServed, r.barNote
+		r.barMu.Unlock()
+		if served >= r.barSeq*int64(r.size-1) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return r.fail(ctxCause(ctx.Err()), wire.ReasonCanceled, r.rank)
+		case <-r.dead:
+			return r.Err()
+		case <-tc:
+			return r.fail(fmt.Errorf("%w: barrier %d: peers' requests not all received within OpTimeout %v", ErrTimeout, r.barSeq, r.cfg.OpTimeout), wire.ReasonTimeout, -1)
+		}
+	}
+}
+
+// waitBarrier waits until this rank has entered barrier seq.
+func (r *PSRound) waitBarrier(ctx context.Context, seq int64) error {
+	var t *time.Timer
+	var tc <-chan time.Time
+	defer func() {
+		if t != nil {
+			t.Stop()
+		}
+	}()
+	for {
+		r.barMu.Lock()
+		in, ch := r.barIn, r.barNote
+		r.barMu.Unlock()
+		if in >= seq {
+			return nil
+		}
+		if t == nil {
+			t, tc = r.timeout()
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-r.dead:
+			return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
+		case <-tc:
+			return psErrf(psCodeTimeout, "rank %d did not enter barrier %d within OpTimeout %v", r.rank, seq, r.cfg.OpTimeout)
+		}
+	}
+}
+
 // Commit snapshots every shard's rows and optimizer state at step (in
 // PSSync mode step must be Step(): the state after every worker's pushes
 // of the steps before it) and saves each to PSConfig.Store, if set; the
@@ -1107,7 +1197,7 @@ func unwrapJoined(err error) []error {
 //
 // A shard answers the commit requests of every worker, so a host must not
 // close its round before every worker's Commit returned: end a round with
-// Commit, then a barrier (e.g. on the job's Ring), then Close.
+// Commit, then Barrier (or a barrier on the job's Ring), then Close.
 func (r *PSRound) Commit(ctx context.Context, step int64) error {
 	if err := r.begin(ctx); err != nil {
 		return err
@@ -1281,6 +1371,13 @@ func (r *PSRound) serveLoop(p *psPeer) {
 			r.peerErr(p, werr)
 			return
 		}
+		if q.h.Kind == wire.PSBarrier && err == nil {
+			r.barMu.Lock()
+			r.barServed++
+			close(r.barNote)
+			r.barNote = make(chan struct{})
+			r.barMu.Unlock()
+		}
 	}
 }
 
@@ -1301,9 +1398,13 @@ func (r *PSRound) peerErr(p *psPeer, err error) error {
 			tm := time.NewTimer(verdictGrace)
 			select {
 			case <-r.ring.dead:
+			case <-r.dead:
 			case <-tm.C:
 			}
 			tm.Stop()
+			if r.closing.Load() {
+				return r.Err()
+			}
 			if cause = r.ring.causeNow(); cause == nil {
 				if pl := r.ring.peers[p.rank]; pl != nil && pl.closed.Load() {
 					cause, graceful = &PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its parameter-server round: %v", ErrClosed, err)}, true
@@ -1403,6 +1504,8 @@ func (r *PSRound) serve(ctx context.Context, from int, h *wire.PSHeader, p []byt
 	switch h.Kind {
 	case wire.PSFetch:
 		return r.serveFetch(h, p, buf)
+	case wire.PSBarrier:
+		return 0, nil, r.waitBarrier(ctx, h.Step)
 	case wire.PSReady:
 		for _, sh := range r.local {
 			if sh != nil {

@@ -13,7 +13,7 @@ import (
 //
 //	offset size field
 //	0      2    magic 0xE7A2
-//	2      1    kind (PSPull ... PSReady)
+//	2      1    kind (PSPull ... PSBarrier)
 //	3      1    flags (PSFlagLast) or, in a PSError, the error code
 //	4      4    length of the payload in bytes
 //	8      8    round
@@ -25,7 +25,7 @@ import (
 //
 // Payloads: PSPull carries Count row IDs (uint64); its reply Count*dim
 // float32 values. PSPush carries Count row IDs then Count*dim float32
-// gradients; its reply is empty. PSCommit and PSReady are empty both ways. PSFetch
+// gradients; its reply is empty. PSCommit, PSReady and PSBarrier are empty both ways. PSFetch
 // carries Count row IDs; its reply Count*(dim+state) float32 values. A
 // PSError carries a human-readable text of at most MaxRejectText bytes.
 
@@ -40,14 +40,15 @@ type PSKind uint8
 
 // Parameter-server frame kinds.
 const (
-	PSPull   PSKind = 1 // request: rows of one table
-	PSPush   PSKind = 2 // request: sparse row gradients of one table
-	PSCommit PSKind = 3 // request: snapshot a shard at a step
-	PSFetch  PSKind = 4 // request: rows and optimizer state of a committed shard
-	PSReply  PSKind = 5 // the successful reply to the request with the same ID
-	PSError  PSKind = 6 // the failed reply to the request with the same ID
-	PSReady  PSKind = 7 // request: answered once the server's shards hold their rows
-	maxPS           = PSReady
+	PSPull    PSKind = 1 // request: rows of one table
+	PSPush    PSKind = 2 // request: sparse row gradients of one table
+	PSCommit  PSKind = 3 // request: snapshot a shard at a step
+	PSFetch   PSKind = 4 // request: rows and optimizer state of a committed shard
+	PSReply   PSKind = 5 // the successful reply to the request with the same ID
+	PSError   PSKind = 6 // the failed reply to the request with the same ID
+	PSReady   PSKind = 7 // request: answered once the server's shards hold their rows
+	PSBarrier PSKind = 8 // request: answered once the server entered barrier number Step
+	maxPS            = PSBarrier
 )
 
 // PSFlagLast marks the last push frame of one worker's step for a shard.
@@ -70,6 +71,8 @@ func (k PSKind) String() string {
 		return "error"
 	case PSReady:
 		return "ready"
+	case PSBarrier:
+		return "barrier"
 	}
 	return fmt.Sprintf("pskind(%d)", uint8(k))
 }
