@@ -323,12 +323,74 @@ func ShardRows(rows int64, s, shards int) int64 {
 }
 
 // ParamServer is this process's part of a parameter server for sparse
-// embedding tables: it hosts shards of the tables (rows partitioned by row
-// ID over the shards) and is the client through which the process pulls
-// rows and pushes sparse gradients. It lives as long as the process; each
-// round of the job gets a PSRound from Round. The commits it took (its
-// shards' rows and optimizer state at committed steps) outlive rounds, so
-// that the next round can move rows from their old owner.
+// embedding tables (Li et al., "Scaling Distributed Machine Learning with
+// the Parameter Server", OSDI 2014): it hosts shards of the tables and is
+// the client through which the process pulls rows and pushes sparse
+// gradients. It lives as long as the process; each round of the job gets a
+// PSRound from Round. The commits it took (its shards' rows and optimizer
+// state at committed steps) outlive rounds, so the next round can move rows
+// from their old owner.
+//
+// # Layout and placement
+//
+// Every table is partitioned by row: row r lives in shard r % Shards
+// (interleaved, so popular low IDs spread over all shards), and shard s on
+// rank Hosts[s % len(Hosts)] (see PSWorld). By default every rank hosts
+// one shard and is a worker (colocated, as each elastic worker process of a
+// recommendation job). Dedicated parameter-server processes are ranks
+// listed in Hosts but not in Workers: they join the same rendezvous (or
+// get a World by other means), call Round for every round like the workers
+// and then wait on PSRound.Done; they never pull or push.
+//
+// # Steps
+//
+// A worker's step is Pull (the rows its batch needs, grouped by shard,
+// split into frames of at most PSConfig.FrameRows rows, every frame sent
+// before any reply is awaited), forward and backward, Push (the sparse
+// gradients, likewise batched and pipelined). Dense parameters keep using
+// the Ring's allreduce in the same step (a hybrid step, as in DLRM). In
+// PSSync mode a shard applies step t once every worker pushed it, summing
+// the contributions in worker rank order, and answers pulls of step t+1
+// only then, so results do not depend on timing or on the shard count. In
+// PSAsync mode a shard applies each push at once, and refuses (ErrStale)
+// one computed on rows pulled more than PSConfig.MaxStaleness updates ago.
+//
+// # Wire
+//
+// The parameter server's connections are the mesh connections of a Ring
+// of its own Transport: each round's connections are authenticated by the
+// Transport's handshake (job ID, round, rank, HMAC of the job secret,
+// optional TLS), and every frame carries its round, so a rank of an older
+// round can never reach a shard of a newer one. Frames are a 48-byte header
+// (see internal/wire) and a payload of at most Config.MaxFrameBytes; each
+// connection has a reader that never blocks on anything but the socket, so
+// requests and replies flow both ways without deadlock. A malformed frame
+// fails the round with ErrBadFrame; a dead peer with a *PeerError naming
+// it, on every rank, as fast as the Ring notices (the control connections);
+// a hung one with ErrTimeout after Config.OpTimeout.
+//
+// # Commits, checkpoints and elasticity
+//
+// PSRound.Commit snapshots every shard at a step and saves it to
+// PSConfig.Store (encoded with its optimizer state, versioned and CRC-32C
+// checksummed; DecodeShardInfo reads the header). Round(ctx, w, c) starts a
+// round from committed step c: rank 0 gathers which ranks of the new round
+// hold which commits of step c, picks a complete layout (every old shard on
+// a live rank or in the store; otherwise ErrRowsLost on every rank, never
+// a table with holes), and each new shard gathers its rows (r % newShards)
+// from the old shards (r % oldShards): from the rank that held them when it
+// is alive, else from the store, with their optimizer state. Every row is
+// thus in exactly one shard, with the value and state it had at step c,
+// whatever the old and new shard counts; a whole-job restart restores from
+// the store alone onto any number of shards. Rows pushed after step c are
+// rolled back, in step with the dense state and data cursor of the same
+// commit.
+//
+// # Performance
+//
+// examples/ps-bench measures pull and push throughput between processes on
+// one host; on small hosts the limit is the shards' CPU (the optimizer's
+// arithmetic and copying rows), not the loopback connections.
 //
 // A ParamServer is safe for concurrent use, but Round calls must not
 // overlap, and a PSRound's methods are called from one goroutine.
