@@ -1,0 +1,352 @@
+package faultinject
+
+import (
+	"bytes"
+	"context"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/trainer"
+)
+
+// Bounds are the time limits a run must keep; exceeding one is a violation
+// (something stayed blocked).
+type Bounds struct {
+	// Start bounds the first step of the job. Default 30 s.
+	Start time.Duration
+	// Recover bounds the time from the end of each fault to the next
+	// applied step. Default 30 s.
+	Recover time.Duration
+	// Exit bounds the time from the last fault to the exit of every worker
+	// process. Default 120 s.
+	Exit time.Duration
+}
+
+func (b Bounds) withDefaults() Bounds {
+	if b.Start <= 0 {
+		b.Start = 30 * time.Second
+	}
+	if b.Recover <= 0 {
+		b.Recover = 30 * time.Second
+	}
+	if b.Exit <= 0 {
+		b.Exit = 120 * time.Second
+	}
+	return b
+}
+
+// RunResult is the outcome of one run: the faults as applied and every
+// invariant violation found.
+type RunResult struct {
+	Injections []Injection
+	// Violations lists every broken invariant, one sentence each; empty
+	// when the run upheld them all.
+	Violations []string
+	// Finished counts workers that ended with the job finished; SHA is
+	// their parameter hash (when they agree).
+	Finished int
+	SHA      string
+	// Audit is the exactly-once check of the job's audit log.
+	Audit trainer.AuditReport
+	// Checkpoints counts the durable checkpoints that loaded.
+	Checkpoints int
+	// Wall is the run's duration.
+	Wall time.Duration
+}
+
+// Run starts a harness with cfg, applies faults in order (each once the job
+// made Fault.After steps since the previous one healed, and only while the
+// job has not finished), lets the job finish, checks every invariant and
+// closes the harness. Errors are reported as violations, not returned: a
+// run always yields a result.
+func Run(ctx context.Context, cfg Config, faults []Fault, b Bounds) RunResult {
+	b = b.withDefaults()
+	start := time.Now()
+	var res RunResult
+	violate := func(f string, a ...any) { res.Violations = append(res.Violations, fmt.Sprintf(f, a...)) }
+	h, err := Start(ctx, cfg)
+	if err != nil {
+		violate("start: %v", err)
+		return res
+	}
+	defer h.Close()
+	res = h.drive(ctx, faults, b)
+	res.Wall = time.Since(start)
+	return res
+}
+
+func (h *Harness) drive(ctx context.Context, faults []Fault, b Bounds) RunResult {
+	var res RunResult
+	violate := func(f string, a ...any) { res.Violations = append(res.Violations, fmt.Sprintf(f, a...)) }
+	bounded := func(d time.Duration) (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, d) }
+
+	c, cancel := bounded(b.Start)
+	err := h.WaitStep(c, 1)
+	cancel()
+	if err != nil {
+		violate("the job did not start within %v: %v", b.Start, err)
+	}
+	blocked := err != nil
+	progressAt := h.Status().MaxStep
+	for i, f := range faults {
+		if blocked {
+			res.Injections = append(res.Injections, Injection{Fault: f, Worker: -1, Skipped: "an earlier fault left the job blocked"})
+			continue
+		}
+		c, cancel := bounded(b.Recover)
+		st, err := h.WaitFor(c, func(s Status) bool { return s.MaxStep >= progressAt+f.After || s.Finished > 0 })
+		cancel()
+		if err != nil {
+			violate("fault %d (%v): the job made no progress for %v before it", i, f, b.Recover)
+			blocked = true
+			res.Injections = append(res.Injections, Injection{Fault: f, Worker: -1, Skipped: "job blocked"})
+			continue
+		}
+		if st.Finished > 0 {
+			res.Injections = append(res.Injections, Injection{Fault: f, Worker: -1, Skipped: "job finished"})
+			continue
+		}
+		in, err := h.Inject(ctx, f)
+		if err != nil {
+			violate("fault %d: %v", i, err)
+		}
+		if in.Skipped == "" {
+			c, cancel := bounded(b.Recover)
+			in.Progressed = h.waitProgress(c, in.Healed)
+			cancel()
+			if !in.Progressed {
+				violate("fault %d (%v): no step applied within %v after it ended (blocked)", i, f, b.Recover)
+				blocked = true
+			}
+			progressAt = h.Status().MaxStep
+		}
+		res.Injections = append(res.Injections, in)
+	}
+	// The end: enough workers to finish, then every process must exit.
+	if st := h.Status(); st.Finished == 0 {
+		for n := st.Live - st.Stopped; n < h.cfg.MinWorkers; n++ {
+			if _, err := h.AddWorker(ctx); err != nil {
+				violate("add a worker to finish: %v", err)
+			}
+		}
+	}
+	c, cancel = bounded(b.Exit)
+	left := h.WaitExit(c)
+	cancel()
+	if len(left) > 0 {
+		violate("workers %v did not exit within %v of the last fault (killed)", left, b.Exit)
+	}
+	h.measure(res.Injections)
+	h.check(ctx, &res, b)
+	return res
+}
+
+// waitProgress waits for a step report after t (or a finished job).
+func (h *Harness) waitProgress(ctx context.Context, t time.Time) bool {
+	for {
+		h.mu.Lock()
+		ch := h.notify
+		done := len(h.steps) > 0 && h.steps[len(h.steps)-1].at.After(t)
+		for _, w := range h.workers {
+			done = done || w.final != nil
+		}
+		h.mu.Unlock()
+		if done {
+			return true
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// measure fills the recovery fields of the injections from the step reports.
+func (h *Harness) measure(ins []Injection) {
+	for i := range ins {
+		in := &ins[i]
+		if in.Skipped != "" {
+			continue
+		}
+		next := time.Time{}
+		for _, o := range ins[i+1:] {
+			if o.Skipped == "" {
+				next = o.At
+				break
+			}
+		}
+		at, _ := h.firstStepAfter(in.At, in.Round, true)
+		if !at.IsZero() && (next.IsZero() || at.Before(next)) {
+			in.Disrupted = true
+			in.Recovery = at.Sub(in.At)
+			in.RecoveryAfterHeal = max(at.Sub(in.Healed), 0)
+			continue
+		}
+		if at, _ := h.firstStepAfter(in.Healed, 0, false); !at.IsZero() {
+			in.Recovery = at.Sub(in.Healed)
+		}
+	}
+}
+
+// check verifies the invariants of a run whose workers have all exited.
+func (h *Harness) check(ctx context.Context, res *RunResult, b Bounds) {
+	violate := func(f string, a ...any) { res.Violations = append(res.Violations, fmt.Sprintf(f, a...)) }
+	total := h.cfg.TotalSteps()
+	secretHex := []byte(hex.EncodeToString(h.cfg.Secret))
+
+	// Every process exited, and how.
+	var finalRound uint64
+	h.mu.Lock()
+	for _, m := range h.steps {
+		if m.step == total {
+			finalRound = max(finalRound, m.round)
+		}
+	}
+	workers := append([]*Worker(nil), h.workers...)
+	h.mu.Unlock()
+	var shas = map[string][]int{}
+	for _, w := range workers {
+		if w.cmd == nil {
+			continue
+		}
+		if !w.isExited() {
+			violate("worker %d (pid %d) is still running", w.Index, w.PID)
+			continue
+		}
+		if err := syscall.Kill(w.PID, 0); err == nil {
+			violate("worker %d (pid %d) was reaped but its PID answers", w.Index, w.PID)
+		}
+		h.mu.Lock()
+		final, lastErr, code, sig, killed, termed, round := w.final, w.lastErr, w.exitCode, w.signal, w.killed, w.termed, w.round
+		h.mu.Unlock()
+		switch {
+		case killed && sig == syscall.SIGKILL:
+		case code == ExitFinished && final != nil:
+			if final.Step == total {
+				shas[final.SHA] = append(shas[final.SHA], w.Index)
+			} else if round == finalRound {
+				violate("worker %d took part in the final round %d but ended at step %d of %d", w.Index, round, final.Step, total)
+			}
+		case termed && code == ExitPreempted:
+		default:
+			violate("worker %d (pid %d) ended with status %d (signal %v, killed %v, termed %v): %s", w.Index, w.PID, code, sig, killed, termed, lastErr)
+		}
+		logb, err := os.ReadFile(w.LogPath)
+		if err != nil {
+			violate("worker %d: read log: %v", w.Index, err)
+		}
+		for _, bad := range []string{"panic:", "fatal error:", "DATA RACE"} {
+			if bytes.Contains(logb, []byte(bad)) {
+				violate("worker %d's log contains %q", w.Index, bad)
+			}
+		}
+		if bytes.Contains(logb, h.cfg.Secret) || bytes.Contains(logb, secretHex) {
+			violate("worker %d's log contains the job secret", w.Index)
+		}
+	}
+	// Identical parameters on every rank that finished the job.
+	switch len(shas) {
+	case 0:
+		violate("no worker finished the job (%d steps)", total)
+	case 1:
+		for sha, ws := range shas {
+			res.SHA, res.Finished = sha, len(ws)
+		}
+	default:
+		violate("finishing ranks disagree on the parameters: %v", shas)
+	}
+	// Exactly once.
+	if rep, err := VerifyAuditFile(h.audit, h.cfg); err != nil {
+		violate("audit: %v", err)
+	} else {
+		res.Audit = rep
+		if rep.Missing != 0 || rep.Duplicates != 0 || int64(rep.Steps) != total {
+			violate("audit: %d samples missing, %d duplicated, %d steps of %d", rep.Missing, rep.Duplicates, rep.Steps, total)
+		}
+	}
+	// Durable checkpoints load, and the newest restores the final state.
+	n, err := LoadCheckpoints(ctx, h.ckpt)
+	res.Checkpoints = n
+	if err != nil {
+		violate("checkpoints: %v", err)
+	}
+	if res.SHA != "" {
+		if got, src, err := h.restoreCheck(ctx, b); err != nil {
+			violate("restore from the final checkpoint: %v", err)
+		} else if got != res.SHA || src != "checkpoint" {
+			violate("restore from the final checkpoint gave state %q from %q, want %q from a checkpoint", got, src, res.SHA)
+		}
+	}
+}
+
+// VerifyAuditFile reads a job's audit log and checks that every sample of
+// every epoch is part of exactly one surviving step.
+func VerifyAuditFile(path string, cfg Config) (trainer.AuditReport, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return trainer.AuditReport{}, err
+	}
+	defer f.Close()
+	entries, err := trainer.ReadAuditLog(f)
+	if err != nil {
+		return trainer.AuditReport{}, err
+	}
+	steps := cfg.StepsPerEpoch()
+	return trainer.VerifyAudit(entries, cfg.Epochs, func(e int) []int {
+		return dataloader.Order(cfg.Seed, e, cfg.Samples)[:steps*cfg.GlobalBatch]
+	}), nil
+}
+
+// LoadCheckpoints loads (and so checksums) every durable checkpoint in dir
+// and returns how many there are; the error names the ones that fail.
+func LoadCheckpoints(ctx context.Context, dir string) (int, error) {
+	st, err := trainer.NewLocalDir(dir, 0)
+	if err != nil {
+		return 0, err
+	}
+	steps, err := st.List(ctx)
+	if err != nil {
+		return 0, err
+	}
+	var bad []string
+	for _, s := range steps {
+		if _, err := st.Load(ctx, s); err != nil {
+			bad = append(bad, fmt.Sprintf("step %d: %v", s, err))
+		}
+	}
+	if len(bad) > 0 {
+		return len(steps), fmt.Errorf("%d of %d do not load: %v", len(bad), len(steps), bad)
+	}
+	return len(steps), nil
+}
+
+// restoreCheck starts one worker of a new job on the checkpoint directory:
+// it must restore the newest checkpoint and finish at once with the same
+// state. It returns the worker's parameter hash and state source.
+func (h *Harness) restoreCheck(ctx context.Context, b Bounds) (sha, source string, err error) {
+	w, err := h.addWorker(ctx, h.cfg.JobID+"-restore", filepath.Join(h.cfg.Dir, "restore-audit.jsonl"), 1)
+	if err != nil {
+		return "", "", err
+	}
+	c, cancel := context.WithTimeout(ctx, b.Recover)
+	defer cancel()
+	select {
+	case <-w.exited:
+	case <-c.Done():
+		_ = h.Signal(w, syscall.SIGKILL)
+		<-w.exited
+		return "", "", fmt.Errorf("the restoring worker did not finish within %v", b.Recover)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if w.final == nil {
+		return "", "", fmt.Errorf("the restoring worker ended with status %d: %s", w.exitCode, w.lastErr)
+	}
+	return w.final.SHA, w.source, nil
+}

@@ -1,0 +1,262 @@
+package faultinject
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+// Environment of a worker process.
+const (
+	// EnvWorker holds a worker's WorkerConfig as JSON; a process that has it
+	// is a worker (see IsWorker and WorkerMain).
+	EnvWorker = "ELASTICTRAIN_FAULTINJECT_WORKER"
+	// EnvSecret holds the job secret, hex-encoded. It travels in the
+	// environment, never on a command line or in a log.
+	EnvSecret = "ELASTICTRAIN_FAULTINJECT_SECRET"
+	// EnvRedisPassword holds the Redis password (ACL), if any.
+	EnvRedisPassword = "ELASTICTRAIN_FAULTINJECT_REDIS_PASSWORD"
+)
+
+// WorkerConfig is what a worker process is told (JSON in EnvWorker): the
+// job, where Redis and its peers are, and the training problem. The trainer
+// settings not listed keep trainer.DefaultConfig's values.
+type WorkerConfig struct {
+	JobID string `json:"job_id"`
+	// Index is the worker's launch index within the harness (0, 1, ...).
+	Index int `json:"index"`
+	// RedisAddr is where the worker reaches Redis (a proxy or the server).
+	RedisAddr string `json:"redis_addr"`
+	// RedisUser is the Redis ACL user name ("" = default user).
+	RedisUser string `json:"redis_user,omitempty"`
+	// ListenAddr is where the worker's collective transport listens.
+	ListenAddr string `json:"listen_addr"`
+	// AdvertiseAddr, when set, is the address peers dial (a proxy in front
+	// of ListenAddr); Unix sockets and shared memory are then off, so every
+	// byte between ranks crosses the proxy.
+	AdvertiseAddr string `json:"advertise_addr,omitempty"`
+	// AuditPath is the shared audit log (trainer.FileAudit).
+	AuditPath string `json:"audit_path"`
+	// CheckpointDir is the shared checkpoint directory ("" = none).
+	CheckpointDir string `json:"checkpoint_dir,omitempty"`
+	// CheckpointEvery: steps between durable checkpoints.
+	CheckpointEvery int `json:"checkpoint_every"`
+	// Problem: samples, features, global batch, seed, epochs.
+	Samples     int    `json:"samples"`
+	Dim         int    `json:"dim"`
+	GlobalBatch int    `json:"global_batch"`
+	Seed        uint64 `json:"seed"`
+	Epochs      int    `json:"epochs"`
+	// StepDelay is the simulated compute time of a step.
+	StepDelay time.Duration `json:"step_delay"`
+	// Rendezvous and transport timings.
+	MinWorkers        int           `json:"min_workers"`
+	MaxWorkers        int           `json:"max_workers"`
+	LastCall          time.Duration `json:"last_call"`
+	LeaseTTL          time.Duration `json:"lease_ttl"`
+	HeartbeatInterval time.Duration `json:"heartbeat_interval"`
+	OutageBudget      time.Duration `json:"outage_budget"`
+	OpTimeout         time.Duration `json:"op_timeout"`
+	DialTimeout       time.Duration `json:"dial_timeout"`
+	HoldTimeout       time.Duration `json:"hold_timeout"`
+	MaxRecoveries     int           `json:"max_recoveries"`
+	GracePeriod       time.Duration `json:"grace_period"`
+	// RedisTimeout is the go-redis dial, read and write timeout.
+	RedisTimeout time.Duration `json:"redis_timeout"`
+}
+
+// Report is one JSON line a worker writes on its standard output.
+type Report struct {
+	// Kind is "start", "round", "step", "final" or "error".
+	Kind  string `json:"kind"`
+	Index int    `json:"index"`
+	PID   int    `json:"pid"`
+	// Addr is the worker's advertised peer address ("start").
+	Addr   string `json:"addr,omitempty"`
+	Round  uint64 `json:"round,omitempty"`
+	Rank   int    `json:"rank"`
+	Size   int    `json:"size,omitempty"`
+	Step   int64  `json:"step,omitempty"`
+	Source string `json:"source,omitempty"`
+	// Recovery: the round followed a failure ("round").
+	Recovery bool `json:"recovery,omitempty"`
+	// RecoverySeconds: the worker's own time from seeing the failure to this
+	// step ("step", first step after a failure).
+	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
+	// SHA is the SHA-256 of the parameters and optimizer state ("final").
+	SHA  string  `json:"sha,omitempty"`
+	Loss float64 `json:"loss,omitempty"`
+	Err  string  `json:"err,omitempty"`
+	// At is when the harness read the line (set by the harness, not sent).
+	At time.Time `json:"-"`
+}
+
+// Exit statuses of a worker process.
+const (
+	ExitFinished  = 0   // the job finished; a "final" report was written
+	ExitError     = 1   // Run returned an error; an "error" report was written
+	ExitPreempted = 143 // SIGTERM: left gracefully (trainer.ErrPreempted)
+)
+
+// IsWorker reports whether this process was started as a worker by a
+// harness (EnvWorker is set).
+func IsWorker() bool { return os.Getenv(EnvWorker) != "" }
+
+// ParamsHash returns the hex SHA-256 of every parameter value (float32 bits,
+// little-endian, in order) followed by the optimizer state: equal hashes
+// mean identical parameters and optimizer state.
+func ParamsHash(ps []trainer.Param, opt trainer.Optimizer) string {
+	h := sha256.New()
+	var b [4]byte
+	for _, p := range ps {
+		for _, v := range p.Value {
+			binary.LittleEndian.PutUint32(b[:], math.Float32bits(v))
+			h.Write(b[:])
+		}
+	}
+	h.Write(opt.AppendState(nil))
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// WorkerMain runs one worker of the linear-regression job described by
+// EnvWorker and returns the process exit status (ExitFinished, ExitError,
+// ExitPreempted). Call it from TestMain when IsWorker():
+//
+//	func TestMain(m *testing.M) {
+//		if faultinject.IsWorker() {
+//			os.Exit(faultinject.WorkerMain())
+//		}
+//		...
+//	}
+//
+// SIGTERM preempts the trainer (graceful leave). Logs (JSON, level Info and
+// above) go to standard error; reports to standard output.
+func WorkerMain() int {
+	var mu sync.Mutex
+	enc := json.NewEncoder(os.Stdout)
+	var wc WorkerConfig
+	emit := func(r Report) {
+		r.PID, r.Index = os.Getpid(), wc.Index
+		mu.Lock()
+		_ = enc.Encode(r)
+		mu.Unlock()
+	}
+	fail := func(err error) int {
+		emit(Report{Kind: "error", Err: err.Error()})
+		return ExitError
+	}
+	if err := json.Unmarshal([]byte(os.Getenv(EnvWorker)), &wc); err != nil {
+		return fail(fmt.Errorf("faultinject: worker config: %w", err))
+	}
+	secret, err := hex.DecodeString(os.Getenv(EnvSecret))
+	if err != nil {
+		return fail(fmt.Errorf("faultinject: worker secret: %w", err))
+	}
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("pid", os.Getpid(), "worker", wc.Index)
+
+	prob := trainertest.NewProblem(wc.Samples, wc.Dim, 0.05, wc.Seed)
+	m := trainertest.NewModel(wc.Dim)
+	m.StepDelay = wc.StepDelay
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = wc.GlobalBatch, wc.Seed
+	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+	if err != nil {
+		return fail(err)
+	}
+	defer loader.Close()
+	client := redis.NewClient(&redis.Options{
+		Addr: wc.RedisAddr, Username: wc.RedisUser, Password: os.Getenv(EnvRedisPassword),
+		DialTimeout: wc.RedisTimeout, ReadTimeout: wc.RedisTimeout, WriteTimeout: wc.RedisTimeout,
+		MaxRetries: 1,
+	})
+	defer client.Close()
+
+	cfg := trainer.DefaultConfig()
+	cfg.JobID, cfg.Epochs = wc.JobID, wc.Epochs
+	cfg.ListenAddr = wc.ListenAddr
+	cfg.CheckpointEvery = wc.CheckpointEvery
+	cfg.MaxRecoveries = wc.MaxRecoveries
+	cfg.GracePeriod = wc.GracePeriod
+	cfg.Elastic.MinWorkers, cfg.Elastic.MaxWorkers = wc.MinWorkers, wc.MaxWorkers
+	cfg.Elastic.LastCall = wc.LastCall
+	cfg.Elastic.LeaseTTL, cfg.Elastic.HeartbeatInterval = wc.LeaseTTL, wc.HeartbeatInterval
+	cfg.Elastic.OutageBudget = wc.OutageBudget
+	cfg.Elastic.Logger = logger
+	cfg.Sync.Secret = secret
+	cfg.Sync.OpTimeout, cfg.Sync.DialTimeout, cfg.Sync.HoldTimeout = wc.OpTimeout, wc.DialTimeout, wc.HoldTimeout
+	cfg.Sync.Logger = logger
+	if wc.AdvertiseAddr != "" {
+		cfg.Sync.AdvertiseAddr = wc.AdvertiseAddr
+		cfg.Sync.LocalSockets, cfg.Sync.SharedMemory = false, false
+	}
+	audit, err := trainer.OpenFileAudit(wc.AuditPath)
+	if err != nil {
+		return fail(err)
+	}
+	defer audit.Close()
+	opts := []trainer.Option{trainer.WithAudit(audit), trainer.WithLogger(logger), trainer.WithHooks(trainer.Hooks{
+		OnRound: func(r trainer.RoundInfo) {
+			emit(Report{Kind: "round", Round: r.Round, Rank: r.Rank, Size: r.WorldSize, Step: r.Step, Source: r.Source, Recovery: r.Recovery})
+		},
+		OnStep: func(s trainer.StepInfo) {
+			emit(Report{Kind: "step", Round: s.Round, Rank: s.Rank, Size: s.WorldSize, Step: s.Step, Loss: s.Loss, RecoverySeconds: s.RecoverySeconds})
+		},
+	})}
+	if wc.CheckpointDir != "" {
+		st, err := trainer.NewLocalDir(wc.CheckpointDir, 3)
+		if err != nil {
+			return fail(err)
+		}
+		opts = append(opts, trainer.WithCheckpointStore(st))
+	}
+	opt := trainer.NewMomentum(0.02, 0.9)
+	tr, err := trainer.New(m.Params(), opt, loader, m.Step, elastic.NewRedisStore(client), cfg, opts...)
+	if err != nil {
+		return fail(err)
+	}
+	emit(Report{Kind: "start", Addr: wc.AdvertiseAddr})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	stopSig := make(chan struct{})
+	sigDone := make(chan struct{})
+	go func() {
+		defer close(sigDone)
+		select {
+		case <-sigs:
+			tr.Preempt()
+		case <-stopSig:
+		}
+	}()
+	defer func() { close(stopSig); <-sigDone }()
+	res, err := tr.Run(context.Background())
+	switch {
+	case err == nil:
+		emit(Report{Kind: "final", Step: res.Step, SHA: ParamsHash(m.Params(), opt), Loss: m.Loss(prob)})
+		return ExitFinished
+	case errors.Is(err, trainer.ErrPreempted):
+		emit(Report{Kind: "error", Step: res.Step, Err: err.Error()})
+		return ExitPreempted
+	default:
+		emit(Report{Kind: "error", Step: res.Step, Err: err.Error()})
+		return ExitError
+	}
+}
