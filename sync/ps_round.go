@@ -1667,10 +1667,20 @@ func (r *PSRound) servePush(ctx context.Context, sh *psShard, from int, h *wire.
 // per row, then applies the optimizer once per touched row. sh.mu is held.
 func (r *PSRound) applyRecs(sh *psShard, recs [][]psPushRec) {
 	S := int64(r.shards)
+	need := make([]int, len(sh.acc))
+	for _, list := range recs {
+		for _, rec := range list {
+			need[rec.table] += len(rec.ids)
+		}
+	}
 	for t := range sh.acc {
 		a := &sh.acc[t]
 		clear(a.slot)
 		a.rows, a.g = a.rows[:0], a.g[:0]
+		if dim := r.ps.tables[t].Dim; cap(a.g) < need[t]*dim {
+			a.g = make([]float32, 0, need[t]*dim)
+			a.rows = make([]int64, 0, need[t])
+		}
 	}
 	for _, list := range recs {
 		for _, rec := range list {

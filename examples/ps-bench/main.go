@@ -193,6 +193,11 @@ func runChild(o options) error {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	stopProfile := func() {
+		if o.cpuprof != "" && o.child == 0 {
+			pprof.StopCPUProfile()
+		}
+	}
 	rng := mrand.New(mrand.NewPCG(uint64(o.child), 99))
 	enc := json.NewEncoder(os.Stdout)
 	for _, b := range o.batches {
@@ -236,9 +241,10 @@ func runChild(o options) error {
 			return err
 		}
 	}
-	// Keep every shard up until every rank is done: commit is a collective
-	// that needs all shards, then wait for the parent's go-ahead.
-	if err := r.Commit(ctx, r.Step()); err != nil {
+	stopProfile()
+	// Keep every shard up until every rank is done, then wait for the
+	// parent's go-ahead.
+	if err := r.Barrier(ctx); err != nil {
 		return err
 	}
 	fmt.Println("DONE")
