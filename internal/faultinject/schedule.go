@@ -155,6 +155,10 @@ type ScheduleConfig struct {
 	MinAfter, MaxAfter int64
 	// MaxDuration bounds fault durations. Default 3 s.
 	MaxDuration time.Duration
+	// EachKind makes the first faults a random permutation of Kinds, so a
+	// short schedule still has every kind (as far as the live-worker bounds
+	// allow); later faults are drawn uniformly. Default false.
+	EachKind bool
 }
 
 // NewSchedule draws a schedule of cfg.Faults faults from seed: the same
@@ -187,12 +191,23 @@ func NewSchedule(seed uint64, cfg ScheduleConfig) []Fault {
 		return lo + time.Duration(rng.Int64N(int64(hi-lo)))
 	}
 	live := cfg.Workers
+	var first []Kind
+	if cfg.EachKind {
+		first = append(first, cfg.Kinds...)
+		rng.Shuffle(len(first), func(i, j int) { first[i], first[j] = first[j], first[i] })
+	}
 	out := make([]Fault, 0, cfg.Faults)
 	for len(out) < cfg.Faults {
 		f := Fault{Kind: cfg.Kinds[rng.IntN(len(cfg.Kinds))], Target: rng.IntN(1 << 16),
 			After: cfg.MinAfter + rng.Int64N(cfg.MaxAfter-cfg.MinAfter+1)}
+		if len(first) > 0 {
+			f.Kind, first = first[0], first[1:]
+		}
 		switch {
 		case f.Kind.destructive() && live <= cfg.MinLive:
+			if len(first) < len(cfg.Kinds) {
+				first = append(first, f.Kind) // keep it for later
+			}
 			f.Kind = Join
 		case f.Kind == Join && live >= cfg.MaxLive:
 			continue
