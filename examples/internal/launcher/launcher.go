@@ -180,10 +180,19 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				w.cmd.Process.Kill() // SIGKILL also ends a stopped process
 			}
 		}
+		left := 0
 		for _, w := range workers {
 			if !w.exited {
-				<-exits
-				w.exited = true
+				left++
+			}
+		}
+		// Discard late events so no reader blocks while the exits drain.
+		for left > 0 {
+			select {
+			case ex := <-exits:
+				workers[ex.idx].exited = true
+				left--
+			case <-events:
 			}
 		}
 		readers.Wait()
@@ -218,8 +227,10 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		w := &worker{idx: idx, cmd: cmd, events: r, rank: -1}
 		workers[idx] = w
 		readers.Add(1)
+		readDone := make(chan struct{})
 		go func() {
 			defer readers.Done()
+			defer close(readDone)
 			defer r.Close()
 			sc := bufio.NewScanner(r)
 			sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -234,6 +245,8 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		go func() {
 			err := cmd.Wait()
 			code := cmd.ProcessState.ExitCode()
+			// Every event the worker wrote is queued before its exit is.
+			<-readDone
 			exits <- exit{idx: idx, code: code, err: err}
 		}()
 		return nil
@@ -301,11 +314,75 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 	}
 
+	handle := func(ev Event) {
+		w := workers[ev.Worker]
+		switch ev.Ev {
+		case "round":
+			if w != nil {
+				w.rank, w.round = ev.Rank, ev.Round
+			}
+			if rounds[ev.Round] == nil {
+				rs := &RoundSeen{Round: ev.Round, WorldSize: ev.WorldSize, Step: ev.Step, Source: ev.Source, Recovery: ev.Recovery}
+				rounds[ev.Round] = rs
+				if ev.Round > lastRound {
+					if lastRound != 0 {
+						what := "membership change"
+						if ev.Recovery {
+							what = "recovery after a failure"
+						}
+						fmt.Fprintf(logw, "[launcher] round %d: world size %d -> %d (%s), continuing from step %d\n",
+							ev.Round, lastWS, ev.WorldSize, what, ev.Step)
+					}
+					lastRound, lastWS = ev.Round, ev.WorldSize
+				}
+			}
+		case "step":
+			if ev.Step > sum.MaxStep {
+				sum.MaxStep = ev.Step
+			}
+			lastLoss, lastEpoch = ev.Loss, ev.Epoch
+			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, At: ev.At})
+			samples += int64(ev.Samples)
+			for len(awaiting) > 0 && ev.Round > awaiting[0].round {
+				d := time.Since(awaiting[0].at).Seconds()
+				sum.Recoveries = append(sum.Recoveries, d)
+				fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
+				awaiting = awaiting[1:]
+			}
+			for len(pending) > 0 && sum.MaxStep >= pending[0].Step {
+				f := pending[0]
+				pending = pending[1:]
+				apply(f)
+			}
+		case "done":
+			e := ev
+			sum.Done = &e
+			// A stopped worker never exits by itself; the job no longer needs it.
+			for _, w := range workers {
+				if w.stopped && !w.exited {
+					w.cmd.Process.Kill()
+				}
+			}
+			doneTimeout = time.After(time.Minute)
+		case "error":
+			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
+		}
+	}
+
 	for running > 0 {
 		select {
 		case <-ctx.Done():
 			return sum, fmt.Errorf("launcher: %w", ctx.Err())
 		case ex := <-exits:
+			// Handle what the worker said before it exited first.
+			for drained := false; !drained; {
+				select {
+				case ev := <-events:
+					handle(ev)
+				default:
+					drained = true
+				}
+			}
 			w := workers[ex.idx]
 			w.exited = true
 			running--
@@ -314,58 +391,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
 			}
 		case ev := <-events:
-			w := workers[ev.Worker]
-			switch ev.Ev {
-			case "round":
-				if w != nil {
-					w.rank, w.round = ev.Rank, ev.Round
-				}
-				if rounds[ev.Round] == nil {
-					rs := &RoundSeen{Round: ev.Round, WorldSize: ev.WorldSize, Step: ev.Step, Source: ev.Source, Recovery: ev.Recovery}
-					rounds[ev.Round] = rs
-					if ev.Round > lastRound {
-						if lastRound != 0 {
-							what := "membership change"
-							if ev.Recovery {
-								what = "recovery after a failure"
-							}
-							fmt.Fprintf(logw, "[launcher] round %d: world size %d -> %d (%s), continuing from step %d\n",
-								ev.Round, lastWS, ev.WorldSize, what, ev.Step)
-						}
-						lastRound, lastWS = ev.Round, ev.WorldSize
-					}
-				}
-			case "step":
-				if ev.Step > sum.MaxStep {
-					sum.MaxStep = ev.Step
-				}
-				lastLoss, lastEpoch = ev.Loss, ev.Epoch
-				sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, At: ev.At})
-				samples += int64(ev.Samples)
-				for len(awaiting) > 0 && ev.Round > awaiting[0].round {
-					d := time.Since(awaiting[0].at).Seconds()
-					sum.Recoveries = append(sum.Recoveries, d)
-					fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
-					awaiting = awaiting[1:]
-				}
-				for len(pending) > 0 && sum.MaxStep >= pending[0].Step {
-					f := pending[0]
-					pending = pending[1:]
-					apply(f)
-				}
-			case "done":
-				e := ev
-				sum.Done = &e
-				// A stopped worker never exits by itself; the job no longer needs it.
-				for _, w := range workers {
-					if w.stopped && !w.exited {
-						w.cmd.Process.Kill()
-					}
-				}
-				doneTimeout = time.After(time.Minute)
-			case "error":
-				fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
-			}
+			handle(ev)
 		case <-doneTimeout:
 			fmt.Fprintf(logw, "[launcher] workers still running a minute after the job finished; killing them\n")
 			for _, w := range workers {
