@@ -42,6 +42,13 @@ const (
 	AttrCause     = attribute.Key("elastictrain.cause")
 )
 
+// Histogram bucket boundaries, in seconds: steps take milliseconds to
+// seconds; recoveries tens of milliseconds to a lease or a timeout.
+var (
+	StepDurationBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
+	RecoveryDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+)
+
 type telemetry struct {
 	tracer      trace.Tracer
 	stepDur     metric.Float64Histogram
@@ -72,7 +79,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) 
 		}
 	}
 	var e error
-	t.stepDur, e = m.Float64Histogram(MetricStepDuration, metric.WithUnit("s"), metric.WithDescription("Wall time of one applied training step."))
+	t.stepDur, e = m.Float64Histogram(MetricStepDuration, metric.WithUnit("s"), metric.WithDescription("Wall time of one applied training step."),
+		metric.WithExplicitBucketBoundaries(StepDurationBuckets...))
 	must(e)
 	t.samples, e = m.Int64Counter(MetricSamples, metric.WithUnit("{sample}"), metric.WithDescription("Samples of the global batches applied (counted on rank 0)."))
 	must(e)
@@ -82,7 +90,8 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) 
 	must(e)
 	t.recoveries, e = m.Int64Counter(MetricRecoveries, metric.WithUnit("{recovery}"), metric.WithDescription("Rounds begun because the previous one failed."))
 	must(e)
-	t.recoveryDur, e = m.Float64Histogram(MetricRecoveryDuration, metric.WithUnit("s"), metric.WithDescription("Time from seeing a failure to the first applied step of the next round."))
+	t.recoveryDur, e = m.Float64Histogram(MetricRecoveryDuration, metric.WithUnit("s"), metric.WithDescription("Time from seeing a failure to the first applied step of the next round."),
+		metric.WithExplicitBucketBoundaries(RecoveryDurationBuckets...))
 	must(e)
 	t.goodput, e = m.Float64Gauge(MetricGoodput, metric.WithUnit("1"), metric.WithDescription("Useful training time over wall time since Run began."))
 	must(e)

@@ -91,6 +91,7 @@ type Trainer[B any] struct {
 	fixed               []float64   // deterministic mode: fixed-point gradient sums
 	microCount          int         // deterministic mode: micro-batches of this rank's share
 	nvalues             int         // values over all parameters
+	runStart            time.Time
 
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
@@ -228,6 +229,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
 	}
 	start := t.o.now()
+	t.runStart = start
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
 	// After Preempt, everything must be over within the grace period.
@@ -392,6 +394,9 @@ type collectiveWatch struct {
 	stop  chan struct{}
 	done  chan struct{}
 }
+
+// goodputEvery is how many steps pass between goodput gauge records.
+const goodputEvery = 50
 
 // abortGrace is how long a collective may run with a membership change
 // pending before the watch aborts it; planned changes are normally taken at
@@ -877,6 +882,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			ck.submit(t.step, t.latest.encode(nil, t.params))
 		}
 		t.tel.stepDur.Record(ctx, stepDur.Seconds(), t.tel.commonAttrs)
+		if t.step%goodputEvery == 0 {
+			t.tel.goodput.Record(ctx, t.goodput(t.runStart), t.tel.commonAttrs)
+		}
 		if rank == 0 {
 			t.tel.samples.Add(ctx, int64(n), t.tel.commonAttrs)
 		}
