@@ -512,6 +512,32 @@ func (h *Harness) Signal(w *Worker, sig syscall.Signal) error {
 	return nil
 }
 
+// WorkerResult is how a worker ended (see Harness.Result).
+type WorkerResult struct {
+	// Exited is true once the process has exited; ExitCode is its status
+	// (-1 when a signal ended it).
+	Exited   bool
+	ExitCode int
+	// Final is its "final" report, nil if it did not finish the job.
+	Final *Report
+	// Err is the text of its last "error" report.
+	Err string
+	// Source is the state source of its first round.
+	Source string
+}
+
+// Result returns how worker w ended so far.
+func (h *Harness) Result(w *Worker) WorkerResult {
+	exited := w.isExited()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	r := WorkerResult{Exited: exited, Final: w.final, Err: w.lastErr, Source: w.source}
+	if exited {
+		r.ExitCode = w.exitCode
+	}
+	return r
+}
+
 // Workers returns the workers launched so far, in launch order.
 func (h *Harness) Workers() []*Worker {
 	h.mu.Lock()

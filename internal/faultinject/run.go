@@ -127,7 +127,24 @@ func (h *Harness) drive(ctx context.Context, faults []Fault, b Bounds) RunResult
 		}
 		res.Injections = append(res.Injections, in)
 	}
-	// The end: enough workers to finish, then every process must exit.
+	fin := h.Finish(ctx, b)
+	fin.Injections = res.Injections
+	fin.Violations = append(res.Violations, fin.Violations...)
+	h.measure(fin.Injections)
+	return fin
+}
+
+// Finish ends a run: it starts workers up to MinWorkers if the job has not
+// finished, waits (within b.Exit) for every worker process to exit, and
+// checks every invariant: every process exited (one left is killed and is a
+// violation) with the status its faults explain, no panic, race or secret
+// in any log, identical parameters on every rank that finished, every
+// sample of every epoch exactly once in the audit, every durable
+// checkpoint loads, and the newest restores the final state.
+func (h *Harness) Finish(ctx context.Context, b Bounds) RunResult {
+	b = b.withDefaults()
+	var res RunResult
+	violate := func(f string, a ...any) { res.Violations = append(res.Violations, fmt.Sprintf(f, a...)) }
 	if st := h.Status(); st.Finished == 0 {
 		for n := st.Live - st.Stopped; n < h.cfg.MinWorkers; n++ {
 			if _, err := h.AddWorker(ctx); err != nil {
@@ -135,13 +152,12 @@ func (h *Harness) drive(ctx context.Context, faults []Fault, b Bounds) RunResult
 			}
 		}
 	}
-	c, cancel = bounded(b.Exit)
+	c, cancel := context.WithTimeout(ctx, b.Exit)
 	left := h.WaitExit(c)
 	cancel()
 	if len(left) > 0 {
 		violate("workers %v did not exit within %v of the last fault (killed)", left, b.Exit)
 	}
-	h.measure(res.Injections)
 	h.check(ctx, &res, b)
 	return res
 }
