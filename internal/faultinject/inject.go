@@ -82,6 +82,17 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 	case Join, Crash, RedisRestart, RedisOutage:
 	default:
 		ts := h.targets()
+		if f.Kind.needsPeerProxy() {
+			// Only a worker that peers dial has links to fault (with small
+			// buffers, connections between a pair go one way).
+			var in []*Worker
+			for _, w := range ts {
+				if w.PeerProxy.Conns() > 0 {
+					in = append(in, w)
+				}
+			}
+			ts = in
+		}
 		if len(ts) == 0 {
 			return skip("no live worker")
 		}

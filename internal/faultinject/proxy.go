@@ -154,6 +154,13 @@ func (p *Proxy) Cut() int {
 	return len(links)
 }
 
+// Conns returns the number of open connections.
+func (p *Proxy) Conns() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.links)
+}
+
 // Heal lifts every fault: no latency, no bandwidth limit, no blackhole, no
 // refusal. Open connections stay open.
 func (p *Proxy) Heal() {
@@ -345,15 +352,15 @@ func (l *link) pipe(src, dst net.Conn, toUpstream bool) {
 	q := make(chan chunk, 64)
 	go func() {
 		defer close(q)
+		buf := make([]byte, 32<<10)
 		for {
-			buf := make([]byte, 32<<10)
 			n, err := src.Read(buf)
 			if n > 0 {
 				if toUpstream {
 					l.capture(buf[:n])
 				}
 				select {
-				case q <- chunk{b: buf[:n], at: time.Now()}:
+				case q <- chunk{b: append([]byte(nil), buf[:n]...), at: time.Now()}:
 				case <-l.done:
 					return
 				}
