@@ -508,3 +508,41 @@ func TestStragglerEviction(t *testing.T) {
 	j.checkFinished(ws)
 	require.Equal(t, 2, ws[0].res.WorldSize)
 }
+
+// When every member is fenced at once (all leases lapsed together: a store
+// stall, an overloaded host), the members rejoin as new members and keep
+// their commits: the job continues from where it was, not from step 0.
+func TestAllMembersFencedKeepProgress(t *testing.T) {
+	store := elastic.NewMemoryStoreForTest()
+	var offset atomic.Int64
+	store.SetClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	j := newJob(t, func() elastic.Store { return store })
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 3 }
+	rounds := make(chan RoundInfo, 64)
+	var jumped atomic.Bool
+	j.opts = func(int) []Option {
+		return []Option{WithHooks(Hooks{
+			OnRound: func(r RoundInfo) { rounds <- r },
+			OnStep: func(s StepInfo) {
+				if s.Step == 20 && jumped.CompareAndSwap(false, true) {
+					offset.Add(int64(time.Minute)) // every lease lapses
+				}
+			},
+		})}
+	}
+	ws := []*inproc{j.start(), j.start(), j.start()}
+	j.wait()
+	j.checkFinished(ws)
+	close(rounds)
+	var later []RoundInfo
+	for r := range rounds {
+		if r.Round > 1 {
+			later = append(later, r)
+		}
+	}
+	require.NotEmpty(t, later, "the members formed a new round after being fenced")
+	for _, r := range later {
+		require.Equal(t, "commit", r.Source, "state kept across fencing")
+		require.GreaterOrEqual(t, r.Step, int64(19))
+	}
+}

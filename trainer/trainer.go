@@ -78,6 +78,7 @@ type Trainer[B any] struct {
 	step                int64
 	gen                 uint64 // lineage of the live state (see Audit)
 	restored            bool   // this round's state came from a checkpoint or init
+	stateRound          uint64 // round in which the live state was last installed
 	cursor              dataloader.Cursor
 	recoveries          []int64
 	failures            []string
@@ -289,10 +290,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		switch {
 		case errors.Is(err, elastic.ErrFenced):
 			// Our member was evicted (e.g. we were paused past our lease):
-			// our state is stale, so come back as a new member without it.
+			// come back as a new member. Our commits stay: state agreement
+			// prefers holders from a later round, so they only count if no
+			// fresher holder exists (every member was fenced at once).
 			t.log.Warn("fenced; rejoining as a new member", "err", err)
 			agent.Close()
-			t.latest, t.prev = nil, nil
 			agent, err = elastic.NewAgent(t.store, elastic.NewMember(tr.Addr()), t.cfg.Elastic)
 			if err != nil {
 				return res, fmt.Errorf("trainer: rendezvous: %w", err)
@@ -522,13 +524,17 @@ func (t *Trainer[B]) syncState(ctx context.Context, comm sync.Synchronizer, worl
 func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool, watch *collectiveWatch) (RoundInfo, error) {
 	const none = -1e300
 	info := RoundInfo{Round: world.Round, Rank: world.Rank, WorldSize: world.Size, Recovery: recovered}
-	v := []float64{t.fp, -t.fp, none, -float64(world.Size), 0}
+	// Phase 1: same model everywhere? Who holds the freshest state (the
+	// highest round in which a rank last installed state)? A member that
+	// was fenced keeps its state but, having missed rounds, defers to
+	// fresher holders; if every member was fenced at once they all hold the
+	// same round and nothing is lost.
+	v := []float64{t.fp, -t.fp, none, 0}
 	if t.latest != nil {
-		v[2] = -float64(t.latest.step)
-		v[3] = -float64(world.Rank)
+		v[2] = float64(t.stateRound)
 	}
 	if recovered {
-		v[4] = 1
+		v[3] = 1
 	}
 	watch.enter()
 	err := comm.AllReduceFloat64(ctx, v, sync.OpMax)
@@ -539,13 +545,26 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if v[0] != t.fp || -v[1] != t.fp {
 		return info, fmt.Errorf("%w: parameter names, shapes or optimizer differ between ranks of round %d", ErrModelMismatch, world.Round)
 	}
-	recovered = v[4] > 0
+	recovered = v[3] > 0
 	info.Recovery = recovered
 	root := 0
+	agreed := int64(-1)
 	var sn *snapshot
-	if v[3] > -float64(world.Size) { // some rank holds live state
-		root = int(-v[3])
-		agreed := int64(-v[2])
+	if v[2] > none { // some rank holds live state
+		// Phase 2: among the freshest holders, the newest commit that all
+		// of them hold (invariant 2), and the lowest rank holding it.
+		fresh := v[2]
+		w := []float64{none, -float64(world.Size)}
+		if t.latest != nil && float64(t.stateRound) == fresh {
+			w[0], w[1] = -float64(t.latest.step), -float64(world.Rank)
+		}
+		watch.enter()
+		err := comm.AllReduceFloat64(ctx, w, sync.OpMax)
+		watch.leave()
+		if err != nil {
+			return info, fmt.Errorf("trainer: state agreement: %w", err)
+		}
+		root, agreed = int(-w[1]), int64(-w[0])
 		info.Source = "commit"
 		if world.Rank == root {
 			for _, c := range []*snapshot{t.latest, t.prev} {
@@ -567,8 +586,8 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 			}
 		}
 	}
-	if t.latest != nil {
-		info.RolledBack = t.step - int64(-v[2])
+	if t.latest != nil && agreed >= 0 {
+		info.RolledBack = t.step - agreed
 	}
 
 	// Broadcast the root's snapshot: its length, then its bytes.
@@ -684,6 +703,7 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 		return fmt.Errorf("trainer: reshard loader: %w", err)
 	}
 	t.step, t.gen, t.cursor = sn.step, sn.gen, cur
+	t.stateRound = world.Round
 	t.recoveries = slices.Clone(sn.recoveries)
 	t.latest, t.prev = sn, nil
 	t.pendingUseful = 0
