@@ -46,6 +46,9 @@ type config struct {
 	job, audit string
 }
 
+// errUsage reports a command line the flag package already complained about.
+var errUsage = errors.New("bad command line")
+
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
@@ -71,11 +74,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
 	if err := fs.Parse(args); err != nil {
-		return nil, err
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, err
+		}
+		return nil, errUsage // the flag package printed the error and the usage
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -117,6 +123,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
+	}
+	if errors.Is(err, errUsage) {
+		return 2
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "mnist: %v\n", err)

@@ -25,6 +25,8 @@ func startEmbedded(ctx context.Context) (*standalone.Server, error) {
 // pingRedis checks that addr answers before any worker starts, so a wrong
 // -redis flag is one clear error rather than N failing workers.
 func pingRedis(ctx context.Context, addr string) error {
+	// go-redis logs failed dials itself; the error below says it once.
+	redis.SetLogger(quietRedis{})
 	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, MaxRetries: 1})
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -54,3 +56,8 @@ func verifyAudit(c *config) (trainer.AuditReport, error) {
 	}
 	return trainer.VerifyAudit(entries, c.epochs, expected), nil
 }
+
+// quietRedis discards go-redis' own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}

@@ -49,13 +49,17 @@ func (f Faults) String() string {
 
 // Set parses one "A@STEP" value.
 func (f Faults) Set(s string) error {
+	what := "RANK"
+	if f.Kind == Join {
+		what = "COUNT"
+	}
 	a, b, ok := strings.Cut(s, "@")
 	if !ok {
-		return fmt.Errorf("want %s as N@STEP, got %q", f.Kind, s)
+		return fmt.Errorf("want -%s %s@STEP, got %q", f.Kind, what, s)
 	}
 	n, err := strconv.Atoi(a)
 	if err != nil || n < 0 {
-		return fmt.Errorf("bad %s target %q: want a rank (or count) >= 0", f.Kind, a)
+		return fmt.Errorf("bad -%s %s %q: want a whole number >= 0", f.Kind, what, a)
 	}
 	if f.Kind == Join && n < 1 {
 		return fmt.Errorf("bad join count %d: want at least 1", n)
