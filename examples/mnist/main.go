@@ -273,11 +273,19 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			fmt.Fprintf(stderr, "mnist: plot: %v\n", err)
 		}
 	}
-	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %d rounds, %d recoveries; audit: %d missing, %d duplicates\n",
-		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries, res.AuditMissing, res.AuditDuplicates)
+	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit: %d missing, %d duplicates\n",
+		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, plural(res.Rounds, "round", "rounds"),
+		plural(res.Recoveries, "recovery", "recoveries"), res.AuditMissing, res.AuditDuplicates)
 	if c.json {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
 	}
 	return nil
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return "1 " + one
+	}
+	return fmt.Sprintf("%d %s", n, many)
 }
