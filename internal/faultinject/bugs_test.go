@@ -1,9 +1,14 @@
 package faultinject_test
 
 import (
+	"context"
 	"encoding/binary"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
+	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -42,4 +47,32 @@ func TestAdamStateWithMomentsHalfMissingIsRefused(t *testing.T) {
 		}
 	}()
 	_ = b.Step(params) // an error or a valid step, never a panic
+}
+
+// Bug in dataloader/redisqueue: Queue.Progress trusts the counters of the
+// epoch's meta hash in Redis. A corrupt "acked" (here 99 of 3 shards) comes
+// back as ShardProgress{Acked: 99, Pending: -96} without an error, so a
+// caller's "epoch done" test (Pending == 0 && Leased == 0) or its progress
+// display reads nonsense instead of learning that the store is corrupt.
+// Fix: refuse counters outside 0..Total (and Acked+Leased > Total) with an
+// error.
+func TestRedisQueueProgressRefusesCorruptCounters(t *testing.T) {
+	ctx := context.Background()
+	c := testredis.Client(t)
+	job := testredis.JobID(t)
+	cfg := redisqueue.DefaultConfig()
+	cfg.JobID = job
+	cfg.Shards.DatasetLen, cfg.Shards.ShardSize = 10, 4
+	q, err := redisqueue.New(c, cfg)
+	require.NoError(t, err)
+	s, err := q.Lease(ctx, 0, "w")
+	require.NoError(t, err)
+	require.NoError(t, q.Ack(ctx, s))
+	meta := cfg.Prefix + "{" + job + "}:shards:0:meta"
+	defer c.Del(ctx, meta, cfg.Prefix+"{"+job+"}:shards:0:leases", cfg.Prefix+"{"+job+"}:shards:0:state")
+	require.NoError(t, c.HSet(ctx, meta, "acked", 99).Err())
+	p, err := q.Progress(ctx, 0)
+	if err == nil && (p.Acked > p.Total || p.Pending < 0) {
+		t.Errorf("Progress returned %+v from a corrupt counter instead of an error", p)
+	}
 }
