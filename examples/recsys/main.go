@@ -28,7 +28,10 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
+	"strconv"
+	"strings"
 	gosync "sync"
 	"syscall"
 	"time"
@@ -50,6 +53,12 @@ type config struct {
 	json, quiet       bool
 	faults            []launcher.Fault
 	detect            time.Duration
+	dynamic           bool
+	shardSize         int
+	lease             time.Duration
+	slowWorker        int
+	slowPerSample     time.Duration
+	audit             string
 	job               string // set by the launcher for workers
 }
 
@@ -79,12 +88,30 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
+	fs.BoolVar(&c.dynamic, "dynamic", false, "dynamic data shards: lease shards of each epoch from a queue in Redis, and split each global batch over the ranks by their measured speed")
+	fs.IntVar(&c.shardSize, "shard-size", 2048, "-dynamic: samples per data shard")
+	fs.DurationVar(&c.lease, "lease", 20*time.Second, "-dynamic: data shard lease TTL (must exceed the recovery time)")
+	slow := fs.String("slow", "", "make one worker slow: INDEX:DURATION adds DURATION of compute per sample on the worker of launch index INDEX")
+	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	c.slowWorker = -1
+	if *slow != "" {
+		i, d, ok := strings.Cut(*slow, ":")
+		n, err1 := strconv.Atoi(i)
+		dur, err2 := time.ParseDuration(d)
+		if !ok || err1 != nil || err2 != nil || n < 0 || dur <= 0 {
+			return nil, fmt.Errorf("-slow %q: want INDEX:DURATION, e.g. 1:20us", *slow)
+		}
+		c.slowWorker, c.slowPerSample = n, dur
+	}
+	if c.dynamic && (c.shardSize < 1 || c.lease < 4*c.detect) {
+		return nil, fmt.Errorf("-shard-size %d must be positive and -lease %v at least 4 times -detect %v", c.shardSize, c.lease, c.detect)
 	}
 	switch {
 	case c.workers < 1:
@@ -132,14 +159,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 // workerArgs are the flags passed on to every worker.
 func workerArgs(c *config) []string {
 	g := c.gen
-	return []string{
+	a := []string{
 		"-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch), "-dim", fmt.Sprint(c.dim),
 		"-commit-every", fmt.Sprint(c.commitEvery), "-lr", fmt.Sprint(c.lr), "-dense-lr", fmt.Sprint(c.denseLR),
 		"-users", fmt.Sprint(g.Users), "-items", fmt.Sprint(g.Items), "-impressions", fmt.Sprint(g.Impressions),
 		"-latent", fmt.Sprint(g.Latent), "-zipf", fmt.Sprint(g.Zipf), "-seed", fmt.Sprint(g.Seed),
 		"-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max), "-redis", c.redis, "-shard-dir", c.shardDir,
-		"-job", c.job, "-detect", c.detect.String(),
+		"-job", c.job, "-detect", c.detect.String(), "-audit", c.audit,
+		"-shard-size", fmt.Sprint(c.shardSize), "-lease", c.lease.String(), "-dynamic=" + fmt.Sprint(c.dynamic),
 	}
+	if c.slowWorker >= 0 {
+		a = append(a, "-slow", fmt.Sprintf("%d:%v", c.slowWorker, c.slowPerSample))
+	}
+	return a
 }
 
 // result is the final JSON line.
@@ -161,6 +193,11 @@ type result struct {
 	Recoveries      int       `json:"recoveries"`
 	RecoverySeconds []float64 `json:"recovery_seconds"`
 	PulledRows      int64     `json:"pulled_rows"`
+	SamplesApplied  int       `json:"samples_applied"`
+	AuditMissing    int       `json:"audit_missing"`
+	AuditDuplicates int       `json:"audit_duplicates"`
+	Dynamic         bool      `json:"dynamic"`
+	MeanShare       []float64 `json:"mean_share_by_rank"`
 	WallSeconds     float64   `json:"wall_seconds"`
 	Redis           string    `json:"redis"`
 }
@@ -207,6 +244,14 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			return fmt.Errorf("-redis %s does not answer: %w", c.redis, err)
 		}
 	}
+	if c.audit == "" {
+		dir, err := os.MkdirTemp("", "elastictrain-recsys-audit-")
+		if err != nil {
+			return err
+		}
+		defer os.RemoveAll(dir)
+		c.audit = filepath.Join(dir, "audit.log")
+	}
 	if c.shardDir == "" {
 		dir, err := os.MkdirTemp("", "elastictrain-recsys-")
 		if err != nil {
@@ -246,9 +291,15 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	res.Gap = res.OracleAUC - res.AUC
 	res.TrainImpr, res.TestImpr = int(num("train")), int(num("test"))
 	res.PulledRows = int64(num("pulled_rows"))
+	rep, err := verifyAudit(c.audit, c, res.TrainImpr)
+	if err != nil {
+		return err
+	}
+	res.SamplesApplied, res.AuditMissing, res.AuditDuplicates, res.MeanShare = rep.Samples, rep.Missing, rep.Duplicates, rep.MeanShare
+	res.Dynamic = c.dynamic
 	res.WallSeconds = time.Since(start).Seconds()
-	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f, gap %.4f) after %d steps in %.1f s; world sizes %v; %d rounds, %d recoveries\n",
-		res.AUC, res.OracleAUC, res.Gap, res.Steps, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries)
+	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f, gap %.4f) after %d steps in %.1f s; world sizes %v; %d rounds, %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
+		res.AUC, res.OracleAUC, res.Gap, res.Steps, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries, res.SamplesApplied, res.AuditMissing, res.AuditDuplicates)
 	if c.json {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))

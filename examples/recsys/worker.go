@@ -2,20 +2,24 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/sync"
@@ -56,12 +60,13 @@ type snapshot struct {
 	cursor     []byte
 	dense      []float32
 	opt        []byte
+	data       []byte // -dynamic: the JSON of the dynState
 }
 
 func (s *snapshot) encode() []byte {
 	b := binary.LittleEndian.AppendUint64(nil, uint64(s.step))
 	b = binary.LittleEndian.AppendUint64(b, uint64(s.recoveries))
-	for _, part := range [][]byte{s.cursor, f32Bytes(s.dense), s.opt} {
+	for _, part := range [][]byte{s.cursor, f32Bytes(s.dense), s.opt, s.data} {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(part)))
 		b = append(b, part...)
 	}
@@ -74,7 +79,7 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 	}
 	s := &snapshot{step: int64(binary.LittleEndian.Uint64(b)), recoveries: int64(binary.LittleEndian.Uint64(b[8:]))}
 	b = b[16:]
-	var parts [3][]byte
+	var parts [4][]byte
 	for i := range parts {
 		if len(b) < 4 || int(binary.LittleEndian.Uint32(b)) > len(b)-4 {
 			return nil, errors.New("snapshot truncated")
@@ -82,7 +87,7 @@ func decodeSnapshot(b []byte) (*snapshot, error) {
 		n := int(binary.LittleEndian.Uint32(b))
 		parts[i], b = b[4:4+n], b[4+n:]
 	}
-	s.cursor, s.opt = parts[0], parts[2]
+	s.cursor, s.opt, s.data = parts[0], parts[2], parts[3]
 	if len(parts[1])%4 != 0 {
 		return nil, errors.New("snapshot: bad dense length")
 	}
@@ -121,6 +126,11 @@ type worker struct {
 	lastLoss     float64
 	look         Lookup
 	pulled       int64
+	train        []Sample
+	dyn          *dyn     // -dynamic
+	data         dynState // -dynamic: the data state of the live commit
+	audit        *os.File
+	slow         time.Duration // injected compute time per sample
 }
 
 type roundEnd int
@@ -187,10 +197,33 @@ func runWorker(c *config, stderr io.Writer) int {
 	defer client.Close()
 	store := elastic.NewRedisStore(client)
 	w := &worker{c: c, ev: ev, log: log, test: test, model: NewModel(c.dim), opt: trainer.NewAdam(c.denseLR),
-		loader: loader, ringTr: ringTr, ps: ps, store: store}
+		loader: loader, ringTr: ringTr, ps: ps, store: store, train: train}
+	if c.audit != "" {
+		f, err := os.OpenFile(c.audit, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			return fail(err)
+		}
+		defer f.Close()
+		w.audit = f
+	}
+	if c.slowWorker >= 0 && os.Getenv(launcher.EnvWorker) == fmt.Sprint(c.slowWorker) {
+		w.slow = c.slowPerSample
+	}
+	if c.dynamic {
+		scfg := dataloader.DefaultShardConfig()
+		scfg.DatasetLen, scfg.ShardSize, scfg.LeaseTTL = len(train), c.shardSize, c.lease
+		q, err := redisqueue.New(client, redisqueue.Config{Shards: scfg, JobID: c.job, KeyTTL: time.Hour})
+		if err != nil {
+			return fail(err)
+		}
+		w.dyn = &dyn{q: q, cfg: scfg, seed: c.gen.Seed, log: log}
+	}
 	w.agent, err = elastic.NewAgent(store, elastic.NewMember(ringTr.Addr()+"|"+psTr.Addr()), w.ecfg())
 	if err != nil {
 		return fail(err)
+	}
+	if w.dyn != nil {
+		w.dyn.worker = w.agent.Member().ID
 	}
 	defer func() { w.agent.Close() }()
 	if err := w.run(ctx, len(train)); err != nil {
@@ -321,7 +354,10 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 		root = int(-u[0])
 	} else if world.Rank == 0 {
 		cur, _ := w.loader.NewCursor().MarshalBinary()
-		sn = &snapshot{cursor: cur, dense: NewModel(w.c.dim).Dense, opt: trainer.NewAdam(w.c.denseLR).AppendState(nil)}
+		var g [4]byte
+		rand.Read(g[:])
+		data, _ := json.Marshal(dynState{Gen: binary.LittleEndian.Uint32(g[:])})
+		sn = &snapshot{cursor: cur, dense: NewModel(w.c.dim).Dense, opt: trainer.NewAdam(w.c.denseLR).AppendState(nil), data: data}
 	}
 	var blob []byte
 	lenBuf := make([]byte, 8)
@@ -357,6 +393,12 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 	if err := w.install(got, world); err != nil {
 		return endFatal, err
 	}
+	if w.dyn != nil {
+		if err := w.dyn.install(rctx, w.data, world.Rank, world.Size); err != nil {
+			return failure(fmt.Errorf("data shards: %w", err))
+		}
+	}
+	w.auditf("R %d %d\n", world.Round, w.step)
 
 	// The parameter server's round, rows restored to the same step.
 	psr, err := w.ps.Round(rctx, sync.PSWorld{World: sync.World{Round: world.Round, Rank: world.Rank, Addrs: psAddrs}}, w.step)
@@ -367,55 +409,126 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 	w.ev.Emit(launcher.Event{Ev: "round", Round: world.Round, Rank: world.Rank, WorldSize: world.Size, Step: w.step,
 		Epoch: w.cursor.Epoch, Source: source, Recovery: recovered, RolledBack: rolledBack})
 
-	dim := w.c.dim
-	ctl := make([]float64, 3+dim+1)
+	dim, W := w.c.dim, world.Size
+	// Control values summed by the allreduce: a pending membership change,
+	// the loss, the samples, the dense gradients, how many ranks found the
+	// epoch done (-dynamic), then each rank's samples and compute seconds.
+	const cChange, cLoss, cN, cGrad = 0, 1, 2, 3
+	cDone := cGrad + dim + 1
+	cSamples, cCompute := cDone+1, cDone+1+W
+	ctl := make([]float64, cCompute+W)
 	for {
-		b, err := w.loader.Next(rctx)
-		if err != nil {
-			return failure(fmt.Errorf("data: %w", err))
-		}
-		if b.Epoch >= w.c.epochs {
-			return w.finish(rctx, comm, psr, world, nTrain)
+		var samples []Sample
+		var indices []int
+		var epoch int
+		var next dataloader.Cursor
+		epochDone := false
+		if d := w.dyn; d != nil {
+			if d.epoch >= w.c.epochs {
+				return w.finish(rctx, comm, psr, world, nTrain)
+			}
+			if err := d.renewIfDue(rctx); err != nil {
+				return failure(fmt.Errorf("data shards: %w", err))
+			}
+			epoch = d.epoch
+			indices, epochDone, err = d.take(rctx, shares(w.c.batch, d.speed)[world.Rank])
+			if err != nil {
+				return failure(fmt.Errorf("data shards: %w", err))
+			}
+			samples = make([]Sample, len(indices))
+			for i, x := range indices {
+				samples[i] = w.train[x]
+			}
+		} else {
+			b, err := w.loader.Next(rctx)
+			if err != nil {
+				return failure(fmt.Errorf("data: %w", err))
+			}
+			if b.Epoch >= w.c.epochs {
+				return w.finish(rctx, comm, psr, world, nTrain)
+			}
+			samples, indices, epoch, next = b.Data, b.Indices, b.Epoch, b.Next
 		}
 		l := &w.look
-		l.Prepare(b.Data, dim)
+		l.Prepare(samples, dim)
 		if err := psr.Pull(rctx, sync.Rows{Table: tableUsers, IDs: l.Users, Values: l.UVals},
 			sync.Rows{Table: tableItems, IDs: l.Items, Values: l.IVals}); err != nil {
 			return failure(fmt.Errorf("step %d: pull: %w", w.step+1, err))
 		}
 		w.pulled += int64(len(l.Users) + len(l.Items))
-		loss := w.model.Backward(b.Data, l)
+		t0 := time.Now()
+		loss := w.model.Backward(samples, l)
+		if w.slow > 0 {
+			time.Sleep(w.slow * time.Duration(len(samples))) // an injected slow machine
+		}
+		compute := time.Since(t0).Seconds()
 		if err := psr.Push(rctx, sync.Rows{Table: tableUsers, IDs: l.Users, Values: l.UGrad},
 			sync.Rows{Table: tableItems, IDs: l.Items, Values: l.IGrad}); err != nil {
 			return failure(fmt.Errorf("step %d: push: %w", w.step+1, err))
 		}
 		clear(ctl)
 		if w.agent.ChangePending() {
-			ctl[0] = 1
+			ctl[cChange] = 1
 		}
-		ctl[1], ctl[2] = loss, float64(len(b.Data))
+		ctl[cLoss], ctl[cN] = loss, float64(len(samples))
 		for k, g := range w.model.Grad {
-			ctl[3+k] = float64(g)
+			ctl[cGrad+k] = float64(g)
 		}
+		if epochDone {
+			ctl[cDone] = 1
+		}
+		ctl[cSamples+world.Rank], ctl[cCompute+world.Rank] = float64(len(samples)), compute
 		if err := comm.AllReduceFloat64(rctx, ctl, sync.OpSum); err != nil {
 			return failure(fmt.Errorf("step %d: allreduce: %w", w.step+1, err))
 		}
-		n := ctl[2]
-		for k := range w.model.Grad {
-			w.model.Grad[k] = float32(ctl[3+k] / n)
-		}
-		if err := w.opt.Step(w.model.Params()); err != nil {
-			return endFatal, err
+		n := ctl[cN]
+		if n > 0 {
+			for k := range w.model.Grad {
+				w.model.Grad[k] = float32(ctl[cGrad+k] / n)
+			}
+			if err := w.opt.Step(w.model.Params()); err != nil {
+				return endFatal, err
+			}
+			w.lastLoss = ctl[cLoss] / n
 		}
 		w.step++
-		w.cursor = b.Next
-		w.lastLoss = ctl[1] / n
-		leaving := ctl[0] > 0
-		if leaving || w.step%int64(w.c.commitEvery) == 0 {
+		w.auditf("S %d %d %d %d %s\n", world.Round, w.step, world.Rank, epoch, joinInts(indices))
+		leaving := ctl[cChange] > 0
+		due := leaving || w.step%int64(w.c.commitEvery) == 0
+		if d := w.dyn; d != nil {
+			d.observe(ctl[cSamples:cSamples+W], ctl[cCompute:cCompute+W])
+			d.wait = n == 0
+			if int(ctl[cDone]) == W {
+				d.setEpoch(d.epoch + 1) // every shard of the epoch is acked
+				d.mine, d.done = nil, nil
+				d.wait = false
+				due = true
+			} else if n == 0 {
+				due = true // ack what was consumed, so the epoch can end
+			}
+		} else {
+			w.cursor = next
+		}
+		if due {
+			if d := w.dyn; d != nil {
+				if err := d.prefetch(rctx, w.c.commitEvery*shares(w.c.batch, d.speed)[world.Rank]); err != nil {
+					return failure(fmt.Errorf("step %d: data shards: %w", w.step, err))
+				}
+				st, err := d.gather(rctx, comm)
+				if err != nil {
+					return failure(fmt.Errorf("step %d: data state: %w", w.step, err))
+				}
+				w.data = st
+			}
 			if err := psr.Commit(rctx, w.step); err != nil {
 				return failure(fmt.Errorf("step %d: commit: %w", w.step, err))
 			}
 			w.commit()
+			if w.dyn != nil {
+				if err := w.dyn.ackDone(rctx); err != nil {
+					return failure(fmt.Errorf("step %d: %w", w.step, err))
+				}
+			}
 		}
 		if leaving {
 			// Every worker's commit requests must be answered before any
@@ -426,12 +539,27 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 		}
 		if world.Rank == 0 {
 			w.ev.Emit(launcher.Event{Ev: "step", Round: world.Round, Rank: 0, WorldSize: world.Size, Step: w.step,
-				Epoch: b.Epoch, Loss: w.lastLoss, Samples: int(n)})
+				Epoch: epoch, Loss: w.lastLoss, Samples: int(n),
+				Extra: map[string]any{"shares": ctl[cSamples : cSamples+W]}})
 		}
 		if leaving {
 			return endRejoin, nil
 		}
 	}
+}
+
+func joinInts(v []int) string {
+	b := make([]byte, 0, 8*len(v))
+	for i, x := range v {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, int64(x), 10)
+	}
+	if len(b) == 0 {
+		return "-"
+	}
+	return string(b)
 }
 
 // watch cancels the round when a membership change stays pending for a
@@ -484,9 +612,22 @@ func (w *worker) install(sn *snapshot, world elastic.World) error {
 	if err := w.loader.Reset(cur, world.Rank, world.Size); err != nil {
 		return err
 	}
+	w.data = dynState{}
+	if len(sn.data) > 0 {
+		if err := json.Unmarshal(sn.data, &w.data); err != nil {
+			return fmt.Errorf("data state: %w", err)
+		}
+	}
 	w.step, w.recoveries, w.cursor = sn.step, sn.recoveries, cur
 	w.latest, w.prev = sn, nil
 	return nil
+}
+
+// auditf appends a line to the exactly-once audit log, if any.
+func (w *worker) auditf(format string, a ...any) {
+	if w.audit != nil {
+		fmt.Fprintf(w.audit, format, a...)
+	}
 }
 
 // commit snapshots the dense state (the parameter server committed its
@@ -494,8 +635,9 @@ func (w *worker) install(sn *snapshot, world elastic.World) error {
 func (w *worker) commit() {
 	cur, _ := w.cursor.MarshalBinary()
 	w.prev = w.latest
+	data, _ := json.Marshal(w.data)
 	w.latest = &snapshot{step: w.step, recoveries: w.recoveries, cursor: cur,
-		dense: append([]float32(nil), w.model.Dense...), opt: w.opt.AppendState(nil)}
+		dense: append([]float32(nil), w.model.Dense...), opt: w.opt.AppendState(nil), data: data}
 }
 
 // finish ends the job: a last commit, rank 0 evaluates on the test split
