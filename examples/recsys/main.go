@@ -1,20 +1,30 @@
 // Command recsys trains a click-through model whose user and item
 // embeddings live on elastictrain's parameter server (package sync), with
 // the small dense part allreduced in the same step (a hybrid step, as in
-// DLRM), on a generated click log with a known best achievable AUC. Several
-// local worker processes rendezvous through Redis (an embedded
-// Redis-protocol server unless -redis is given); each hosts one shard of
-// the tables. Faults can be injected: when a worker hosting a shard is
-// killed, the survivors form a new round, roll back to the last commit and
-// re-partition the rows over themselves, taking the dead worker's rows
-// from the shard store.
+// DLRM), on a generated click log with a known best achievable AUC (see
+// GenConfig). Several local worker processes rendezvous through Redis (an
+// embedded Redis-protocol server unless -redis is given); each hosts one
+// shard of the tables. Faults can be injected: when a worker hosting a
+// shard is killed, the survivors form a new round, roll back to the last
+// commit and re-partition the rows over themselves, taking the dead
+// worker's rows from the shard store; a joining worker gets its rows from
+// their live owners.
+//
+// Data comes from dynamic shards by default: each epoch is cut into shards
+// leased from a queue in Redis, and every global batch is split over the
+// ranks by their measured speed, so a slow worker (-slow) takes less of it;
+// -dynamic=false uses the loader's fixed split by rank instead. Either way
+// every sample of every epoch is applied exactly once, which the launcher
+// checks from an audit log written by the workers.
 //
 //	go run ./examples/recsys -json
 //	go run ./examples/recsys -workers 4 -kill 1@600 -join 1@1000 -json
+//	go run ./examples/recsys -slow 1:20us -json
 //
 // The final line with -json holds auc, oracle_auc (the generator's own
 // model scored on the same test impressions), rows, recoveries and
-// wall_seconds, among others. Run with -h for every flag.
+// wall_seconds, and the audit's counts (samples_applied, audit_missing,
+// audit_duplicates), among others. Run with -h for every flag.
 package main
 
 import (
@@ -88,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
-	fs.BoolVar(&c.dynamic, "dynamic", false, "dynamic data shards: lease shards of each epoch from a queue in Redis, and split each global batch over the ranks by their measured speed")
+	fs.BoolVar(&c.dynamic, "dynamic", true, "dynamic data shards: lease shards of each epoch from a queue in Redis and split each global batch over the ranks by their measured speed; false: the loader's fixed split by rank")
 	fs.IntVar(&c.shardSize, "shard-size", 2048, "-dynamic: samples per data shard")
 	fs.DurationVar(&c.lease, "lease", 20*time.Second, "-dynamic: data shard lease TTL (must exceed the recovery time)")
 	slow := fs.String("slow", "", "make one worker slow: INDEX:DURATION adds DURATION of compute per sample on the worker of launch index INDEX")

@@ -183,12 +183,13 @@ func runJob(t *testing.T, args ...string) result {
 	return r
 }
 
-// TestKilledShardHostRecovers: 3 worker processes, each hosting a shard;
+// TestKilledShardHostRecovers: 3 worker processes, each hosting a shard,
+// with the loader's fixed split (so both runs train the same steps);
 // the one holding rank 1 is SIGKILLed off a commit boundary. Training goes
 // on without it (its rows come back from the shard store), and the final
 // AUC is within 0.01 of an uninterrupted run and within 0.02 of the oracle.
 func TestKilledShardHostRecovers(t *testing.T) {
-	small := []string{"-epochs", "2", "-workers", "3", "-detect", "1s"}
+	small := []string{"-dynamic=false", "-epochs", "2", "-workers", "3", "-detect", "1s"}
 	base := runJob(t, small...)
 	killed := runJob(t, append(small, "-kill", "1@311")...)
 	t.Logf("uninterrupted: auc %.4f oracle %.4f; killed: auc %.4f, recoveries %d, world sizes %v, recovery %v s",
@@ -218,7 +219,7 @@ func TestKilledShardHostRecovers(t *testing.T) {
 // survivors: every training sample of every epoch is applied exactly once,
 // and the AUC stays within 0.02 of the oracle.
 func TestDynamicShardsExactlyOnceWithSlowWorkerAndKill(t *testing.T) {
-	r := runJob(t, "-dynamic", "-epochs", "2", "-workers", "3", "-detect", "1s", "-slow", "0:50us", "-kill", "1@400")
+	r := runJob(t, "-epochs", "2", "-workers", "3", "-detect", "1s", "-slow", "0:50us", "-kill", "1@400")
 	t.Logf("auc %.4f oracle %.4f; %d samples, %d missing, %d duplicates; shares %v; world sizes %v; %.1f s",
 		r.AUC, r.OracleAUC, r.SamplesApplied, r.AuditMissing, r.AuditDuplicates, r.MeanShare, r.WorldSizes, r.WallSeconds)
 	if r.AuditMissing != 0 || r.AuditDuplicates != 0 || r.SamplesApplied != 2*r.TrainImpr {
