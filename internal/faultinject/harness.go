@@ -314,7 +314,6 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 	h.logf("started worker %d (pid %d, peer address %s)", w.Index, w.PID, w.Addr)
 	h.wg.Add(1)
 	go h.read(w, out)
-	_ = ctx
 	return w, nil
 }
 

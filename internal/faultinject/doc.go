@@ -1,0 +1,62 @@
+// Package faultinject is the fault-injection harness of elastictrain's
+// reliability suite: it runs real worker processes of a small deterministic
+// training job against real Redis, injects every fault a job on preemptible
+// machines meets, and checks the invariants of DESIGN.md after every run.
+// It is internal: tests use it, users do not.
+//
+// # Worker processes
+//
+// A worker is the test binary re-executed with EnvWorker set: its TestMain
+// calls WorkerMain, which trains the linear-regression job of package
+// trainer/trainertest (a few milliseconds per step) with a trainer.FileAudit
+// shared by all workers, durable checkpoints in a shared directory, and the
+// timings of WorkerConfig. It reports JSON lines (Report) on standard output
+// and logs JSON on standard error; the job secret travels in the
+// environment only.
+//
+// # Harness
+//
+// Start launches the workers of one job (Config); AddWorker starts more;
+// Signal sends SIGKILL, SIGSTOP, SIGCONT or SIGTERM; WaitFor and WaitStep
+// wait on the reports with a deadline. With Config.ProxyRedis each worker
+// reaches Redis through its own Proxy; with Config.ProxyPeers each worker's
+// collective port sits behind a Proxy (the worker advertises the proxy's
+// address through sync.Config.AdvertiseAddr, with Unix sockets and shared
+// memory off so every byte between ranks crosses it). Config.Redis (a
+// *testredis.Server) lets the harness stop and restart Redis.
+//
+// # Faults
+//
+// Kind lists them: SIGKILL, hang (SIGSTOP then SIGCONT), preemption
+// (SIGTERM), a new worker, a whole-job crash, Redis restarted empty, Redis
+// stopped for a while, and latency, bandwidth limits, blackholes and cuts on
+// one worker's Redis link or on the links into its collective port.
+// NewSchedule draws a schedule from a seed (math/rand/v2 PCG), so a failing
+// run replays with the same seed; Inject applies one fault and heals it.
+//
+// # Invariants
+//
+// Run drives one job through a schedule and Finish checks, once every
+// process has exited: the job finished within its bounds and nothing stayed
+// blocked (each fault is followed by a step within Bounds.Recover, the end
+// by every exit within Bounds.Exit); no process is left; every exit is one
+// the faults explain and no log holds a panic, a data race or the secret;
+// the audit shows every sample of every epoch exactly once; every rank that
+// finished holds identical parameters and optimizer state (SHA-256); every
+// durable checkpoint loads, and a fresh worker restores the newest one to
+// the same state. Violations come back as sentences in RunResult.
+//
+// # Statistics
+//
+// Stats folds runs together: faults injected, survived and disrupting by
+// kind, invariant violations, and recovery times (from a fault's start, and
+// after it healed, to the first step applied in a new round), with median
+// and maximum. The soak test prints them.
+//
+// # Proxy
+//
+// Proxy is a small TCP proxy (no third-party dependency) whose faults can
+// change at any moment: SetLatency, SetBandwidth, SetBlackhole, Cut and
+// SetRefuse; SetCapture keeps the first bytes of each connection, which the
+// security tests replay.
+package faultinject
