@@ -42,6 +42,9 @@ type Config struct {
 	RedisAddr string
 	// RedisUser and RedisPassword authenticate with an ACL user (optional).
 	RedisUser, RedisPassword string
+	// RedisCAFile, when set, makes the workers talk TLS to Redis, trusting
+	// the PEM certificates in this file. Default "" (plain TCP).
+	RedisCAFile string
 	// Redis, when set, lets the harness stop and restart Redis; its Addr
 	// should equal RedisAddr. Default nil (no Redis faults).
 	Redis RedisServer
@@ -276,7 +279,7 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 		w.Addr = w.PeerProxy.Addr()
 	}
 	wc := WorkerConfig{
-		JobID: jobID, Index: w.Index, RedisAddr: redisAddr, RedisUser: h.cfg.RedisUser,
+		JobID: jobID, Index: w.Index, RedisAddr: redisAddr, RedisUser: h.cfg.RedisUser, RedisCAFile: h.cfg.RedisCAFile,
 		ListenAddr: listen, AdvertiseAddr: w.Addr, AuditPath: audit, CheckpointDir: h.ckpt,
 		CheckpointEvery: h.cfg.CheckpointEvery, Samples: h.cfg.Samples, Dim: h.cfg.Dim,
 		GlobalBatch: h.cfg.GlobalBatch, Seed: h.cfg.Seed, Epochs: h.cfg.Epochs, StepDelay: h.cfg.StepDelay,

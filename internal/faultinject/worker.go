@@ -3,6 +3,8 @@ package faultinject
 import (
 	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -10,6 +12,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"os"
 	"os/signal"
 	"sync"
@@ -47,6 +50,9 @@ type WorkerConfig struct {
 	RedisAddr string `json:"redis_addr"`
 	// RedisUser is the Redis ACL user name ("" = default user).
 	RedisUser string `json:"redis_user,omitempty"`
+	// RedisCAFile, when set, makes the worker talk TLS to Redis, trusting
+	// the PEM certificates in this file.
+	RedisCAFile string `json:"redis_ca_file,omitempty"`
 	// ListenAddr is where the worker's collective transport listens.
 	ListenAddr string `json:"listen_addr"`
 	// AdvertiseAddr, when set, is the address peers dial (a proxy in front
@@ -182,11 +188,24 @@ func WorkerMain() int {
 		return fail(err)
 	}
 	defer loader.Close()
-	client := redis.NewClient(&redis.Options{
+	ropts := &redis.Options{
 		Addr: wc.RedisAddr, Username: wc.RedisUser, Password: os.Getenv(EnvRedisPassword),
 		DialTimeout: wc.RedisTimeout, ReadTimeout: wc.RedisTimeout, WriteTimeout: wc.RedisTimeout,
 		MaxRetries: 1,
-	})
+	}
+	if wc.RedisCAFile != "" {
+		pem, err := os.ReadFile(wc.RedisCAFile)
+		if err != nil {
+			return fail(fmt.Errorf("faultinject: Redis CA: %w", err))
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return fail(fmt.Errorf("faultinject: Redis CA: no certificate in %s", wc.RedisCAFile))
+		}
+		host, _, _ := net.SplitHostPort(wc.RedisAddr)
+		ropts.TLSConfig = &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	client := redis.NewClient(ropts)
 	defer client.Close()
 
 	cfg := trainer.DefaultConfig()
