@@ -213,6 +213,14 @@ func (p *Proxy) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			// Transient (e.g. out of descriptors): back off a little.
+			t := time.NewTimer(10 * time.Millisecond)
+			select {
+			case <-t.C:
+			case <-p.closed:
+				t.Stop()
+				return
+			}
 			continue
 		}
 		p.mu.Lock()

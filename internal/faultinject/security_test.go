@@ -108,6 +108,9 @@ func TestStrangersAreRefusedWithoutDisturbingTraining(t *testing.T) {
 	cfg.ProxyPeers = true // to capture a genuine handshake for the replay
 	cfg.Epochs = 6
 	cfg.StepDelay = 5 * time.Millisecond
+	// Long leases: on a loaded machine a lapsed lease would start a new
+	// round that the strangers did not cause.
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 5*time.Second, 300*time.Millisecond
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
