@@ -58,25 +58,34 @@ func FuzzClientHandshake(f *testing.F) {
 }
 
 // FuzzPeerFrames: an authenticated peer sends arbitrary bytes on its mesh
-// connection during a small allreduce, then ends the stream. The receiving
-// rank never panics and never hangs: it fails with an error (or completes,
-// if the bytes happen to be the right frame).
+// connection during a small allreduce (lane false), or on its ring lane
+// during a large one (lane true), then ends the stream. The receiving rank
+// never panics and never hangs: it fails with an error (or completes, if
+// the bytes happen to be the right frames).
 func FuzzPeerFrames(f *testing.F) {
 	want := wire.Header{Kind: wire.KindAllReduce, Op: uint8(OpSum) | 4<<4, Round: 1, Seq: 1, Total: 40, Length: 40}
 	good := make([]byte, wire.HeaderSize+40)
 	want.Put(good)
-	f.Add(good)
-	f.Add(good[:wire.HeaderSize+7])
+	f.Add(false, good)
+	f.Add(false, good[:wire.HeaderSize+7])
 	abort := make([]byte, wire.HeaderSize+wire.AbortSize)
 	(&wire.Header{Kind: wire.KindAbort, Round: 1, Length: wire.AbortSize}).Put(abort)
 	(&wire.Abort{Origin: 1, Blamed: 0, Reason: wire.ReasonProtocol}).Put(abort[wire.HeaderSize:])
-	f.Add(abort)
-	f.Add([]byte("garbage"))
-	f.Fuzz(func(t *testing.T, data []byte) {
+	f.Add(false, abort)
+	f.Add(false, []byte("garbage"))
+	lane := wire.Header{Kind: wire.KindAllReduce, Op: uint8(OpSum) | 4<<4, Round: 1, Seq: 1, Total: 400000, Length: 4096}
+	laneFrame := make([]byte, wire.HeaderSize)
+	lane.Put(laneFrame)
+	f.Add(true, laneFrame)
+	f.Add(true, []byte("garbage on a lane"))
+	f.Fuzz(func(t *testing.T, onLane bool, data []byte) {
 		cfg := smallConfig(t)
 		cfg.OpTimeout = 10 * time.Second
 		w := newTestWorld(t, 2, cfg)
-		c := w.rings[1].peers[0].mesh
+		c, n := w.rings[1].peers[0].mesh, 10
+		if onLane {
+			c, n = w.rings[1].lanes[0].right, 100000
+		}
 		var wg gosync.WaitGroup
 		wg.Add(1)
 		go func() {
@@ -88,7 +97,7 @@ func FuzzPeerFrames(f *testing.F) {
 		}()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err := w.rings[0].AllReduceFloat32(ctx, make([]float32, 10), OpSum)
+		err := w.rings[0].AllReduceFloat32(ctx, make([]float32, n), OpSum)
 		w.rings[0].Close()
 		w.rings[1].Close()
 		wg.Wait()
