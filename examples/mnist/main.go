@@ -11,21 +11,17 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"time"
 
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
 
@@ -134,19 +130,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(launcher.EnvWorker) != "" {
 		return runWorker(cfg, stderr)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := runLauncher(ctx, cfg, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "mnist: %v\n", err)
-		return 1
-	}
-	return 0
-}
-
-func randomID() string {
-	b := make([]byte, 6)
-	rand.Read(b)
-	return "mnist-" + hex.EncodeToString(b)
+	return jobenv.RunLauncher("mnist", stderr, func(ctx context.Context) error {
+		return runLauncher(ctx, cfg, stdout, stderr)
+	})
 }
 
 // workerArgs are the flags passed on to every worker.
@@ -202,52 +188,35 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		return err
 	}
 	if c.job == "" {
-		c.job = randomID()
+		c.job = jobenv.NewJobID("mnist")
 	}
-	redisDesc := c.redis
-	if c.redis == "" {
-		srv, err := startEmbedded(ctx)
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		c.redis = srv.Addr()
-		redisDesc = "embedded"
-	} else if err := pingRedis(ctx, c.redis); err != nil {
+	store, err := jobenv.OpenStore(ctx, c.redis)
+	if err != nil {
 		return err
 	}
+	defer store.Close()
+	c.redis = store.Addr
 	if c.audit == "" {
-		dir, err := os.MkdirTemp("", "elastictrain-mnist-")
+		path, remove, err := jobenv.TempFile("elastictrain-mnist-", "audit.jsonl")
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		c.audit = filepath.Join(dir, "audit.jsonl")
+		defer remove()
+		c.audit = path
 	}
 	logw := stderr
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
-		c.job, c.workers, c.model, c.epochs, c.batch, redisDesc, runtime.NumCPU())
-	// The job secret authenticates the workers' collective connections; it
-	// travels in the environment, never on a command line.
-	secret := make([]byte, 32)
-	rand.Read(secret)
+		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Env: []string{envSecret + "=" + hex.EncodeToString(secret)},
+		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {
 		return err
 	}
-	res := result{Workers: c.workers, Model: c.model, Redis: redisDesc, Rounds: len(sum.Rounds),
-		WorldSizes: sum.WorldSizes(), RecoverySeconds: sum.Recoveries}
-	if res.RecoverySeconds == nil {
-		res.RecoverySeconds = []float64{}
-	}
-	for _, r := range sum.Rounds {
-		if r.Recovery {
-			res.Recoveries++
-		}
-	}
+	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Rounds: len(sum.Rounds),
+		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),
+		Recoveries: sum.RecoveryRounds()}
 	d := sum.Done
 	if v, ok := d.Extra["test_accuracy"].(float64); ok {
 		res.TestAccuracy = v

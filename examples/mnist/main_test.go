@@ -123,7 +123,7 @@ func TestRedisOnAClosedPortIsAClearErrorBeforeAnyWorker(t *testing.T) {
 	require.Contains(t, stderr, "-redis "+addr+" does not answer")
 	require.Contains(t, stderr, "connection refused")
 	require.NotContains(t, stderr, "[launcher] job", "no worker may start")
-	// Not a hang: the refusal comes back within pingRedis's own 3 s bound.
+	// Not a hang: the refusal comes back within jobenv.OpenStore's own 3 s bound.
 	require.Less(t, time.Since(start), 10*time.Second)
 }
 

@@ -20,6 +20,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/trainer"
 )
@@ -42,9 +43,6 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 
 // detMicroBatch is the micro-batch size of -deterministic runs.
 const detMicroBatch = 32
-
-// envSecret carries the job secret (hex) from the launcher to its workers.
-const envSecret = "ELASTICTRAIN_SECRET"
 
 // Exit statuses of a worker.
 const (
@@ -95,9 +93,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	defer client.Close()
 	store := elastic.NewRedisStore(client)
 
-	secret, err := hex.DecodeString(os.Getenv(envSecret))
-	if err != nil || len(secret) < 16 {
-		return fail(fmt.Errorf("%s must hold the job secret (hex, at least 16 bytes)", envSecret))
+	secret, err := jobenv.Secret()
+	if err != nil {
+		return fail(err)
 	}
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs

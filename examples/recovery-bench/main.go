@@ -13,30 +13,24 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"slices"
-	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
-
-const envSecret = "ELASTICTRAIN_SECRET"
 
 type config struct {
 	workers, trials int
@@ -97,13 +91,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := bench(ctx, c, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "recovery-bench: %v\n", err)
-		return 1
-	}
-	return 0
+	return jobenv.RunLauncher("recovery-bench", stderr, func(ctx context.Context) error {
+		return bench(ctx, c, stdout, stderr)
+	})
 }
 
 // Trial is one measured kill.
@@ -115,27 +105,20 @@ type Trial struct {
 }
 
 func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
-	redisDesc := c.redis
-	if c.redis == "" {
-		srv, err := standalone.Start(ctx, "127.0.0.1:0")
-		if err != nil {
-			return err
-		}
-		defer srv.Close()
-		c.redis, redisDesc = srv.Addr(), "embedded"
+	store, err := jobenv.OpenStore(ctx, c.redis)
+	if err != nil {
+		return err
 	}
+	defer store.Close()
+	c.redis = store.Addr
 	var all []float64
 	for i := range c.trials {
-		secret := make([]byte, 32)
-		rand.Read(secret)
-		id := make([]byte, 6)
-		rand.Read(id)
-		job := "recovery-bench-" + hex.EncodeToString(id)
+		job := jobenv.NewJobID("recovery-bench")
 		args := []string{"-redis", c.redis, "-job", job, "-lease", c.lease.String(), "-step", c.stepDelay.String(),
 			"-kill-at", fmt.Sprint(c.killAt), "-workers", fmt.Sprint(c.workers)}
 		sum, err := launcher.Run(ctx, launcher.Spec{
 			Workers: c.workers, Args: args, Quiet: true, Log: io.Discard,
-			Env:    []string{envSecret + "=" + hex.EncodeToString(secret)},
+			Env:    jobenv.SecretEnv(),
 			Faults: []launcher.Fault{{Kind: launcher.Kill, Rank: 1, Step: c.killAt}},
 		})
 		if err != nil {
@@ -157,10 +140,10 @@ func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	med := all[len(all)/2]
 	if c.json {
 		b, _ := json.Marshal(map[string]any{"summary": true, "workers": c.workers, "trials": len(all),
-			"median_recovery_seconds": med, "max_recovery_seconds": all[len(all)-1], "store": redisDesc})
+			"median_recovery_seconds": med, "max_recovery_seconds": all[len(all)-1], "store": store.Desc})
 		fmt.Fprintln(stdout, string(b))
 	} else {
-		fmt.Fprintf(stdout, "median %.3f s, max %.3f s over %d trials (%d workers, store %s)\n", med, all[len(all)-1], len(all), c.workers, redisDesc)
+		fmt.Fprintf(stdout, "median %.3f s, max %.3f s over %d trials (%d workers, store %s)\n", med, all[len(all)-1], len(all), c.workers, store.Desc)
 	}
 	return nil
 }
@@ -168,9 +151,9 @@ func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 // worker trains linear regression until a few hundred steps after the kill.
 func worker(c *config) error {
 	ev := launcher.NewEmitter()
-	secret, err := hex.DecodeString(os.Getenv(envSecret))
-	if err != nil || len(secret) < 16 {
-		return fmt.Errorf("%s must hold the job secret", envSecret)
+	secret, err := jobenv.Secret()
+	if err != nil {
+		return err
 	}
 	const batch = 16
 	samples := int(c.killAt+200) * batch

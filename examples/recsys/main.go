@@ -29,26 +29,19 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	gosync "sync"
-	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
 
@@ -157,13 +150,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv(launcher.EnvWorker) != "" {
 		return runWorker(cfg, stderr)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := runLauncher(ctx, cfg, stdout, stderr); err != nil {
-		fmt.Fprintf(stderr, "recsys: %v\n", err)
-		return 1
-	}
-	return 0
+	return jobenv.RunLauncher("recsys", stderr, func(ctx context.Context) error {
+		return runLauncher(ctx, cfg, stdout, stderr)
+	})
 }
 
 // workerArgs are the flags passed on to every worker.
@@ -231,36 +220,21 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		stderr = &lockedWriter{w: stderr}
 	}
 	if c.job == "" {
-		b := make([]byte, 6)
-		rand.Read(b)
-		c.job = "recsys-" + hex.EncodeToString(b)
+		c.job = jobenv.NewJobID("recsys")
 	}
-	redisDesc := c.redis
-	if c.redis == "" {
-		srv, err := standalone.Start(ctx, "127.0.0.1:0")
-		if err != nil {
-			return fmt.Errorf("embedded store: %w", err)
-		}
-		defer srv.Close()
-		c.redis = srv.Addr()
-		redisDesc = "embedded"
-	} else {
-		rc := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second, MaxRetries: 1})
-		pctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := rc.Ping(pctx).Err()
-		cancel()
-		rc.Close()
-		if err != nil {
-			return fmt.Errorf("-redis %s does not answer: %w", c.redis, err)
-		}
+	store, err := jobenv.OpenStore(ctx, c.redis)
+	if err != nil {
+		return err
 	}
+	defer store.Close()
+	c.redis = store.Addr
 	if c.audit == "" {
-		dir, err := os.MkdirTemp("", "elastictrain-recsys-audit-")
+		path, remove, err := jobenv.TempFile("elastictrain-recsys-audit-", "audit.log")
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		c.audit = filepath.Join(dir, "audit.log")
+		defer remove()
+		c.audit = path
 	}
 	if c.shardDir == "" {
 		dir, err := os.MkdirTemp("", "elastictrain-recsys-")
@@ -271,12 +245,10 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.shardDir = dir
 	}
 	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s, %d cores\n",
-		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, redisDesc, runtime.NumCPU())
-	secret := make([]byte, 32)
-	rand.Read(secret)
+		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
-		Env: []string{envSecret + "=" + hex.EncodeToString(secret)},
+		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {
 		return err
@@ -284,17 +256,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if sum.Done == nil {
 		return fmt.Errorf("the job ended without a final report (exits: %v)", sum.Exits)
 	}
-	res := result{Workers: c.workers, Redis: redisDesc, Rounds: len(sum.Rounds), WorldSizes: sum.WorldSizes(),
-		RecoverySeconds: sum.Recoveries, Epochs: c.epochs, Dim: c.dim, Users: c.gen.Users, Items: c.gen.Items,
+	res := result{Workers: c.workers, Redis: store.Desc, Rounds: len(sum.Rounds), WorldSizes: sum.WorldSizes(),
+		RecoverySeconds: append([]float64{}, sum.Recoveries...), Recoveries: sum.RecoveryRounds(), Epochs: c.epochs, Dim: c.dim, Users: c.gen.Users, Items: c.gen.Items,
 		Rows: int64(c.gen.Users + c.gen.Items), Steps: sum.Done.Step}
-	if res.RecoverySeconds == nil {
-		res.RecoverySeconds = []float64{}
-	}
-	for _, r := range sum.Rounds {
-		if r.Recovery {
-			res.Recoveries++
-		}
-	}
 	x := sum.Done.Extra
 	num := func(k string) float64 { v, _ := x[k].(float64); return v }
 	res.AUC, res.OracleAUC = num("auc"), num("oracle_auc")

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/binary"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,13 +20,11 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
 )
-
-// envSecret carries the job secret (hex) from the launcher to its workers.
-const envSecret = "ELASTICTRAIN_SECRET"
 
 // The elastic loop below is the trainer's loop (package trainer) reduced to
 // what this model needs, plus the parameter server: the trainer's commits
@@ -153,9 +150,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	ctx := context.Background()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	secret, err := hex.DecodeString(os.Getenv(envSecret))
-	if err != nil || len(secret) < 16 {
-		return fail(fmt.Errorf("%s must hold the job secret (hex, at least 16 bytes)", envSecret))
+	secret, err := jobenv.Secret()
+	if err != nil {
+		return fail(err)
 	}
 	train, test := Generate(c.gen)
 	dcfg := dataloader.DefaultConfig()

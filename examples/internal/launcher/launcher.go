@@ -431,3 +431,15 @@ func (s Summary) WorldSizes() []int {
 	}
 	return out
 }
+
+// RecoveryRounds returns how many of the rounds were formed to recover from
+// a lost member (RoundSeen.Recovery).
+func (s Summary) RecoveryRounds() int {
+	n := 0
+	for _, r := range s.Rounds {
+		if r.Recovery {
+			n++
+		}
+	}
+	return n
+}

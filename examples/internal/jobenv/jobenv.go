@@ -1,0 +1,133 @@
+// Package jobenv holds the launcher-side setup that the elastic example
+// programs (mnist, recsys, recovery-bench) share: the store the workers
+// rendezvous through, the job ID, and the job secret handed to the workers
+// through their environment.
+package jobenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic/standalone"
+)
+
+// EnvSecret names the environment variable that carries the job secret
+// (hex) from the launcher to its workers; the secret authenticates the
+// workers' collective connections and so never goes on a command line.
+const EnvSecret = "ELASTICTRAIN_SECRET"
+
+// NewJobID returns prefix + "-" + 12 random hex digits, a job ID no other
+// run shares.
+func NewJobID(prefix string) string {
+	b := make([]byte, 6)
+	rand.Read(b)
+	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// SecretEnv returns the environment entries that give the workers a fresh
+// random 32-byte job secret under EnvSecret; pass them as launcher.Spec.Env.
+func SecretEnv() []string {
+	secret := make([]byte, 32)
+	rand.Read(secret)
+	return []string{EnvSecret + "=" + hex.EncodeToString(secret)}
+}
+
+// Secret returns the job secret a worker got from its launcher through
+// EnvSecret; it is an error when the variable is missing, not hex, or
+// shorter than 16 bytes.
+func Secret() ([]byte, error) {
+	secret, err := hex.DecodeString(os.Getenv(EnvSecret))
+	if err != nil || len(secret) < 16 {
+		return nil, fmt.Errorf("%s must hold the job secret (hex, at least 16 bytes)", EnvSecret)
+	}
+	return secret, nil
+}
+
+// Store is the Redis-protocol store of a job: either the -redis server the
+// user named or an embedded one. Not safe for concurrent Close.
+type Store struct {
+	// Addr is the host:port the workers dial.
+	Addr string
+	// Desc names the store in output lines: the address given, or
+	// "embedded".
+	Desc string
+	srv  *standalone.Server
+}
+
+// OpenStore returns the store at addr after checking that it answers a
+// PING (within 3 s), so a wrong -redis flag is one clear error rather than
+// N failing workers; with addr empty it starts an embedded server on a
+// free loopback port instead. Errors: "-redis ADDR does not answer: ..." or
+// "embedded store: ...". Close the store when the job is over.
+func OpenStore(ctx context.Context, addr string) (*Store, error) {
+	if addr != "" {
+		if err := ping(ctx, addr); err != nil {
+			return nil, err
+		}
+		return &Store{Addr: addr, Desc: addr}, nil
+	}
+	srv, err := standalone.Start(ctx, "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("embedded store: %w", err)
+	}
+	return &Store{Addr: srv.Addr(), Desc: "embedded", srv: srv}, nil
+}
+
+// Close stops the embedded server, if this store started one.
+func (s *Store) Close() {
+	if s.srv != nil {
+		s.srv.Close()
+	}
+}
+
+func ping(ctx context.Context, addr string) error {
+	// go-redis logs failed dials itself; the error below says it once.
+	redis.SetLogger(quietRedis{})
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, MaxRetries: 1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("-redis %s does not answer: %w", addr, err)
+	}
+	return nil
+}
+
+// quietRedis discards go-redis' own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// TempFile returns the path of a file called name in a new temporary
+// directory made with os.MkdirTemp("", pattern), and a function that
+// removes the directory.
+func TempFile(pattern, name string) (path string, remove func(), err error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", nil, err
+	}
+	return filepath.Join(dir, name), func() { os.RemoveAll(dir) }, nil
+}
+
+// RunLauncher runs launch with a context cancelled by SIGINT or SIGTERM and
+// returns the process exit code: 0, or 1 after printing "name: error" to
+// stderr.
+func RunLauncher(name string, stderr io.Writer, launch func(context.Context) error) int {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := launch(ctx); err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	return 0
+}
