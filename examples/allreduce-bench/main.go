@@ -22,26 +22,23 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"os"
-	"os/exec"
 	"runtime"
-	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/elastictrain/elastictrain/examples/internal/ranks"
 	elsync "github.com/elastictrain/elastictrain/sync"
 )
+
+// envPrefix names the environment variables that carry the job ID and
+// secret to the ranks (package ranks).
+const envPrefix = "ALLREDUCE_BENCH"
 
 type options struct {
 	np       int
@@ -86,7 +83,7 @@ func main() {
 	}
 	o.sizes = sizes
 	if o.procs < 0 {
-		o.procs = max(1, runtime.NumCPU()/max(1, o.np))
+		o.procs = ranks.DefaultProcs(o.np)
 	}
 	if o.np < 1 {
 		fmt.Fprintln(os.Stderr, "allreduce-bench: -np must be at least 1")
@@ -108,12 +105,8 @@ func main() {
 // parseSizes parses "4K,1M,4096" into bytes; each must be a positive
 // multiple of 4 (float32 elements).
 func parseSizes(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(strings.ToUpper(f))
-		if f == "" {
-			continue
-		}
+	return ranks.ParseList(s, "sizes", func(f string) (int, error) {
+		f = strings.ToUpper(f)
 		mult := 1
 		for _, suf := range []struct {
 			s string
@@ -126,18 +119,14 @@ func parseSizes(s string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("bad size %q", f)
+			return 0, fmt.Errorf("bad size %q", f)
 		}
 		n *= mult
 		if n%4 != 0 {
-			return nil, fmt.Errorf("size %d is not a multiple of 4 bytes (float32)", n)
+			return 0, fmt.Errorf("size %d is not a multiple of 4 bytes (float32)", n)
 		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no sizes")
-	}
-	return out, nil
+		return n, nil
+	})
 }
 
 func plan(o options, size int) (warm, iters int) {
@@ -170,8 +159,7 @@ type sizeResult struct {
 
 func config(o options) elsync.Config {
 	cfg := elsync.DefaultConfig()
-	cfg.JobID = os.Getenv("ALLREDUCE_BENCH_JOB")
-	cfg.Secret, _ = hex.DecodeString(os.Getenv("ALLREDUCE_BENCH_SECRET"))
+	cfg.JobID, cfg.Secret = ranks.JobEnv(envPrefix)
 	cfg.Streams = o.streams
 	cfg.ChunkBytes = o.chunk
 	cfg.DirectBytes = o.direct
@@ -192,27 +180,21 @@ func runChild(o options) error {
 		return err
 	}
 	defer tr.Close()
-	fmt.Println("ADDR", tr.Addr())
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	addrs, err := ranks.JoinWorld(tr.Addr())
 	if err != nil {
-		return fmt.Errorf("reading the world: %w", err)
+		return err
 	}
-	addrs := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "WORLD ")), ",")
 	ring, err := tr.Connect(ctx, elsync.World{Round: 1, Rank: o.child, Addrs: addrs})
 	if err != nil {
 		return err
 	}
 	defer ring.Close()
-	if o.cpuprof != "" && o.child == 0 {
-		f, err := os.Create(o.cpuprof)
+	if o.child == 0 {
+		stop, err := ranks.StartCPUProfile(o.cpuprof)
 		if err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
+		defer stop()
 	}
 	enc := json.NewEncoder(os.Stdout)
 	for _, size := range o.sizes {
@@ -241,61 +223,16 @@ func runChild(o options) error {
 	return ring.Barrier(ctx)
 }
 
-type rank struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
-}
-
 func runParent(o options) error {
-	exe, err := os.Executable()
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	g, err := ranks.Start(ctx, o.np, envPrefix, "bench-")
 	if err != nil {
 		return err
 	}
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	job := make([]byte, 8)
-	rand.Read(job)
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-	defer cancel()
-	ranks := make([]*rank, o.np)
-	defer func() {
-		for _, r := range ranks {
-			if r != nil {
-				r.cmd.Process.Kill()
-				r.cmd.Wait()
-			}
-		}
-	}()
-	for i := range ranks {
-		args := append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...)
-		cmd := exec.CommandContext(ctx, exe, args...)
-		cmd.Env = append(os.Environ(), "ALLREDUCE_BENCH_JOB=bench-"+hex.EncodeToString(job), "ALLREDUCE_BENCH_SECRET="+hex.EncodeToString(secret))
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return err
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
-	}
-	addrs := make([]string, o.np)
-	for i, r := range ranks {
-		if !r.out.Scan() || !strings.HasPrefix(r.out.Text(), "ADDR ") {
-			return fmt.Errorf("rank %d did not report its address", i)
-		}
-		addrs[i] = strings.TrimPrefix(r.out.Text(), "ADDR ")
-	}
-	for _, r := range ranks {
-		fmt.Fprintf(r.stdin, "WORLD %s\n", strings.Join(addrs, ","))
+	defer g.Kill()
+	if err := g.Exchange(); err != nil {
+		return err
 	}
 	if !o.json {
 		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v, shared memory=%v, GOMAXPROCS per rank=%d (0: Go default)\n", o.np, o.streams, o.chunk, o.direct, o.local, o.shm, o.procs)
@@ -304,25 +241,20 @@ func runParent(o options) error {
 	n := float64(o.np)
 	for _, size := range o.sizes {
 		per := make([][]float64, o.np)
-		for i, r := range ranks {
-			if !r.out.Scan() {
+		for i := range per {
+			line, ok := g.Line(i)
+			if !ok {
 				return fmt.Errorf("rank %d stopped before reporting size %d", i, size)
 			}
 			var res sizeResult
-			if err := json.Unmarshal(r.out.Bytes(), &res); err != nil || res.Size != size {
-				return fmt.Errorf("rank %d: bad report for size %d: %q", i, size, r.out.Text())
+			if err := json.Unmarshal([]byte(line), &res); err != nil || res.Size != size {
+				return fmt.Errorf("rank %d: bad report for size %d: %q", i, size, line)
 			}
 			per[i] = res.Times
 		}
-		iters := len(per[0])
-		t := make([]float64, iters)
-		for k := range t {
-			for i := range per {
-				t[k] = max(t[k], per[i][k])
-			}
-		}
-		slices.Sort(t)
-		med := quantile(t, 0.5)
+		t := ranks.Slowest(per)
+		iters := len(t)
+		med := ranks.Quantile(t, 0.5)
 		algbw := float64(size) / med / 1e9
 		busbw := algbw * 2 * (n - 1) / n
 		if o.np == 1 {
@@ -332,7 +264,7 @@ func runParent(o options) error {
 			out, _ := json.Marshal(map[string]any{
 				"impl": "elastictrain", "np": o.np, "size_bytes": size, "median_s": med,
 				"algbw_GBps": algbw, "busbw_GBps": busbw, "iters": iters,
-				"p10_s": quantile(t, 0.1), "p90_s": quantile(t, 0.9),
+				"p10_s": ranks.Quantile(t, 0.1), "p90_s": ranks.Quantile(t, 0.9),
 				"streams": o.streams, "chunk_bytes": o.chunk, "direct_bytes": o.direct, "local_sockets": o.local, "shared_memory": o.shm, "gomaxprocs": o.procs,
 			})
 			fmt.Println(string(out))
@@ -340,25 +272,5 @@ func runParent(o options) error {
 			fmt.Printf("%12d %8d %12.1f %12.3f %12.3f\n", size, iters, med*1e6, algbw, busbw)
 		}
 	}
-	for i, r := range ranks {
-		r.stdin.Close()
-		if err := r.cmd.Wait(); err != nil {
-			return fmt.Errorf("rank %d: %w", i, err)
-		}
-		ranks[i] = nil
-	}
-	return nil
-}
-
-// quantile of sorted values, with linear interpolation.
-func quantile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	pos := q * float64(len(sorted)-1)
-	lo := int(pos)
-	if lo+1 >= len(sorted) {
-		return sorted[lo]
-	}
-	return sorted[lo] + (pos-float64(lo))*(sorted[lo+1]-sorted[lo])
+	return g.Wait()
 }

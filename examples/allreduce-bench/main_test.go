@@ -20,13 +20,3 @@ func TestParseSizes(t *testing.T) {
 		}
 	}
 }
-
-func TestQuantile(t *testing.T) {
-	s := []float64{1, 2, 3, 4}
-	if q := quantile(s, 0.5); q != 2.5 {
-		t.Fatalf("median %v", q)
-	}
-	if q := quantile(s, 1); q != 4 {
-		t.Fatalf("max %v", q)
-	}
-}

@@ -1,0 +1,260 @@
+// Package ranks runs the processes of a single-host benchmark
+// (allreduce-bench, ps-bench), one process per rank, and summarises their
+// timings.
+//
+// # Protocol
+//
+// The parent re-executes its own binary once per rank with "-child RANK"
+// in front of its own arguments, and with a job ID and a random 32-byte
+// secret (hex) in the environment variables PREFIX_JOB and PREFIX_SECRET.
+// Each child listens on loopback, prints "ADDR host:port" on stdout and
+// reads "WORLD addr0,addr1,..." (every rank's address, by rank) from
+// stdin (JoinWorld). Afterwards a child reports on stdout, one line per
+// measurement, which the parent reads with Group.Line.
+package ranks
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"runtime"
+	"runtime/pprof"
+	"slices"
+	"strconv"
+	"strings"
+	gosync "sync"
+)
+
+// Group is the parent's handle on the child processes, one per rank. Not
+// safe for concurrent use.
+type Group struct {
+	ranks []*rank
+}
+
+type rank struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Scanner
+}
+
+// Start starts np children of this binary, "-child RANK" followed by this
+// process' arguments, with stderr shared with this process, and gives
+// them the environment entries envPrefix+"_JOB" = jobPrefix + 16 random
+// hex digits and envPrefix+"_SECRET" = a random 32-byte secret in hex
+// (read them back with JobEnv). ctx bounds the children's lives. On error
+// the children already started are killed.
+func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	secret, job := make([]byte, 32), make([]byte, 8)
+	rand.Read(secret)
+	rand.Read(job)
+	env := append(os.Environ(), envPrefix+"_JOB="+jobPrefix+hex.EncodeToString(job), envPrefix+"_SECRET="+hex.EncodeToString(secret))
+	g := &Group{ranks: make([]*rank, np)}
+	for i := range g.ranks {
+		cmd := exec.CommandContext(ctx, exe, append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...)...)
+		cmd.Env = env
+		cmd.Stderr = os.Stderr
+		stdin, err := cmd.StdinPipe()
+		if err != nil {
+			g.Kill()
+			return nil, err
+		}
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			g.Kill()
+			return nil, err
+		}
+		if err := cmd.Start(); err != nil {
+			g.Kill()
+			return nil, err
+		}
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 1<<20), 64<<20)
+		g.ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
+	}
+	return g, nil
+}
+
+// Exchange reads every child's "ADDR" line and sends all of them the
+// "WORLD" line. It is an error when a child stops or prints anything else
+// first.
+func (g *Group) Exchange() error {
+	addrs := make([]string, len(g.ranks))
+	for i := range g.ranks {
+		line, ok := g.Line(i)
+		if !ok || !strings.HasPrefix(line, "ADDR ") {
+			return fmt.Errorf("rank %d did not report its address", i)
+		}
+		addrs[i] = strings.TrimPrefix(line, "ADDR ")
+	}
+	g.Send("WORLD " + strings.Join(addrs, ","))
+	return nil
+}
+
+// Line returns the next stdout line of rank i (at most 64 MiB), and false
+// when the child closed its stdout or the line could not be read.
+func (g *Group) Line(i int) (string, bool) {
+	r := g.ranks[i]
+	if !r.out.Scan() {
+		return "", false
+	}
+	return r.out.Text(), true
+}
+
+// Send writes line and a newline to every child's stdin.
+func (g *Group) Send(line string) {
+	for _, r := range g.ranks {
+		fmt.Fprintln(r.stdin, line)
+	}
+}
+
+// Wait closes every child's stdin and waits for each to exit; it returns
+// the first failure as "rank I: ...". Children that exited are forgotten
+// by Kill.
+func (g *Group) Wait() error {
+	for i, r := range g.ranks {
+		r.stdin.Close()
+		if err := r.cmd.Wait(); err != nil {
+			return fmt.Errorf("rank %d: %w", i, err)
+		}
+		g.ranks[i] = nil
+	}
+	return nil
+}
+
+// Kill kills the children that Wait has not seen exit and waits for them;
+// defer it right after Start.
+func (g *Group) Kill() {
+	for _, r := range g.ranks {
+		if r != nil {
+			r.stdin.Close()
+			r.cmd.Process.Kill()
+			r.cmd.Wait()
+		}
+	}
+}
+
+// JobEnv returns the job ID and secret Start gave this child under
+// envPrefix; a missing or malformed secret comes back empty (the transport
+// then refuses to form a world with a peer that has another).
+func JobEnv(envPrefix string) (job string, secret []byte) {
+	secret, _ = hex.DecodeString(os.Getenv(envPrefix + "_SECRET"))
+	return os.Getenv(envPrefix + "_JOB"), secret
+}
+
+// JoinWorld is the child's side of Exchange: it prints "ADDR addr" on
+// stdout and returns the addresses of the "WORLD" line read from stdin,
+// by rank.
+func JoinWorld(addr string) ([]string, error) {
+	fmt.Println("ADDR", addr)
+	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	if err != nil {
+		return nil, fmt.Errorf("reading the world: %w", err)
+	}
+	return strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "WORLD ")), ","), nil
+}
+
+// StartCPUProfile writes a CPU profile to path until the returned stop is
+// called (stop may be called more than once); with path empty it does
+// nothing.
+func StartCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		f.Close()
+		return nil, err
+	}
+	var once gosync.Once
+	return func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			f.Close()
+		})
+	}, nil
+}
+
+// DefaultProcs is the GOMAXPROCS of each of np ranks on this host,
+// max(1, NumCPU/np): several ranks on one host should not each spin up a
+// thread per core (torchrun likewise sets OMP_NUM_THREADS=1 per rank).
+func DefaultProcs(np int) int {
+	return max(1, runtime.NumCPU()/max(1, np))
+}
+
+// ParseList parses a comma-separated list (blanks around entries and empty
+// entries are ignored) with parse; what names the entries in the error of
+// an empty list ("no " + what).
+func ParseList(s, what string, parse func(string) (int, error)) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		n, err := parse(f)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, n)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no " + what)
+	}
+	return out, nil
+}
+
+// Slowest returns, sorted ascending, each iteration's time as the maximum
+// over ranks (the slowest rank counts): per[rank][iteration], in seconds;
+// every rank must report the same number of iterations.
+func Slowest(per [][]float64) []float64 {
+	if len(per) == 0 {
+		return nil
+	}
+	t := make([]float64, len(per[0]))
+	for k := range t {
+		for i := range per {
+			t[k] = max(t[k], per[i][k])
+		}
+	}
+	slices.Sort(t)
+	return t
+}
+
+// Quantile returns the q-quantile (0 <= q <= 1) of sorted values with
+// linear interpolation between neighbours (type 7 of Hyndman and Fan,
+// 1996, as numpy's default); 0 for no values.
+func Quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	pos := q * float64(len(sorted)-1)
+	lo := int(pos)
+	if lo+1 >= len(sorted) {
+		return sorted[lo]
+	}
+	return sorted[lo] + (pos-float64(lo))*(sorted[lo+1]-sorted[lo])
+}
+
+// NearestRank returns the q-quantile (0 <= q <= 1) of sorted values as the
+// value at the rounded position q*(n-1), without interpolation; 0 for no
+// values.
+func NearestRank(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(q*float64(len(sorted)-1) + 0.5)
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
