@@ -23,8 +23,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -32,16 +30,17 @@ import (
 	"io"
 	mrand "math/rand/v2"
 	"os"
-	"os/exec"
 	"runtime"
-	"runtime/pprof"
-	"slices"
 	"strconv"
-	"strings"
 	"time"
 
+	"github.com/elastictrain/elastictrain/examples/internal/ranks"
 	elsync "github.com/elastictrain/elastictrain/sync"
 )
+
+// envPrefix names the environment variables that carry the job ID and
+// secret to the ranks (package ranks).
+const envPrefix = "PS_BENCH"
 
 type options struct {
 	np       int
@@ -90,7 +89,7 @@ func main() {
 		}
 	}
 	if o.procs < 0 {
-		o.procs = max(1, runtime.NumCPU()/o.np)
+		o.procs = ranks.DefaultProcs(o.np)
 	}
 	if o.child >= 0 {
 		if err := runChild(o); err != nil {
@@ -110,22 +109,13 @@ func fail(code int, err error) {
 }
 
 func parseList(s string) ([]int, error) {
-	var out []int
-	for _, f := range strings.Split(s, ",") {
-		f = strings.TrimSpace(f)
-		if f == "" {
-			continue
-		}
+	return ranks.ParseList(s, "batch sizes", func(f string) (int, error) {
 		n, err := strconv.Atoi(f)
 		if err != nil || n < 1 {
-			return nil, fmt.Errorf("bad batch size %q", f)
+			return 0, fmt.Errorf("bad batch size %q", f)
 		}
-		out = append(out, n)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no batch sizes")
-	}
-	return out, nil
+		return n, nil
+	})
 }
 
 func plan(o options, batch int) (warm, iters int) {
@@ -156,8 +146,7 @@ func runChild(o options) error {
 	}
 	ctx := context.Background()
 	cfg := elsync.DefaultConfig()
-	cfg.JobID = os.Getenv("PS_BENCH_JOB")
-	cfg.Secret, _ = hex.DecodeString(os.Getenv("PS_BENCH_SECRET"))
+	cfg.JobID, cfg.Secret = ranks.JobEnv(envPrefix)
 	cfg.LocalSockets = o.local
 	cfg.OpTimeout = time.Minute
 	tr, err := elsync.Listen(ctx, "127.0.0.1:0", cfg)
@@ -171,32 +160,21 @@ func runChild(o options) error {
 		return err
 	}
 	defer ps.Close()
-	fmt.Println("ADDR", tr.Addr())
-	line, err := bufio.NewReader(os.Stdin).ReadString('\n')
+	addrs, err := ranks.JoinWorld(tr.Addr())
 	if err != nil {
-		return fmt.Errorf("reading the world: %w", err)
+		return err
 	}
-	addrs := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "WORLD ")), ",")
 	r, err := ps.Round(ctx, elsync.PSWorld{World: elsync.World{Round: 1, Rank: o.child, Addrs: addrs}}, 0)
 	if err != nil {
 		return err
 	}
 	defer r.Close()
-	if o.cpuprof != "" && o.child == 0 {
-		f, err := os.Create(o.cpuprof)
-		if err != nil {
+	stopProfile := func() {}
+	if o.child == 0 {
+		if stopProfile, err = ranks.StartCPUProfile(o.cpuprof); err != nil {
 			return err
 		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	stopProfile := func() {
-		if o.cpuprof != "" && o.child == 0 {
-			pprof.StopCPUProfile()
-		}
+		defer stopProfile()
 	}
 	rng := mrand.New(mrand.NewPCG(uint64(o.child), 99))
 	enc := json.NewEncoder(os.Stdout)
@@ -255,12 +233,6 @@ func runChild(o options) error {
 	return nil
 }
 
-type rank struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
-}
-
 // result is one JSON line of the parent.
 type result struct {
 	Impl          string  `json:"impl"`
@@ -288,53 +260,15 @@ type result struct {
 }
 
 func runParent(o options) error {
-	exe, err := os.Executable()
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	g, err := ranks.Start(ctx, o.np, envPrefix, "psbench-")
 	if err != nil {
 		return err
 	}
-	secret, job := make([]byte, 32), make([]byte, 8)
-	rand.Read(secret)
-	rand.Read(job)
-	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
-	defer cancel()
-	ranks := make([]*rank, o.np)
-	defer func() {
-		for _, r := range ranks {
-			if r != nil {
-				r.stdin.Close()
-				r.cmd.Process.Kill()
-				r.cmd.Wait()
-			}
-		}
-	}()
-	for i := range ranks {
-		cmd := exec.CommandContext(ctx, exe, append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...)...)
-		cmd.Env = append(os.Environ(), "PS_BENCH_JOB=psbench-"+hex.EncodeToString(job), "PS_BENCH_SECRET="+hex.EncodeToString(secret))
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
-		if err != nil {
-			return err
-		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			return err
-		}
-		if err := cmd.Start(); err != nil {
-			return err
-		}
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
-	}
-	addrs := make([]string, o.np)
-	for i, r := range ranks {
-		if !r.out.Scan() || !strings.HasPrefix(r.out.Text(), "ADDR ") {
-			return fmt.Errorf("rank %d did not report its address", i)
-		}
-		addrs[i] = strings.TrimPrefix(r.out.Text(), "ADDR ")
-	}
-	for _, r := range ranks {
-		fmt.Fprintf(r.stdin, "WORLD %s\n", strings.Join(addrs, ","))
+	defer g.Kill()
+	if err := g.Exchange(); err != nil {
+		return err
 	}
 	if !o.json {
 		fmt.Printf("# elastictrain parameter server, np=%d (one shard each), table %d x %d float32, sparse Adagrad, sync mode, GOMAXPROCS per rank %d, %d cores, local sockets %v\n",
@@ -343,42 +277,29 @@ func runParent(o options) error {
 	}
 	n := float64(o.np)
 	for _, b := range o.batches {
-		var reps []report
-		for i, r := range ranks {
-			if !r.out.Scan() {
+		var pulls, pushes, iters [][]float64
+		for i := range o.np {
+			line, ok := g.Line(i)
+			if !ok {
 				return fmt.Errorf("rank %d stopped before reporting batch %d", i, b)
 			}
 			var rep report
-			if err := json.Unmarshal(r.out.Bytes(), &rep); err != nil || rep.Batch != b {
-				return fmt.Errorf("rank %d: bad report for batch %d: %q", i, b, r.out.Text())
+			if err := json.Unmarshal([]byte(line), &rep); err != nil || rep.Batch != b {
+				return fmt.Errorf("rank %d: bad report for batch %d: %q", i, b, line)
 			}
-			reps = append(reps, rep)
+			iter := make([]float64, len(rep.Pull))
+			for k := range iter {
+				iter[k] = rep.Pull[k] + rep.Push[k]
+			}
+			pulls, pushes, iters = append(pulls, rep.Pull), append(pushes, rep.Push), append(iters, iter)
 		}
-		slowest := func(get func(report) []float64) []float64 {
-			t := make([]float64, len(get(reps[0])))
-			for k := range t {
-				for _, rep := range reps {
-					t[k] = max(t[k], get(rep)[k])
-				}
-			}
-			slices.Sort(t)
-			return t
-		}
-		pull := slowest(func(r report) []float64 { return r.Pull })
-		push := slowest(func(r report) []float64 { return r.Push })
-		iter := slowest(func(r report) []float64 {
-			s := make([]float64, len(r.Pull))
-			for k := range s {
-				s[k] = r.Pull[k] + r.Push[k]
-			}
-			return s
-		})
+		pull, push, iter := ranks.Slowest(pulls), ranks.Slowest(pushes), ranks.Slowest(iters)
 		rows := n * float64(b)
 		bytes := rows * float64(o.dim*4)
 		res := result{Impl: "elastictrain-ps", NP: o.np, Dim: o.dim, Rows: o.rows, Batch: b, Iters: len(pull),
-			PullMedianS: quantile(pull, 0.5), PushMedianS: quantile(push, 0.5), PullP90S: quantile(pull, 0.9), PushP90S: quantile(push, 0.9),
+			PullMedianS: ranks.NearestRank(pull, 0.5), PushMedianS: ranks.NearestRank(push, 0.5), PullP90S: ranks.NearestRank(pull, 0.9), PushP90S: ranks.NearestRank(push, 0.9),
 			RemoteShare: (n - 1) / n, ProcsPerRank: o.procs, LocalSockets: o.local, CoresOnHost: runtime.NumCPU(),
-			RowPayloadB: o.dim * 4, MedianIterS: quantile(iter, 0.5), TotalRowsStep: int(rows)}
+			RowPayloadB: o.dim * 4, MedianIterS: ranks.NearestRank(iter, 0.5), TotalRowsStep: int(rows)}
 		res.PullRowsPerS, res.PushRowsPerS = rows/res.PullMedianS, rows/res.PushMedianS
 		res.PullMBPerS, res.PushMBPerS = bytes/res.PullMedianS/1e6, bytes/res.PushMedianS/1e6
 		res.StepsPerSec = 1 / res.MedianIterS
@@ -390,28 +311,11 @@ func runParent(o options) error {
 				res.PullMedianS*1e3, res.PullRowsPerS, res.PullMBPerS, res.PushMedianS*1e3, res.PushRowsPerS, res.PushMBPerS)
 		}
 	}
-	for i, r := range ranks {
-		if !r.out.Scan() || r.out.Text() != "DONE" {
+	for i := range o.np {
+		if line, ok := g.Line(i); !ok || line != "DONE" {
 			return fmt.Errorf("rank %d did not finish", i)
 		}
 	}
-	for _, r := range ranks {
-		fmt.Fprintln(r.stdin, "EXIT")
-	}
-	for i, r := range ranks {
-		if err := r.cmd.Wait(); err != nil {
-			return fmt.Errorf("rank %d: %w", i, err)
-		}
-		ranks[i] = nil
-	}
-	return nil
-}
-
-// quantile returns the q-quantile of sorted (nearest rank).
-func quantile(sorted []float64, q float64) float64 {
-	if len(sorted) == 0 {
-		return 0
-	}
-	i := int(q*float64(len(sorted)-1) + 0.5)
-	return sorted[min(max(i, 0), len(sorted)-1)]
+	g.Send("EXIT")
+	return g.Wait()
 }
