@@ -231,26 +231,19 @@ func runParent(o options) error {
 		return err
 	}
 	defer g.Kill()
-	if err := g.Exchange(); err != nil {
-		return err
-	}
 	if !o.json {
 		fmt.Printf("# elastictrain sync allreduce, np=%d, streams=%d, chunk=%d, direct=%d, local sockets=%v, shared memory=%v, GOMAXPROCS per rank=%d (0: Go default)\n", o.np, o.streams, o.chunk, o.direct, o.local, o.shm, o.procs)
 		fmt.Printf("%12s %8s %12s %12s %12s\n", "size(B)", "iters", "median(us)", "algbw(GB/s)", "busbw(GB/s)")
 	}
 	n := float64(o.np)
 	for _, size := range o.sizes {
+		reps, err := ranks.Reports(g, "size", size, func(r sizeResult) int { return r.Size })
+		if err != nil {
+			return err
+		}
 		per := make([][]float64, o.np)
-		for i := range per {
-			line, ok := g.Line(i)
-			if !ok {
-				return fmt.Errorf("rank %d stopped before reporting size %d", i, size)
-			}
-			var res sizeResult
-			if err := json.Unmarshal([]byte(line), &res); err != nil || res.Size != size {
-				return fmt.Errorf("rank %d: bad report for size %d: %q", i, size, line)
-			}
-			per[i] = res.Times
+		for i, r := range reps {
+			per[i] = r.Times
 		}
 		t := ranks.Slowest(per)
 		iters := len(t)

@@ -267,9 +267,6 @@ func runParent(o options) error {
 		return err
 	}
 	defer g.Kill()
-	if err := g.Exchange(); err != nil {
-		return err
-	}
 	if !o.json {
 		fmt.Printf("# elastictrain parameter server, np=%d (one shard each), table %d x %d float32, sparse Adagrad, sync mode, GOMAXPROCS per rank %d, %d cores, local sockets %v\n",
 			o.np, o.rows, o.dim, o.procs, runtime.NumCPU(), o.local)
@@ -277,16 +274,12 @@ func runParent(o options) error {
 	}
 	n := float64(o.np)
 	for _, b := range o.batches {
+		reps, err := ranks.Reports(g, "batch", b, func(r report) int { return r.Batch })
+		if err != nil {
+			return err
+		}
 		var pulls, pushes, iters [][]float64
-		for i := range o.np {
-			line, ok := g.Line(i)
-			if !ok {
-				return fmt.Errorf("rank %d stopped before reporting batch %d", i, b)
-			}
-			var rep report
-			if err := json.Unmarshal([]byte(line), &rep); err != nil || rep.Batch != b {
-				return fmt.Errorf("rank %d: bad report for batch %d: %q", i, b, line)
-			}
+		for _, rep := range reps {
 			iter := make([]float64, len(rep.Pull))
 			for k := range iter {
 				iter[k] = rep.Pull[k] + rep.Push[k]

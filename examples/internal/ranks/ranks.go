@@ -10,7 +10,7 @@
 // Each child listens on loopback, prints "ADDR host:port" on stdout and
 // reads "WORLD addr0,addr1,..." (every rank's address, by rank) from
 // stdin (JoinWorld). Afterwards a child reports on stdout, one line per
-// measurement, which the parent reads with Group.Line.
+// measurement, which the parent reads with Group.Line or Reports.
 package ranks
 
 import (
@@ -18,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,8 +48,9 @@ type rank struct {
 // process' arguments, with stderr shared with this process, and gives
 // them the environment entries envPrefix+"_JOB" = jobPrefix + 16 random
 // hex digits and envPrefix+"_SECRET" = a random 32-byte secret in hex
-// (read them back with JobEnv). ctx bounds the children's lives. On error
-// the children already started are killed.
+// (read them back with JobEnv), then reads every child's "ADDR" line and
+// sends all of them the "WORLD" line. ctx bounds the children's lives. On
+// error the children already started are killed.
 func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, error) {
 	exe, err := os.Executable()
 	if err != nil {
@@ -81,13 +83,17 @@ func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, er
 		sc.Buffer(make([]byte, 1<<20), 64<<20)
 		g.ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
 	}
+	if err := g.exchange(); err != nil {
+		g.Kill()
+		return nil, err
+	}
 	return g, nil
 }
 
-// Exchange reads every child's "ADDR" line and sends all of them the
+// exchange reads every child's "ADDR" line and sends all of them the
 // "WORLD" line. It is an error when a child stops or prints anything else
 // first.
-func (g *Group) Exchange() error {
+func (g *Group) exchange() error {
 	addrs := make([]string, len(g.ranks))
 	for i := range g.ranks {
 		line, ok := g.Line(i)
@@ -108,6 +114,24 @@ func (g *Group) Line(i int) (string, bool) {
 		return "", false
 	}
 	return r.out.Text(), true
+}
+
+// Reports reads the next stdout line of every rank as a JSON T, by rank.
+// key is the measurement the lines must be about, as keyOf reads it from
+// a T, and what names it in the errors "rank I stopped before reporting
+// WHAT KEY" and "rank I: bad report for WHAT KEY: LINE".
+func Reports[T any](g *Group, what string, key int, keyOf func(T) int) ([]T, error) {
+	out := make([]T, len(g.ranks))
+	for i := range out {
+		line, ok := g.Line(i)
+		if !ok {
+			return nil, fmt.Errorf("rank %d stopped before reporting %s %d", i, what, key)
+		}
+		if err := json.Unmarshal([]byte(line), &out[i]); err != nil || keyOf(out[i]) != key {
+			return nil, fmt.Errorf("rank %d: bad report for %s %d: %q", i, what, key, line)
+		}
+	}
+	return out, nil
 }
 
 // Send writes line and a newline to every child's stdin.
