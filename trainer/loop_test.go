@@ -33,19 +33,21 @@ func TestMain(m *testing.M) {
 // job is an in-process elastic job of linear-regression workers, each with
 // its own trainer, store client, listener and goroutines.
 type job struct {
-	t       *testing.T
-	id      string
-	store   func() elastic.Store
-	prob    *trainertest.Problem
-	audit   *MemoryAudit
-	epochs  int
-	batch   int
-	mutate  func(*Config)
-	opts    func(i int) []Option
-	delay   func(i int) time.Duration
-	mu      stdsync.Mutex
-	workers []*inproc
-	wg      stdsync.WaitGroup
+	t      *testing.T
+	id     string
+	store  func() elastic.Store
+	prob   *trainertest.Problem
+	audit  *MemoryAudit
+	epochs int
+	batch  int
+	mutate func(*Config)
+	opts   func(i int) []Option
+	delay  func(i int) time.Duration
+	// afterReduce, when set, is installed on every worker before it runs.
+	afterReduce func(rank int, step int64) error
+	mu          stdsync.Mutex
+	workers     []*inproc
+	wg          stdsync.WaitGroup
 }
 
 type inproc struct {
@@ -106,6 +108,9 @@ func (j *job) start() *inproc {
 	tr, err := New(m.Params(), NewSGD(0.3), loader, m.Step, j.store(), j.config(), opts...)
 	require.NoError(j.t, err)
 	w.tr = tr
+	if j.afterReduce != nil {
+		SetAfterReduceHook(tr, j.afterReduce)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	w.cancel = cancel
 	j.mu.Lock()
@@ -393,16 +398,14 @@ func TestStepFailingOnOneRankAfterOthersAppliedIt(t *testing.T) {
 	j.opts = func(int) []Option {
 		return []Option{WithHooks(Hooks{OnRound: func(r RoundInfo) { rounds <- r }})}
 	}
-	ws := []*inproc{j.start(), j.start(), j.start()}
 	var fired atomic.Bool
-	for _, w := range ws {
-		SetAfterReduceHook(w.tr, func(rank int, step int64) error {
-			if rank == 1 && step == 20 && fired.CompareAndSwap(false, true) {
-				return errors.New("injected failure after the allreduce")
-			}
-			return nil
-		})
+	j.afterReduce = func(rank int, step int64) error {
+		if rank == 1 && step == 20 && fired.CompareAndSwap(false, true) {
+			return errors.New("injected failure after the allreduce")
+		}
+		return nil
 	}
+	ws := []*inproc{j.start(), j.start(), j.start()}
 	j.wait()
 	j.checkFinished(ws)
 	require.True(t, fired.Load())
@@ -466,15 +469,13 @@ func TestFailureBudgetStopsTheJob(t *testing.T) {
 		c.Elastic.MinWorkers = 2
 		c.MaxRecoveries = 1
 	}
-	ws := []*inproc{j.start(), j.start()}
-	for _, w := range ws {
-		SetAfterReduceHook(w.tr, func(rank int, step int64) error {
-			if rank == 1 && step%10 == 0 {
-				return fmt.Errorf("injected failure at step %d", step)
-			}
-			return nil
-		})
+	j.afterReduce = func(rank int, step int64) error {
+		if rank == 1 && step%10 == 0 {
+			return fmt.Errorf("injected failure at step %d", step)
+		}
+		return nil
 	}
+	ws := []*inproc{j.start(), j.start()}
 	j.wait()
 	for _, w := range ws {
 		require.ErrorIs(t, w.err, ErrFailureBudget, "worker %d", w.idx)

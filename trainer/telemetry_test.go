@@ -38,16 +38,14 @@ func TestTelemetryNamesAttributesUnits(t *testing.T) {
 	j.opts = func(int) []Option {
 		return []Option{WithTracerProvider(tp), WithMeterProvider(mp), WithCheckpointStore(ckpt)}
 	}
-	ws := []*inproc{j.start(), j.start()}
 	var fired atomic.Bool
-	for _, w := range ws {
-		SetAfterReduceHook(w.tr, func(rank int, step int64) error {
-			if rank == 1 && step == 12 && fired.CompareAndSwap(false, true) {
-				return errors.New("injected failure")
-			}
-			return nil
-		})
+	j.afterReduce = func(rank int, step int64) error {
+		if rank == 1 && step == 12 && fired.CompareAndSwap(false, true) {
+			return errors.New("injected failure")
+		}
+		return nil
 	}
+	ws := []*inproc{j.start(), j.start()}
 	j.wait()
 	j.checkFinished(ws)
 
