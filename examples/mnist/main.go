@@ -42,9 +42,6 @@ type config struct {
 	job, audit string
 }
 
-// errUsage reports a command line the flag package already complained about.
-var errUsage = errors.New("bad command line")
-
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	c := &config{}
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
@@ -77,7 +74,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil, err
 		}
-		return nil, errUsage // the flag package printed the error and the usage
+		return nil, jobenv.ErrUsage // the flag package printed the error and the usage
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -117,22 +114,8 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if errors.Is(err, errUsage) {
-		return 2
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "mnist: %v\n", err)
-		return 2
-	}
-	if os.Getenv(launcher.EnvWorker) != "" {
-		return runWorker(cfg, stderr)
-	}
-	return jobenv.RunLauncher("mnist", stderr, func(ctx context.Context) error {
-		return runLauncher(ctx, cfg, stdout, stderr)
-	})
+	return jobenv.Run("mnist", stderr, err, func() int { return runWorker(cfg, stderr) },
+		func(ctx context.Context) error { return runLauncher(ctx, cfg, stdout, stderr) })
 }
 
 // workerArgs are the flags passed on to every worker.

@@ -14,7 +14,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -77,23 +76,15 @@ func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	c, err := parse(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "recovery-bench: %v\n", err)
-		return 2
-	}
-	if os.Getenv(launcher.EnvWorker) != "" {
-		if err := worker(c); err != nil {
-			fmt.Fprintf(stderr, "recovery-bench worker: %v\n", err)
-			return 1
-		}
-		return 0
-	}
-	return jobenv.RunLauncher("recovery-bench", stderr, func(ctx context.Context) error {
-		return bench(ctx, c, stdout, stderr)
-	})
+	return jobenv.Run("recovery-bench", stderr, err,
+		func() int {
+			if err := worker(c); err != nil {
+				fmt.Fprintf(stderr, "recovery-bench worker: %v\n", err)
+				return 1
+			}
+			return 0
+		},
+		func(ctx context.Context) error { return bench(ctx, c, stdout, stderr) })
 }
 
 // Trial is one measured kill.

@@ -30,7 +30,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -140,19 +139,8 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "recsys: %v\n", err)
-		return 2
-	}
-	if os.Getenv(launcher.EnvWorker) != "" {
-		return runWorker(cfg, stderr)
-	}
-	return jobenv.RunLauncher("recsys", stderr, func(ctx context.Context) error {
-		return runLauncher(ctx, cfg, stdout, stderr)
-	})
+	return jobenv.Run("recsys", stderr, err, func() int { return runWorker(cfg, stderr) },
+		func(ctx context.Context) error { return runLauncher(ctx, cfg, stdout, stderr) })
 }
 
 // workerArgs are the flags passed on to every worker.

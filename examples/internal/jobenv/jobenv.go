@@ -8,6 +8,8 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -19,6 +21,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
 
 // EnvSecret names the environment variable that carries the job secret
@@ -119,10 +122,31 @@ func TempFile(pattern, name string) (path string, remove func(), err error) {
 	return filepath.Join(dir, name), func() { os.RemoveAll(dir) }, nil
 }
 
-// RunLauncher runs launch with a context cancelled by SIGINT or SIGTERM and
-// returns the process exit code: 0, or 1 after printing "name: error" to
-// stderr.
-func RunLauncher(name string, stderr io.Writer, launch func(context.Context) error) int {
+// ErrUsage is what a flag parser returns for a command line the flag
+// package already complained about (printed the error and the usage);
+// Run then exits with 2 without printing it again.
+var ErrUsage = errors.New("bad command line")
+
+// Run is the body of the main function of a program that is both the
+// launcher of a job and its workers. parseErr is the error of parsing the
+// command line: flag.ErrHelp exits 0, ErrUsage exits 2, any other error
+// exits 2 after printing "name: error" to stderr. In a worker (the
+// launcher's EnvWorker variable set) it returns worker's exit code;
+// otherwise it runs launch with a context cancelled by SIGINT or SIGTERM
+// and returns 0, or 1 after printing "name: error" to stderr.
+func Run(name string, stderr io.Writer, parseErr error, worker func() int, launch func(context.Context) error) int {
+	switch {
+	case errors.Is(parseErr, flag.ErrHelp):
+		return 0
+	case errors.Is(parseErr, ErrUsage):
+		return 2
+	case parseErr != nil:
+		fmt.Fprintf(stderr, "%s: %v\n", name, parseErr)
+		return 2
+	}
+	if os.Getenv(launcher.EnvWorker) != "" {
+		return worker()
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := launch(ctx); err != nil {
