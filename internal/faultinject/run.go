@@ -146,7 +146,7 @@ func (h *Harness) Finish(ctx context.Context, b Bounds) RunResult {
 	var res RunResult
 	violate := func(f string, a ...any) { res.Violations = append(res.Violations, fmt.Sprintf(f, a...)) }
 	if st := h.Status(); st.Finished == 0 {
-		for n := st.Live - st.Stopped; n < h.cfg.MinWorkers; n++ {
+		for n := h.staying(); n < h.cfg.MinWorkers; n++ {
 			if _, err := h.AddWorker(ctx); err != nil {
 				violate("add a worker to finish: %v", err)
 			}
@@ -160,6 +160,20 @@ func (h *Harness) Finish(ctx context.Context, b Bounds) RunResult {
 	}
 	h.check(ctx, &res, b)
 	return res
+}
+
+// staying counts the workers that run and will stay: not exited, not
+// stopped, not killed or preempted by the harness.
+func (h *Harness) staying() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, w := range h.workers {
+		if w.cmd != nil && !w.isExited() && !w.stopped && !w.killed && !w.termed {
+			n++
+		}
+	}
+	return n
 }
 
 // waitProgress waits for a step report after t (or a finished job).

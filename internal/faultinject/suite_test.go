@@ -69,7 +69,7 @@ func TestFaultSchedule(t *testing.T) {
 			cfg := testConfig(t, srv.Addr())
 			cfg.Workers, cfg.MaxWorkers = 4, 6
 			cfg.StepDelay = 10 * time.Millisecond
-			cfg.Epochs = r.faults + 2 // about 1 s of training per fault
+			cfg.Epochs = r.faults + 4 // about 1 s of training per fault, and a margin
 			cfg.Redis = srv
 			cfg.ProxyRedis, cfg.ProxyPeers = r.proxyRedis, r.proxyPeers
 			res := faultinject.Run(context.Background(), cfg, faults, faultinject.Bounds{})
