@@ -186,10 +186,13 @@ func (o *Adam) Steps() int64 { return o.t }
 
 // Step implements Optimizer.
 func (o *Adam) Step(params []Param) error {
-	if o.m == nil {
+	if o.m == nil || o.v == nil {
 		o.m, o.v = zerosLike(params), zerosLike(params)
 	}
 	if err := sameShapes(o.m, params); err != nil {
+		return err
+	}
+	if err := sameShapes(o.v, params); err != nil {
 		return err
 	}
 	o.t++
@@ -232,6 +235,9 @@ func (o *Adam) LoadState(src []byte, params []Param) error {
 	v := r.tensors(params)
 	if err := r.done(); err != nil {
 		return fmt.Errorf("%w: adam: %v", ErrCorruptState, err)
+	}
+	if (m == nil) != (v == nil) {
+		return fmt.Errorf("%w: adam: one moment estimate present without the other", ErrCorruptState)
 	}
 	if t < 0 {
 		return fmt.Errorf("%w: adam: negative step count %d", ErrCorruptState, t)

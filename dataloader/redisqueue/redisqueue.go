@@ -263,6 +263,10 @@ func (q *Queue) Progress(ctx context.Context, epoch int) (dataloader.ShardProgre
 			return p, fmt.Errorf("%w: redisqueue: epoch %d is stored with dataset length %d and shard size %d, this queue has %d and %d",
 				dataloader.ErrShardMismatch, epoch, n, size, sc.DatasetLen, sc.ShardSize)
 		}
+		if acked < 0 || leased < 0 || acked+leased > int64(p.Total) {
+			return p, fmt.Errorf("redisqueue: progress epoch %d: corrupt counters (%d acked, %d leased of %d shards)",
+				epoch, acked, leased, p.Total)
+		}
 		p.Acked, p.Leased = int(acked), int(leased)
 	}
 	p.Pending = p.Total - p.Acked - p.Leased
