@@ -189,7 +189,7 @@ func runJob(t *testing.T, args ...string) result {
 // on without it (its rows come back from the shard store), and the final
 // AUC is within 0.01 of an uninterrupted run and within 0.02 of the oracle.
 func TestKilledShardHostRecovers(t *testing.T) {
-	small := []string{"-dynamic=false", "-epochs", "2", "-workers", "3", "-detect", "1s"}
+	small := []string{"-dynamic=false", "-epochs", "2", "-workers", "3", "-detect", "3s"}
 	base := runJob(t, small...)
 	killed := runJob(t, append(small, "-kill", "1@311")...)
 	t.Logf("uninterrupted: auc %.4f oracle %.4f; killed: auc %.4f, recoveries %d, world sizes %v, recovery %v s",
@@ -220,8 +220,8 @@ func TestKilledShardHostRecovers(t *testing.T) {
 // and the AUC stays within 0.01 of an undisturbed run and 0.02 of the
 // oracle.
 func TestDynamicShardsExactlyOnceWithSlowWorkerAndKill(t *testing.T) {
-	base := runJob(t, "-epochs", "2", "-workers", "3", "-detect", "1s")
-	r := runJob(t, "-epochs", "2", "-workers", "3", "-detect", "1s", "-slow", "0:50us", "-kill", "1@400")
+	base := runJob(t, "-epochs", "2", "-workers", "3", "-detect", "3s")
+	r := runJob(t, "-epochs", "2", "-workers", "3", "-detect", "3s", "-slow", "0:50us", "-kill", "1@400")
 	if d := math.Abs(r.AUC - base.AUC); d > 0.01 {
 		t.Fatalf("AUC %v with a slow worker and a kill, %v without (difference %v > 0.01)", r.AUC, base.AUC, d)
 	}
