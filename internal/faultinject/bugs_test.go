@@ -13,8 +13,8 @@ import (
 )
 
 // Bugs found in other packages by this suite and its fuzz targets. Each
-// test fails until the bug is fixed in its package (this package may not
-// change their code).
+// test failed until the bug was fixed in its package (both in 95f234b);
+// they stay as regression tests.
 
 // Bug in trainer.Adam: LoadState accepts a state that holds first moments
 // (m) but no second moments (v: tensor count 0), and the next Step then
