@@ -21,9 +21,12 @@ import (
 // commit it continues from and every rank has installed it, rank 0 records
 // that agreement (RecordAgreed); steps after it recorded in older rounds of
 // the same lineage were rolled back and no longer count. A lineage (Gen) is
-// the history that began at one initial or checkpointed state, numbered by
-// the wall-clock time it began; a restore starts a new one and drops every
-// step of older lineages after the restored step. A step recorded by a rank that died before contributing
+// the history that began at one initial or checkpointed state (its base
+// step), numbered by the wall-clock time it began; a restore starts a new one
+// and drops every step of older lineages after the restored step. Every
+// agreement carries its lineage's base, so the drop happens even when the
+// restored round itself failed before its first step and the lineage goes on
+// from a later round's commit. A step recorded by a rank that died before contributing
 // cannot have been applied anywhere, so the next agreement always drops it.
 // The rules depend on rounds and lineages only, never on the order of the
 // lines, so workers may write concurrently.
@@ -55,7 +58,11 @@ type AuditEntry struct {
 	Epoch int `json:"epoch,omitempty"`
 	// Indices are dataset indices ("step" only).
 	Indices []int `json:"indices,omitempty"`
-	// Restored marks an agreement that came from a durable checkpoint.
+	// Base is, for "agreed", the step at which lineage Gen began: the step of
+	// the durable checkpoint it was restored from, or 0 for a fresh start.
+	Base int64 `json:"base"`
+	// Restored marks an agreement that came from a durable checkpoint
+	// (then Base equals Step).
 	Restored bool `json:"restored,omitempty"`
 }
 
@@ -177,8 +184,8 @@ type AuditReport struct {
 // VerifyAudit replays a log and checks exactly-once. It keeps the "step"
 // entries that no agreement rolled back: an agreement of lineage G in round
 // R at step c drops every step entry of G from a round before R with a step
-// after c; a restored agreement of lineage G at step c drops every step
-// entry of an older lineage (smaller Gen) with a step after c. expected(epoch) lists the
+// after c; an agreement of lineage G with base b drops every step entry of
+// an older lineage (smaller Gen) with a step after b. expected(epoch) lists the
 // indices each of epochs 0..epochs-1 must hold exactly once; occurrences of
 // anything else count as duplicates.
 func VerifyAudit(entries []AuditEntry, epochs int, expected func(epoch int) []int) AuditReport {
@@ -191,7 +198,12 @@ func VerifyAudit(entries []AuditEntry, epochs int, expected func(epoch int) []in
 			if e.Kind != "step" || e.Step <= m.Step {
 				continue
 			}
-			if (e.Gen == m.Gen && e.Round < m.Round) || (m.Restored && e.Gen < m.Gen) {
+			if e.Gen == m.Gen && e.Round < m.Round {
+				dropped[j] = true
+			}
+		}
+		for j, e := range entries {
+			if e.Kind == "step" && e.Gen < m.Gen && e.Step > m.Base {
 				dropped[j] = true
 			}
 		}

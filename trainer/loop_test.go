@@ -290,6 +290,71 @@ func TestWholeJobRestartResumesFromCheckpoint(t *testing.T) {
 	require.Equal(t, 1, r.Epoch)
 }
 
+// A whole-job restart whose first round fails before its first step (here
+// rank 0 fails that step after rank 1 applied it) continues the restored
+// lineage from a commit, not from the checkpoint; the steps the crashed
+// incarnation trained after that checkpoint must still be dropped (the
+// audit once kept them, counting their samples twice).
+func TestRestoredRoundFailingBeforeItsFirstStep(t *testing.T) {
+	ckpt, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	st := stores(t)["redis"]
+	j := newJob(t, st)
+	j.epochs = 20 // far more than it trains before the crash
+	var checkpointed atomic.Int64
+	crash := make(chan struct{})
+	var once stdsync.Once
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers, c.CheckpointEvery = 2, 10 }
+	j.opts = func(int) []Option {
+		return []Option{WithCheckpointStore(ckpt), WithHooks(Hooks{
+			OnCheckpoint: func(s int64, err error) {
+				if err == nil {
+					checkpointed.Store(s)
+				}
+			},
+			OnStep: func(s StepInfo) {
+				if c := checkpointed.Load(); c >= 20 && s.Step >= c+5 {
+					once.Do(func() { close(crash) })
+				}
+			},
+		})}
+	}
+	a, b := j.start(), j.start()
+	select {
+	case <-crash:
+	case <-a.done:
+		t.Fatalf("the first incarnation ended before its crash: %v", a.err)
+	}
+	a.cancel() // the whole job crashes past its checkpoint
+	b.cancel()
+	j.wait()
+
+	j2 := newJob(t, st)
+	j2.audit, j2.epochs = j.audit, 3
+	j2.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	rounds := make(chan RoundInfo, 64)
+	j2.opts = func(int) []Option {
+		return []Option{WithCheckpointStore(ckpt), WithHooks(Hooks{OnRound: func(r RoundInfo) { rounds <- r }})}
+	}
+	var fired atomic.Bool
+	j2.afterReduce = func(rank int, step int64) error {
+		if rank == 0 && fired.CompareAndSwap(false, true) {
+			return errors.New("injected failure of the restored round's first step")
+		}
+		return nil
+	}
+	ws := []*inproc{j2.start(), j2.start()}
+	j2.wait()
+	j2.checkFinished(ws)
+	require.True(t, fired.Load())
+	close(rounds)
+	sources := map[string]bool{}
+	for r := range rounds {
+		sources[r.Source] = true
+	}
+	require.True(t, sources["checkpoint"] && sources["commit"], "a restore, then a round from a commit: %v", sources)
+}
+
 func TestCorruptCheckpointFallsBackToPreviousGood(t *testing.T) {
 	ctx := context.Background()
 	ckptDir := t.TempDir()

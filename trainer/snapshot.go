@@ -12,7 +12,8 @@ import (
 // broadcast and what durable checkpoints hold.
 type snapshot struct {
 	step       int64       // global steps applied since the job began
-	gen        uint64      // lineage: random, new at every restore or fresh start
+	gen        uint64      // lineage: new at every restore or fresh start (see Audit)
+	base       int64       // step at which lineage gen began: the restored checkpoint's, or 0
 	values     [][]float32 // copy of every Param.Value, in model order
 	optName    string
 	opt        []byte // Optimizer.AppendState
@@ -21,13 +22,18 @@ type snapshot struct {
 	user       []byte // Stateful.AppendState, if the user registered one
 }
 
-const snapshotMagic = "ETSNAP01"
+// Snapshot encodings: version 2 added the lineage base after gen; version 1
+// (no base) still decodes, with base 0, so older checkpoints load.
+const (
+	snapshotMagic   = "ETSNAP02"
+	snapshotMagicV1 = "ETSNAP01"
+)
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // take copies the live state into s, reusing s's buffers.
-func (s *snapshot) take(step int64, gen uint64, params []Param, opt Optimizer, cursor []byte, recoveries []int64, user []byte) {
-	s.step, s.gen = step, gen
+func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt Optimizer, cursor []byte, recoveries []int64, user []byte) {
+	s.step, s.gen, s.base = step, gen, base
 	if len(s.values) != len(params) {
 		s.values = make([][]float32, len(params))
 	}
@@ -46,7 +52,7 @@ func (s *snapshot) take(step int64, gen uint64, params []Param, opt Optimizer, c
 
 // clone returns a deep copy.
 func (s *snapshot) clone() *snapshot {
-	c := &snapshot{step: s.step, gen: s.gen, optName: s.optName}
+	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName}
 	c.values = make([][]float32, len(s.values))
 	for i, v := range s.values {
 		c.values[i] = slices.Clone(v)
@@ -82,13 +88,14 @@ func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
 }
 
 // encode appends the snapshot's wire and disk form to dst: magic, step,
-// parameters with names and shapes, optimizer, cursor, recoveries, user
+// lineage (gen, base), parameters with names and shapes, optimizer, cursor, recoveries, user
 // state, then a CRC-32C of all of it.
 func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.step))
 	dst = binary.LittleEndian.AppendUint64(dst, s.gen)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.base))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(params)))
 	for i, p := range params {
 		dst = appendString(dst, p.Name)
@@ -119,11 +126,15 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 	if got := crc32.Checksum(body, castagnoli); got != sum {
 		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
 	}
-	if string(body[:len(snapshotMagic)]) != snapshotMagic {
-		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, body[:len(snapshotMagic)])
+	magic := string(body[:len(snapshotMagic)])
+	if magic != snapshotMagic && magic != snapshotMagicV1 {
+		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
 	}
 	r := reader{b: body, off: len(snapshotMagic)}
 	s := &snapshot{step: int64(r.u64()), gen: r.u64()}
+	if magic == snapshotMagic {
+		s.base = int64(r.u64())
+	}
 	n := int(r.u32())
 	if r.err == nil && n != len(params) {
 		return nil, fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, n, len(params))
@@ -162,8 +173,8 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 	if err := r.done(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptState, err)
 	}
-	if s.step < 0 {
-		return nil, fmt.Errorf("%w: negative step %d", ErrCorruptState, s.step)
+	if s.step < 0 || s.base < 0 || s.base > s.step {
+		return nil, fmt.Errorf("%w: step %d with lineage base %d", ErrCorruptState, s.step, s.base)
 	}
 	return s, nil
 }

@@ -2,7 +2,9 @@ package trainer
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
+	"hash/crc32"
 	"math"
 	"os"
 	"path/filepath"
@@ -117,7 +119,7 @@ func TestOptimizerLoadStateRejectsGarbage(t *testing.T) {
 
 func testSnapshot(ps []Param, opt Optimizer) *snapshot {
 	s := &snapshot{}
-	s.take(42, 7, ps, opt, []byte("cursor-bytes"), []int64{1, 2, 3}, []byte("user"))
+	s.take(42, 7, 40, ps, opt, []byte("cursor-bytes"), []int64{1, 2, 3}, []byte("user"))
 	return s
 }
 
@@ -131,6 +133,7 @@ func TestSnapshotEncodeDecodeRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, s.step, got.step)
 	require.Equal(t, s.gen, got.gen)
+	require.Equal(t, s.base, got.base)
 	require.Equal(t, s.values, got.values)
 	require.Equal(t, s.opt, got.opt)
 	require.Equal(t, s.cursor, got.cursor)
@@ -149,6 +152,23 @@ func TestSnapshotEncodeDecodeRoundTrip(t *testing.T) {
 		require.Equal(t, ps[i].Value, live[i].Value)
 	}
 	require.Equal(t, opt.AppendState(nil), opt2.AppendState(nil))
+}
+
+// Checkpoints written before the lineage base was added (version 1) still
+// load, with base 0.
+func TestSnapshotVersion1StillDecodes(t *testing.T) {
+	ps := testParams()
+	s := testSnapshot(ps, NewSGD(0.1))
+	v2 := s.encode(nil, ps)
+	body := slices.Concat([]byte(snapshotMagicV1), v2[len(snapshotMagic):24], v2[32:len(v2)-4])
+	v1 := binary.LittleEndian.AppendUint32(body, crc32.Checksum(body, castagnoli))
+	got, err := decodeSnapshot(v1, ps)
+	require.NoError(t, err)
+	require.Equal(t, s.step, got.step)
+	require.Equal(t, s.gen, got.gen)
+	require.Zero(t, got.base)
+	require.Equal(t, s.values, got.values)
+	require.Equal(t, s.user, got.user)
 }
 
 func TestSnapshotDecodeRejectsCorruption(t *testing.T) {
@@ -253,7 +273,11 @@ func TestVerifyAudit(t *testing.T) {
 		return AuditEntry{Kind: "step", Gen: gen, Round: round, Step: s, Indices: ix}
 	}
 	agreed := func(round uint64, s int64, restored bool) AuditEntry {
-		return AuditEntry{Kind: "agreed", Gen: gen, Round: round, Step: s, Restored: restored}
+		e := AuditEntry{Kind: "agreed", Gen: gen, Round: round, Step: s, Restored: restored}
+		if restored {
+			e.Base = s
+		}
+		return e
 	}
 	newGen := func(e AuditEntry) AuditEntry { e.Gen = 2; return e }
 	cases := []struct {
@@ -273,6 +297,9 @@ func TestVerifyAudit(t *testing.T) {
 			step(7, 1, 0, 1, 2), step(7, 2, 3, 4, 5), newGen(agreed(1, 1, true)), newGen(step(1, 2, 3, 4, 5))}, 0, 0},
 		{"restart with round numbers starting over", []AuditEntry{
 			step(1, 1, 0, 1, 2), step(1, 2, 3, 4, 5), newGen(step(1, 2, 3, 4, 5)), newGen(agreed(1, 1, true))}, 0, 0},
+		{"restored round failed before its first step: a later agreement of the lineage drops the old steps", []AuditEntry{
+			step(7, 1, 0, 1, 2), step(7, 2, 3, 4, 5), newGen(step(1, 2, 3, 4, 5)),
+			newGen(AuditEntry{Kind: "agreed", Round: 2, Step: 1, Base: 1}), newGen(step(2, 2, 3, 4, 5))}, 0, 0},
 		{"agreement written after the round's first steps", []AuditEntry{
 			step(1, 1, 0, 1, 2), step(1, 2, 3, 4), step(2, 2, 3, 4, 5), agreed(2, 1, false)}, 0, 0},
 		{"kept step of a dead rank counts", []AuditEntry{
@@ -315,12 +342,12 @@ func TestDecodedSnapshotReuseKeepsFieldsApart(t *testing.T) {
 	ps := testParams()
 	fresh := NewMomentum(0.1, 0.9) // no velocity yet: a short state
 	s := &snapshot{}
-	s.take(1, 1, ps, fresh, []byte("cursor-1"), nil, nil)
+	s.take(1, 1, 0, ps, fresh, []byte("cursor-1"), nil, nil)
 	got, err := decodeSnapshot(s.encode(nil, ps), ps)
 	require.NoError(t, err)
 	stepped := NewMomentum(0.1, 0.9)
 	require.NoError(t, stepped.Step(ps)) // now a long state
-	got.take(2, 1, ps, stepped, []byte("cursor-2"), nil, nil)
+	got.take(2, 1, 0, ps, stepped, []byte("cursor-2"), nil, nil)
 	require.Equal(t, stepped.AppendState(nil), got.opt)
 	require.Equal(t, []byte("cursor-2"), got.cursor)
 	other := NewMomentum(1, 0)

@@ -77,6 +77,7 @@ type Trainer[B any] struct {
 	latest, prev, spare *snapshot
 	step                int64
 	gen                 uint64 // lineage of the live state (see Audit)
+	base                int64  // step at which lineage gen began
 	restored            bool   // this round's state came from a checkpoint or init
 	stateRound          uint64 // round in which the live state was last installed
 	cursor              dataloader.Cursor
@@ -665,7 +666,7 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 				sn, err = decodeSnapshot(data, t.params)
 				if err == nil {
 					t.log.Info("restoring durable checkpoint", "step", s)
-					sn.gen = newGen()
+					sn.gen, sn.base = newGen(), sn.step
 					return sn, "checkpoint", nil
 				}
 			}
@@ -681,7 +682,7 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 		user = t.o.state.AppendState(nil)
 	}
 	sn := &snapshot{}
-	sn.take(0, newGen(), t.params, t.opt, cur, nil, user)
+	sn.take(0, newGen(), 0, t.params, t.opt, cur, nil, user)
 	return sn, "init", nil
 }
 
@@ -702,7 +703,7 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 	if err := t.loader.Reset(cur, world.Rank, world.Size); err != nil {
 		return fmt.Errorf("trainer: reshard loader: %w", err)
 	}
-	t.step, t.gen, t.cursor = sn.step, sn.gen, cur
+	t.step, t.gen, t.base, t.cursor = sn.step, sn.gen, sn.base, cur
 	t.stateRound = world.Round
 	t.recoveries = slices.Clone(sn.recoveries)
 	t.latest, t.prev = sn, nil
@@ -725,7 +726,7 @@ func (t *Trainer[B]) commit(ctx context.Context) error {
 	if sn == nil || sn == t.latest {
 		sn = &snapshot{}
 	}
-	sn.take(t.step, t.gen, t.params, t.opt, cur, t.recoveries, user)
+	sn.take(t.step, t.gen, t.base, t.params, t.opt, cur, t.recoveries, user)
 	t.spare, t.prev, t.latest = t.prev, t.latest, sn
 	t.useful += t.pendingUseful
 	t.pendingUseful = 0
@@ -767,7 +768,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	}
 	var agreement *AuditEntry
 	if t.o.audit != nil && rank == 0 {
-		agreement = &AuditEntry{Gen: t.gen, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
+		agreement = &AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
 	}
 	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
 	for {
