@@ -247,7 +247,10 @@ func median(x []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-var benchWork = flag.Int("dl.work", 1, "BenchmarkBusyStep: passes of simulated step work over each batch")
+var (
+	benchWork   = flag.Int("dl.work", 1, "BenchmarkBusyStep, BenchmarkDecodingDataset: passes of simulated step work over each batch")
+	benchDecode = flag.Int("dl.decode", 4, "BenchmarkDecodingDataset: passes of simulated decoding over each sample in Get")
+)
 
 // simulatedStep stands for the training step: passes of arithmetic over
 // the batch, of the order of loading it when passes is 1.
@@ -265,10 +268,13 @@ func simulatedStep(x []float32, passes int) float32 {
 // (-dl.work passes over each batch): the plain loop loads then steps; the
 // Loader with prefetch loads the next batches while the step runs. One op
 // is one batch.
-func BenchmarkBusyStep(b *testing.B) {
+func BenchmarkBusyStep(b *testing.B) { benchStepLoop(b, benchData) }
+
+// benchStepLoop runs the plain loop and the Loader (with and without
+// prefetch) over data, with -dl.work passes of step work per batch.
+func benchStepLoop(b *testing.B, data func() Dataset[[]float32]) {
 	b.Run("plain", func(b *testing.B) {
-		ds := benchData()
-		p := newPlainLoop(ds, 1, *benchBatch)
+		p := newPlainLoop(data(), 1, *benchBatch)
 		ctx := context.Background()
 		var sink float32
 		b.ReportAllocs()
@@ -284,8 +290,7 @@ func BenchmarkBusyStep(b *testing.B) {
 	})
 	for _, pw := range [][2]int{{0, 1}, {2, 1}} {
 		b.Run(fmt.Sprintf("loader/prefetch%d/workers%d", pw[0], pw[1]), func(b *testing.B) {
-			ds := benchData()
-			l, err := New(ds, collateFloats, benchConfig(pw[0], pw[1]))
+			l, err := New(data(), collateFloats, benchConfig(pw[0], pw[1]))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -306,6 +311,28 @@ func BenchmarkBusyStep(b *testing.B) {
 		})
 	}
 }
+
+// decodingData is benchData behind a Get that costs -dl.decode passes of
+// arithmetic over the sample, as decompressing or decoding a record from a
+// file would; it returns a new sample each time, as a decoder does.
+func decodingData() Dataset[[]float32] {
+	passes := *benchDecode
+	return Map(benchData(), func(_ context.Context, _ int, s []float32) ([]float32, error) {
+		out := make([]float32, len(s))
+		for range passes {
+			for i, v := range s {
+				out[i] += v * float32(i&3)
+			}
+		}
+		return out, nil
+	})
+}
+
+// BenchmarkDecodingDataset is the case prefetch is for: Get does real work
+// (decoding), the step too; the plain loop does one after the other, the
+// Loader with prefetch decodes the next batches on another core while the
+// step runs. One op is one batch.
+func BenchmarkDecodingDataset(b *testing.B) { benchStepLoop(b, decodingData) }
 
 // BenchmarkBookkeeping isolates the Loader's own cost per batch: samples
 // are ints and collate only counts them, so what remains is Get calls,
