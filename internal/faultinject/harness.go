@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/elastictrain/elastictrain/internal/freeport"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -229,16 +229,9 @@ func (h *Harness) logf(format string, a ...any) {
 	fmt.Fprintf(h.cfg.Log, "%s faultinject: %s\n", time.Now().Format("15:04:05.000"), fmt.Sprintf(format, a...))
 }
 
-// freePort returns a loopback address with a port that was free a moment ago.
-func freePort() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr, nil
-}
+// freePort returns a loopback address with a port that was free a moment
+// ago and that no outgoing connection will take before the worker binds it.
+func freePort() (string, error) { return freeport.Addr() }
 
 // AddWorker launches one more worker of the job (a newcomer joins at the
 // next step boundary).

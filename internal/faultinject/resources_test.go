@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/elastictrain/elastictrain/internal/freeport"
 	"log/slog"
-	"net"
 	"os"
 	"runtime"
 	gosync "sync"
@@ -66,10 +66,8 @@ func TestResourcesFlatAcrossRecoveries(t *testing.T) {
 	errs := make(chan error, ranks)
 	var wg gosync.WaitGroup
 	for i := range ranks {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		listen, err := freeport.Addr()
 		require.NoError(t, err)
-		listen := l.Addr().String()
-		l.Close()
 		p, err := faultinject.NewProxy("127.0.0.1:0", listen)
 		require.NoError(t, err)
 		defer p.Close()

@@ -24,6 +24,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"github.com/elastictrain/elastictrain/internal/freeport"
 	"net"
 	"os"
 	"os/exec"
@@ -166,15 +167,7 @@ func startServer() (*Server, error) {
 	return nil, fmt.Errorf("start redis: %w", lastErr)
 }
 
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", fmt.Errorf("find a free port: %w", err)
-	}
-	addr := l.Addr().String()
-	_ = l.Close()
-	return addr, nil
-}
+func freeAddr() (string, error) { return freeport.Addr() }
 
 func (s *Server) startProcess(bin string) error {
 	_, port, _ := net.SplitHostPort(s.addr)
