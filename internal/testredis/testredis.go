@@ -16,6 +16,14 @@
 // Redis; Restart brings it back empty on the same port. Without the binary
 // (and not in CI) it falls back to the embedded server.
 //
+// # Cluster
+//
+// StartCluster launches a private Redis Cluster of three masters
+// (redis-server with --cluster-enabled yes, joined by redis-cli --cluster
+// create) for a test that must show its keys work across slots and nodes;
+// Cluster.TagOn picks hash tags (job IDs) served by a given node. Without
+// the binaries the test is skipped, except with CI=true, where it fails.
+//
 // All functions are safe for concurrent use by parallel tests.
 package testredis
 
