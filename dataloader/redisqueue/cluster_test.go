@@ -123,4 +123,28 @@ func TestRedisCluster(t *testing.T) {
 			return newQueue(t, cc, cl.TagOn(t, testredis.JobID(t), n%len(cl.Addrs())), sc)
 		})
 	})
+	t.Run("a Prefix with braces is refused", func(t *testing.T) {
+		t.Parallel()
+		// Why: "{}" in the prefix makes the first hash tag empty, so each key
+		// hashes whole and the epoch's three keys fall in different slots,
+		// where every script would fail with CROSSSLOT.
+		cfg := redisqueue.DefaultConfig()
+		cfg.JobID = testredis.JobID(t)
+		cfg.Prefix = "x{}:"
+		cfg.Shards.DatasetLen = 3
+		slots := map[int]bool{}
+		for _, k := range epochKeys(cfg, 0) {
+			slot, _, err := cl.SlotOwner(ctx, k)
+			if err != nil {
+				t.Fatal(err)
+			}
+			slots[slot] = true
+		}
+		if len(slots) == 1 {
+			t.Fatalf("keys %v share one slot", epochKeys(cfg, 0))
+		}
+		if _, err := redisqueue.New(cc, cfg); !errors.Is(err, dataloader.ErrInvalidConfig) {
+			t.Fatalf("New with Prefix %q: %v, want ErrInvalidConfig", cfg.Prefix, err)
+		}
+	})
 }

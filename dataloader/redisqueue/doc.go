@@ -38,5 +38,6 @@
 //
 // Any Redis 5+ with Lua works, and so does the embedded server of package
 // elastic/standalone for single-host jobs. Redis Cluster works because all
-// of a job's keys share a hash tag.
+// of a job's keys share a hash tag, the JobID (Config.Validate refuses
+// braces in JobID and Prefix, which would move the tag).
 package redisqueue

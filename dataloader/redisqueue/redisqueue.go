@@ -22,7 +22,10 @@ type Config struct {
 	// JobID names the job; every key carries it as a hash tag. Required;
 	// must not contain '{' or '}'.
 	JobID string
-	// Prefix starts every key. Default "elastictrain:".
+	// Prefix starts every key. Default "elastictrain:". Must not contain
+	// '{' or '}': a brace in it would take the place of the JobID as the
+	// keys' hash tag (with "{}" the keys of one epoch fall in different
+	// Redis Cluster slots and every script fails with CROSSSLOT).
 	Prefix string
 	// KeyTTL is how long an epoch's keys live after their last write.
 	// Must be >= Shards.LeaseTTL. Default 7 days.
@@ -44,6 +47,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.JobID == "" || strings.ContainsAny(c.JobID, "{}"):
 		return fmt.Errorf("%w: redisqueue: JobID %q must be non-empty without braces", dataloader.ErrInvalidConfig, c.JobID)
+	case strings.ContainsAny(c.Prefix, "{}"):
+		return fmt.Errorf("%w: redisqueue: Prefix %q must not contain braces (the JobID is the keys' hash tag)", dataloader.ErrInvalidConfig, c.Prefix)
 	case c.KeyTTL < c.Shards.LeaseTTL:
 		return fmt.Errorf("%w: redisqueue: KeyTTL %v shorter than LeaseTTL %v", dataloader.ErrInvalidConfig, c.KeyTTL, c.Shards.LeaseTTL)
 	}

@@ -55,6 +55,13 @@ func TestConfig(t *testing.T) {
 		}
 	}
 	cfg.JobID = "ok"
+	for _, prefix := range []string{"x{}:", "{tenant}:", "a}"} {
+		cfg.Prefix = prefix
+		if _, err := redisqueue.New(c, cfg); !errors.Is(err, dataloader.ErrInvalidConfig) {
+			t.Fatalf("Prefix %q: %v", prefix, err)
+		}
+	}
+	cfg.Prefix = redisqueue.DefaultConfig().Prefix
 	cfg.KeyTTL = time.Second
 	if _, err := redisqueue.New(c, cfg); !errors.Is(err, dataloader.ErrInvalidConfig) {
 		t.Fatalf("KeyTTL below LeaseTTL: %v", err)
