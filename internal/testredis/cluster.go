@@ -40,9 +40,10 @@ type Cluster struct {
 // StartCluster starts a Redis Cluster of ClusterMasters redis-server
 // processes (--cluster-enabled yes, no persistence, each with its own
 // cluster config file and log in a temporary directory) on free loopback
-// ports, joins them with redis-cli --cluster create (no replicas, the 16384
-// slots split evenly) and returns once CLUSTER INFO answers cluster_state:ok
-// on every node. t.Cleanup kills the processes.
+// ports whose bus ports (port+10000) are free too, joins them with
+// redis-cli --cluster create (no replicas, the 16384 slots split evenly)
+// and returns once CLUSTER INFO answers cluster_state:ok on every node, at
+// most 60 s later. t.Cleanup kills the processes. Needs Redis >= 5.
 //
 // Without redis-server or redis-cli on PATH the test is skipped, unless
 // CI=true, where it fails: CI must run the cluster tests.
@@ -54,7 +55,7 @@ func StartCluster(t testing.TB) *Cluster {
 		if os.Getenv("CI") == "true" {
 			t.Fatalf("testredis: a Redis Cluster needs redis-server and redis-cli on PATH (CI=true, so no skip): %v", err)
 		}
-		t.Skipf("testredis: no Redis Cluster test: redis-server and redis-cli (Redis >= 7) must be on PATH: %v", err)
+		t.Skipf("testredis: no Redis Cluster test: redis-server and redis-cli (Redis >= 5) must be on PATH: %v", err)
 	}
 	dir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), clusterStartTimeout)
@@ -81,18 +82,15 @@ func StartCluster(t testing.TB) *Cluster {
 }
 
 func (c *Cluster) start(ctx context.Context, server, cli string) error {
-	// Client ports and cluster bus ports, all distinct (the default bus port,
-	// port+10000, may lie past 65535 for an ephemeral port).
-	ports, err := freePorts(2 * ClusterMasters)
+	ports, err := freeClusterPorts(ClusterMasters)
 	if err != nil {
 		return err
 	}
-	for i := range ClusterMasters {
-		port, bus := ports[i], ports[ClusterMasters+i]
+	for _, port := range ports {
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		cmd := exec.Command(server,
 			"--bind", "127.0.0.1", "--port", strconv.Itoa(port),
-			"--cluster-enabled", "yes", "--cluster-port", strconv.Itoa(bus),
+			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(c.dir, fmt.Sprintf("nodes-%d.conf", port)),
 			"--cluster-node-timeout", "5000",
 			"--save", "", "--appendonly", "no",
@@ -172,8 +170,10 @@ func poll(ctx context.Context, interval time.Duration, try func() error) error {
 	}
 }
 
-// freePorts returns n distinct loopback ports that were free a moment ago.
-func freePorts(n int) ([]int, error) {
+// freeClusterPorts returns n loopback ports that were free a moment ago,
+// each with its cluster bus port (port+10000, the default of every Redis
+// version) free as well.
+func freeClusterPorts(n int) ([]int, error) {
 	var ports []int
 	var ls []net.Listener
 	defer func() {
@@ -181,13 +181,25 @@ func freePorts(n int) ([]int, error) {
 			_ = l.Close()
 		}
 	}()
-	for range n {
+	for tries := 0; len(ports) < n; tries++ {
+		if tries == 100*n {
+			return nil, fmt.Errorf("find %d free port pairs p, p+10000: only %d found", n, len(ports))
+		}
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("find a free port: %w", err)
 		}
-		ls = append(ls, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+		ls = append(ls, l) // held, so the kernel does not hand it out again
+		port := l.Addr().(*net.TCPAddr).Port
+		if port+10000 > 65535 {
+			continue
+		}
+		bus, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port+10000)))
+		if err != nil {
+			continue
+		}
+		ls = append(ls, bus)
+		ports = append(ports, port)
 	}
 	return ports, nil
 }
