@@ -60,10 +60,13 @@ func TestRedisCluster(t *testing.T) {
 	cl := testredis.StartCluster(t)
 	cc := cl.Client(t)
 	store := elastic.NewRedisStore(cc)
-	// config returns a fast config whose job lives on the given node.
+	// config returns a fast config whose job lives on the given node. Its
+	// leases are long, so a loaded machine does not evict healthy members;
+	// the scenario that needs expiry shortens them.
 	config := func(t *testing.T, node int) elastic.Config {
 		cfg := testConfig(t)
 		cfg.JobID = cl.TagOn(t, cfg.JobID, node)
+		cfg.LeaseTTL = 10 * time.Second
 		return cfg
 	}
 	ctx := context.Background()
@@ -86,8 +89,7 @@ func TestRedisCluster(t *testing.T) {
 		{"failure report opens the next round", func(t *testing.T, node int) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-			cfg.LeaseTTL = 20 * time.Second // a new round within this cannot come from lease expiry
-			cfg.HeartbeatInterval = time.Second
+			cfg.HeartbeatInterval = time.Second // a new round within LeaseTTL cannot come from lease expiry
 			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
@@ -110,15 +112,20 @@ func TestRedisCluster(t *testing.T) {
 		{"lease expiry opens one new round", func(t *testing.T, node int) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
+			cfg.LeaseTTL = 3 * time.Second // 30 heartbeats: only the dead member's lease lapses
 			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
 			checkJobOnNode(t, cl, cfg.JobID, node)
 			r := ws[0].Round
 			_ = C.Close() // dies silently: no report, no leave
+			died := time.Now()
 			waitFor(t, cfg.LeaseTTL+5*time.Second, "ChangePending after C's lease lapsed", func() bool {
 				return A.ChangePending() && B.ChangePending()
 			})
+			if el := time.Since(died); el < cfg.LeaseTTL/2 {
+				t.Fatalf("change seen %v after the death, before the lease could lapse", el)
+			}
 			ws = joinAll(t, ctx, []*elastic.Agent{A, B})
 			checkRound(t, ws, []*elastic.Agent{A, B})
 			if ws[0].Round != r+1 {
@@ -128,7 +135,6 @@ func TestRedisCluster(t *testing.T) {
 		{"graceful leave", func(t *testing.T, node int) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-			cfg.LeaseTTL = 20 * time.Second
 			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
