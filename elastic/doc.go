@@ -69,7 +69,10 @@
 // NewRedisStore works over go-redis' UniversalClient (one node, Sentinel,
 // Cluster): all keys of a job ("et:{<jobID>}:state", ":meta", ":members",
 // ":leases") share one hash tag, and all carry a TTL (Config.StateTTL,
-// renewed by heartbeats), so nothing outlives the job. NewMemoryStore has the
+// renewed by heartbeats), so nothing outlives the job. On a Cluster the
+// hints are plain PUBLISH from the scripts, which Redis broadcasts to every
+// node, so a subscriber on any node receives them (the tests run the
+// rendezvous on a three-master cluster). NewMemoryStore has the
 // same semantics (the same transition code; a differential test holds the
 // Lua scripts to it) for unit tests and single-process use;
 // elastic/standalone runs an embedded Redis-protocol server for single-host
