@@ -114,6 +114,10 @@ func TestSimultaneousJoinersNeverSplit(t *testing.T) {
 					cfg := testConfig(t)
 					cfg.JobID += fmt.Sprint(rep)
 					cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = tc.min, tc.max, tc.lastCall
+					// Nothing here may depend on lease expiry: 36 agents of
+					// parallel subtests on a loaded 2-core machine must not
+					// miss a 1.5 s lease and be fenced.
+					cfg.LeaseTTL = 10 * time.Second
 					as := make([]*elastic.Agent, 12)
 					for i := range as {
 						as[i] = newAgent(t, s, cfg)

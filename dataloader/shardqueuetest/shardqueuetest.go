@@ -191,7 +191,10 @@ func shortCtx(t *testing.T, d time.Duration) context.Context {
 }
 
 func testRenew(t *testing.T, newQueue NewQueue) {
-	cfg := dataloader.ShardConfig{DatasetLen: 1, ShardSize: 1, LeaseTTL: TTL}
+	// A longer lease than the suite's TTL: each iteration below must renew
+	// within it, and a loaded machine can stall a goroutine for a while.
+	const ttl = 4 * TTL
+	cfg := dataloader.ShardConfig{DatasetLen: 1, ShardSize: 1, LeaseTTL: ttl}
 	q := newQueue(t, cfg)
 	ctx := context.Background()
 	s, err := q.Lease(ctx, 0, "w")
@@ -199,7 +202,7 @@ func testRenew(t *testing.T, newQueue NewQueue) {
 		fatalf(t, "lease: %v", err)
 	}
 	// Keep renewing across several TTLs: nobody else gets the shard.
-	end := time.Now().Add(3 * TTL)
+	end := time.Now().Add(5 * ttl / 2)
 	for time.Now().Before(end) {
 		r, err := q.Renew(ctx, s)
 		if err != nil {
@@ -212,7 +215,7 @@ func testRenew(t *testing.T, newQueue NewQueue) {
 		if _, err := q.Lease(ctx, 0, "other"); !errors.Is(err, dataloader.ErrNoShardFree) {
 			fatalf(t, "lease while renewed: %v, want ErrNoShardFree", err)
 		}
-		if o, err := dataloader.LeaseWait(shortCtx(t, TTL/4), q, 0, "other-waits", time.Millisecond); err == nil {
+		if o, err := dataloader.LeaseWait(shortCtx(t, ttl/10), q, 0, "other-waits", time.Millisecond); err == nil {
 			fatalf(t, "another worker leased the renewed shard: %+v", o)
 		}
 	}
