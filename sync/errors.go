@@ -48,8 +48,14 @@ type PeerError struct {
 	Err   error  // the cause
 }
 
-// Error implements error.
+// Error implements error. A rank that aborted on purpose (its context was
+// cancelled, e.g. because the rendezvous moved on without a hung peer, or it
+// was closed) is alive and says so: the message then reads "aborted", not
+// "lost", so a log does not blame the rank that noticed the trouble.
 func (e *PeerError) Error() string {
+	if errors.Is(e.Err, ErrAborted) {
+		return fmt.Sprintf("sync: rank %d of round %d aborted the operation: %v", e.Rank, e.Round, e.Err)
+	}
 	return fmt.Sprintf("sync: rank %d of round %d lost: %v", e.Rank, e.Round, e.Err)
 }
 

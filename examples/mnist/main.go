@@ -12,7 +12,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -70,14 +69,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return nil, err
-		}
-		return nil, jobenv.ErrUsage // the flag package printed the error and the usage
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	if err := jobenv.ParseFlags(fs, args); err != nil {
+		return nil, err
 	}
 	switch {
 	case c.workers < 1:
@@ -88,6 +81,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-max %d is below -min %d", c.max, c.min)
 	case c.workers > c.max:
 		return nil, fmt.Errorf("-workers %d is above -max %d", c.workers, c.max)
+	case c.min > c.workers:
+		// Workers added by -join start at a step, and no step is trained
+		// before a first round of -min workers forms.
+		return nil, fmt.Errorf("-min %d is above -workers %d: the first round could never form", c.min, c.workers)
 	case c.epochs < 1:
 		return nil, fmt.Errorf("-epochs %d: want at least 1", c.epochs)
 	case c.batch < 1:
@@ -101,6 +98,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
 		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
+	}
+	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
+		return nil, err
 	}
 	if err := validateTelemetryFlags(c.otlp, c.metrics); err != nil {
 		return nil, err
@@ -166,9 +166,19 @@ type result struct {
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	start := time.Now()
-	// Check the data before starting anything.
+	// Check the data and the output paths before starting anything.
 	if _, err := locateData(c.data); err != nil {
 		return err
+	}
+	if c.ckpt != "" {
+		if err := os.MkdirAll(c.ckpt, 0o755); err != nil {
+			return fmt.Errorf("-checkpoint: %w", err)
+		}
+	}
+	if c.plot != "" {
+		if err := checkWritable(c.plot); err != nil {
+			return fmt.Errorf("-plot: %w", err)
+		}
 	}
 	if c.job == "" {
 		c.job = jobenv.NewJobID("mnist")
@@ -220,9 +230,10 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			res.StepsPerSecond = float64(n-1) / dt
 		}
 	}
+	var plotErr error
 	if c.plot != "" {
-		if err := writePlot(c.plot, sum); err != nil {
-			fmt.Fprintf(stderr, "mnist: plot: %v\n", err)
+		if plotErr = writePlot(c.plot, sum); plotErr != nil {
+			plotErr = fmt.Errorf("plot: %w", plotErr)
 		}
 	}
 	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit: %d missing, %d duplicates\n",
@@ -231,6 +242,22 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if c.json {
 		b, _ := json.Marshal(res)
 		fmt.Fprintln(stdout, string(b))
+	}
+	return plotErr
+}
+
+// checkWritable makes sure a file can be created at path (without leaving
+// one behind when it did not exist), so an output flag fails before the job
+// rather than after it.
+func checkWritable(path string) error {
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE, 0o644)
+	if err != nil {
+		return err
+	}
+	f.Close()
+	if os.IsNotExist(statErr) {
+		return os.Remove(path)
 	}
 	return nil
 }

@@ -80,6 +80,10 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-otlp", "grpc://collector:4317"}, `-otlp "grpc://collector:4317": want an http:// or https:// URL`},
 		{[]string{"-otlp", "localhost:0"}, `-otlp "localhost:0": want a port number from 1 to 65535`},
 		{[]string{"-no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"-min", "3"}, "-min 3 is above -workers 2: the first round could never form"},
+		{[]string{"-kill", "5@300"}, "-kill 5@300: no worker can hold rank 5 (ranks 0..1"},
+		{[]string{"-stop", "3@10", "-join", "1@5"}, "-stop 3@10: no worker can hold rank 3 (ranks 0..2"},
+		{[]string{"-term", "3@10", "-workers", "4", "-max", "3"}, "-workers 4 is above -max 3"},
 		{[]string{"extra"}, `unexpected arguments: ["extra"]`},
 	}
 	for _, tc := range cases {
@@ -88,6 +92,29 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 			require.Equal(t, 2, code, "stderr: %s", stderr)
 			require.Contains(t, stderr, tc.want)
 			require.Empty(t, stdout)
+			require.NotContains(t, stderr, "SIGKILL the worker", "a bad flag prints one hint, not the flag list")
+		})
+	}
+}
+
+// Output paths that cannot be written fail before any worker starts, not
+// after the training.
+func TestUnwritableOutputPathsFailBeforeAnyWorker(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "a-file")
+	require.NoError(t, os.WriteFile(file, nil, 0o644))
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-plot", filepath.Join(t.TempDir(), "missing-dir", "x.png")}, "-plot: open "},
+		{[]string{"-checkpoint", filepath.Join(file, "ckpt")}, "-checkpoint: mkdir "},
+	} {
+		t.Run(tc.args[0], func(t *testing.T) {
+			code, stdout, stderr := runMain(t, tc.args...)
+			require.Equal(t, 1, code, "stderr: %s", stderr)
+			require.Empty(t, stdout)
+			require.Contains(t, stderr, tc.want)
+			require.NotContains(t, stderr, "[launcher] job", "no worker may start")
 		})
 	}
 }

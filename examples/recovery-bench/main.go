@@ -52,12 +52,10 @@ func parse(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.stepDelay, "step", 5*time.Millisecond, "simulated compute time per step")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object per trial and a summary")
 	fs.StringVar(&c.job, "job", "", "job ID (set by the launcher for workers)")
-	if err := fs.Parse(args); err != nil {
+	if err := jobenv.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
 	switch {
-	case fs.NArg() > 0:
-		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	case c.workers < 2:
 		return nil, fmt.Errorf("-workers %d: want at least 2", c.workers)
 	case c.trials < 1:

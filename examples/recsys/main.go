@@ -96,11 +96,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	slow := fs.String("slow", "", "make one worker slow: INDEX:DURATION adds DURATION of compute per sample on the worker of launch index INDEX")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
-	if err := fs.Parse(args); err != nil {
+	if err := jobenv.ParseFlags(fs, args); err != nil {
 		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
 	c.slowWorker = -1
 	if *slow != "" {
@@ -118,8 +115,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	switch {
 	case c.workers < 1:
 		return nil, fmt.Errorf("-workers %d: want at least 1", c.workers)
-	case c.min < 1 || c.max < c.min || c.workers > c.max:
-		return nil, fmt.Errorf("-min %d, -max %d, -workers %d: want 1 <= min <= max and workers <= max", c.min, c.max, c.workers)
+	case c.min < 1 || c.max < c.min || c.workers > c.max || c.min > c.workers:
+		return nil, fmt.Errorf("-min %d, -max %d, -workers %d: want 1 <= min <= workers <= max", c.min, c.max, c.workers)
 	case c.epochs < 1 || c.batch < 1 || c.dim < 1 || c.commitEvery < 1:
 		return nil, fmt.Errorf("-epochs, -batch, -dim and -commit-every must be positive")
 	case !(c.lr > 0) || !(c.denseLR > 0):
@@ -128,6 +125,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
 	}
 	if err := c.gen.Validate(); err != nil {
+		return nil, err
+	}
+	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
 		return nil, err
 	}
 	return c, nil

@@ -127,6 +127,27 @@ func TempFile(pattern, name string) (path string, remove func(), err error) {
 // Run then exits with 2 without printing it again.
 var ErrUsage = errors.New("bad command line")
 
+// ParseFlags parses args with fs. On a bad flag the flag package prints the
+// error; ParseFlags adds one line pointing at -h (not the whole flag list)
+// and returns ErrUsage. -h prints every flag and returns flag.ErrHelp.
+// Arguments left over are an error.
+func ParseFlags(fs *flag.FlagSet, args []string) error {
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(fs.Output(), "Usage of %s:\n", fs.Name())
+		fs.PrintDefaults()
+		return err
+	case err != nil:
+		fmt.Fprintf(fs.Output(), "run %s -h for the list of flags\n", fs.Name())
+		return ErrUsage
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return nil
+}
+
 // Run is the body of the main function of a program that is both the
 // launcher of a job and its workers. parseErr is the error of parsing the
 // command line: flag.ErrHelp exits 0, ErrUsage exits 2, any other error

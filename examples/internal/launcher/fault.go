@@ -27,6 +27,27 @@ type Fault struct {
 
 func (f Fault) String() string { return fmt.Sprintf("%s %d@%d", f.Kind, f.Rank, f.Step) }
 
+// CheckFaults reports a fault that can never apply to a job started with
+// workers processes and at most max ranks: a kill, stop or term of a rank
+// that no worker can hold (ranks stay below the workers started, counting
+// those -join adds, and below max).
+func CheckFaults(faults []Fault, workers, max int) error {
+	n := workers
+	for _, f := range faults {
+		if f.Kind == Join {
+			n += f.Rank
+		}
+	}
+	n = min(n, max)
+	for _, f := range faults {
+		if f.Kind != Join && f.Rank >= n {
+			return fmt.Errorf("-%s %d@%d: no worker can hold rank %d (ranks 0..%d: %d workers at most, counting -join, and -max %d)",
+				f.Kind, f.Rank, f.Step, f.Rank, n-1, n, max)
+		}
+	}
+	return nil
+}
+
 // Faults is a repeatable flag value "RANK@STEP" (or "N@STEP" for joins) of
 // one kind.
 type Faults struct {
