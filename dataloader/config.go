@@ -20,7 +20,9 @@ type Config struct {
 	DropLast bool
 	// Prefetch is the number of batches prepared ahead of Next by worker
 	// goroutines, in batches. 0 builds each batch synchronously inside Next
-	// (no goroutines). Must be >= 0. Default 2.
+	// (no goroutines). With prefetch, a Next that finds its batch unclaimed
+	// builds it itself, so a step faster than the loading shares the work
+	// with the workers instead of waiting on them. Must be >= 0. Default 2.
 	Prefetch int
 	// Workers is the number of goroutines that build prefetched batches
 	// (call Dataset.Get and collate) in parallel, one batch each; at most

@@ -63,8 +63,13 @@
 //
 // With Config.Prefetch = P > 0, Config.Workers goroutines build up to P
 // batches ahead (Get and collate) while the step runs; batches reach Next in
-// order. Reset and Close cancel the workers through the ctx given to Get and
-// collate and wait for them to exit. In steady state the Loader itself
+// order. A Next that finds its batch not yet claimed by a worker builds it
+// itself (no wake-up between goroutines, and the samples stay in this core's
+// cache), and while Next waits, workers leave its batch to it and build the
+// following ones: a step that is faster than the loading does half the
+// loading itself in parallel with the workers, and one that is slower finds
+// every batch ready. Reset and Close cancel the workers through the ctx
+// given to Get and collate and wait for them to exit. In steady state the Loader itself
 // allocates nothing per batch (Indices point into the epoch's order); the
 // allocations per batch are collate's own. See bench_test.go for the cost
 // per sample against a plain loop.

@@ -2,6 +2,7 @@ package dataloader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -84,7 +85,9 @@ func (b Batch[B]) MicroBatch(k int) Batch[B] {
 // the call (the Loader reuses them): copy what must outlive it. It may be
 // called with zero samples (a rank with an empty share) and concurrently
 // from several workers. ctx is cancelled when the Loader is Reset or
-// Closed (or is Next's ctx when Prefetch is 0); a long collate should honour it.
+// Closed, and when Next's ctx ends for a batch Next builds itself (always
+// with Prefetch 0; with prefetch, when no worker had claimed it); a long
+// collate should honour it.
 type CollateFunc[T, B any] func(ctx context.Context, samples []T, indices []int) (B, error)
 
 // Loader serves this rank's share of each global batch, in order, epoch
@@ -249,8 +252,9 @@ func (l *Loader[T, B]) Reset(c Cursor, rank, worldSize int) error {
 // following epochs forever (the caller decides when to stop). It does not
 // move the committed cursor (see Commit).
 //
-// With Prefetch > 0 it waits for the batch prepared by the workers; with
-// Prefetch 0 it builds it on the calling goroutine. Errors: ctx's error
+// With Prefetch > 0 it takes the batch prepared by the workers, builds it
+// itself when no worker has started it, or waits for the worker building
+// it; with Prefetch 0 it builds it on the calling goroutine. Errors: ctx's error
 // (wrapped) if ctx ends first (the batch stays queued for the next call);
 // ErrClosed; or a Dataset.Get or collate error, wrapped with the epoch and
 // step: the prefetched batches are then dropped and the next call retries
@@ -279,19 +283,14 @@ func (l *Loader[T, B]) Next(ctx context.Context) (Batch[B], error) {
 	}
 	l.mu.Unlock()
 
-	s := p.slots[p.next%int64(len(p.slots))]
-	select {
-	case <-s.done:
-	case <-ctx.Done():
-		return zero, fmt.Errorf("dataloader: next: %w", ctx.Err())
-	case <-p.ctx.Done():
-		return zero, ErrClosed
-	}
-	p.next++
-	b, err, at := s.b, s.err, s.pl.at
-	s.b, s.err = Batch[B]{}, nil
-	p.free <- struct{}{} // never blocks: at most Prefetch tokens exist
+	b, err, at := p.take(ctx, l)
 	if err != nil {
+		if errors.Is(err, errNextCtx) {
+			return zero, fmt.Errorf("dataloader: next: %w", ctx.Err())
+		}
+		if errors.Is(err, ErrClosed) {
+			return zero, ErrClosed
+		}
 		l.mu.Lock()
 		if l.pipe == p {
 			l.pipe = nil
@@ -444,32 +443,50 @@ func (p *planner) plan(c Cursor) plan {
 	return pl
 }
 
+// Slot states (the low bits of slot.word; the high bits hold the batch
+// number the state is about).
+const (
+	slotFree     = 0 // may be claimed to build its batch
+	slotBuilding = 1 // a worker or Next is building it
+	slotReady    = 2 // built (b and err are set), waiting for Next
+	slotBits     = 2
+)
+
+func slotWord(k int64, state int64) int64 { return k<<slotBits | state }
+
 // slot holds one prefetched batch: batch number k (counted from the
 // pipeline's start cursor) uses slot k % Prefetch.
 type slot[B any] struct {
-	pl   plan
-	b    Batch[B]
-	err  error
-	done chan struct{} // capacity 1: signalled once a worker filled pl, b, err
+	word atomic.Int64  // slotWord(batch number, state)
+	pl   plan          // written by the claimer, read by Next once ready
+	b    Batch[B]      // likewise
+	err  error         // likewise
+	done chan struct{} // capacity 1: signalled after a worker made it ready
 }
 
 // pipeline is the set of prefetch workers for one run between Reset/Close.
-// A worker takes a token from free (Prefetch tokens; Next returns one per
-// batch it delivers), then claims the next batch number k from an atomic
-// counter and fills slot k % Prefetch. Claims never exceed Prefetch plus the
-// batches delivered, so batch k-Prefetch has left slot k % Prefetch before
-// batch k is claimed, and Next, reading slots in order, gets batches in
-// order. In steady state the only goroutine hand-off per batch is the
-// worker signalling done, and only when Next is already waiting.
+//
+// Batches next..next+Prefetch-1 (next: the batch Next delivers next) each
+// have their slot; slot.word says which batch number a slot is for and
+// whether it is free, being built or ready, and whoever moves it from free
+// to building with a compare-and-swap builds that batch, so each batch is
+// built once and slots never hold a batch outside the window. Workers build
+// the lowest free batch of the window. Next takes its batch when ready,
+// builds it itself when nobody has claimed it (no hand-off between
+// goroutines, and the samples are hot in this core's cache), and waits only
+// for a batch a worker is building. While Next is waiting for its batch,
+// workers leave that batch to it and build the ones after, so a consumer
+// faster than the workers builds half the batches itself instead of paying
+// a wake-up for each.
 type pipeline[T, B any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	slots []*slot[B]
-	free  chan struct{} // tokens: slots that may be filled
-	claim atomic.Int64  // next batch number a worker claims
-	next  int64         // next batch number Next delivers (owned by Next)
+	slots   []*slot[B]
+	next    atomic.Int64  // next batch number Next delivers (written by Next)
+	waiting atomic.Bool   // Next is inside take
+	wake    chan struct{} // tokens for idle workers: the window moved
 
 	start     Cursor // cursor of batch 0
 	startStep int    // its step within the epoch
@@ -477,25 +494,35 @@ type pipeline[T, B any] struct {
 
 	planMu sync.Mutex // guards plan (its order cache)
 	plan   *planner
+
+	// The ctx of the batches Next builds itself: cancelled with ctx (Reset,
+	// Close) and, while Next builds, with Next's own ctx; renewed after
+	// that. Owned by Next.
+	inlineCtx    context.Context
+	inlineCancel context.CancelFunc
 }
+
+// errNextCtx marks a batch Next gave up building because its ctx ended.
+var errNextCtx = errors.New("dataloader: next's context ended")
 
 // startPipeline starts the workers, serving from cursor c. They borrow
 // l.plan until stop returns.
 func (l *Loader[T, B]) startPipeline(c Cursor) *pipeline[T, B] {
 	n := l.cfg.Prefetch
 	ctx, cancel := context.WithCancel(context.Background())
+	workers := min(l.cfg.Workers, n) // more could never all be busy
 	p := &pipeline[T, B]{
 		ctx: ctx, cancel: cancel,
 		slots: make([]*slot[B], n),
-		free:  make(chan struct{}, n),
+		wake:  make(chan struct{}, workers),
 		start: c, startStep: c.Position / l.cfg.GlobalBatch, steps: l.StepsPerEpoch(),
 		plan: &l.plan,
 	}
+	p.inlineCtx, p.inlineCancel = context.WithCancel(ctx)
 	for i := range p.slots {
 		p.slots[i] = &slot[B]{done: make(chan struct{}, 1)}
-		p.free <- struct{}{}
+		p.slots[i].word.Store(slotWord(int64(i), slotFree))
 	}
-	workers := min(l.cfg.Workers, n) // more could never all be busy
 	p.wg.Add(workers)
 	for range workers {
 		go p.work(l)
@@ -514,21 +541,124 @@ func (p *pipeline[T, B]) planAt(k int64) plan {
 	return p.plan.plan(c)
 }
 
-// work claims and builds batches until the pipeline stops.
+// claim moves batch k's slot from free to building; false if it was not
+// free for k (claimed by another, or k is outside the window).
+func (p *pipeline[T, B]) claim(k int64) (*slot[B], bool) {
+	s := p.slots[k%int64(len(p.slots))]
+	return s, s.word.CompareAndSwap(slotWord(k, slotFree), slotWord(k, slotBuilding))
+}
+
+// work builds batches of the window until the pipeline stops.
 func (p *pipeline[T, B]) work(l *Loader[T, B]) {
 	defer p.wg.Done()
 	var scratch []T
 	for {
+		if p.ctx.Err() != nil {
+			return
+		}
+		n := p.next.Load()
+		built := false
+		for k := n; k < n+int64(len(p.slots)); k++ {
+			if k == n && p.waiting.Load() {
+				continue // Next is there and builds it itself
+			}
+			s, ok := p.claim(k)
+			if !ok {
+				continue
+			}
+			s.pl = p.planAt(k)
+			s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
+			s.word.Store(slotWord(k, slotReady))
+			select {
+			case s.done <- struct{}{}:
+			default:
+			}
+			built = true
+			break
+		}
+		if built {
+			continue
+		}
 		select {
 		case <-p.ctx.Done():
 			return
-		case <-p.free:
+		case <-p.wake:
 		}
-		k := p.claim.Add(1) - 1
-		s := p.slots[k%int64(len(p.slots))]
-		s.pl = p.planAt(k)
-		s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
-		s.done <- struct{}{}
+	}
+}
+
+// take returns the next batch (and the cursor it was built at, for a
+// retry after an error). Errors: errNextCtx when ctx ended first (the batch
+// stays in the window for the next call), ErrClosed when the pipeline was
+// stopped, or the batch's build error.
+func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], error, Cursor) {
+	k := p.next.Load()
+	s := p.slots[k%int64(len(p.slots))]
+	p.waiting.Store(true)
+	defer p.waiting.Store(false)
+	for {
+		switch s.word.Load() {
+		case slotWord(k, slotReady):
+			b, err, at := s.b, s.err, s.pl.at
+			s.b, s.err = Batch[B]{}, nil
+			select {
+			case <-s.done: // drop the signal that made it ready
+			default:
+			}
+			p.advance(s, k)
+			return b, err, at
+		case slotWord(k, slotFree):
+			if _, ok := p.claim(k); !ok {
+				continue // a worker took it a moment ago
+			}
+			pl := p.planAt(k)
+			b, err := p.buildInline(ctx, l, &pl)
+			if err != nil && p.inlineCtx.Err() != nil {
+				s.word.Store(slotWord(k, slotFree)) // give it back
+				if p.ctx.Err() != nil {
+					return Batch[B]{}, ErrClosed, pl.at
+				}
+				return Batch[B]{}, errNextCtx, pl.at
+			}
+			p.advance(s, k)
+			return b, err, pl.at
+		}
+		// A worker is building it.
+		select {
+		case <-s.done:
+		case <-ctx.Done():
+			return Batch[B]{}, errNextCtx, Cursor{}
+		case <-p.ctx.Done():
+			return Batch[B]{}, ErrClosed, Cursor{}
+		}
+	}
+}
+
+// buildInline builds pl on Next's goroutine, under a ctx that ends with
+// Next's ctx or the pipeline's (so Close still unblocks Next). The
+// registration on Next's ctx is skipped when it can never end.
+func (p *pipeline[T, B]) buildInline(ctx context.Context, l *Loader[T, B], pl *plan) (Batch[B], error) {
+	if p.inlineCtx.Err() != nil && p.ctx.Err() == nil {
+		p.inlineCtx, p.inlineCancel = context.WithCancel(p.ctx) // Next's ctx ended last time
+	}
+	if ctx.Done() != nil {
+		stop := context.AfterFunc(ctx, p.inlineCancel)
+		defer stop()
+	}
+	return l.build(p.inlineCtx, pl, &l.scratch)
+}
+
+// advance frees slot s (batch k was delivered) for batch k+Prefetch, moves
+// the window and wakes the idle workers.
+func (p *pipeline[T, B]) advance(s *slot[B], k int64) {
+	s.word.Store(slotWord(k+int64(len(p.slots)), slotFree))
+	p.next.Store(k + 1)
+	for range cap(p.wake) {
+		select {
+		case p.wake <- struct{}{}:
+		default:
+			return
+		}
 	}
 }
 
