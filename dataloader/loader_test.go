@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -586,4 +588,63 @@ func TestCursorFromAnotherGoroutine(t *testing.T) {
 	wg.Wait()
 	// 10 steps per epoch: after 50 commits, epoch 5 position 0.
 	mustEqual(t, [2]int{5, 0}, [2]int{l.Cursor().Epoch, l.Cursor().Position})
+}
+
+// jitterDataset yields the goroutine in Get now and then, so workers and
+// Next interleave in every way while claiming slots.
+type jitterDataset struct {
+	Dataset[int]
+	rng atomic.Uint64
+}
+
+func (d *jitterDataset) Get(ctx context.Context, i int) (int, error) {
+	if x := d.rng.Add(0x9e3779b97f4a7c15); x>>60 == 0 {
+		runtime.Gosched()
+	}
+	return d.Dataset.Get(ctx, i)
+}
+
+// TestPrefetchRacesServeTheReferenceOrder: with Next and the workers
+// racing for slots (a consumer sometimes faster, sometimes slower than the
+// workers, contexts that end mid-call, Resets to the committed cursor), the
+// batches delivered are those of a synchronous loader, each step once.
+func TestPrefetchRacesServeTheReferenceOrder(t *testing.T) {
+	const n, steps = 61, 150
+	ds := &jitterDataset{Dataset: idDataset(n)}
+	for _, pw := range [][2]int{{1, 1}, {2, 1}, {3, 3}, {4, 2}} {
+		t.Run(fmt.Sprintf("prefetch%d/workers%d", pw[0], pw[1]), func(t *testing.T) {
+			cfg := Config{GlobalBatch: 4, Seed: 5, Shuffle: true, Prefetch: pw[0], Workers: pw[1]}
+			ref := reference(t, idDataset(n), Config{GlobalBatch: 4, Seed: 5, Shuffle: true, Workers: 1}, steps)
+			l, err := New[int, []int](ds, collateIDs, cfg)
+			mustNoError(t, err)
+			defer l.Close()
+			rng := rand.New(rand.NewPCG(uint64(pw[0]), uint64(pw[1])))
+			for i := 0; i < steps; {
+				if rng.IntN(10) == 0 { // a context that is already over
+					ctx, cancel := context.WithCancel(context.Background())
+					cancel()
+					if _, err := l.Next(ctx); err != nil {
+						mustErrorIs(t, err, context.Canceled)
+					} else {
+						mustNoError(t, l.Reset(l.Cursor(), 0, 1)) // it was served: drop it
+					}
+					continue
+				}
+				b, err := l.Next(context.Background())
+				mustNoError(t, err)
+				mustEqual(t, ref[i].Indices, b.Indices, "step %d", i)
+				mustEqual(t, ref[i].Next, b.Next, "step %d cursor", i)
+				l.Commit(b)
+				i++
+				switch rng.IntN(8) {
+				case 0:
+					mustNoError(t, l.Reset(l.Cursor(), 0, 1))
+				case 1:
+					for range rng.IntN(2000) { // a slow step
+						runtime.Gosched()
+					}
+				}
+			}
+		})
+	}
 }
