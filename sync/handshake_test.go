@@ -365,3 +365,55 @@ func TestCloseDuringConnect(t *testing.T) {
 		t.Fatalf("took %v", el)
 	}
 }
+
+// A rank that cannot authenticate one peer (its secret differs), or that
+// one peer never reaches, gets a *PeerError naming that peer, so the
+// caller knows whom to report; the peer is named only where it is the one
+// link missing.
+func TestConnectNamesThePeerItCannotAuthenticateOrReach(t *testing.T) {
+	t.Run("wrong secret", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.DialTimeout = 3 * time.Second
+		other := cfg
+		other.Secret = append([]byte(nil), cfg.Secret...)
+		other.Secret[0] ^= 1
+		trs := []*Transport{listenOne(t, cfg), listenOne(t, cfg), listenOne(t, other)}
+		_, errs := tryConnectAll(trs, []string{trs[0].Addr(), trs[1].Addr(), trs[2].Addr()}, 1)
+		// A rank whose Connect failed first refuses the rest of that
+		// round, so a healthy rank may see that refusal instead; but no
+		// healthy rank names anyone but rank 2, and one of them does.
+		named := 0
+		for rank := range 2 {
+			var pe *PeerError
+			if errs[rank] == nil {
+				t.Errorf("rank %d connected", rank)
+			} else if errors.As(errs[rank], &pe) {
+				if pe.Rank != 2 || !errors.Is(errs[rank], ErrAuth) {
+					t.Errorf("rank %d: %v, want a PeerError naming rank 2 and wrapping ErrAuth", rank, errs[rank])
+				}
+				named++
+			}
+		}
+		if named == 0 {
+			t.Errorf("no healthy rank named rank 2: %v", errs[:2])
+		}
+		if !errors.Is(errs[2], ErrAuth) {
+			t.Errorf("rank 2: %v, want ErrAuth", errs[2])
+		}
+	})
+	t.Run("unreachable", func(t *testing.T) {
+		cfg := testConfig(t)
+		cfg.DialTimeout = 500 * time.Millisecond
+		a, b := listenOne(t, cfg), listenOne(t, cfg)
+		gone := listenOne(t, cfg)
+		addrs := []string{a.Addr(), b.Addr(), gone.Addr()}
+		gone.Close() // rank 2 never answers
+		_, errs := tryConnectAll([]*Transport{a, b}, addrs, 1)
+		for rank, err := range errs {
+			var pe *PeerError
+			if !errors.As(err, &pe) || pe.Rank != 2 || !errors.Is(err, ErrTimeout) {
+				t.Errorf("rank %d: %v, want a PeerError naming rank 2 and wrapping ErrTimeout", rank, err)
+			}
+		}
+	})
+}

@@ -62,9 +62,9 @@ func listenAll(t testing.TB, n int, cfg Config) ([]*Transport, []string) {
 	return ts, addrs
 }
 
-// connectAll connects round `round` on every transport concurrently.
-func connectAll(t testing.TB, ts []*Transport, addrs []string, round uint64) []*Ring {
-	t.Helper()
+// tryConnectAll connects round `round` as rank i on ts[i], concurrently,
+// for a world of len(addrs) ranks; it closes nothing.
+func tryConnectAll(ts []*Transport, addrs []string, round uint64) ([]*Ring, []error) {
 	rings := make([]*Ring, len(ts))
 	errs := make([]error, len(ts))
 	var wg gosync.WaitGroup
@@ -76,6 +76,13 @@ func connectAll(t testing.TB, ts []*Transport, addrs []string, round uint64) []*
 		}()
 	}
 	wg.Wait()
+	return rings, errs
+}
+
+// connectAll connects round `round` on every transport concurrently.
+func connectAll(t testing.TB, ts []*Transport, addrs []string, round uint64) []*Ring {
+	t.Helper()
+	rings, errs := tryConnectAll(ts, addrs, round)
 	for i, err := range errs {
 		if err != nil {
 			t.Fatalf("Connect rank %d: %v", i, err)

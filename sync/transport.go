@@ -665,7 +665,14 @@ func (t *Transport) dialPeer(ctx context.Context, w World, peer int, kind uint8,
 		}
 		key := connKey{round: w.Round, from: w.Rank, to: peer, kind: kind, lane: lane}
 		if !retryable(err) && err != ctx.Err() {
-			return nil, fmt.Errorf("%v at %s: %w", key, w.Addrs[peer], err)
+			err = fmt.Errorf("%v at %s: %w", key, w.Addrs[peer], err)
+			if errors.Is(err, ErrAuth) || errors.Is(err, ErrJobMismatch) {
+				// The peer at that address does not share our job or
+				// secret: name it, so the caller can tell which rank it
+				// could not authenticate (one side is misconfigured).
+				err = &PeerError{Rank: peer, Round: w.Round, Err: err}
+			}
+			return nil, err
 		}
 		if ctx.Err() != nil {
 			return nil, fmt.Errorf("%v at %s: %w (last error: %v)", key, w.Addrs[peer], ctx.Err(), err)
@@ -914,13 +921,62 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) 
 		}
 	}
 	sort.Strings(missing)
+	peer := onlyPeer(t, w, rc)
 	if len(missing) > 6 {
 		missing = append(missing[:6], fmt.Sprintf("and %d more", len(missing)-6))
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sync: connect round %d rank %d: %w (missing: %s)", w.Round, w.Rank, err, strings.Join(missing, "; "))
 	}
-	return fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "))
+	err := fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "))
+	if peer >= 0 {
+		return &PeerError{Rank: peer, Round: w.Round, Err: err}
+	}
+	return err
+}
+
+// onlyPeer returns the one rank every missing connection of a Connect that
+// ran out of time is with, or -1 when none or several are missing: a single
+// unreachable peer is named, a rank cut off from everyone names nobody.
+func onlyPeer(t *Transport, w World, rc *ringConns) int {
+	peer := -1
+	note := func(p int) bool {
+		if peer >= 0 && p != peer {
+			return false
+		}
+		peer = p
+		return true
+	}
+	t.mu.Lock()
+	st := t.connecting
+	if st != nil {
+		for k, filled := range st.expect {
+			if !filled && !note(k.from) {
+				t.mu.Unlock()
+				return -1
+			}
+		}
+	}
+	t.mu.Unlock()
+	for p, c := range rc.ctrl {
+		if p > w.Rank && c == nil && !note(p) {
+			return -1
+		}
+	}
+	for p, c := range rc.mesh {
+		if p > w.Rank && c == nil && !note(p) {
+			return -1
+		}
+	}
+	for _, c := range rc.right {
+		if c == nil && !note((w.Rank+1)%w.Size()) {
+			return -1
+		}
+	}
+	if w.Size() < 3 {
+		return -1 // with one peer, either side could be the one at fault
+	}
+	return peer
 }
 
 func (t *Transport) forget(r *Ring) {

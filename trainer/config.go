@@ -31,7 +31,11 @@ type Config struct {
 	BucketBytes int
 	// MaxRecoveries is how many failure recoveries the job tolerates within
 	// RecoveryWindow before Run returns ErrFailureBudget; membership growth
-	// and graceful leaves do not count. Default 20.
+	// and graceful leaves do not count, nor do rounds that failed before
+	// any rank trained a step in them. Those are bounded per worker
+	// instead: after more than MaxRecoveries of them in a row (with a
+	// backoff from 20 ms to 1 s between them) Run returns ErrFailureBudget
+	// on that worker. Default 20.
 	MaxRecoveries int
 	// RecoveryWindow is the sliding window of the failure budget. Default 10 min.
 	RecoveryWindow time.Duration

@@ -29,7 +29,10 @@ var (
 	// Preempt (SIGTERM): its state was committed and checkpointed first.
 	ErrPreempted = errors.New("trainer: preempted")
 	// ErrFailureBudget is returned when more recoveries than
-	// Config.MaxRecoveries happened within Config.RecoveryWindow.
+	// Config.MaxRecoveries happened within Config.RecoveryWindow, or when
+	// more than MaxRecoveries rounds in a row failed on this worker before
+	// training a step (a peer that never authenticates, an address nobody
+	// can reach).
 	ErrFailureBudget = errors.New("trainer: failure budget exhausted")
 	// ErrStepFailed wraps an error returned by the user's StepFunc.
 	ErrStepFailed = errors.New("trainer: step function failed")
@@ -42,11 +45,18 @@ var (
 type BudgetError struct {
 	// Recoveries is how many recoveries happened within the window.
 	Recoveries int
+	// Unformed, when > 0, is how many rounds in a row failed on this worker
+	// before it trained a step; that is the budget that ran out.
+	Unformed int
 	// Last holds the most recent failure causes, newest last.
 	Last []string
 }
 
 func (e *BudgetError) Error() string {
+	if e.Unformed > 0 {
+		return fmt.Sprintf("trainer: failure budget exhausted: %d rounds in a row failed before training a step; last failures: %s",
+			e.Unformed, strings.Join(e.Last, "; "))
+	}
 	return fmt.Sprintf("trainer: failure budget exhausted: %d recoveries within the window; last failures: %s",
 		e.Recoveries, strings.Join(e.Last, "; "))
 }

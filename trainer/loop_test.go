@@ -615,3 +615,66 @@ func TestAllMembersFencedKeepProgress(t *testing.T) {
 		require.GreaterOrEqual(t, r.Step, int64(19))
 	}
 }
+
+// A worker with another job secret (a pod with a stale Secret) that joins
+// a running job is refused by every peer: the members that trained report
+// it, the job trains on and finishes exactly once without spending its
+// failure budget, and the stranger, which never trained, gives up with
+// ErrFailureBudget after MaxRecoveries rounds in a row failed to form
+// (it once made the job re-form rounds in a tight loop for ever).
+func TestStrangerWithAnotherSecretIsShutOut(t *testing.T) {
+	j := newJob(t, stores(t)["redis"])
+	j.epochs = 40 // long enough to outlast the stranger's attempts
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	a, b := j.start(), j.start()
+	a.waitStep(t, 10)
+	j.mutate = func(c *Config) {
+		c.Elastic.MinWorkers = 2
+		c.Sync.Secret = []byte("another secret of 32 bytes, alas")
+		c.MaxRecoveries = 3
+	}
+	s := j.start()
+	j.wait()
+	j.checkFinished([]*inproc{a, b})
+	require.Zero(t, a.res.Recoveries, "rounds that failed to form spend no budget")
+	require.ErrorIs(t, s.err, ErrFailureBudget, "stranger: %+v", s.res)
+	var be *BudgetError
+	require.ErrorAs(t, s.err, &be)
+	require.Equal(t, 4, be.Unformed)
+	require.Contains(t, s.err.Error(), "authentication failed")
+	require.Zero(t, s.res.Step, "the stranger never trained")
+}
+
+// A member that joined a round and died before connecting (it never
+// answers) ends the survivors' Connect as soon as the rendezvous moves on
+// (its lease lapses), not after the much longer DialTimeout.
+func TestMemberLostBeforeConnectingDoesNotStallTheRound(t *testing.T) {
+	st := stores(t)["redis"]
+	j := newJob(t, st)
+	j.epochs = 1
+	j.mutate = func(c *Config) {
+		c.Elastic.MinWorkers, c.Elastic.MaxWorkers = 2, 3
+		c.Elastic.LastCall = time.Hour // the first round forms at 3
+		c.Sync.DialTimeout = 30 * time.Second
+	}
+	cfg := j.config()
+	ecfg := cfg.Elastic
+	ecfg.JobID = cfg.JobID
+	ghost, err := elastic.NewAgent(st(), elastic.NewMember("127.0.0.1:1"), ecfg)
+	require.NoError(t, err)
+	joined := make(chan error, 1)
+	go func() {
+		_, err := ghost.Join(context.Background())
+		joined <- err
+	}()
+	a, b := j.start(), j.start()
+	require.NoError(t, <-joined)
+	ghost.Close() // dies holding a rank: its lease (1 s) lapses
+	died := time.Now()
+	a.waitStep(t, 1)
+	took := time.Since(died)
+	t.Logf("first step %v after the ghost died (LeaseTTL %v, DialTimeout %v)", took, cfg.Elastic.LeaseTTL, cfg.Sync.DialTimeout)
+	require.Less(t, took, cfg.Sync.DialTimeout/3, "Connect was abandoned when the round moved on")
+	j.wait()
+	j.checkFinished([]*inproc{a, b})
+}

@@ -76,6 +76,8 @@ type Trainer[B any] struct {
 	// Loop state, owned by Run's goroutine.
 	latest, prev, spare *snapshot
 	step                int64
+	trained             int64  // steps applied by this worker since Run began
+	countRecovery       bool   // the failure that ended the last round came after a step (see syncState)
 	gen                 uint64 // lineage of the live state (see Audit)
 	base                int64  // step at which lineage gen began
 	restored            bool   // this round's state came from a checkpoint or init
@@ -277,6 +279,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	prevSize := 0
 	var failedAt time.Time // when this worker saw the failure that ended its last round
 	failed := false
+	unformed := 0 // rounds in a row that failed before this worker trained a step
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -316,7 +319,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		t.tel.worldSize.Record(ctx, int64(world.Size), t.tel.commonAttrs)
 		t.log.Info("round formed", "round", world.Round, "rank", world.Rank, "world_size", world.Size)
 
+		stepBefore := t.trained
 		end, rerr := t.round(ctx, tr, agent, world, prevSize, failed, failedAt, ck)
+		if t.trained != stepBefore {
+			unformed = 0
+		}
 		prevSize = world.Size
 		res.Step, res.Loss = t.step, t.lastLoss
 		res.Recoveries = len(t.recoveries)
@@ -339,6 +346,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			failed = false
 		case endFailure:
 			failed, failedAt = true, t.o.now()
+			// Only a round that had trained spends the job's failure
+			// budget: one that failed while forming (a peer that never
+			// authenticated, a member lost while connecting) is bounded by
+			// the rounds-in-a-row budget below instead, so a stranger that
+			// keeps rejoining cannot exhaust a healthy job's budget.
+			t.countRecovery = t.trained != stepBefore
 			cause := rerr.Error()
 			t.failures = append(t.failures, cause)
 			if len(t.failures) > 5 {
@@ -347,14 +360,31 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
 			var pe *sync.PeerError
 			// A peer that aborted on purpose (its round moved on, it was
-			// preempted) is alive; only a lost connection is reported.
+			// preempted) is alive; only a lost connection is reported. A
+			// worker that never held the job's state does not report: if
+			// it cannot authenticate with a peer, the misconfigured one may
+			// well be itself (a stale secret), and it must not evict
+			// healthy members; those that trained together know better.
 			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
-				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
+				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank && t.latest != nil {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
 					t.log.Warn("failure report failed", "err", err)
 				}
 				cancel()
+			}
+			if t.trained == stepBefore {
+				// Rounds that keep failing before a step (a member that
+				// never authenticates, an address nobody reaches) must
+				// neither spin nor go on for ever.
+				unformed++
+				if unformed > t.cfg.MaxRecoveries {
+					leave()
+					return res, &BudgetError{Unformed: unformed, Last: slices.Clone(t.failures)}
+				}
+				if err := sleepCtx(ctx, unformedBackoff(unformed)); err != nil {
+					continue // reported at the top of the loop
+				}
 			}
 		case endPreempted:
 			leave()
@@ -366,6 +396,31 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			leave()
 			return res, rerr
 		}
+	}
+}
+
+// unformedBackoff is the pause before rejoining after the n-th round in a
+// row that failed before a step: none after the first (recovery stays
+// fast), then 20 ms doubling up to 1 s.
+func unformedBackoff(n int) time.Duration {
+	if n < 2 {
+		return 0
+	}
+	return min(20*time.Millisecond<<min(n-2, 10), time.Second)
+}
+
+// sleepCtx waits d or until ctx ends (then it returns ctx's error).
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
@@ -441,13 +496,18 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 	prevSize int, recovered bool, failedAt time.Time, ck *checkpointer) (roundEnd, error) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	// Watched like a collective: a member lost before it connected (killed,
+	// hung) ends the wait as soon as the rendezvous moves on, not after
+	// Sync.DialTimeout.
+	watch := watchCollectives(agent, cancel)
+	defer watch.close()
+	watch.enter()
 	comm, err := tr.Connect(rctx, sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Addrs()})
+	watch.leave()
 	if err != nil {
 		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
 	}
 	defer comm.Close()
-	watch := watchCollectives(agent, cancel)
-	defer watch.close()
 
 	info, err := t.syncState(rctx, comm, world, recovered, watch)
 	if err != nil {
@@ -536,6 +596,9 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	}
 	if recovered {
 		v[3] = 1
+		if t.countRecovery {
+			v[3] = 2
+		}
 	}
 	watch.enter()
 	err := comm.AllReduceFloat64(ctx, v, sync.OpMax)
@@ -547,6 +610,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		return info, fmt.Errorf("%w: parameter names, shapes or optimizer differ between ranks of round %d", ErrModelMismatch, world.Round)
 	}
 	recovered = v[3] > 0
+	counted := v[3] > 1 // the failed round had trained a step somewhere
 	info.Recovery = recovered
 	root := 0
 	agreed := int64(-1)
@@ -595,7 +659,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	var blob []byte
 	lenBuf := make([]byte, 8)
 	if world.Rank == root {
-		if recovered {
+		if counted {
 			sn = sn.clone()
 			sn.recoveries = append(sn.recoveries, t.o.now().UnixMilli())
 		}
@@ -634,7 +698,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		info.EpochStep = t.cursor.Position / t.cursor.GlobalBatch
 	}
 	// The failure budget, counted per job from the committed state.
-	if recovered {
+	if counted {
 		t.tel.recoveries.Add(ctx, 1, t.tel.commonAttrs)
 	}
 	cutoff := t.o.now().Add(-t.cfg.RecoveryWindow).UnixMilli()
@@ -876,6 +940,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return endFatal, err
 		}
 		t.step++
+		t.trained++
 		t.cursor = b.Next
 		t.lastLoss = 0
 		if n > 0 {
