@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -35,7 +36,8 @@ type CheckpointStore interface {
 	List(ctx context.Context) ([]int64, error)
 	// Load returns the checkpoint of step after verifying its checksum;
 	// ErrCorruptCheckpoint when it is truncated or damaged, ErrNoCheckpoint
-	// when there is none.
+	// when there is none. An implementation may set a damaged checkpoint
+	// aside so that List no longer returns it.
 	Load(ctx context.Context, step int64) ([]byte, error)
 }
 
@@ -44,7 +46,10 @@ type CheckpointStore interface {
 // size, SHA-256 of the payload, creation time), then the payload. It is
 // written to a temporary file, fsynced, renamed into place, and the
 // directory is fsynced, so a crash never leaves a partial file under a
-// checkpoint name (invariant 5). Safe for concurrent use.
+// checkpoint name (invariant 5). A file that Load finds damaged is renamed
+// to "<name>.corrupt" (kept for inspection, never listed again), so it
+// neither hides newer checkpoints nor counts towards keep. Safe for
+// concurrent use.
 type LocalDir struct {
 	dir  string
 	keep int
@@ -66,7 +71,9 @@ type ckptManifest struct {
 }
 
 // NewLocalDir returns a LocalDir in dir, creating it when missing, that
-// keeps the newest keep checkpoints (keep <= 0 keeps all).
+// keeps the newest keep checkpoints (keep <= 0 keeps all). It fails when a
+// file cannot be created in dir, so a read-only or pseudo directory is
+// found before the first checkpoint is due.
 func NewLocalDir(dir string, keep int) (*LocalDir, error) {
 	if dir == "" {
 		return nil, fmt.Errorf("%w: empty checkpoint directory", ErrInvalidConfig)
@@ -74,6 +81,12 @@ func NewLocalDir(dir string, keep int) (*LocalDir, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("trainer: checkpoint directory: %w", err)
 	}
+	f, err := os.CreateTemp(dir, ".tmp-probe-*")
+	if err != nil {
+		return nil, fmt.Errorf("trainer: checkpoint directory %s is not writable: %w", dir, err)
+	}
+	f.Close()
+	os.Remove(f.Name())
 	return &LocalDir{dir: dir, keep: keep}, nil
 }
 
@@ -124,7 +137,7 @@ func (d *LocalDir) Save(ctx context.Context, step int64, data []byte) error {
 	if err := syncDir(d.dir); err != nil {
 		return fmt.Errorf("trainer: save checkpoint: fsync directory: %w", err)
 	}
-	return d.prune()
+	return d.prune(step)
 }
 
 func syncDir(dir string) error {
@@ -136,7 +149,12 @@ func syncDir(dir string) error {
 	return f.Sync()
 }
 
-func (d *LocalDir) prune() error {
+// prune keeps the checkpoint just saved and the keep-1 newest older ones,
+// and deletes the other older ones. Checkpoints of later steps are another
+// history's (a job restored from an older checkpoint, or another model in
+// the same directory): they are left alone and do not count, so they can
+// never cause the new checkpoints to be deleted.
+func (d *LocalDir) prune(just int64) error {
 	if d.keep <= 0 {
 		return nil
 	}
@@ -144,7 +162,15 @@ func (d *LocalDir) prune() error {
 	if err != nil {
 		return err
 	}
-	for _, s := range steps[min(d.keep, len(steps)):] {
+	kept := 1 // just
+	for _, s := range steps {
+		if s >= just {
+			continue
+		}
+		if kept < d.keep {
+			kept++
+			continue
+		}
 		if err := os.Remove(d.path(s)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("trainer: prune checkpoints: %w", err)
 		}
@@ -181,18 +207,66 @@ func (d *LocalDir) Load(ctx context.Context, step int64) ([]byte, error) {
 		return nil, fmt.Errorf("trainer: load checkpoint: %w", err)
 	}
 	p := d.path(step)
-	b, err := os.ReadFile(p)
+	b, err := readCheckpointFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: step %d", ErrNoCheckpoint, step)
+	}
+	var data []byte
+	if err == nil {
+		data, err = parseCheckpoint(b, step)
+	}
+	if errors.Is(err, ErrCorruptCheckpoint) {
+		if rerr := os.Rename(p, p+".corrupt"); rerr == nil {
+			err = fmt.Errorf("%w (set aside as %s.corrupt)", err, filepath.Base(p))
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("trainer: load checkpoint %s: %w", p, err)
 	}
-	data, err := parseCheckpoint(b, step)
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", p, err)
-	}
 	return data, nil
+}
+
+// readCheckpointFile reads a checkpoint file after checking, from its
+// header and manifest alone, that its size is what the manifest says; so a
+// damaged or foreign file of any size (even a sparse terabyte) costs a few
+// bytes of reading, not an allocation of its size. The content is checked
+// by parseCheckpoint.
+func readCheckpointFile(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	head := make([]byte, len(ckptMagic)+4)
+	if _, err := io.ReadFull(f, head); err != nil || string(head[:len(ckptMagic)]) != ckptMagic {
+		return nil, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
+	}
+	n := int64(binary.LittleEndian.Uint32(head[len(ckptMagic):]))
+	if n > maxManifestBytes || int64(len(head))+n > st.Size() {
+		return nil, fmt.Errorf("%w: manifest length %d in a file of %d bytes", ErrCorruptCheckpoint, n, st.Size())
+	}
+	man := make([]byte, n)
+	if _, err := io.ReadFull(f, man); err != nil {
+		return nil, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+	}
+	var m ckptManifest
+	if err := json.Unmarshal(man, &m); err != nil {
+		return nil, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+	}
+	if want := int64(len(head)) + n + m.Size; m.Size < 0 || want != st.Size() {
+		return nil, fmt.Errorf("%w: file is %d bytes, its manifest says %d (truncated?)", ErrCorruptCheckpoint, st.Size(), want)
+	}
+	b := make([]byte, st.Size())
+	copy(b, head)
+	copy(b[len(head):], man)
+	if _, err := io.ReadFull(f, b[len(head)+len(man):]); err != nil {
+		return nil, fmt.Errorf("%w: payload: %v", ErrCorruptCheckpoint, err)
+	}
+	return b, nil
 }
 
 // parseCheckpoint checks a checkpoint file's magic, manifest and checksum

@@ -2,6 +2,7 @@ package trainer
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	stdsync "sync"
 	"time"
@@ -64,7 +65,7 @@ func (c *checkpointer) loop() {
 	}
 }
 
-func (c *checkpointer) write(ctx context.Context, job *ckptJob) {
+func (c *checkpointer) write(ctx context.Context, job *ckptJob) error {
 	ctx, span := c.tel.tracer.Start(ctx, SpanCheckpoint, trace.WithAttributes(AttrStep.Int64(job.step), AttrBytes.Int(len(job.data))))
 	start := time.Now()
 	err := c.store.Save(ctx, job.step, job.data)
@@ -77,6 +78,7 @@ func (c *checkpointer) write(ctx context.Context, job *ckptJob) {
 	if c.hook != nil {
 		c.hook(job.step, err)
 	}
+	return err
 }
 
 // submit queues an asynchronous write; it never blocks on I/O.
@@ -91,10 +93,10 @@ func (c *checkpointer) submit(step int64, data []byte) {
 }
 
 // saveNow waits for the write in flight, then writes synchronously (used at
-// the end of the job and on preemption).
-func (c *checkpointer) saveNow(ctx context.Context, step int64, data []byte) {
+// the end of the job and on preemption) and returns the store's error.
+func (c *checkpointer) saveNow(ctx context.Context, step int64, data []byte) error {
 	if c.store == nil {
-		return
+		return nil
 	}
 	c.mu.Lock()
 	c.next = nil
@@ -103,11 +105,15 @@ func (c *checkpointer) saveNow(ctx context.Context, step int64, data []byte) {
 	}
 	c.busy = true
 	c.mu.Unlock()
-	c.write(ctx, &ckptJob{step: step, data: data})
+	err := c.write(ctx, &ckptJob{step: step, data: data})
 	c.mu.Lock()
 	c.busy = false
 	c.cond.Broadcast()
 	c.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("%w: step %d: %w", ErrCheckpoint, step, err)
+	}
+	return nil
 }
 
 // close finishes the queued write and stops the goroutine.

@@ -23,6 +23,12 @@ var (
 	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated or
 	// fails its checksum; LocalDir skips such files for the previous good one.
 	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
+	// ErrCheckpoint wraps a failed durable checkpoint that Run had to write
+	// (the final one of the job, or a preempted worker's): Run returns it,
+	// joined with the outcome, so lost durability is never silent.
+	// Periodic checkpoints that fail are logged and reported to
+	// Hooks.OnCheckpoint, and training goes on.
+	ErrCheckpoint = errors.New("trainer: checkpoint failed")
 	// ErrNoCheckpoint is returned by CheckpointStore.Latest when none exists.
 	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
 	// ErrPreempted is returned by Run on a worker that left gracefully after

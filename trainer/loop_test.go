@@ -678,3 +678,80 @@ func TestMemberLostBeforeConnectingDoesNotStallTheRound(t *testing.T) {
 	j.wait()
 	j.checkFinished([]*inproc{a, b})
 }
+
+// flakyStore is a CheckpointStore whose Save fails for the steps fail says.
+type flakyStore struct {
+	CheckpointStore
+	fail func(step int64) bool
+}
+
+func (s *flakyStore) Save(ctx context.Context, step int64, data []byte) error {
+	if s.fail(step) {
+		return errors.New("injected: disk full")
+	}
+	return s.CheckpointStore.Save(ctx, step, data)
+}
+
+// A job whose final checkpoint cannot be written finishes, but Run says so
+// with ErrCheckpoint instead of returning nil (lost durability was once a
+// log line only).
+func TestFailedFinalCheckpointIsAnError(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	store := &flakyStore{CheckpointStore: dir, fail: func(int64) bool { return true }}
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 1
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	w := j.start()
+	j.wait()
+	require.ErrorIs(t, w.err, ErrCheckpoint)
+	require.ErrorContains(t, w.err, "disk full")
+	require.True(t, w.res.Finished)
+}
+
+// When the rank 0 that was writing a due checkpoint is lost before it
+// lands, the next round's rank 0 writes one at once, rather than leaving
+// the durable history a whole interval (or several) behind.
+func TestLostRankZeroCheckpointIsWrittenByTheNext(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	var first atomic.Bool
+	store := &flakyStore{CheckpointStore: dir, fail: func(step int64) bool {
+		return step == 20 && first.CompareAndSwap(false, true) // the write that never landed
+	}}
+	j := newJob(t, stores(t)["redis"])
+	j.epochs = 2
+	j.delay = func(int) time.Duration { return 5 * time.Millisecond }
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers, c.CheckpointEvery = 2, 10 }
+	var leaver atomic.Pointer[inproc]
+	j.opts = func(i int) []Option {
+		return []Option{WithCheckpointStore(store), WithHooks(Hooks{OnStep: func(s StepInfo) {
+			if s.Rank == 0 && s.Step == 23 && leaver.Load() == nil {
+				j.mu.Lock()
+				w := j.workers[i]
+				j.mu.Unlock()
+				leaver.Store(w) // rank 0 of the first round leaves before step 30
+				w.cancel()
+			}
+		}})}
+	}
+	ws := []*inproc{j.start(), j.start(), j.start()}
+	j.wait()
+	var finishers []*inproc
+	for _, w := range ws {
+		if w != leaver.Load() {
+			finishers = append(finishers, w)
+		}
+	}
+	j.checkFinished(finishers)
+	require.True(t, first.Load(), "the write of step 20 failed")
+	steps, err := dir.List(context.Background())
+	require.NoError(t, err)
+	caughtUp := false
+	for _, s := range steps {
+		if s > 20 && s < 30 {
+			caughtUp = true
+		}
+	}
+	require.True(t, caughtUp, "a checkpoint between the lost one and the next due one: %v", steps)
+}

@@ -8,6 +8,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -253,6 +254,91 @@ func TestLocalDirDetectsTruncationAndBitFlips(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(d.Dir(), "ckpt-00000000000000000006.etc"), good, 0o644))
 	_, err = d.Load(ctx, 6)
 	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+}
+
+// Damaged files are set aside on Load (named *.corrupt, never listed
+// again), and neither they nor checkpoints of later steps from another
+// history make Save delete the checkpoints it writes (once every new
+// checkpoint was pruned at once behind three garbage files of higher steps).
+func TestLocalDirSetsDamageAsideAndPrunesOnlyOlderSteps(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewLocalDir(t.TempDir(), 2)
+	require.NoError(t, err)
+	for _, s := range []int64{5000, 5200} {
+		require.NoError(t, os.WriteFile(d.path(s), []byte("garbage under a checkpoint name"), 0o644))
+	}
+	// A valid checkpoint of a later step, from another history.
+	other, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	require.NoError(t, other.Save(ctx, 9000, []byte("another history's newest")))
+	b, err := os.ReadFile(other.path(9000))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(d.path(9000), b, 0o644))
+
+	require.NoError(t, d.Save(ctx, 200, []byte("a")))
+	require.NoError(t, d.Save(ctx, 400, []byte("b")))
+	require.NoError(t, d.Save(ctx, 600, []byte("c")))
+	steps, err := d.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{9000, 5200, 5000, 600, 400}, steps, "the newest 2 of this history are kept, later steps untouched")
+
+	for _, s := range []int64{5200, 5000} {
+		_, err := d.Load(ctx, s)
+		require.ErrorIs(t, err, ErrCorruptCheckpoint)
+		require.Contains(t, err.Error(), "set aside")
+		_, err = os.Stat(d.path(s) + ".corrupt")
+		require.NoError(t, err, "kept for inspection")
+	}
+	steps, err = d.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{9000, 600, 400}, steps)
+	b, err = d.Load(ctx, 600)
+	require.NoError(t, err)
+	require.Equal(t, []byte("c"), b)
+}
+
+// A file of any size under a checkpoint name is judged by its header and
+// manifest before anything of its size is read (a sparse terabyte once
+// killed every rank 0 in turn with an out-of-memory error).
+func TestLocalDirRefusesFilesWhoseSizeTheManifestDoesNotGive(t *testing.T) {
+	ctx := context.Background()
+	d, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	require.NoError(t, d.Save(ctx, 7, []byte("payload")))
+	good, err := os.ReadFile(d.path(7))
+	require.NoError(t, err)
+
+	huge := d.path(9999)
+	f, err := os.Create(huge)
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(1<<40)) // sparse: no disk used
+	require.NoError(t, f.Close())
+	_, err = d.Load(ctx, 9999)
+	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+
+	padded := append(slices.Clone(good), make([]byte, 1<<20)...)
+	require.NoError(t, os.WriteFile(d.path(8), padded, 0o644))
+	_, err = d.Load(ctx, 8)
+	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+
+	f, err = os.Create(d.path(10))
+	require.NoError(t, err)
+	_, err = f.Write(good[:len(good)-len("payload")]) // a real header and manifest...
+	require.NoError(t, err)
+	require.NoError(t, f.Truncate(1<<40)) // ...in front of a terabyte
+	require.NoError(t, f.Close())
+	_, err = d.Load(ctx, 10)
+	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+}
+
+// A directory where no file can be created is refused by NewLocalDir, not
+// found at the first checkpoint.
+func TestNewLocalDirRefusesAnUnwritableDirectory(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("uses /proc, which only Linux has")
+	}
+	_, err := NewLocalDir("/proc/self", 3)
+	require.ErrorContains(t, err, "not writable")
 }
 
 func FuzzParseCheckpoint(f *testing.F) {

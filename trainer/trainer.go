@@ -222,10 +222,12 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 
 // Run trains until every epoch is done, the job is finished by others, ctx
 // is cancelled, the worker is preempted or evicted, or an unrecoverable
-// error occurs. It returns nil when the job finished (Result.Finished).
+// error occurs. It returns nil when the job finished (Result.Finished),
+// or ErrCheckpoint when it finished but its final checkpoint failed.
 //
-// Errors: ErrPreempted, ErrEvicted, ErrFailureBudget (*BudgetError),
-// ErrModelMismatch, ErrStepFailed, elastic.ErrStoreUnavailable,
+// Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
+// worker's checkpoint failed), ErrEvicted, ErrFailureBudget (*BudgetError),
+// ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	var res Result
@@ -341,7 +343,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				t.log.Warn("leave failed", "err", err)
 			}
 			cancel()
-			return res, nil
+			return res, rerr // the final checkpoint's error, if it failed
 		case endRejoin:
 			failed = false
 		case endFailure:
@@ -388,6 +390,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 		case endPreempted:
 			leave()
+			if rerr != nil {
+				return res, fmt.Errorf("%w, but its checkpoint was not written: %w", ErrPreempted, rerr)
+			}
 			return res, ErrPreempted
 		case endEvicted:
 			leave()
@@ -522,6 +527,9 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 		return t.classify(ctx, rctx, err)
 	}
 	info.PrevWorldSize = prevSize
+	if world.Rank == 0 {
+		t.catchUpCheckpoint(rctx, ck)
+	}
 	if t.o.hooks.OnRound != nil {
 		t.o.hooks.OnRound(info)
 	}
@@ -538,6 +546,28 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 		t.goodbye(rctx, comm)
 	}
 	return end, err
+}
+
+// catchUpCheckpoint writes a checkpoint of the round's starting state when
+// the store lacks the one last due (every CheckpointEvery steps): the rank
+// 0 that was writing it may have died before it landed, and a whole-job
+// crash must not fall back further than one interval.
+func (t *Trainer[B]) catchUpCheckpoint(ctx context.Context, ck *checkpointer) {
+	every := int64(t.cfg.CheckpointEvery)
+	if t.o.ckpt == nil || every <= 0 || t.latest == nil || t.step < every {
+		return
+	}
+	due := t.step - t.step%every
+	steps, err := t.o.ckpt.List(ctx)
+	if err != nil {
+		t.log.Warn("cannot list checkpoints", "err", err)
+		return
+	}
+	if len(steps) > 0 && steps[0] >= due {
+		return
+	}
+	t.log.Info("writing the checkpoint a lost rank 0 did not", "due", due, "step", t.step)
+	ck.submit(t.step, t.latest.encode(nil, t.params))
 }
 
 // goodbye ends a round that every rank leaves by the same decision, taken
@@ -1002,7 +1032,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					}
 				}
 				if first == rank {
-					ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+					return endPreempted, ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
 				}
 				return endPreempted, nil
 			}
@@ -1054,7 +1084,7 @@ func (t *Trainer[B]) finish(ctx context.Context, comm sync.Synchronizer, world e
 		return endFatal, err
 	}
 	if world.Rank == 0 {
-		ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+		return endFinished, ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
 	}
 	return endFinished, nil
 }

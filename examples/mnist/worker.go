@@ -173,9 +173,17 @@ func runWorker(c *config, stderr io.Writer) int {
 		defer pprof.StopCPUProfile()
 	}
 	res, err := tr.Run(ctx)
+	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
 	switch {
 	case errors.Is(err, trainer.ErrPreempted):
+		if lostCheckpoint {
+			fmt.Fprintf(stderr, "mnist worker %d: %v\n", os.Getpid(), err)
+		}
 		return exitPreempted
+	case lostCheckpoint && res.Finished:
+		// The job is done; say that its final checkpoint is missing, and
+		// still report the result.
+		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
 	case err != nil:
 		return fail(err)
 	}
