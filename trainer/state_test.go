@@ -1,6 +1,7 @@
 package trainer
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -347,8 +348,24 @@ func FuzzParseCheckpoint(f *testing.F) {
 	good, _ := os.ReadFile(d.path(1))
 	f.Add(good)
 	f.Add([]byte(ckptMagic + "\xff\xff\xff\xff"))
+	dir := f.TempDir()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = parseCheckpoint(b, 1)
+		// The same bytes as a file, through Load: the size checks before
+		// the payload is read, then the parse; and a file set aside when
+		// damaged.
+		d := &LocalDir{dir: dir}
+		if err := os.WriteFile(d.path(1), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		data, err := d.Load(context.Background(), 1)
+		if err == nil {
+			if want, perr := parseCheckpoint(b, 1); perr != nil || !bytes.Equal(want, data) {
+				t.Fatalf("Load accepted what parseCheckpoint refuses (%v)", perr)
+			}
+		} else if !errors.Is(err, ErrCorruptCheckpoint) {
+			t.Fatalf("Load: %v, want ErrCorruptCheckpoint", err)
+		}
 	})
 }
 
