@@ -27,27 +27,7 @@ func jobRedisKeys(jobID string) []string {
 // and that the keys are really stored on that node.
 func checkJobOnNode(t *testing.T, cl *testredis.Cluster, jobID string, node int) {
 	t.Helper()
-	ctx := context.Background()
-	keys := jobRedisKeys(jobID)
-	want := cl.Addrs()[node]
-	slot0 := -1
-	for _, k := range append(slices.Clone(keys), elastic.KeyPrefix+"{"+jobID+"}:events") {
-		slot, addr, err := cl.SlotOwner(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slot0 < 0 {
-			slot0 = slot
-		}
-		if slot != slot0 || addr != want {
-			t.Fatalf("%s: slot %d on %s, want slot %d on %s", k, slot, addr, slot0, want)
-		}
-	}
-	rc := redis.NewClient(&redis.Options{Addr: want, MaxRetries: -1})
-	defer rc.Close()
-	if n, err := rc.Exists(ctx, keys...).Result(); err != nil || n != int64(len(keys)) {
-		t.Fatalf("node %s holds %d of the job's %d keys (%v)", want, n, len(keys), err)
-	}
+	cl.RequireOnNode(t, node, jobRedisKeys(jobID), elastic.KeyPrefix+"{"+jobID+"}:events")
 }
 
 // TestRedisCluster runs rendezvous scenarios on a real Redis Cluster of

@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
@@ -25,27 +24,7 @@ func epochKeys(cfg redisqueue.Config, epoch int) []string {
 // keys share one slot served by cl.Addrs()[node] and are stored there.
 func checkEpochOnNode(t *testing.T, cl *testredis.Cluster, cfg redisqueue.Config, epoch, node int) {
 	t.Helper()
-	ctx := context.Background()
-	keys := epochKeys(cfg, epoch)
-	want := cl.Addrs()[node]
-	slot0 := -1
-	for _, k := range keys {
-		slot, addr, err := cl.SlotOwner(ctx, k)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if slot0 < 0 {
-			slot0 = slot
-		}
-		if slot != slot0 || addr != want {
-			t.Fatalf("%s: slot %d on %s, want slot %d on %s", k, slot, addr, slot0, want)
-		}
-	}
-	rc := redis.NewClient(&redis.Options{Addr: want, MaxRetries: -1})
-	defer rc.Close()
-	if n, err := rc.Exists(ctx, keys...).Result(); err != nil || n != int64(len(keys)) {
-		t.Fatalf("node %s holds %d of the epoch's %d keys (%v)", want, n, len(keys), err)
-	}
+	cl.RequireOnNode(t, node, epochKeys(cfg, epoch))
 }
 
 // TestRedisCluster runs the queue on a real Redis Cluster of three masters

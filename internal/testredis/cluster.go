@@ -278,6 +278,36 @@ func (c *Cluster) TagOn(t testing.TB, base string, node int) string {
 	return ""
 }
 
+// RequireOnNode fails the test unless, asking the cluster itself, every
+// key of stored and of slotOnly hashes to one slot served by the master
+// Addrs()[node], and every key of stored really is stored on that node
+// (slotOnly is for names that hash like keys but are not stored, such as a
+// Pub/Sub channel).
+func (c *Cluster) RequireOnNode(t testing.TB, node int, stored []string, slotOnly ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	want := c.addrs[node]
+	slot0 := -1
+	for _, k := range append(append([]string(nil), stored...), slotOnly...) {
+		slot, addr, err := c.SlotOwner(ctx, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slot0 < 0 {
+			slot0 = slot
+		}
+		if slot != slot0 || addr != want {
+			t.Fatalf("%s: slot %d on %s, want slot %d on %s", k, slot, addr, slot0, want)
+		}
+	}
+	rc := redis.NewClient(&redis.Options{Addr: want, MaxRetries: -1})
+	defer rc.Close()
+	if n, err := rc.Exists(ctx, stored...).Result(); err != nil || n != int64(len(stored)) {
+		t.Fatalf("node %s holds %d of the %d keys %v (%v)", want, n, len(stored), stored, err)
+	}
+}
+
 // Stop kills every node (SIGKILL, no save) and waits for them to exit.
 func (c *Cluster) Stop() {
 	c.mu.Lock()
