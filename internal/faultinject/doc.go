@@ -28,7 +28,9 @@
 // # Faults
 //
 // Kind lists them: SIGKILL, hang (SIGSTOP then SIGCONT), preemption
-// (SIGTERM), a new worker, a whole-job crash, Redis restarted empty, Redis
+// (SIGTERM), a new worker, a new worker killed while it joins (registering,
+// pending, or holding a rank its peers are still connecting to), a
+// whole-job crash, Redis restarted empty, Redis
 // stopped for a while, and latency, bandwidth limits, blackholes and cuts on
 // one worker's Redis link or on the links into its collective port.
 // NewSchedule draws a schedule from a seed (math/rand/v2 PCG), so a failing

@@ -79,7 +79,7 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 	}
 	var target *Worker
 	switch f.Kind {
-	case Join, Crash, RedisRestart, RedisOutage:
+	case Join, JoinKill, Crash, RedisRestart, RedisOutage:
 	default:
 		ts := h.targets()
 		if f.Kind.needsPeerProxy() {
@@ -121,6 +121,14 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 		}
 	case Join:
 		_, err = h.AddWorker(ctx)
+	case JoinKill:
+		var w *Worker
+		if w, err = h.AddWorker(ctx); err == nil {
+			in.Worker = w.Index
+			if err = sleep(ctx, f.Duration); err == nil {
+				err = h.Signal(w, syscall.SIGKILL)
+			}
+		}
 	case Crash:
 		err = h.crash(ctx)
 	case RedisRestart:

@@ -53,6 +53,10 @@ const (
 	// PeerCut resets the connections into one worker's collective port and
 	// refuses new ones for Duration.
 	PeerCut
+	// JoinKill starts a new worker and SIGKILLs it Duration later (0 to
+	// about 0.6 s): while it registers, waits as pending, or holds a rank
+	// of a round its peers are still connecting or sending state in.
+	JoinKill
 	numKinds
 )
 
@@ -61,6 +65,7 @@ var kindNames = [...]string{
 	RedisRestart: "redis-restart", RedisOutage: "redis-outage", RedisLatency: "redis-latency",
 	RedisBlackhole: "redis-blackhole", RedisCut: "redis-cut",
 	PeerLatency: "peer-latency", PeerBandwidth: "peer-bandwidth", PeerBlackhole: "peer-blackhole", PeerCut: "peer-cut",
+	JoinKill: "join-kill",
 }
 
 // String returns the kind's name ("kill", "redis-outage", ...).
@@ -231,6 +236,8 @@ func NewSchedule(seed uint64, cfg ScheduleConfig) []Fault {
 			f.Duration = dur(200 * time.Millisecond)
 		case RedisCut, PeerCut:
 			f.Duration = time.Duration(rng.Int64N(int64(cfg.MaxDuration / 3)))
+		case JoinKill:
+			f.Duration = time.Duration(rng.Int64N(int64(600 * time.Millisecond)))
 		}
 		out = append(out, f)
 	}

@@ -43,7 +43,7 @@ type suiteRun struct {
 }
 
 var ciRuns = []suiteRun{
-	{name: "processes", faults: 6, kinds: []faultinject.Kind{faultinject.Kill, faultinject.Hang, faultinject.Term, faultinject.Join, faultinject.Crash}},
+	{name: "processes", faults: 6, kinds: []faultinject.Kind{faultinject.Kill, faultinject.Hang, faultinject.Term, faultinject.Join, faultinject.Crash, faultinject.JoinKill}},
 	{name: "redis", faults: 6, kinds: []faultinject.Kind{faultinject.RedisRestart, faultinject.RedisOutage, faultinject.Kill, faultinject.Join}},
 	{name: "redis-links", faults: 6, proxyRedis: true, kinds: []faultinject.Kind{faultinject.RedisLatency, faultinject.RedisBlackhole, faultinject.RedisCut, faultinject.Kill}},
 	{name: "peer-links", faults: 6, proxyPeers: true, kinds: []faultinject.Kind{faultinject.PeerLatency, faultinject.PeerBandwidth, faultinject.PeerBlackhole, faultinject.PeerCut, faultinject.Hang, faultinject.Term}},
