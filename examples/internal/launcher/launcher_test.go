@@ -68,8 +68,12 @@ func fakeWorker(args []string) int {
 	}
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM)
+	termed := make(chan struct{})
 	go func() {
 		<-terms
+		// Closed before the term file exists, and so before the stepper
+		// (which waits for that file) can let the job finish.
+		close(termed)
 		os.WriteFile(filepath.Join(*dir, fmt.Sprintf("term-%d", idx)), nil, 0o644)
 		os.Exit(143)
 	}()
@@ -87,6 +91,11 @@ func fakeWorker(args []string) int {
 	waitDone := func() int {
 		if !waitFor(2*time.Minute, func() bool { return exists(filepath.Join(*dir, "done")) }) {
 			return fail("no done file")
+		}
+		select {
+		case <-termed:
+			select {} // the SIGTERM handler exits with 143; exiting 0 here first would race it
+		default:
 		}
 		return 0
 	}
