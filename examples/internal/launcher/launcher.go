@@ -95,7 +95,9 @@ type Spec struct {
 	Env []string
 	// Faults to inject, by job step.
 	Faults []Fault
-	// Log receives progress lines and the workers' own stderr; nil = discard.
+	// Log receives progress lines and the workers' own stdout and stderr;
+	// nil = discard. Run serialises its writes to it (other than an
+	// *os.File, which the workers write to directly).
 	Log io.Writer
 	// Progress is the interval between progress lines; 0 = 3 s.
 	Progress time.Duration
@@ -162,9 +164,16 @@ type exit struct {
 func Run(ctx context.Context, spec Spec) (Summary, error) {
 	start := time.Now()
 	sum := Summary{Exits: map[int]int{}}
-	logw := spec.Log
-	if logw == nil {
+	var logw io.Writer
+	switch l := spec.Log.(type) {
+	case nil:
 		logw = io.Discard
+	case *os.File:
+		logw = l // the workers write to it directly, and the kernel orders the writes
+	default:
+		// The workers' output is copied into it by one goroutine per
+		// stream, and the launcher writes its own lines too.
+		logw = &lockedWriter{w: l}
 	}
 	self, err := os.Executable()
 	if err != nil {
@@ -418,6 +427,18 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		return sum, errors.New("launcher: every worker exited and none reported the job done")
 	}
 	return sum, nil
+}
+
+// lockedWriter serialises the writes to w.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // WorldSizes returns the world sizes of the rounds in order, with
