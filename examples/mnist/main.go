@@ -102,6 +102,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
 		return nil, err
 	}
+	if err := jobenv.CheckJobID(c.job); err != nil {
+		return nil, err
+	}
 	if err := validateTelemetryFlags(c.otlp, c.metrics); err != nil {
 		return nil, err
 	}

@@ -84,6 +84,9 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-kill", "5@300"}, "-kill 5@300: no worker can hold rank 5 (ranks 0..1"},
 		{[]string{"-stop", "3@10", "-join", "1@5"}, "-stop 3@10: no worker can hold rank 3 (ranks 0..2"},
 		{[]string{"-term", "3@10", "-workers", "4", "-max", "3"}, "-workers 4 is above -max 3"},
+		{[]string{"-job", "a}b{c"}, `-job: JobID "a}b{c" has a forbidden character at byte 1`},
+		{[]string{"-job", "has space"}, `-job: JobID "has space" has a forbidden character at byte 3`},
+		{[]string{"-job", strings.Repeat("j", elastic.MaxJobIDLen+1)}, "-job: JobID longer than 128 bytes"},
 		{[]string{"extra"}, `unexpected arguments: ["extra"]`},
 	}
 	for _, tc := range cases {

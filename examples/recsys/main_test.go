@@ -161,6 +161,30 @@ func TestBadFlags(t *testing.T) {
 	}
 }
 
+// runCmd runs the command as the launcher and returns its exit code
+// and output.
+func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	t.Setenv(launcher.EnvWorker, "")
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestBadFlagsSayWhy(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"-job", "a}b{c"}, `-job: JobID "a}b{c" has a forbidden character at byte 1`},
+	} {
+		code, stdout, stderr := runCmd(t, tc.args...)
+		if code != 2 || stdout != "" || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "[launcher] job") {
+			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want 2 and %q before any worker starts", tc.args, code, stdout, stderr, tc.want)
+		}
+	}
+}
+
 // runJob runs the example with real worker processes and returns its
 // final JSON line.
 func runJob(t *testing.T, args ...string) result {

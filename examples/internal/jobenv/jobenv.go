@@ -20,6 +20,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
@@ -35,6 +36,20 @@ func NewJobID(prefix string) string {
 	b := make([]byte, 6)
 	rand.Read(b)
 	return prefix + "-" + hex.EncodeToString(b)
+}
+
+// CheckJobID checks a -job flag with the rule the elastic package applies
+// to Config.JobID (elastic.ValidateJobID), so a bad ID is a flag error in
+// the launcher rather than an error in every worker it started. The empty
+// ID (a random one is drawn) is accepted.
+func CheckJobID(id string) error {
+	if id == "" {
+		return nil
+	}
+	if err := elastic.ValidateJobID(id); err != nil {
+		return fmt.Errorf("-job: %w", err)
+	}
+	return nil
 }
 
 // SecretEnv returns the environment entries that give the workers a fresh
