@@ -204,7 +204,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
-		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
+		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
 		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {

@@ -238,7 +238,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
-		Workers: c.workers, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
+		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
 		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {

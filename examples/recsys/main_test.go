@@ -176,6 +176,8 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		args []string
 		want string
 	}{
+		{[]string{"-join", "100000@1"}, "-join: 3 workers plus 100000 joining would start 100003, above -max 64 (at most 61 may join)"},
+		{[]string{"-max", "4", "-join", "1@5", "-join", "1@9"}, "-join: 3 workers plus 2 joining would start 5, above -max 4"},
 		{[]string{"-job", "a}b{c"}, `-job: JobID "a}b{c" has a forbidden character at byte 1`},
 	} {
 		code, stdout, stderr := runCmd(t, tc.args...)

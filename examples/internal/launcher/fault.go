@@ -2,6 +2,7 @@ package launcher
 
 import (
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 )
@@ -27,18 +28,17 @@ type Fault struct {
 
 func (f Fault) String() string { return fmt.Sprintf("%s %d@%d", f.Kind, f.Rank, f.Step) }
 
-// CheckFaults reports a fault that can never apply to a job started with
-// workers processes and at most max ranks: a kill, stop or term of a rank
-// that no worker can hold (ranks stay below the workers started, counting
-// those -join adds, and below max).
+// CheckFaults reports faults that can never apply to a job started with
+// workers processes and at most max ranks: joins that would start more
+// than max workers in all (workers plus every -join count; Run refuses
+// them too, given max as Spec.MaxWorkers), or a kill, stop or term of a
+// rank that no worker can hold (ranks stay below the workers started,
+// counting those -join adds).
 func CheckFaults(faults []Fault, workers, max int) error {
-	n := workers
-	for _, f := range faults {
-		if f.Kind == Join {
-			n += f.Rank
-		}
+	if err := checkCount(faults, workers, max); err != nil {
+		return err
 	}
-	n = min(n, max)
+	n := workers + joined(faults)
 	for _, f := range faults {
 		if f.Kind != Join && f.Rank >= n {
 			return fmt.Errorf("-%s %d@%d: no worker can hold rank %d (ranks 0..%d: %d workers at most, counting -join, and -max %d)",
@@ -90,5 +90,37 @@ func (f Faults) Set(s string) error {
 		return fmt.Errorf("bad %s step %q: want a step >= 1", f.Kind, b)
 	}
 	*f.List = append(*f.List, Fault{Kind: f.Kind, Rank: n, Step: step})
+	return nil
+}
+
+// joined is how many workers the Join faults start in all, saturating at
+// math.MaxInt (each count comes from a flag and may be huge).
+func joined(faults []Fault) int {
+	n := 0
+	for _, f := range faults {
+		if f.Kind == Join {
+			n = satAdd(n, f.Rank)
+		}
+	}
+	return n
+}
+
+func satAdd(a, b int) int {
+	if b > math.MaxInt-a {
+		return math.MaxInt
+	}
+	return a + b
+}
+
+// checkCount refuses a job that would start more than limit workers over
+// its life: workers at once, then every Join fault's count.
+func checkCount(faults []Fault, workers, limit int) error {
+	if workers > limit {
+		return fmt.Errorf("-workers %d is above -max %d", workers, limit)
+	}
+	if j := joined(faults); satAdd(workers, j) > limit {
+		return fmt.Errorf("-join: %d workers plus %d joining would start %d, above -max %d (at most %d may join)",
+			workers, j, satAdd(workers, j), limit, max(0, limit-workers))
+	}
 	return nil
 }

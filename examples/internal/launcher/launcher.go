@@ -103,7 +103,16 @@ type Spec struct {
 	Progress time.Duration
 	// Quiet suppresses the progress lines (membership changes still print).
 	Quiet bool
+	// MaxWorkers bounds the worker processes Run starts over the whole
+	// job: Workers plus every Join fault's count. Run refuses a Spec above
+	// it before starting anything (the examples pass their -max). 0 means
+	// DefaultMaxWorkers.
+	MaxWorkers int
 }
+
+// DefaultMaxWorkers is Spec.MaxWorkers when it is 0: elastic.Config's
+// default MaxWorkers, the largest world size a job accepts by default.
+const DefaultMaxWorkers = 1024
 
 // Summary is what the launcher saw of the job.
 type Summary struct {
@@ -175,6 +184,13 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		// stream, and the launcher writes its own lines too.
 		logw = &lockedWriter{w: l}
 	}
+	limit := spec.MaxWorkers
+	if limit <= 0 {
+		limit = DefaultMaxWorkers
+	}
+	if err := checkCount(spec.Faults, spec.Workers, limit); err != nil {
+		return sum, fmt.Errorf("launcher: %w", err)
+	}
 	self, err := os.Executable()
 	if err != nil {
 		return sum, fmt.Errorf("launcher: %w", err)
@@ -209,6 +225,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 
 	next := 0
 	startWorker := func() error {
+		if next >= limit { // checkCount makes this unreachable; a bound never to pass
+			return fmt.Errorf("launcher: not starting worker %d: %d started, the most this job may have", next, limit)
+		}
 		idx := next
 		next++
 		r, wr, err := os.Pipe()

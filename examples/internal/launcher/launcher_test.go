@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -467,4 +468,47 @@ func TestEmitterWithoutALauncherDiscards(t *testing.T) {
 	t.Setenv(EnvEventsFD, "")
 	t.Setenv(EnvWorker, "")
 	NewEmitter().Emit(Event{Ev: "step", Step: 1}) // must not panic or write anywhere
+}
+
+func TestRunStartsNoMoreWorkersThanMaxWorkers(t *testing.T) {
+	for _, tc := range []struct {
+		spec Spec
+		want string
+	}{
+		{Spec{Workers: 2, MaxWorkers: 3, Faults: []Fault{{Join, 1, 5}, {Join, 1, 9}}}, "-join: 2 workers plus 2 joining would start 4, above -max 3 (at most 1 may join)"},
+		{Spec{Workers: 1, Faults: []Fault{{Join, 100000, 1}}}, fmt.Sprintf("would start 100001, above -max %d", DefaultMaxWorkers)},
+		{Spec{Workers: 4, MaxWorkers: 3}, "-workers 4 is above -max 3"},
+	} {
+		dir := t.TempDir()
+		tc.spec.Args = []string{"-dir", dir, "-world", "1", "-steps", "1"}
+		tc.spec.Log = newLogBuf(t, dir, "", 0)
+		_, err := Run(testCtx(t), tc.spec)
+		require.ErrorContains(t, err, tc.want)
+		ready, _ := filepath.Glob(filepath.Join(dir, "ready-*"))
+		require.Empty(t, ready, "no worker may start")
+	}
+}
+
+func TestCheckFaultsBoundsJoinsByMax(t *testing.T) {
+	for _, tc := range []struct {
+		faults       []Fault
+		workers, max int
+		want         string // "" = accepted
+	}{
+		{nil, 2, 2, ""},
+		{[]Fault{{Join, 2, 10}}, 2, 4, ""},
+		{[]Fault{{Join, 2, 10}, {Kill, 3, 20}}, 2, 4, ""},
+		{[]Fault{{Join, 3, 10}}, 2, 4, "-join: 2 workers plus 3 joining would start 5, above -max 4 (at most 2 may join)"},
+		{[]Fault{{Join, 1, 10}, {Join, 1, 20}}, 2, 3, "plus 2 joining would start 4, above -max 3"},
+		{[]Fault{{Join, 100000, 1}}, 2, 64, "-join: 2 workers plus 100000 joining would start 100002, above -max 64"},
+		{[]Fault{{Join, math.MaxInt, 1}, {Join, math.MaxInt, 1}}, 2, 64, fmt.Sprintf("plus %d joining", math.MaxInt)},
+		{[]Fault{{Kill, 2, 10}}, 2, 64, "-kill 2@10: no worker can hold rank 2"},
+	} {
+		err := CheckFaults(tc.faults, tc.workers, tc.max)
+		if tc.want == "" {
+			require.NoError(t, err, "%v", tc.faults)
+			continue
+		}
+		require.ErrorContains(t, err, tc.want, "%v", tc.faults)
+	}
 }
