@@ -208,7 +208,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {
-		return err
+		return jobenv.LaunchError(c.job, err)
 	}
 	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Rounds: len(sum.Rounds),
 		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),

@@ -20,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -28,12 +29,17 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
 func TestMain(m *testing.M) {
+	if os.Getenv(launcher.EnvWorker) != "" {
+		// A worker re-executed by the launcher from this test binary.
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
 	goleak.VerifyTestMain(m)
 }
 
@@ -123,6 +129,43 @@ func TestUnwritableOutputPathsFailBeforeAnyWorker(t *testing.T) {
 			require.NotContains(t, stderr, "[launcher] job", "no worker may start")
 		})
 	}
+}
+
+// finishJob marks job finished in the store at addr, as the final rank 0
+// of an earlier run of that job ID does.
+func finishJob(t *testing.T, addr, job string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	cfg := elastic.DefaultConfig()
+	cfg.JobID, cfg.LastCall = job, 0
+	agent, err := elastic.NewAgent(elastic.NewRedisStore(client), elastic.NewMember("127.0.0.1:1"), cfg)
+	require.NoError(t, err)
+	defer agent.Close()
+	_, err = agent.Join(ctx)
+	require.NoError(t, err)
+	require.NoError(t, agent.Finish(ctx))
+}
+
+// Running a job ID again while the store still says the job finished
+// trains nothing: the command says which job, how to run again, and
+// exits 1.
+func TestRerunningAFinishedJobSaysSo(t *testing.T) {
+	srv, err := standalone.Start(context.Background(), "127.0.0.1:0")
+	require.NoError(t, err)
+	defer srv.Close()
+	job := "mnist-rerun-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	finishJob(t, srv.Addr(), job)
+
+	code, stdout, stderr := runMain(t, "-redis", srv.Addr(), "-job", job, "-workers", "2", "-quiet")
+	require.Equal(t, 1, code, "stderr: %s", stderr)
+	require.Empty(t, stdout)
+	require.Contains(t, stderr, "mnist: job "+job+" already finished")
+	require.Contains(t, stderr, "pass another -job")
+	require.Contains(t, stderr, "wait for the keys to expire")
+	require.NotContains(t, stderr, "none reported the job done")
 }
 
 func TestHelpExitsWithStatus0AndDocumentsTelemetryFlags(t *testing.T) {

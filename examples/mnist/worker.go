@@ -187,6 +187,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	case err != nil:
 		return fail(err)
 	}
+	if res.Finished && res.Rounds == 0 {
+		// The job was over before this worker joined: an earlier run of
+		// this job ID finished it. The launcher says so when nobody trained.
+		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+		return exitOK
+	}
 	if !res.Finished || rank != 0 || res.Step == 0 {
 		return exitOK
 	}

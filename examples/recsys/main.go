@@ -242,7 +242,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		Env: jobenv.SecretEnv(),
 	})
 	if err != nil {
-		return err
+		return jobenv.LaunchError(c.job, err)
 	}
 	if sum.Done == nil {
 		return fmt.Errorf("the job ended without a final report (exits: %v)", sum.Exits)

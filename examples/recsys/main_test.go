@@ -2,15 +2,21 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"math"
 	"math/rand/v2"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
 
@@ -184,6 +190,47 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		if code != 2 || stdout != "" || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "[launcher] job") {
 			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want 2 and %q before any worker starts", tc.args, code, stdout, stderr, tc.want)
 		}
+	}
+}
+
+// Running a job ID again while the store still says the job finished
+// trains nothing: the command says which job, how to run again, and
+// exits 1.
+func TestRerunningAFinishedJobSaysSo(t *testing.T) {
+	srv, err := standalone.Start(context.Background(), "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	job := "recsys-rerun-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	finishJob(t, srv.Addr(), job)
+	code, stdout, stderr := runCmd(t, "-redis", srv.Addr(), "-job", job, "-workers", "2", "-impressions", "20000", "-quiet")
+	if code != 1 || stdout != "" || !strings.Contains(stderr, "recsys: job "+job+" already finished") ||
+		!strings.Contains(stderr, "pass another -job") || strings.Contains(stderr, "none reported the job done") {
+		t.Fatalf("exit %d, stdout %q; want 1 and the job named as finished\n%s", code, stdout, stderr)
+	}
+}
+
+// finishJob marks job finished in the store at addr, as the final rank 0
+// of an earlier run of that job ID does.
+func finishJob(t *testing.T, addr, job string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := redis.NewClient(&redis.Options{Addr: addr})
+	defer client.Close()
+	cfg := elastic.DefaultConfig()
+	cfg.JobID, cfg.LastCall = job, 0
+	agent, err := elastic.NewAgent(elastic.NewRedisStore(client), elastic.NewMember("127.0.0.1:1"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer agent.Close()
+	if _, err := agent.Join(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := agent.Finish(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -238,7 +238,7 @@ func (w *worker) ecfg() elastic.Config {
 
 // run takes part in rounds until the job is finished.
 func (w *worker) run(ctx context.Context, nTrain int) error {
-	recovered := false
+	recovered, rounds := false, 0
 	for {
 		world, err := w.agent.Join(ctx)
 		switch {
@@ -252,10 +252,16 @@ func (w *worker) run(ctx context.Context, nTrain int) error {
 			}
 			continue
 		case errors.Is(err, elastic.ErrJobFinished):
+			if rounds == 0 {
+				// Over before this worker joined: an earlier run of
+				// this job ID finished it.
+				w.ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+			}
 			return nil
 		case err != nil:
 			return fmt.Errorf("join: %w", err)
 		}
+		rounds++
 		end, rerr := w.round(ctx, world, recovered, nTrain)
 		switch end {
 		case endFinished:

@@ -52,6 +52,18 @@ func CheckJobID(id string) error {
 	return nil
 }
 
+// LaunchError returns the error a program reports for launcher.Run's err
+// on job: for launcher.ErrJobAlreadyFinished, one that names the job and
+// says how to train again; any other error unchanged.
+func LaunchError(job string, err error) error {
+	if errors.Is(err, launcher.ErrJobAlreadyFinished) {
+		return fmt.Errorf("job %s already finished: its workers found it marked finished in the store, which keeps it so until the job's keys expire (%v after its last write); "+
+			"to train again, pass another -job (or none, for a random one) or wait for the keys to expire",
+			job, elastic.DefaultConfig().StateTTL)
+	}
+	return err
+}
+
 // SecretEnv returns the environment entries that give the workers a fresh
 // random 32-byte job secret under EnvSecret; pass them as launcher.Spec.Env.
 func SecretEnv() []string {

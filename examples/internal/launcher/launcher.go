@@ -30,7 +30,7 @@ const EnvWorker = "ELASTICTRAIN_WORKER"
 
 // Event is one line a worker sends to the launcher.
 type Event struct {
-	Ev              string  `json:"ev"` // "round", "step", "done", "error"
+	Ev              string  `json:"ev"` // "round", "step", "done", "error", "finished" (see EvFinished)
 	Worker          int     `json:"worker"`
 	PID             int     `json:"pid"`
 	Round           uint64  `json:"round,omitempty"`
@@ -50,6 +50,17 @@ type Event struct {
 	// At is the worker's wall clock (unix seconds).
 	At float64 `json:"at"`
 }
+
+// EvFinished is the event a worker sends when the job had already
+// finished before it joined (an earlier run of the same job ID finished,
+// and its state in the store says so until it expires). When no worker
+// reports "done" and one reports this, Run returns ErrJobAlreadyFinished.
+const EvFinished = "finished"
+
+// ErrJobAlreadyFinished is Run's error when the job was over before its
+// workers joined: no worker trained or reported "done", and one of them
+// reported EvFinished.
+var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished when its workers joined")
 
 // Emitter writes a worker's events; safe for concurrent use.
 type Emitter struct {
@@ -131,6 +142,9 @@ type Summary struct {
 	MaxStep int64
 	// Steps holds rank 0's step reports in arrival order.
 	Steps []StepSeen
+	// AlreadyFinished is true when some worker reported EvFinished: the
+	// job had finished before it joined.
+	AlreadyFinished bool
 }
 
 // StepSeen is one step as rank 0 reported it.
@@ -394,6 +408,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			doneTimeout = time.After(time.Minute)
 		case "error":
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
+		case EvFinished:
+			sum.AlreadyFinished = true
+			fmt.Fprintf(logw, "[launcher] worker %d: the job had already finished when it joined\n", ev.Worker)
 		}
 	}
 
@@ -442,7 +459,10 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	}
 	sort.Slice(sum.Rounds, func(i, j int) bool { return sum.Rounds[i].Round < sum.Rounds[j].Round })
 	sum.Wall = time.Since(start)
-	if sum.Done == nil {
+	switch {
+	case sum.Done == nil && sum.AlreadyFinished:
+		return sum, ErrJobAlreadyFinished
+	case sum.Done == nil:
 		return sum, errors.New("launcher: every worker exited and none reported the job done")
 	}
 	return sum, nil

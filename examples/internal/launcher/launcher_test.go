@@ -48,6 +48,9 @@ func TestMain(m *testing.M) {
 // deadline, until the fault has visibly hit its target (gone, stopped,
 // terminated, or the joiners' echoes logged), so the launcher must have
 // applied it at that step. With -hold it never reports done.
+//
+// -finished makes every worker report EvFinished and exit 0 at once, as a
+// worker does whose job had already finished.
 func fakeWorker(args []string) int {
 	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
 	dir := fs.String("dir", "", "shared directory")
@@ -56,6 +59,7 @@ func fakeWorker(args []string) int {
 	faults := fs.String("faults", "", "kind:N@STEP,... as given to the launcher")
 	hold := fs.Bool("hold", false, "never finish")
 	noDone := fs.Bool("no-done", false, "rank 0 exits without reporting done")
+	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -66,6 +70,10 @@ func fakeWorker(args []string) int {
 		ev.Emit(Event{Ev: "error", Message: msg})
 		fmt.Fprintf(os.Stderr, "fake worker %d: %s\n", idx, msg)
 		return 1
+	}
+	if *finished {
+		ev.Emit(Event{Ev: EvFinished})
+		return 0
 	}
 	terms := make(chan os.Signal, 1)
 	signal.Notify(terms, syscall.SIGTERM)
@@ -468,6 +476,20 @@ func TestEmitterWithoutALauncherDiscards(t *testing.T) {
 	t.Setenv(EnvEventsFD, "")
 	t.Setenv(EnvWorker, "")
 	NewEmitter().Emit(Event{Ev: "step", Step: 1}) // must not panic or write anywhere
+}
+
+func TestAJobThatHadAlreadyFinishedIsItsOwnError(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-finished"},
+	})
+	require.ErrorIs(t, err, ErrJobAlreadyFinished)
+	require.True(t, sum.AlreadyFinished)
+	require.Nil(t, sum.Done)
+	require.Equal(t, map[int]int{0: 0, 1: 0}, sum.Exits)
+	require.Contains(t, log.String(), "[launcher] worker 1: the job had already finished when it joined")
 }
 
 func TestRunStartsNoMoreWorkersThanMaxWorkers(t *testing.T) {
