@@ -12,9 +12,11 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strings"
@@ -91,6 +93,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-batch %d: want at least 1", c.batch)
 	case !(c.lr > 0):
 		return nil, fmt.Errorf("-lr %v: want a positive learning rate", c.lr)
+	case math.IsInf(c.lr, 1):
+		return nil, fmt.Errorf("-lr %v: want a finite learning rate", c.lr)
 	case c.model != "mlp" && c.model != "cnn":
 		return nil, fmt.Errorf("-model %q: want mlp or cnn", c.model)
 	case c.detect < 100*time.Millisecond:
@@ -162,9 +166,13 @@ type result struct {
 	WallSeconds     float64   `json:"wall_seconds"`
 	StepsPerSecond  float64   `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
 	ParamsSHA256    string    `json:"params_sha256"`
-	Workers         int       `json:"workers"`
-	Model           string    `json:"model"`
-	Redis           string    `json:"redis"`
+	// Loss is the mean loss per sample of the last step; null when it is
+	// not a finite number, and then Diverged is true.
+	Loss     *float64 `json:"loss"`
+	Diverged bool     `json:"diverged"`
+	Workers  int      `json:"workers"`
+	Model    string   `json:"model"`
+	Redis    string   `json:"redis"`
 }
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -222,6 +230,11 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	res.Steps = d.Step
 	res.Epochs = c.epochs
+	if finite(d.Loss) {
+		res.Loss = &d.Loss
+	} else {
+		res.Diverged = true
+	}
 	rep, err := verifyAudit(c)
 	if err != nil {
 		return err
@@ -242,12 +255,23 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit: %d missing, %d duplicates\n",
 		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, plural(res.Rounds, "round", "rounds"),
 		plural(res.Recoveries, "recovery", "recoveries"), res.AuditMissing, res.AuditDuplicates)
+	if res.Diverged {
+		fmt.Fprintf(stdout, "training diverged: the last loss is %v (try a smaller -lr than %v)\n", d.Loss, c.lr)
+	}
 	if c.json {
-		b, _ := json.Marshal(res)
+		b, err := json.Marshal(res)
+		if err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
 		fmt.Fprintln(stdout, string(b))
+	}
+	if res.Diverged {
+		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr)
 	}
 	return plotErr
 }
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 // checkWritable makes sure a file can be created at path (without leaving
 // one behind when it did not exist), so an output flag fails before the job

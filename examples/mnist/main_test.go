@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
 	"errors"
 	"image/png"
 	"io"
@@ -69,6 +70,8 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-lr", "0"}, "-lr 0: want a positive learning rate"},
 		{[]string{"-lr", "-0.1"}, "-lr -0.1: want a positive learning rate"},
 		{[]string{"-lr", "NaN"}, "-lr NaN: want a positive learning rate"},
+		{[]string{"-lr", "Inf"}, "-lr +Inf: want a finite learning rate"},
+		{[]string{"-lr", "+inf"}, "-lr +Inf: want a finite learning rate"},
 		{[]string{"-model", "foo"}, `-model "foo": want mlp or cnn`},
 		{[]string{"-detect", "1ms"}, "-detect 1ms: want at least 100ms"},
 		{[]string{"-kill", "x"}, `want -kill RANK@STEP, got "x"`},
@@ -129,6 +132,23 @@ func TestUnwritableOutputPathsFailBeforeAnyWorker(t *testing.T) {
 			require.NotContains(t, stderr, "[launcher] job", "no worker may start")
 		})
 	}
+}
+
+// A run whose loss turns NaN (a learning rate far too large) gets its
+// steps through to the launcher, and ends saying that it diverged, with
+// status 1, rather than looking like a success.
+func TestADivergedRunSaysSoAndFails(t *testing.T) {
+	code, stdout, stderr := runMain(t, "-workers", "1", "-epochs", "1", "-batch", "20000", "-lr", "1e30", "-json", "-quiet")
+	require.Equal(t, 1, code, "stderr: %s", stderr)
+	require.Contains(t, stdout, "training diverged: the last loss is NaN (try a smaller -lr than 1e+30)")
+	require.Contains(t, stderr, "mnist: training diverged (last loss NaN)")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var res map[string]any
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), stdout)
+	require.Equal(t, true, res["diverged"])
+	require.Contains(t, res, "loss")
+	require.Nil(t, res["loss"], "a NaN loss is null in the JSON line")
+	require.EqualValues(t, 3, res["steps"], "every step was reported")
 }
 
 // finishJob marks job finished in the store at addr, as the final rank 0

@@ -33,6 +33,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"runtime"
 	"strconv"
@@ -119,8 +120,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-min %d, -max %d, -workers %d: want 1 <= min <= workers <= max", c.min, c.max, c.workers)
 	case c.epochs < 1 || c.batch < 1 || c.dim < 1 || c.commitEvery < 1:
 		return nil, fmt.Errorf("-epochs, -batch, -dim and -commit-every must be positive")
-	case !(c.lr > 0) || !(c.denseLR > 0):
-		return nil, fmt.Errorf("-lr %v and -dense-lr %v must be positive", c.lr, c.denseLR)
+	case !(c.lr > 0) || !(c.denseLR > 0) || math.IsInf(c.lr, 1) || math.IsInf(c.denseLR, 1):
+		return nil, fmt.Errorf("-lr %v and -dense-lr %v must be positive and finite", c.lr, c.denseLR)
 	case c.detect < 100*time.Millisecond:
 		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
 	}
@@ -190,6 +191,10 @@ type result struct {
 	MeanShare       []float64 `json:"mean_share_by_rank"`
 	WallSeconds     float64   `json:"wall_seconds"`
 	Redis           string    `json:"redis"`
+	// Loss is the mean loss per impression of the last step; null when it
+	// is not a finite number, and then Diverged is true.
+	Loss     *float64 `json:"loss"`
+	Diverged bool     `json:"diverged"`
 }
 
 // lockedWriter serialises writes: the launcher copies every worker's
@@ -256,6 +261,11 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	res.Gap = res.OracleAUC - res.AUC
 	res.TrainImpr, res.TestImpr = int(num("train")), int(num("test"))
 	res.PulledRows = int64(num("pulled_rows"))
+	if l := sum.Done.Loss; !math.IsNaN(l) && !math.IsInf(l, 0) {
+		res.Loss = &l
+	} else {
+		res.Diverged = true
+	}
 	rep, err := verifyAudit(c.audit, c, res.TrainImpr)
 	if err != nil {
 		return err
@@ -265,9 +275,18 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	res.WallSeconds = time.Since(start).Seconds()
 	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f, gap %.4f) after %d steps in %.1f s; world sizes %v; %d rounds, %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
 		res.AUC, res.OracleAUC, res.Gap, res.Steps, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries, res.SamplesApplied, res.AuditMissing, res.AuditDuplicates)
+	if res.Diverged {
+		fmt.Fprintf(stdout, "training diverged: the last loss is %v (try a smaller -lr than %v or -dense-lr than %v)\n", sum.Done.Loss, c.lr, c.denseLR)
+	}
 	if c.json {
-		b, _ := json.Marshal(res)
+		b, err := json.Marshal(res)
+		if err != nil {
+			return fmt.Errorf("result: %w", err)
+		}
 		fmt.Fprintln(stdout, string(b))
+	}
+	if res.Diverged {
+		return fmt.Errorf("training diverged (last loss %v)", sum.Done.Loss)
 	}
 	return nil
 }

@@ -182,6 +182,8 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		args []string
 		want string
 	}{
+		{[]string{"-lr", "Inf"}, "-lr +Inf and -dense-lr 0.01 must be positive and finite"},
+		{[]string{"-dense-lr", "+Inf"}, "-lr 0.2 and -dense-lr +Inf must be positive and finite"},
 		{[]string{"-join", "100000@1"}, "-join: 3 workers plus 100000 joining would start 100003, above -max 64 (at most 61 may join)"},
 		{[]string{"-max", "4", "-join", "1@5", "-join", "1@9"}, "-join: 3 workers plus 2 joining would start 5, above -max 4"},
 		{[]string{"-job", "a}b{c"}, `-job: JobID "a}b{c" has a forbidden character at byte 1`},
@@ -190,6 +192,19 @@ func TestBadFlagsSayWhy(t *testing.T) {
 		if code != 2 || stdout != "" || !strings.Contains(stderr, tc.want) || strings.Contains(stderr, "[launcher] job") {
 			t.Fatalf("%v: exit %d, stdout %q, stderr %q; want 2 and %q before any worker starts", tc.args, code, stdout, stderr, tc.want)
 		}
+	}
+}
+
+// A learning rate far too large makes the gradients non-finite: the
+// workers stop and say that training diverged, rather than forming new
+// rounds for good.
+func TestADivergedRunStopsAndSaysSo(t *testing.T) {
+	code, _, stderr := runCmd(t, "-workers", "1", "-epochs", "1", "-lr", "1e30", "-dense-lr", "1e30", "-impressions", "20000", "-quiet")
+	if code != 1 || !strings.Contains(stderr, "training diverged: the embedding gradients are not finite") {
+		t.Fatalf("exit %d, want 1 and the divergence named\n%s", code, stderr)
+	}
+	if strings.Contains(stderr, "round 2") {
+		t.Fatalf("a diverged job formed another round\n%s", stderr)
 	}
 }
 

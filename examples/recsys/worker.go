@@ -465,6 +465,11 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 			time.Sleep(w.slow * time.Duration(len(samples))) // an injected slow machine
 		}
 		compute := time.Since(t0).Seconds()
+		if !finite32(l.UGrad) || !finite32(l.IGrad) {
+			// The shards refuse such a push, and every later round
+			// would compute the same: the job cannot go on.
+			return endFatal, fmt.Errorf("step %d: training diverged: the embedding gradients are not finite (loss %v); try a smaller -lr or -dense-lr", w.step+1, loss)
+		}
 		if err := psr.Push(rctx, sync.Rows{Table: tableUsers, IDs: l.Users, Values: l.UGrad},
 			sync.Rows{Table: tableItems, IDs: l.Items, Values: l.IGrad}); err != nil {
 			return failure(fmt.Errorf("step %d: push: %w", w.step+1, err))
@@ -549,6 +554,16 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 			return endRejoin, nil
 		}
 	}
+}
+
+// finite32 reports whether every value of v is a finite number.
+func finite32(v []float32) bool {
+	for _, x := range v {
+		if math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) {
+			return false
+		}
+	}
+	return true
 }
 
 func joinInts(v []int) string {

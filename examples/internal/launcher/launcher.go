@@ -12,10 +12,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"runtime"
 	"sort"
+	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -28,7 +30,9 @@ const EnvEventsFD = "ELASTICTRAIN_EVENTS_FD"
 // EnvWorker is set to the worker's launch index in every worker's environment.
 const EnvWorker = "ELASTICTRAIN_WORKER"
 
-// Event is one line a worker sends to the launcher.
+// Event is one line a worker sends to the launcher, as JSON. Loss and
+// RecoverySeconds may be NaN or ±Inf (a diverged run): they travel as the
+// strings "NaN", "+Inf" and "-Inf", which plain JSON numbers cannot hold.
 type Event struct {
 	Ev              string  `json:"ev"` // "round", "step", "done", "error", "finished" (see EvFinished)
 	Worker          int     `json:"worker"`
@@ -45,7 +49,9 @@ type Event struct {
 	RolledBack      int64   `json:"rolled_back,omitempty"`
 	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
 	Message         string  `json:"message,omitempty"`
-	// Extra carries example-specific results in "done" events.
+	// Extra carries example-specific results in "done" events. Its
+	// numbers must be finite: an event JSON cannot encode arrives as an
+	// "error" event instead (see Emitter.Emit).
 	Extra map[string]any `json:"extra,omitempty"`
 	// At is the worker's wall clock (unix seconds).
 	At float64 `json:"at"`
@@ -61,6 +67,69 @@ const EvFinished = "finished"
 // workers joined: no worker trained or reported "done", and one of them
 // reported EvFinished.
 var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished when its workers joined")
+
+// eventJSON is Event without its methods, so MarshalJSON and UnmarshalJSON
+// can use the default encoding for every other field.
+type eventJSON Event
+
+// eventWire is the wire form of an Event: the float fields that may be
+// non-finite shadow the embedded ones.
+type eventWire struct {
+	eventJSON
+	Loss            wireFloat `json:"loss,omitempty"`
+	RecoverySeconds wireFloat `json:"recovery_seconds,omitempty"`
+}
+
+// MarshalJSON encodes ev with a non-finite Loss or RecoverySeconds as a
+// string ("NaN", "+Inf", "-Inf").
+func (ev Event) MarshalJSON() ([]byte, error) {
+	return json.Marshal(eventWire{eventJSON: eventJSON(ev), Loss: wireFloat(ev.Loss), RecoverySeconds: wireFloat(ev.RecoverySeconds)})
+}
+
+// UnmarshalJSON decodes what MarshalJSON encodes.
+func (ev *Event) UnmarshalJSON(b []byte) error {
+	var w eventWire
+	if err := json.Unmarshal(b, &w); err != nil {
+		return err
+	}
+	*ev = Event(w.eventJSON)
+	ev.Loss, ev.RecoverySeconds = float64(w.Loss), float64(w.RecoverySeconds)
+	return nil
+}
+
+// wireFloat is a float64 whose JSON form is a number when finite and the
+// string "NaN", "+Inf" or "-Inf" otherwise.
+type wireFloat float64
+
+func (f wireFloat) MarshalJSON() ([]byte, error) {
+	x := float64(f)
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		return strconv.AppendQuote(nil, strconv.FormatFloat(x, 'g', -1, 64)), nil
+	}
+	return json.Marshal(x)
+}
+
+func (f *wireFloat) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		switch s {
+		case "NaN", "+Inf", "-Inf":
+			x, _ := strconv.ParseFloat(s, 64)
+			*f = wireFloat(x)
+			return nil
+		}
+		return fmt.Errorf("launcher: %q is not a number", s)
+	}
+	var x float64
+	if err := json.Unmarshal(b, &x); err != nil {
+		return err
+	}
+	*f = wireFloat(x)
+	return nil
+}
 
 // Emitter writes a worker's events; safe for concurrent use.
 type Emitter struct {
@@ -83,13 +152,17 @@ func NewEmitter() *Emitter {
 	return e
 }
 
-// Emit sends one event, stamping worker, pid and time.
+// Emit sends one event, stamping worker, pid and time. An event that
+// cannot be encoded (Extra holding a NaN or a value JSON has no form for)
+// is not dropped: an "error" event saying so takes its place, so the
+// launcher shows why the event it waited for never came.
 func (e *Emitter) Emit(ev Event) {
 	ev.Worker, ev.PID = e.worker, os.Getpid()
 	ev.At = float64(time.Now().UnixNano()) / 1e9
 	b, err := json.Marshal(ev)
 	if err != nil {
-		return
+		b, _ = json.Marshal(Event{Ev: "error", Worker: ev.Worker, PID: ev.PID, Rank: ev.Rank, Step: ev.Step, At: ev.At,
+			Message: fmt.Sprintf("launcher: cannot encode this worker's %q event (step %d): %v", ev.Ev, ev.Step, err)})
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -278,10 +351,15 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			sc.Buffer(make([]byte, 64<<10), 16<<20)
 			for sc.Scan() {
 				var ev Event
-				if json.Unmarshal(sc.Bytes(), &ev) == nil {
-					ev.Worker = idx
-					events <- ev
+				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+					ev = Event{Ev: "error", Message: fmt.Sprintf("undecodable event %.200q: %v", sc.Bytes(), err)}
 				}
+				ev.Worker = idx
+				events <- ev
+			}
+			if err := sc.Err(); err != nil {
+				events <- Event{Ev: "error", Worker: idx, Message: fmt.Sprintf("reading events: %v (later events are lost)", err)}
+				io.Copy(io.Discard, r) // so the worker never blocks on a full pipe
 			}
 		}()
 		go func() {

@@ -3,6 +3,7 @@ package launcher
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,8 +50,11 @@ func TestMain(m *testing.M) {
 // terminated, or the joiners' echoes logged), so the launcher must have
 // applied it at that step. With -hold it never reports done.
 //
-// -finished makes every worker report EvFinished and exit 0 at once, as a
-// worker does whose job had already finished.
+// -loss sets the loss of every step (default 1/step); -await makes rank 0
+// wait, before reporting done, until the launcher's log holds that text;
+// -garbage makes every worker first write a line that is not JSON to its
+// events pipe; -finished makes every worker report EvFinished and exit 0
+// at once, as a worker does whose job had already finished.
 func fakeWorker(args []string) int {
 	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
 	dir := fs.String("dir", "", "shared directory")
@@ -59,6 +63,9 @@ func fakeWorker(args []string) int {
 	faults := fs.String("faults", "", "kind:N@STEP,... as given to the launcher")
 	hold := fs.Bool("hold", false, "never finish")
 	noDone := fs.Bool("no-done", false, "rank 0 exits without reporting done")
+	loss := fs.Float64("loss", 0, "loss of every step (0: 1/step)")
+	await := fs.String("await", "", "rank 0 waits for this text in the launcher's log before done")
+	garbage := fs.Bool("garbage", false, "write a line that is not JSON to the events pipe first")
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -70,6 +77,9 @@ func fakeWorker(args []string) int {
 		ev.Emit(Event{Ev: "error", Message: msg})
 		fmt.Fprintf(os.Stderr, "fake worker %d: %s\n", idx, msg)
 		return 1
+	}
+	if *garbage {
+		ev.w.Write([]byte("{not json\n"))
 	}
 	if *finished {
 		ev.Emit(Event{Ev: EvFinished})
@@ -127,7 +137,11 @@ func fakeWorker(args []string) int {
 	}
 	started := *world
 	for s := int64(1); s <= *steps; s++ {
-		ev.Emit(Event{Ev: "step", Round: uint64(started - *world + 1), Rank: 0, WorldSize: started, Step: s, Loss: 1 / float64(s), Samples: 8})
+		l := *loss
+		if l == 0 {
+			l = 1 / float64(s)
+		}
+		ev.Emit(Event{Ev: "step", Round: uint64(started - *world + 1), Rank: 0, WorldSize: started, Step: s, Loss: l, Samples: 8})
 		for _, f := range list {
 			if f.Step != s {
 				continue
@@ -157,6 +171,12 @@ func fakeWorker(args []string) int {
 	}
 	if *hold {
 		return waitDone() // until the launcher kills it
+	}
+	if *await != "" && !waitFor(20*time.Second, func() bool {
+		b, _ := os.ReadFile(filepath.Join(*dir, "launcher.log"))
+		return bytes.Contains(b, []byte(*await))
+	}) {
+		return fail("%q never appeared in the launcher's log", *await)
 	}
 	if !*noDone {
 		ev.Emit(Event{Ev: "done", Rank: 0, Step: *steps, Extra: map[string]any{"fake": true}})
@@ -476,6 +496,92 @@ func TestEmitterWithoutALauncherDiscards(t *testing.T) {
 	t.Setenv(EnvEventsFD, "")
 	t.Setenv(EnvWorker, "")
 	NewEmitter().Emit(Event{Ev: "step", Step: 1}) // must not panic or write anywhere
+}
+
+// decodeLines decodes every line an Emitter wrote, as Run's readers do.
+func decodeLines(t *testing.T, b []byte) []Event {
+	t.Helper()
+	var out []Event
+	for _, line := range bytes.Split(bytes.TrimSuffix(b, []byte("\n")), []byte("\n")) {
+		var ev Event
+		require.NoError(t, json.Unmarshal(line, &ev), "%s", line)
+		out = append(out, ev)
+	}
+	return out
+}
+
+func TestEventsWithNonFiniteNumbersArrive(t *testing.T) {
+	var buf bytes.Buffer
+	e := &Emitter{w: &buf, worker: 3}
+	e.Emit(Event{Ev: "step", Step: 7, Loss: math.NaN(), RecoverySeconds: math.Inf(1), Samples: 8})
+	e.Emit(Event{Ev: "step", Step: 8, Loss: math.Inf(-1)})
+	e.Emit(Event{Ev: "step", Step: 9, Loss: 0.25, RecoverySeconds: 1.5})
+	e.Emit(Event{Ev: "round", Round: 2}) // zero floats stay omitted
+	require.Contains(t, buf.String(), `"loss":"NaN"`)
+	require.Contains(t, buf.String(), `"recovery_seconds":"+Inf"`)
+	require.Contains(t, buf.String(), `"loss":0.25`)
+	evs := decodeLines(t, buf.Bytes())
+	require.Len(t, evs, 4)
+	require.True(t, math.IsNaN(evs[0].Loss))
+	require.True(t, math.IsInf(evs[0].RecoverySeconds, 1))
+	require.Equal(t, 3, evs[0].Worker)
+	require.EqualValues(t, 7, evs[0].Step)
+	require.Equal(t, 8, evs[0].Samples)
+	require.True(t, math.IsInf(evs[1].Loss, -1))
+	require.Equal(t, 0.25, evs[2].Loss)
+	require.Equal(t, 1.5, evs[2].RecoverySeconds)
+	require.NotContains(t, strings.Split(buf.String(), "\n")[3], "loss")
+
+	var ev Event
+	require.ErrorContains(t, json.Unmarshal([]byte(`{"ev":"step","loss":"lots"}`), &ev), `"lots" is not a number`)
+}
+
+func TestAnEventThatCannotBeEncodedArrivesAsAnError(t *testing.T) {
+	for name, extra := range map[string]map[string]any{
+		"NaN in Extra":     {"test_accuracy": math.NaN()},
+		"a func in Extra":  {"f": func() {}},
+		"+Inf in a nested": {"m": map[string]float64{"x": math.Inf(1)}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			var buf bytes.Buffer
+			e := &Emitter{w: &buf}
+			e.Emit(Event{Ev: "done", Step: 12, Extra: extra})
+			evs := decodeLines(t, buf.Bytes())
+			require.Len(t, evs, 1)
+			require.Equal(t, "error", evs[0].Ev)
+			require.Contains(t, evs[0].Message, `cannot encode this worker's "done" event (step 12)`)
+			require.EqualValues(t, 12, evs[0].Step)
+		})
+	}
+}
+
+func TestANaNLossReachesTheLauncherAndItsProgressLines(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	// Progress every millisecond; the stepper waits until a progress line
+	// has shown the NaN before it reports done.
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Progress: time.Millisecond,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-loss", "NaN", "-await", "loss NaN"},
+	})
+	require.NoError(t, err, log.String())
+	require.Len(t, sum.Steps, 3)
+	for _, s := range sum.Steps {
+		require.True(t, math.IsNaN(s.Loss), "step %d loss %v", s.Step, s.Loss)
+	}
+	require.Regexp(t, `\[launcher\] epoch 0 step [123] loss NaN `, log.String())
+	requireGone(t, pidsOf(dir))
+}
+
+func TestALineThatIsNotAnEventIsReported(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	_, err := Run(testCtx(t), Spec{
+		Workers: 1, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "1", "-steps", "2", "-garbage"},
+	})
+	require.NoError(t, err, log.String())
+	require.Contains(t, log.String(), `[launcher] worker 0: undecodable event "{not json": `)
 }
 
 func TestAJobThatHadAlreadyFinishedIsItsOwnError(t *testing.T) {
