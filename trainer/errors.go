@@ -42,6 +42,11 @@ var (
 	ErrFailureBudget = errors.New("trainer: failure budget exhausted")
 	// ErrStepFailed wraps an error returned by the user's StepFunc.
 	ErrStepFailed = errors.New("trainer: step function failed")
+	// ErrDiverged is returned by every rank of a deterministic-mode round
+	// when a step's gradients are not finite (the training diverged; a
+	// smaller learning rate may help): exact fixed-point sums cannot hold
+	// them, and retrying the step would give the same result.
+	ErrDiverged = errors.New("trainer: training diverged")
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")
 )

@@ -40,6 +40,8 @@ type job struct {
 	audit  *MemoryAudit
 	epochs int
 	batch  int
+	micro  int     // dataloader MicroBatch (for deterministic mode); 0: none
+	lr     float64 // SGD learning rate; 0: 0.3
 	mutate func(*Config)
 	opts   func(i int) []Option
 	delay  func(i int) time.Duration
@@ -92,7 +94,7 @@ func (j *job) start() *inproc {
 		m.StepDelay = j.delay(idx)
 	}
 	dcfg := dataloader.DefaultConfig()
-	dcfg.GlobalBatch, dcfg.Seed = j.batch, 3
+	dcfg.GlobalBatch, dcfg.Seed, dcfg.MicroBatch = j.batch, 3, j.micro
 	loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
 	require.NoError(j.t, err)
 	w := &inproc{idx: idx, model: m, done: make(chan struct{}), steps: make(chan StepInfo, 4096)}
@@ -105,7 +107,11 @@ func (j *job) start() *inproc {
 	if j.opts != nil {
 		opts = append(opts, j.opts(idx)...)
 	}
-	tr, err := New(m.Params(), NewSGD(0.3), loader, m.Step, j.store(), j.config(), opts...)
+	lr := j.lr
+	if lr == 0 {
+		lr = 0.3
+	}
+	tr, err := New(m.Params(), NewSGD(lr), loader, m.Step, j.store(), j.config(), opts...)
 	require.NoError(j.t, err)
 	w.tr = tr
 	if j.afterReduce != nil {
@@ -754,4 +760,20 @@ func TestLostRankZeroCheckpointIsWrittenByTheNext(t *testing.T) {
 		}
 	}
 	require.True(t, caughtUp, "a checkpoint between the lost one and the next due one: %v", steps)
+}
+
+// In deterministic mode a diverged model (non-finite gradients, which
+// fixed point cannot sum) stops every rank at the same step with
+// ErrDiverged, instead of failing and re-forming the round over and over.
+func TestDeterministicDivergenceStopsEveryRank(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.micro, j.lr = 4, 1e30 // SGD with this rate overflows within a few steps
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers, c.Deterministic = 2, true }
+	ws := []*inproc{j.start(), j.start()}
+	j.wait()
+	for _, w := range ws {
+		require.ErrorIs(t, w.err, ErrDiverged, "worker %d", w.idx)
+		require.Equal(t, 1, w.res.Rounds, "no round was re-formed")
+	}
+	require.Equal(t, ws[0].res.Step, ws[1].res.Step, "both stopped after the same step")
 }

@@ -118,7 +118,7 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 		return t.grads.AllReduce(ctx, comm, sync.OpSum)
 	}
 	if math.IsInf(gmax, 0) || math.IsNaN(gmax) {
-		return fmt.Errorf("%w: non-finite gradient (max |g| = %v)", ErrStepFailed, gmax)
+		return fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, gmax)
 	}
 	s := 0
 	if gmax > 0 {

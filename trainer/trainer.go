@@ -226,7 +226,7 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // or ErrCheckpoint when it finished but its final checkpoint failed.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
-// worker's checkpoint failed), ErrEvicted, ErrFailureBudget (*BudgetError),
+// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError),
 // ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
@@ -541,8 +541,9 @@ func (t *Trainer[B]) round(ctx context.Context, tr *sync.Transport, agent *elast
 	}
 	clear(t.slow)
 	end, err := t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
-	switch end {
-	case endFinished, endRejoin, endPreempted, endEvicted:
+	switch {
+	case end == endFinished, end == endRejoin, end == endPreempted, end == endEvicted,
+		end == endFatal && errors.Is(err, ErrDiverged):
 		t.goodbye(rctx, comm)
 	}
 	return end, err
@@ -925,6 +926,11 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if err != nil {
 			if span != nil {
 				endSpan(span, err)
+			}
+			if errors.Is(err, ErrDiverged) {
+				// Every rank saw the same largest gradient in the control
+				// allreduce: all stop here, together.
+				return endFatal, fmt.Errorf("trainer: step %d: %w", t.step+1, err)
 			}
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
 		}
