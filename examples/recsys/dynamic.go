@@ -141,6 +141,13 @@ func (d *dyn) install(ctx context.Context, st dynState, rank, size int) error {
 	return d.renew(ctx)
 }
 
+// startRound takes the committed data state st at the start of a round on
+// comm (collective: every rank of the round calls it before its first
+// step).
+func (d *dyn) startRound(ctx context.Context, comm sync.Synchronizer, st dynState) error {
+	return d.install(ctx, st, comm.Rank(), comm.Size())
+}
+
 // renew extends every lease this rank holds (consumed ones too, until they
 // are acked). A lease found lost (it expired and the shard was leased
 // again: the recovery took longer than LeaseTTL) is dropped with a
@@ -189,6 +196,49 @@ func (d *dyn) renewIfDue(ctx context.Context) error {
 		return nil
 	}
 	return d.renew(ctx)
+}
+
+// next returns this step's share of up to b samples (see take), renewing
+// the leases first when they are due.
+func (d *dyn) next(ctx context.Context, b int) (idx []int, epochDone bool, err error) {
+	if err := d.renewIfDue(ctx); err != nil {
+		return nil, false, err
+	}
+	return d.take(ctx, b)
+}
+
+// stepped takes the outcome of a step's allreduce: n samples trained by
+// all ranks, doneRanks ranks that found the epoch done, and each rank's
+// samples and compute seconds. It reports whether a commit is due now
+// (besides the regular schedule): when the epoch ended, or when the step
+// trained nothing (so the consumed shards are acked and the epoch can end).
+func (d *dyn) stepped(n float64, doneRanks int, samples, seconds []float64) (commit bool) {
+	d.observe(samples, seconds)
+	d.wait = n == 0
+	if doneRanks == len(d.speed) {
+		d.setEpoch(d.epoch + 1) // every shard of the epoch is acked
+		d.mine, d.done = nil, nil
+		d.wait = false
+		return true
+	}
+	return n == 0
+}
+
+// prepareCommit is the data part of a commit, before the model's:
+// it leases shards for the steps up to the next commit (need samples of
+// this rank) and gathers every rank's leases into the state to commit
+// (collective on comm).
+func (d *dyn) prepareCommit(ctx context.Context, comm sync.Synchronizer, need int) (dynState, error) {
+	if err := d.prefetch(ctx, need); err != nil {
+		return dynState{}, err
+	}
+	return d.gather(ctx, comm)
+}
+
+// committed is called once this rank's commit of the state from
+// prepareCommit is done: it acks the shards the commit consumed.
+func (d *dyn) committed(ctx context.Context, comm sync.Synchronizer) error {
+	return d.ackDone(ctx)
 }
 
 // take returns the dataset indices of up to b samples from this rank's

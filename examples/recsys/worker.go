@@ -397,7 +397,7 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 		return endFatal, err
 	}
 	if w.dyn != nil {
-		if err := w.dyn.install(rctx, w.data, world.Rank, world.Size); err != nil {
+		if err := w.dyn.startRound(rctx, comm, w.data); err != nil {
 			return failure(fmt.Errorf("data shards: %w", err))
 		}
 	}
@@ -430,11 +430,8 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 			if d.epoch >= w.c.epochs {
 				return w.finish(rctx, comm, psr, world, nTrain)
 			}
-			if err := d.renewIfDue(rctx); err != nil {
-				return failure(fmt.Errorf("data shards: %w", err))
-			}
 			epoch = d.epoch
-			indices, epochDone, err = d.take(rctx, shares(w.c.batch, d.speed)[world.Rank])
+			indices, epochDone, err = d.next(rctx, shares(w.c.batch, d.speed)[world.Rank])
 			if err != nil {
 				return failure(fmt.Errorf("data shards: %w", err))
 			}
@@ -504,25 +501,15 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 		leaving := ctl[cChange] > 0
 		due := leaving || w.step%int64(w.c.commitEvery) == 0
 		if d := w.dyn; d != nil {
-			d.observe(ctl[cSamples:cSamples+W], ctl[cCompute:cCompute+W])
-			d.wait = n == 0
-			if int(ctl[cDone]) == W {
-				d.setEpoch(d.epoch + 1) // every shard of the epoch is acked
-				d.mine, d.done = nil, nil
-				d.wait = false
+			if d.stepped(n, int(ctl[cDone]), ctl[cSamples:cSamples+W], ctl[cCompute:cCompute+W]) {
 				due = true
-			} else if n == 0 {
-				due = true // ack what was consumed, so the epoch can end
 			}
 		} else {
 			w.cursor = next
 		}
 		if due {
 			if d := w.dyn; d != nil {
-				if err := d.prefetch(rctx, w.c.commitEvery*shares(w.c.batch, d.speed)[world.Rank]); err != nil {
-					return failure(fmt.Errorf("step %d: data shards: %w", w.step, err))
-				}
-				st, err := d.gather(rctx, comm)
+				st, err := d.prepareCommit(rctx, comm, w.c.commitEvery*shares(w.c.batch, d.speed)[world.Rank])
 				if err != nil {
 					return failure(fmt.Errorf("step %d: data state: %w", w.step, err))
 				}
@@ -533,7 +520,7 @@ func (w *worker) round(ctx context.Context, world elastic.World, recovered bool,
 			}
 			w.commit()
 			if w.dyn != nil {
-				if err := w.dyn.ackDone(rctx); err != nil {
+				if err := w.dyn.committed(rctx, comm); err != nil {
 					return failure(fmt.Errorf("step %d: %w", w.step, err))
 				}
 			}
