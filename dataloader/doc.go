@@ -80,8 +80,10 @@
 // epoch's order can instead be cut into shards (ShardConfig), leased from a
 // ShardQueue (DLRover's dynamic data sharding): a worker leases a shard,
 // trains on its samples (Shard.Indices of the epoch's Order), and acks it; a
-// shard whose worker died returns to the queue when its lease expires;
-// faster workers simply lease more. Exactly once counts acked shards.
+// shard whose worker died returns to the queue when its lease expires (or
+// at once, revoked by ShardReclaimer.Reclaim when the survivors know which
+// leases are theirs); faster workers simply lease more. Exactly once counts
+// acked shards.
 // MemoryQueue serves one process; package dataloader/redisqueue keeps the
 // queue in Redis for many; package dataloader/shardqueuetest checks any
 // implementation.

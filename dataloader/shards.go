@@ -101,8 +101,8 @@ type ShardProgress struct {
 	Total int
 	// Acked is the number of shards acked: done, exactly once each.
 	Acked int
-	// Leased is the number of shards held by a lease, expired or not,
-	// and not acked.
+	// Leased is the number of shards held by a lease, expired (or revoked
+	// by ShardReclaimer.Reclaim) or not, and not acked.
 	Leased int
 	// Pending is the number never leased yet: Total - Acked - Leased.
 	Pending int
@@ -164,6 +164,26 @@ type ShardQueue interface {
 	Ack(ctx context.Context, s Shard) error
 	// Progress counts epoch's shards by state.
 	Progress(ctx context.Context, epoch int) (ShardProgress, error)
+}
+
+// ShardReclaimer is the optional capability of a ShardQueue to take leases
+// back at once instead of waiting for them to expire, found by type
+// assertion (MemoryQueue and the Redis queue have it). A job whose workers
+// agree on which leases are still theirs (e.g. the leases recorded in the
+// commit a new round restores) uses it when a round forms after a failure:
+// the shards a dead worker held return to the queue at once, not LeaseTTL
+// later.
+type ShardReclaimer interface {
+	// Reclaim revokes every lease of epoch that is not acked and not in
+	// keep (matched by Index and Token): each such shard is free at once,
+	// ahead of any other (as if its lease had expired long ago), and is
+	// granted by the next Lease with a new token and the next Attempt; the
+	// revoked token's Renew and Ack fail with ErrLeaseLost from then on,
+	// so the old holder's late ack is refused. Acked shards, shards in
+	// keep and never-leased shards are untouched. It returns how many
+	// leases it revoked (a lease already revoked is not counted again).
+	// The effect is atomic. Errors: ctx or transport errors.
+	Reclaim(ctx context.Context, epoch int, keep []Shard) (int, error)
 }
 
 // LeaseWait calls q.Lease until it grants a shard, waiting between tries
@@ -228,6 +248,11 @@ type memEpoch struct {
 	acked    map[int]uint64   // shard -> token it was acked with
 	attempts map[int]int      // shard -> times leased
 }
+
+var (
+	_ ShardQueue     = (*MemoryQueue)(nil)
+	_ ShardReclaimer = (*MemoryQueue)(nil)
+)
 
 // NewMemoryQueue returns an empty MemoryQueue for cfg using the wall
 // clock. Errors wrap ErrInvalidConfig.
@@ -357,6 +382,36 @@ func (q *MemoryQueue) Ack(ctx context.Context, s Shard) error {
 	delete(st.leases, s.Index)
 	st.acked[s.Index] = s.Token
 	return nil
+}
+
+// Reclaim implements ShardReclaimer.
+func (q *MemoryQueue) Reclaim(ctx context.Context, epoch int, keep []Shard) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, err
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	st := q.epochs[epoch]
+	if st == nil {
+		return 0, nil
+	}
+	kept := map[int]uint64{}
+	for _, s := range keep {
+		if s.Epoch == epoch {
+			kept[s.Index] = s.Token
+		}
+	}
+	n := 0
+	for i, l := range st.leases {
+		if tok, ok := kept[i]; (ok && tok == l.token) || l.token == 0 {
+			continue
+		}
+		// Token 0 is never issued, so the old holder's Renew and Ack fail;
+		// the zero deadline puts the shard ahead of every expired lease.
+		st.leases[i] = memLease{}
+		n++
+	}
+	return n, nil
 }
 
 // Progress implements ShardQueue.

@@ -31,7 +31,11 @@
 // renewing it: the shard is leased to the next worker that asks once the
 // lease's deadline passes (the tests check within LeaseTTL + 1 s, with real
 // processes and a real Redis). The dead worker's ack, should it ever come,
-// gets ErrLeaseLost. Malformed or foreign data under the keys gives an
+// gets ErrLeaseLost. When the survivors know which leases are still theirs
+// (e.g. the leases recorded in the commit they restore), Queue.Reclaim
+// (dataloader.ShardReclaimer) revokes all the others at once, so the dead
+// worker's shards are served again without waiting for their deadline;
+// their old tokens are refused from then on. Malformed or foreign data under the keys gives an
 // error (dataloader.ErrShardMismatch or a reply error), never a panic.
 //
 // # Servers

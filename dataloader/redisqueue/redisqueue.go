@@ -64,7 +64,10 @@ type Queue struct {
 	cfg Config
 }
 
-var _ dataloader.ShardQueue = (*Queue)(nil)
+var (
+	_ dataloader.ShardQueue     = (*Queue)(nil)
+	_ dataloader.ShardReclaimer = (*Queue)(nil)
+)
 
 // New returns a Queue using client. Errors wrap
 // dataloader.ErrInvalidConfig (a nil client or a Config failing Validate).
@@ -165,6 +168,28 @@ local s = redis.call('HMGET', KEYS[3], 'a:' .. shard, 'w:' .. shard)
 return {'ok', deadline, s[1], s[2]}
 `)
 
+// reclaimScript: ARGV key ttl ms, then the leases to keep as "shard:token".
+// Replies the number of leases revoked. A revoked shard stays in the
+// leases set with deadline 0 (free before any expired lease) and without
+// a token, so the old token's Renew and Ack fail; Lease gives it a new one.
+var reclaimScript = redis.NewScript(`
+local keep = {}
+for i = 2, #ARGV do keep[ARGV[i]] = true end
+local n = 0
+for _, shard in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local tok = redis.call('HGET', KEYS[3], 't:' .. shard)
+  if tok and not keep[shard .. ':' .. tok] then
+    redis.call('ZADD', KEYS[2], 0, shard)
+    redis.call('HDEL', KEYS[3], 't:' .. shard)
+    n = n + 1
+  end
+end
+if n > 0 then
+  for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1])) end
+end
+return n
+`)
+
 // progressScript replies {n, size, acked, leased} (n false if the epoch is new).
 var progressScript = redis.NewScript(`
 local m = redis.call('HMGET', KEYS[1], 'n', 'size', 'acked')
@@ -245,6 +270,23 @@ func (q *Queue) Ack(ctx context.Context, s dataloader.Shard) error {
 		return fmt.Errorf("%w: epoch %d shard %d token %d", dataloader.ErrLeaseLost, s.Epoch, s.Index, s.Token)
 	}
 	return fmt.Errorf("redisqueue: ack epoch %d shard %d: unexpected reply %q", s.Epoch, s.Index, reply)
+}
+
+// Reclaim implements dataloader.ShardReclaimer. It reads every lease of
+// the epoch in one script (at most the epoch's shard count), so keep an
+// epoch's shards in the thousands, not millions.
+func (q *Queue) Reclaim(ctx context.Context, epoch int, keep []dataloader.Shard) (int, error) {
+	args := []any{q.cfg.KeyTTL.Milliseconds()}
+	for _, s := range keep {
+		if s.Epoch == epoch {
+			args = append(args, strconv.Itoa(s.Index)+":"+strconv.FormatUint(s.Token, 10))
+		}
+	}
+	n, err := reclaimScript.Run(ctx, q.c, q.keys(epoch), args...).Int()
+	if err != nil {
+		return 0, fmt.Errorf("redisqueue: reclaim epoch %d: %w", epoch, err)
+	}
+	return n, nil
 }
 
 // Progress implements dataloader.ShardQueue.

@@ -10,9 +10,11 @@
 // another worker with Attempt 2 and the old holder's Ack failing with
 // ErrLeaseLost; a late ack with no re-lease succeeding; renewals keeping a
 // shard; epochs independent; concurrent workers acking every shard exactly
-// once; a faster worker taking more shards. It uses the queue's real clock
-// with leases of a few hundred milliseconds (TTL), so it takes a few
-// seconds.
+// once; a faster worker taking more shards; and, for a
+// dataloader.ShardReclaimer, Reclaim revoking every lease but the kept ones
+// (the revoked shards served again at once, the old tokens refused). It
+// uses the queue's real clock with leases of a few hundred milliseconds
+// (TTL), so it takes a few seconds.
 //
 // # Use
 //

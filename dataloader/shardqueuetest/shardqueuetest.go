@@ -27,6 +27,89 @@ func Run(t *testing.T, newQueue NewQueue) {
 	t.Run("EpochsAreIndependent", func(t *testing.T) { testEpochs(t, newQueue) })
 	t.Run("ConcurrentWorkersExactlyOnce", func(t *testing.T) { testConcurrent(t, newQueue) })
 	t.Run("FasterWorkersTakeMore", func(t *testing.T) { testFaster(t, newQueue) })
+	t.Run("ReclaimRevokesAllButKept", func(t *testing.T) { testReclaim(t, newQueue) })
+}
+
+// testReclaim runs if the queue is a dataloader.ShardReclaimer.
+func testReclaim(t *testing.T, newQueue NewQueue) {
+	cfg := dataloader.ShardConfig{DatasetLen: 10, ShardSize: 2, LeaseTTL: time.Minute}
+	q := newQueue(t, cfg)
+	r, ok := q.(dataloader.ShardReclaimer)
+	if !ok {
+		t.Skip("the queue is not a dataloader.ShardReclaimer")
+	}
+	ctx := context.Background()
+	if n, err := r.Reclaim(ctx, 0, nil); err != nil || n != 0 {
+		fatalf(t, "reclaim of an epoch never used: %d, %v; want 0, nil", n, err)
+	}
+	var s [4]dataloader.Shard // 0 acked, 1 kept, 2 and 3 revoked; shard 4 never leased
+	for i := range s {
+		var err error
+		if s[i], err = q.Lease(ctx, 0, fmt.Sprintf("w%d", i)); err != nil || s[i].Index != i {
+			fatalf(t, "lease %d: %+v %v", i, s[i], err)
+		}
+	}
+	if err := q.Ack(ctx, s[0]); err != nil {
+		fatalf(t, "ack: %v", err)
+	}
+	forged := s[3]
+	forged.Token += 1000 // the right shard with another token does not keep it
+	other := s[2]
+	other.Epoch = 1 // a lease of another epoch does not keep it either
+	n, err := r.Reclaim(ctx, 0, []dataloader.Shard{s[0], s[1], forged, other})
+	if err != nil || n != 2 {
+		fatalf(t, "reclaim: %d, %v; want 2 revoked", n, err)
+	}
+	if n, err := r.Reclaim(ctx, 0, []dataloader.Shard{s[1]}); err != nil || n != 0 {
+		fatalf(t, "second reclaim: %d, %v; want 0 (revoked leases are not counted again)", n, err)
+	}
+	for _, x := range s[2:] {
+		if err := q.Ack(ctx, x); !errors.Is(err, dataloader.ErrLeaseLost) {
+			fatalf(t, "late ack of revoked shard %d: %v, want ErrLeaseLost", x.Index, err)
+		}
+		if _, err := q.Renew(ctx, x); !errors.Is(err, dataloader.ErrLeaseLost) {
+			fatalf(t, "renew of revoked shard %d: %v, want ErrLeaseLost", x.Index, err)
+		}
+	}
+	if _, err := q.Renew(ctx, s[1]); err != nil {
+		fatalf(t, "renew of the kept lease: %v", err)
+	}
+	checkProgress(t, q, 0, dataloader.ShardProgress{Total: 5, Acked: 1, Leased: 3, Pending: 1})
+	// The revoked shards come first, at once, with new tokens; then the
+	// never-leased one.
+	got := map[int]dataloader.Shard{}
+	for range 3 {
+		x, err := q.Lease(ctx, 0, "new")
+		if err != nil {
+			fatalf(t, "lease after reclaim: %v", err)
+		}
+		got[x.Index] = x
+	}
+	for _, old := range s[2:] {
+		x, ok := got[old.Index]
+		if !ok || x.Token == old.Token || x.Attempt != 2 || x.Worker != "new" {
+			fatalf(t, "after reclaim the leases are %+v; want shard %d again with a new token, attempt 2, worker new", got, old.Index)
+		}
+		if err := q.Ack(ctx, old); !errors.Is(err, dataloader.ErrLeaseLost) {
+			fatalf(t, "ack of revoked shard %d after its re-lease: %v, want ErrLeaseLost", old.Index, err)
+		}
+		if err := q.Ack(ctx, x); err != nil {
+			fatalf(t, "ack by the new holder: %v", err)
+		}
+	}
+	if _, ok := got[4]; !ok {
+		fatalf(t, "after reclaim the leases are %+v; want the never-leased shard 4 third", got)
+	}
+	if err := q.Ack(ctx, s[1]); err != nil {
+		fatalf(t, "ack of the kept lease: %v", err)
+	}
+	if err := q.Ack(ctx, got[4]); err != nil {
+		fatalf(t, "ack: %v", err)
+	}
+	checkProgress(t, q, 0, dataloader.ShardProgress{Total: 5, Acked: 5})
+	if _, err := q.Lease(ctx, 0, "new"); !errors.Is(err, dataloader.ErrEpochDone) {
+		fatalf(t, "lease after every shard is acked: %v, want ErrEpochDone", err)
+	}
 }
 
 func fatalf(t *testing.T, format string, args ...any) {
