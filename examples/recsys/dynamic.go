@@ -28,9 +28,10 @@ import (
 //
 //   - The leases in progress, each with the next position to train, and
 //     the shards consumed since the last commit are part of every commit
-//     (gathered from all ranks by allgather). A shard is acked only after
-//     the commit that covers all of its samples, so an acked shard is never
-//     rolled back.
+//     (gathered from all ranks by allgather). A shard is acked only once
+//     every rank holds the commit that covers all of its samples (a barrier
+//     after the commit), so an acked shard is never rolled back: no later
+//     round can go on from an older commit.
 //   - A new round re-acks the committed consumed shards (idempotent), hands
 //     the committed leases in progress to its ranks (Renew keeps the token
 //     alive), and survivors restart from the first position any lease they
@@ -236,8 +237,18 @@ func (d *dyn) prepareCommit(ctx context.Context, comm sync.Synchronizer, need in
 }
 
 // committed is called once this rank's commit of the state from
-// prepareCommit is done: it acks the shards the commit consumed.
+// prepareCommit is done (collective on comm): once every rank of the round
+// holds the commit (a barrier), it acks the shards the commit consumed.
+// Acking after this rank's own commit alone loses samples: when a peer dies
+// during the commit, a survivor whose commit failed holds only the
+// previous one, the next round goes on from that, and the shards acked
+// here would never be trained again although their last steps are rolled
+// back. If the barrier fails, the next round's rank 0 acks them if the
+// commit it restores is this one (install), and nobody does otherwise.
 func (d *dyn) committed(ctx context.Context, comm sync.Synchronizer) error {
+	if err := comm.Barrier(ctx); err != nil {
+		return fmt.Errorf("waiting for every rank's commit: %w", err)
+	}
 	return d.ackDone(ctx)
 }
 
