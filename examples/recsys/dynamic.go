@@ -34,14 +34,17 @@ import (
 //     round can go on from an older commit.
 //   - A new round re-acks the committed consumed shards (idempotent), hands
 //     the committed leases in progress to its ranks (Renew keeps the token
-//     alive), and survivors restart from the first position any lease they
-//     took after the commit (its samples were rolled back). A lease a dead
-//     worker took after the commit comes back when it expires (LeaseTTL),
-//     and is trained from the start by whoever leases it next.
+//     alive), and its rank 0 revokes every other lease of the commit's
+//     epoch and of the next one (dataloader.ShardReclaimer), before any
+//     rank leases again (a barrier). Those leases were all taken after the
+//     commit, by anyone, dead or alive (a survivor's own, a dead worker's,
+//     the prefetch of a commit that failed), so none of their samples is
+//     in the restored history: they go back to the queue at once, are
+//     trained from the start by whoever leases them next, and the old
+//     holder's late ack is refused (its token was revoked). Recovery thus
+//     never waits for a dead worker's lease to expire.
 //   - At every commit each rank first leases enough shards for the steps up
-//     to the next commit, so the leases a dead worker held are (almost
-//     always) in the commit; only a lease taken between commits, when a
-//     rank ran out early, is left to expire.
+//     to the next commit, so that a step rarely waits for Redis.
 //   - This assumes a failed round recovers within LeaseTTL (a committed
 //     lease must not expire and be leased again before the next round
 //     adopts it): keep -lease well above the detection time.
@@ -63,9 +66,16 @@ type openShard struct {
 	Pos int              `json:"pos"`
 }
 
+// shardQueue is what -dynamic needs of the queue: leases that a new round
+// can revoke at once (redisqueue.Queue and dataloader.MemoryQueue).
+type shardQueue interface {
+	dataloader.ShardQueue
+	dataloader.ShardReclaimer
+}
+
 // dyn is this rank's live dynamic-shard state.
 type dyn struct {
-	q         dataloader.ShardQueue
+	q         shardQueue
 	cfg       dataloader.ShardConfig
 	seed      uint64
 	worker    string
@@ -80,10 +90,6 @@ type dyn struct {
 	speed     []float64 // agreed samples/s per rank (EMA)
 }
 
-func sameLease(a, b dataloader.Shard) bool {
-	return a.Epoch == b.Epoch && a.Index == b.Index && a.Token == b.Token
-}
-
 func (d *dyn) setEpoch(e int) {
 	if e != d.epoch || d.order == nil {
 		d.epoch, d.order = e, dataloader.Order(d.seed, e, d.cfg.DatasetLen)
@@ -91,33 +97,15 @@ func (d *dyn) setEpoch(e int) {
 }
 
 // qe is the queue's epoch number for the current epoch and generation.
-func (d *dyn) qe() int { return int(d.gen%(1<<20))<<12 | d.epoch }
+func (d *dyn) qe() int { return d.qeOf(d.epoch) }
+
+// qeOf is the queue's epoch number for epoch e of the current generation.
+func (d *dyn) qeOf(e int) int { return int(d.gen%(1<<20))<<12 | e }
 
 // install takes the committed state st for rank of size ranks at the start
-// of a round; live leases of this process taken after the commit are kept
-// and restarted from their first position.
+// of a round; the live leases of this process not in st were taken after
+// the commit and are dropped (startRound revokes them).
 func (d *dyn) install(ctx context.Context, st dynState, rank, size int) error {
-	var extra []openShard
-	if st.Epoch == d.epoch && st.Gen == d.gen {
-		live := append([]openShard(nil), d.mine...)
-		for _, s := range d.done {
-			live = append(live, openShard{S: s})
-		}
-	next:
-		for _, l := range live {
-			for _, o := range st.Open {
-				if sameLease(o.S, l.S) {
-					continue next
-				}
-			}
-			for _, o := range st.Done {
-				if sameLease(o, l.S) {
-					continue next
-				}
-			}
-			extra = append(extra, openShard{S: l.S, Pos: l.S.Lo})
-		}
-	}
 	d.gen = st.Gen
 	d.setEpoch(st.Epoch)
 	d.mine, d.done = nil, nil
@@ -133,7 +121,6 @@ func (d *dyn) install(ctx context.Context, st dynState, rank, size int) error {
 			d.mine = append(d.mine, o)
 		}
 	}
-	d.mine = append(d.mine, extra...)
 	d.speed = make([]float64, size)
 	for i := range d.speed {
 		d.speed[i] = 1
@@ -146,7 +133,33 @@ func (d *dyn) install(ctx context.Context, st dynState, rank, size int) error {
 // comm (collective: every rank of the round calls it before its first
 // step).
 func (d *dyn) startRound(ctx context.Context, comm sync.Synchronizer, st dynState) error {
-	return d.install(ctx, st, comm.Rank(), comm.Size())
+	if err := d.install(ctx, st, comm.Rank(), comm.Size()); err != nil {
+		return err
+	}
+	if comm.Rank() == 0 {
+		// Every lease not in the commit was taken after it (see the top of
+		// the file), in its epoch or, once every shard of that epoch was
+		// acked, in the next one (a rank moves to the next epoch only at a
+		// commit, so never beyond).
+		keep := make([]dataloader.Shard, len(st.Open))
+		for i, o := range st.Open {
+			keep[i] = o.S
+		}
+		for _, e := range []int{d.epoch, d.epoch + 1} {
+			n, err := d.q.Reclaim(ctx, d.qeOf(e), keep)
+			if err != nil {
+				return fmt.Errorf("revoking the leases taken after the commit: %w", err)
+			}
+			if n > 0 && d.log != nil {
+				d.log.Info("revoked data shard leases taken after the restored commit", "epoch", e, "leases", n)
+			}
+		}
+	}
+	// Nobody leases before the leases to revoke are revoked.
+	if err := comm.Barrier(ctx); err != nil {
+		return fmt.Errorf("waiting for the revocation of leases: %w", err)
+	}
+	return nil
 }
 
 // renew extends every lease this rank holds (consumed ones too, until they
@@ -294,9 +307,9 @@ func (d *dyn) take(ctx context.Context, b int) (idx []int, epochDone bool, err e
 }
 
 // prefetch leases shards until this rank holds at least need untrained
-// samples (or none are free), so that the leases the next steps use are
-// part of the coming commit: after a failure they are adopted by the
-// survivors instead of waiting LeaseTTL to expire.
+// samples (or none are free), so that the steps up to the next commit
+// rarely wait for the queue, and their leases are part of the coming
+// commit (after a failure, the survivors adopt them).
 func (d *dyn) prefetch(ctx context.Context, need int) error {
 	have := 0
 	for _, o := range d.mine {

@@ -333,6 +333,19 @@ func TestDynamicShardsSurviveFaults(t *testing.T) {
 		{"SplitCommitOnEmptyStep", 2, func() func(*simRank, int64, simPoint) simAction {
 			return splitCommit(func(r *simRank, _ int64) bool { return r.d.wait && r.d.epoch == 0 })
 		}},
+		// Worker 0 runs out of data between commits, leases more (a lease
+		// no commit records) and dies in step 10.
+		{"DieHoldingLeaseTakenAfterCommit", 2, func() func(*simRank, int64, simPoint) simAction {
+			return func(r *simRank, step int64, p simPoint) simAction {
+				if r.id == 0 && step == 10 && p == atTook {
+					if err := r.d.prefetch(context.Background(), 1000); err != nil {
+						t.Error(err)
+					}
+					return die
+				}
+				return proceed
+			}
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -353,6 +366,12 @@ func TestDynamicShardsSurviveFaults(t *testing.T) {
 			}
 			if j.rounds != c.rounds {
 				t.Errorf("%d rounds, want %d", j.rounds, c.rounds)
+			}
+			// At an epoch's end a step or two train nothing while the
+			// last shards are acked; more mean that the survivors waited
+			// for a dead worker's lease to expire.
+			if j.empty > 2*j.epochs {
+				t.Errorf("%d steps trained nothing: the survivors waited for a dead worker's lease to expire", j.empty)
 			}
 		})
 	}

@@ -93,7 +93,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
 	fs.BoolVar(&c.dynamic, "dynamic", true, "dynamic data shards: lease shards of each epoch from a queue in Redis and split each global batch over the ranks by their measured speed; false: the loader's fixed split by rank")
 	fs.IntVar(&c.shardSize, "shard-size", 2048, "-dynamic: samples per data shard")
-	fs.DurationVar(&c.lease, "lease", 20*time.Second, "-dynamic: data shard lease TTL (must exceed the recovery time)")
+	fs.DurationVar(&c.lease, "lease", 20*time.Second, "-dynamic: data shard lease TTL (must exceed the recovery time; a dead worker's leases are revoked when the next round forms, not left to expire)")
 	slow := fs.String("slow", "", "make one worker slow: INDEX:DURATION adds DURATION of compute per sample on the worker of launch index INDEX")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
