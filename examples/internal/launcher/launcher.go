@@ -205,7 +205,8 @@ type Summary struct {
 	// Rounds lists the rounds in order with their world sizes.
 	Rounds []RoundSeen
 	// Recoveries holds, per injected kill/stop, seconds from the fault until
-	// the first step of a later round.
+	// the first step of a later round that trained samples (Event.Samples
+	// > 0).
 	Recoveries []float64
 	// Exits maps worker index to exit code (-1 when killed by a signal).
 	Exits map[int]int
@@ -463,7 +464,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			lastLoss, lastEpoch = ev.Loss, ev.Epoch
 			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, At: ev.At})
 			samples += int64(ev.Samples)
-			for len(awaiting) > 0 && ev.Round > awaiting[0].round {
+			// Training again means training samples: a step that trained
+			// nothing (a dynamic-shard job waiting for data) is no recovery.
+			for len(awaiting) > 0 && ev.Round > awaiting[0].round && ev.Samples > 0 {
 				d := time.Since(awaiting[0].at).Seconds()
 				sum.Recoveries = append(sum.Recoveries, d)
 				fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
