@@ -308,34 +308,35 @@ func TestDynamicShardsSurviveFaults(t *testing.T) {
 	// 2000 samples in 40 shards of 50, a global batch of 60 (20 per rank),
 	// a commit every 4 steps: 34 steps per epoch with data, the last one
 	// not a commit's.
-	scfg := dataloader.ShardConfig{DatasetLen: 2000, ShardSize: 50, LeaseTTL: 4 * time.Second}
+	// Leases far longer than a recovery: waiting for one to expire shows.
+	scfg := dataloader.ShardConfig{DatasetLen: 2000, ShardSize: 50, LeaseTTL: 10 * time.Second}
 	for _, c := range []struct {
 		name   string
 		rounds int
-		fault  func() func(r *simRank, step int64, p simPoint) simAction
+		fault  func(t *testing.T) func(r *simRank, step int64, p simPoint) simAction
 	}{
-		{"NoFault", 1, func() func(*simRank, int64, simPoint) simAction {
+		{"NoFault", 1, func(t *testing.T) func(*simRank, int64, simPoint) simAction {
 			return func(*simRank, int64, simPoint) simAction { return proceed }
 		}},
 		// The commit of step 8 lands on workers 0 and 1 only; worker 0
 		// dies; the next round restores step 4.
-		{"SplitCommit", 2, func() func(*simRank, int64, simPoint) simAction {
+		{"SplitCommit", 2, func(t *testing.T) func(*simRank, int64, simPoint) simAction {
 			return splitCommit(func(_ *simRank, step int64) bool { return step == 8 })
 		}},
 		// The same at the commit of the step that ended epoch 0: the next
 		// round restores the last commit of epoch 0, while every rank
 		// already leased shards of epoch 1.
-		{"SplitCommitAtEpochEnd", 2, func() func(*simRank, int64, simPoint) simAction {
+		{"SplitCommitAtEpochEnd", 2, func(t *testing.T) func(*simRank, int64, simPoint) simAction {
 			return splitCommit(func(r *simRank, _ int64) bool { return r.d.epoch == 1 })
 		}},
 		// The same at the commit of the first step of epoch 0 that
 		// trained nothing (the last shards are consumed, not yet acked).
-		{"SplitCommitOnEmptyStep", 2, func() func(*simRank, int64, simPoint) simAction {
+		{"SplitCommitOnEmptyStep", 2, func(t *testing.T) func(*simRank, int64, simPoint) simAction {
 			return splitCommit(func(r *simRank, _ int64) bool { return r.d.wait && r.d.epoch == 0 })
 		}},
 		// Worker 0 runs out of data between commits, leases more (a lease
 		// no commit records) and dies in step 10.
-		{"DieHoldingLeaseTakenAfterCommit", 2, func() func(*simRank, int64, simPoint) simAction {
+		{"DieHoldingLeaseTakenAfterCommit", 2, func(t *testing.T) func(*simRank, int64, simPoint) simAction {
 			return func(r *simRank, step int64, p simPoint) simAction {
 				if r.id == 0 && step == 10 && p == atTook {
 					if err := r.d.prefetch(context.Background(), 1000); err != nil {
@@ -352,7 +353,7 @@ func TestDynamicShardsSurviveFaults(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			j := newSimJob(t, 3, scfg)
-			j.fault = c.fault()
+			j.fault = c.fault(t)
 			start := time.Now()
 			j.run(ctx)
 			rep, err := verifyAudit(j.audit, &config{epochs: j.epochs, dynamic: true}, scfg.DatasetLen)

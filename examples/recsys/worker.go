@@ -45,6 +45,10 @@ import (
 //     -commit-every steps (the shards to the store, the dense state in
 //     memory) and whenever the round is about to change.
 //
+// With -dynamic, the data shards' part of each of these (dynamic.go) is
+// dyn.startRound, next, stepped, prepareCommit and committed;
+// TestDynamicShardsSurviveFaults calls them in the same order.
+//
 // A failure anywhere (a dead peer seen on either transport) ends the round;
 // survivors report the lost member and rejoin; the next round rolls back
 // to step c, so the data cursor and the tables agree again.
