@@ -23,8 +23,11 @@
 //
 // The final line with -json holds auc, oracle_auc (the generator's own
 // model scored on the same test impressions), rows, recoveries and
-// wall_seconds, and the audit's counts (samples_applied, audit_missing,
-// audit_duplicates), among others. Run with -h for every flag.
+// wall_seconds, recovery_seconds (per kill, until a later round trains
+// samples), empty_steps and empty_step_seconds (steps that trained
+// nothing, e.g. waiting for data shards, and the time they took), and the
+// audit's counts (samples_applied, audit_missing, audit_duplicates), among
+// others. Run with -h for every flag.
 package main
 
 import (
@@ -183,6 +186,8 @@ type result struct {
 	Rounds          int       `json:"rounds"`
 	Recoveries      int       `json:"recoveries"`
 	RecoverySeconds []float64 `json:"recovery_seconds"`
+	EmptySteps      int       `json:"empty_steps"`
+	EmptySeconds    float64   `json:"empty_step_seconds"`
 	PulledRows      int64     `json:"pulled_rows"`
 	SamplesApplied  int       `json:"samples_applied"`
 	AuditMissing    int       `json:"audit_missing"`
@@ -255,6 +260,17 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	res := result{Workers: c.workers, Redis: store.Desc, Rounds: len(sum.Rounds), WorldSizes: sum.WorldSizes(),
 		RecoverySeconds: append([]float64{}, sum.Recoveries...), Recoveries: sum.RecoveryRounds(), Epochs: c.epochs, Dim: c.dim, Users: c.gen.Users, Items: c.gen.Items,
 		Rows: int64(c.gen.Users + c.gen.Items), Steps: sum.Done.Step}
+	// Steps that trained nothing: with -dynamic, one or two at each epoch's
+	// end while the last shards are acked, and every step while the ranks
+	// wait for a shard to come back.
+	for i, st := range sum.Steps {
+		if st.Samples == 0 {
+			res.EmptySteps++
+			if i > 0 {
+				res.EmptySeconds += st.At - sum.Steps[i-1].At
+			}
+		}
+	}
 	x := sum.Done.Extra
 	num := func(k string) float64 { v, _ := x[k].(float64); return v }
 	res.AUC, res.OracleAUC = num("auc"), num("oracle_auc")

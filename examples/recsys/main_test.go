@@ -321,6 +321,11 @@ func TestDynamicShardsExactlyOnceWithSlowWorkerAndKill(t *testing.T) {
 	if r.Recoveries != 1 {
 		t.Fatalf("%d recoveries, want 1", r.Recoveries)
 	}
+	// The survivors never wait for the dead worker's leases (-lease 20 s)
+	// to expire: only the epochs' ends train nothing, briefly.
+	if r.EmptySeconds > 5 {
+		t.Fatalf("%d steps trained nothing, for %.1f s: the survivors waited for a lease to expire", r.EmptySteps, r.EmptySeconds)
+	}
 	if gap := r.OracleAUC - r.AUC; gap > 0.02 {
 		t.Fatalf("AUC %v is %v below the oracle %v", r.AUC, gap, r.OracleAUC)
 	}

@@ -227,6 +227,7 @@ type StepSeen struct {
 	Round     uint64
 	WorldSize int
 	Loss      float64
+	Samples   int // samples the step trained (all ranks)
 	At        float64
 }
 
@@ -462,7 +463,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				sum.MaxStep = ev.Step
 			}
 			lastLoss, lastEpoch = ev.Loss, ev.Epoch
-			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, At: ev.At})
+			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, Samples: ev.Samples, At: ev.At})
 			samples += int64(ev.Samples)
 			// Training again means training samples: a step that trained
 			// nothing (a dynamic-shard job waiting for data) is no recovery.
