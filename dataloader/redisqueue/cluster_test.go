@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/dataloader/shardqueuetest"
