@@ -259,21 +259,8 @@ func TestLeaseExpiryOpensOneNewRound(t *testing.T) {
 			A, B, C := newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
-			r := ws[0].Round
 			// C dies silently: its heartbeats stop, nobody reports it.
-			_ = C.Close()
-			died := time.Now()
-			waitFor(t, cfg.LeaseTTL+2*time.Second, "ChangePending after C's lease lapsed", func() bool {
-				return A.ChangePending() && B.ChangePending()
-			})
-			if el := time.Since(died); el < cfg.LeaseTTL/2 {
-				t.Fatalf("change seen %v after the death, before the lease could lapse", el)
-			}
-			ws = joinAll(t, ctx, []*elastic.Agent{A, B})
-			checkRound(t, ws, []*elastic.Agent{A, B})
-			if ws[0].Round != r+1 {
-				t.Fatalf("round after one expiry = %d, want exactly %d", ws[0].Round, r+1)
-			}
+			requireOneExpiry(t, ctx, cfg, ws[0].Round, C, A, B)
 		})
 	}
 }
@@ -437,5 +424,30 @@ func TestFinish(t *testing.T) {
 				t.Fatalf("Join by a new member of a finished job: %v", err)
 			}
 		})
+	}
+}
+
+// requireOneExpiry closes dead (its heartbeats stop, nobody reports or
+// leaves) and requires that the survivors see the change only once its
+// lease could have lapsed, then form exactly round r+1 together.
+func requireOneExpiry(t *testing.T, ctx context.Context, cfg elastic.Config, r uint64, dead *elastic.Agent, survivors ...*elastic.Agent) {
+	t.Helper()
+	_ = dead.Close()
+	died := time.Now()
+	waitFor(t, cfg.LeaseTTL+5*time.Second, "ChangePending after the dead member's lease lapsed", func() bool {
+		for _, a := range survivors {
+			if !a.ChangePending() {
+				return false
+			}
+		}
+		return true
+	})
+	if el := time.Since(died); el < cfg.LeaseTTL/2 {
+		t.Fatalf("change seen %v after the death, before the lease could lapse", el)
+	}
+	ws := joinAll(t, ctx, survivors)
+	checkRound(t, ws, survivors)
+	if ws[0].Round != r+1 {
+		t.Fatalf("round after one expiry = %d, want exactly %d", ws[0].Round, r+1)
 	}
 }

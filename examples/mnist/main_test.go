@@ -21,7 +21,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
@@ -31,6 +30,7 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -157,16 +157,9 @@ func finishJob(t *testing.T, addr, job string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	defer client.Close()
-	cfg := elastic.DefaultConfig()
-	cfg.JobID, cfg.LastCall = job, 0
-	agent, err := elastic.NewAgent(elastic.NewRedisStore(client), elastic.NewMember("127.0.0.1:1"), cfg)
-	require.NoError(t, err)
-	defer agent.Close()
-	_, err = agent.Join(ctx)
-	require.NoError(t, err)
-	require.NoError(t, agent.Finish(ctx))
+	if err := jobenv.MarkFinished(ctx, addr, job); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // Running a job ID again while the store still says the job finished

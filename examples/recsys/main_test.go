@@ -12,11 +12,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 )
 
@@ -232,19 +231,7 @@ func finishJob(t *testing.T, addr, job string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	client := redis.NewClient(&redis.Options{Addr: addr})
-	defer client.Close()
-	cfg := elastic.DefaultConfig()
-	cfg.JobID, cfg.LastCall = job, 0
-	agent, err := elastic.NewAgent(elastic.NewRedisStore(client), elastic.NewMember("127.0.0.1:1"), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer agent.Close()
-	if _, err := agent.Join(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := agent.Finish(ctx); err != nil {
+	if err := jobenv.MarkFinished(ctx, addr, job); err != nil {
 		t.Fatal(err)
 	}
 }
