@@ -22,7 +22,11 @@ type Config struct {
 	// goroutines, in batches. 0 builds each batch synchronously inside Next
 	// (no goroutines). With prefetch, a Next that finds its batch unclaimed
 	// builds it itself, so a step faster than the loading shares the work
-	// with the workers instead of waiting on them. Must be >= 0. Default 2.
+	// with the workers instead of waiting on them. Prefetch pays when Get
+	// or collate read files, decode or augment; for an in-memory dataset
+	// whose Get indexes a slice, 0 is cheapest (building a batch there is
+	// a memory copy, and two cores copying at once contend for memory
+	// bandwidth: see BenchmarkLoaderOverhead). Must be >= 0. Default 2.
 	Prefetch int
 	// Workers is the number of goroutines that build prefetched batches
 	// (call Dataset.Get and collate) in parallel, one batch each; at most

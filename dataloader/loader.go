@@ -473,11 +473,12 @@ type slot[B any] struct {
 // built once and slots never hold a batch outside the window. Workers build
 // the lowest free batch of the window. Next takes its batch when ready,
 // builds it itself when nobody has claimed it (no hand-off between
-// goroutines, and the samples are hot in this core's cache), and waits only
-// for a batch a worker is building. While Next is waiting for its batch,
-// workers leave that batch to it and build the ones after, so a consumer
-// faster than the workers builds half the batches itself instead of paying
-// a wake-up for each.
+// goroutines, and the samples are hot in this core's cache); when a worker
+// is building it, Next builds a later unclaimed batch of the window into its
+// slot meanwhile, and waits only when there is none. While Next is inside,
+// workers leave its batch to it and build the ones after. So a consumer
+// faster than the workers shares the building with them instead of paying
+// a wake-up for each batch, and a slower one finds every batch ready.
 type pipeline[T, B any] struct {
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -623,7 +624,16 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 			p.advance(s, k)
 			return b, err, pl.at
 		}
-		// A worker is building it.
+		// A worker is building it: rather than wait, build a later batch
+		// of the window that nobody has claimed; wait only when there is
+		// none.
+		helped, err := p.help(ctx, l, k)
+		if err != nil {
+			return Batch[B]{}, err, Cursor{}
+		}
+		if helped {
+			continue
+		}
 		select {
 		case <-s.done:
 		case <-ctx.Done():
@@ -632,6 +642,32 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 			return Batch[B]{}, ErrClosed, Cursor{}
 		}
 	}
+}
+
+// help builds the first unclaimed batch after k in the window into its
+// slot, as a worker would, on Next's goroutine; it reports whether it built
+// one. When Next's ctx or the pipeline's ends during the build, the batch
+// is given back unbuilt and help returns errNextCtx or ErrClosed.
+func (p *pipeline[T, B]) help(ctx context.Context, l *Loader[T, B], k int64) (bool, error) {
+	for j := k + 1; j < k+int64(len(p.slots)); j++ {
+		s, ok := p.claim(j)
+		if !ok {
+			continue
+		}
+		s.pl = p.planAt(j)
+		b, err := p.buildInline(ctx, l, &s.pl)
+		if err != nil && p.inlineCtx.Err() != nil {
+			s.word.Store(slotWord(j, slotFree))
+			if p.ctx.Err() != nil {
+				return false, ErrClosed
+			}
+			return false, errNextCtx
+		}
+		s.b, s.err = b, err
+		s.word.Store(slotWord(j, slotReady))
+		return true, nil
+	}
+	return false, nil
 }
 
 // buildInline builds pl on Next's goroutine, under a ctx that ends with
