@@ -501,6 +501,18 @@ type pipeline[T, B any] struct {
 	// that. Owned by Next.
 	inlineCtx    context.Context
 	inlineCancel context.CancelFunc
+
+	// helping is set while Next builds a later batch for want: the worker
+	// that makes batch want ready cancels that build, so a ready batch is
+	// never held up behind a slow one.
+	helping atomic.Pointer[helpNote]
+}
+
+// helpNote says which batch Next waits for while it helps, and how to stop
+// its help.
+type helpNote struct {
+	want   int64
+	cancel context.CancelFunc
 }
 
 // errNextCtx marks a batch Next gave up building because its ctx ended.
@@ -574,6 +586,9 @@ func (p *pipeline[T, B]) work(l *Loader[T, B]) {
 			case s.done <- struct{}{}:
 			default:
 			}
+			if h := p.helping.Load(); h != nil && h.want == k {
+				h.cancel() // Next is building a later batch: its own is here
+			}
 			built = true
 			break
 		}
@@ -631,7 +646,7 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 		if err != nil {
 			return Batch[B]{}, err, Cursor{}
 		}
-		if helped {
+		if helped || s.word.Load() != slotWord(k, slotBuilding) {
 			continue
 		}
 		select {
@@ -646,8 +661,9 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 
 // help builds the first unclaimed batch after k in the window into its
 // slot, as a worker would, on Next's goroutine; it reports whether it built
-// one. When Next's ctx or the pipeline's ends during the build, the batch
-// is given back unbuilt and help returns errNextCtx or ErrClosed.
+// one. When batch k becomes ready meanwhile, the build is abandoned (the
+// batch given back unbuilt) and help returns false; when Next's ctx or the
+// pipeline's ends, likewise, with errNextCtx or ErrClosed.
 func (p *pipeline[T, B]) help(ctx context.Context, l *Loader[T, B], k int64) (bool, error) {
 	for j := k + 1; j < k+int64(len(p.slots)); j++ {
 		s, ok := p.claim(j)
@@ -655,13 +671,22 @@ func (p *pipeline[T, B]) help(ctx context.Context, l *Loader[T, B], k int64) (bo
 			continue
 		}
 		s.pl = p.planAt(j)
+		p.renewInline()
+		p.helping.Store(&helpNote{want: k, cancel: p.inlineCancel})
+		if p.slots[k%int64(len(p.slots))].word.Load() == slotWord(k, slotReady) {
+			p.inlineCancel() // it became ready before the note was up
+		}
 		b, err := p.buildInline(ctx, l, &s.pl)
+		p.helping.Store(nil)
 		if err != nil && p.inlineCtx.Err() != nil {
 			s.word.Store(slotWord(j, slotFree))
-			if p.ctx.Err() != nil {
+			switch {
+			case p.ctx.Err() != nil:
 				return false, ErrClosed
+			case ctx.Err() != nil:
+				return false, errNextCtx
 			}
-			return false, errNextCtx
+			return false, nil // batch k is ready: deliver it first
 		}
 		s.b, s.err = b, err
 		s.word.Store(slotWord(j, slotReady))
@@ -674,14 +699,20 @@ func (p *pipeline[T, B]) help(ctx context.Context, l *Loader[T, B], k int64) (bo
 // Next's ctx or the pipeline's (so Close still unblocks Next). The
 // registration on Next's ctx is skipped when it can never end.
 func (p *pipeline[T, B]) buildInline(ctx context.Context, l *Loader[T, B], pl *plan) (Batch[B], error) {
-	if p.inlineCtx.Err() != nil && p.ctx.Err() == nil {
-		p.inlineCtx, p.inlineCancel = context.WithCancel(p.ctx) // Next's ctx ended last time
-	}
+	p.renewInline()
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, p.inlineCancel)
 		defer stop()
 	}
 	return l.build(p.inlineCtx, pl, &l.scratch)
+}
+
+// renewInline replaces the inline ctx when it was cancelled (by Next's ctx
+// or an abandoned help) while the pipeline still runs.
+func (p *pipeline[T, B]) renewInline() {
+	if p.inlineCtx.Err() != nil && p.ctx.Err() == nil {
+		p.inlineCtx, p.inlineCancel = context.WithCancel(p.ctx)
+	}
 }
 
 // advance frees slot s (batch k was delivered) for batch k+Prefetch, moves

@@ -648,3 +648,78 @@ func TestPrefetchRacesServeTheReferenceOrder(t *testing.T) {
 		})
 	}
 }
+
+// stallDataset: Get(gate) waits for release; the first Get(slow) takes
+// stall unless its ctx ends first (a slow read that honours cancellation).
+type stallDataset struct {
+	Dataset[int]
+	gate, slow  int
+	stall       time.Duration
+	release     chan struct{}
+	slowEntered chan struct{}
+	slowOnce    atomic.Bool
+}
+
+func (d *stallDataset) Get(ctx context.Context, i int) (int, error) {
+	switch {
+	case i == d.gate:
+		select {
+		case <-d.release:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	case i == d.slow && d.slowOnce.CompareAndSwap(false, true):
+		close(d.slowEntered)
+		tm := time.NewTimer(d.stall)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	return d.Dataset.Get(ctx, i)
+}
+
+// While Next waits for a batch a worker builds, it builds a later batch
+// itself; when its own batch becomes ready meanwhile, that help is
+// abandoned, so a slow later sample never holds up a ready batch (it once
+// made Next wait for the whole slow build). Whether Next or the worker
+// meets the slow sample depends on scheduling; either way batch 1 comes
+// long before the slow read would end.
+func TestReadyBatchIsNotHeldUpByHelp(t *testing.T) {
+	const stall = 3 * time.Second
+	ds := &stallDataset{Dataset: idDataset(8), gate: 1, slow: 2, stall: stall, release: make(chan struct{}), slowEntered: make(chan struct{})}
+	cfg := Config{GlobalBatch: 1, Prefetch: 3, Workers: 1} // no shuffle: batch k holds index k
+	l, err := New[int, []int](ds, collateIDs, cfg)
+	mustNoError(t, err)
+	defer l.Close()
+	ctx := context.Background()
+	b, err := l.Next(ctx) // batch 0, built by Next; the worker takes batch 1 and waits at the gate
+	mustNoError(t, err)
+	mustEqual(t, []int{0}, b.Indices)
+	l.Commit(b)
+	got := make(chan Batch[[]int], 1)
+	go func() {
+		b, err := l.Next(ctx) // waits for batch 1: helps with batch 2, which stalls
+		if err != nil {
+			t.Error(err)
+		}
+		got <- b
+	}()
+	<-ds.slowEntered
+	released := time.Now()
+	close(ds.release) // batch 1 can be built now
+	b = <-got
+	mustEqual(t, []int{1}, b.Indices)
+	l.Commit(b)
+	if took := time.Since(released); took > stall/2 {
+		t.Fatalf("batch 1 came %v after it could be built: it waited for the slow help", took)
+	}
+	for want := 2; want < 6; want++ { // batch 2 is built again, then the rest, in order
+		b, err := l.Next(ctx)
+		mustNoError(t, err)
+		mustEqual(t, []int{want}, b.Indices)
+		l.Commit(b)
+	}
+}

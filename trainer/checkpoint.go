@@ -213,11 +213,15 @@ func (d *LocalDir) Load(ctx context.Context, step int64) ([]byte, error) {
 	}
 	var data []byte
 	if err == nil {
-		data, err = parseCheckpoint(b, step)
+		data, err = parseCheckpoint(b.data, step)
 	}
-	if errors.Is(err, ErrCorruptCheckpoint) {
-		if rerr := os.Rename(p, p+".corrupt"); rerr == nil {
-			err = fmt.Errorf("%w (set aside as %s.corrupt)", err, filepath.Base(p))
+	if errors.Is(err, ErrCorruptCheckpoint) && b.info != nil {
+		// Set aside the file that was read, not one that replaced it
+		// meanwhile.
+		if now, serr := os.Lstat(p); serr == nil && os.SameFile(now, b.info) {
+			if rerr := os.Rename(p, p+".corrupt"); rerr == nil {
+				err = fmt.Errorf("%w (set aside as %s.corrupt)", err, filepath.Base(p))
+			}
 		}
 	}
 	if err != nil {
@@ -226,47 +230,75 @@ func (d *LocalDir) Load(ctx context.Context, step int64) ([]byte, error) {
 	return data, nil
 }
 
-// readCheckpointFile reads a checkpoint file after checking, from its
-// header and manifest alone, that its size is what the manifest says; so a
-// damaged or foreign file of any size (even a sparse terabyte) costs a few
-// bytes of reading, not an allocation of its size. The content is checked
-// by parseCheckpoint.
-func readCheckpointFile(p string) ([]byte, error) {
+// checkpointFile is a checkpoint file's bytes and the file they were read
+// from (nil when it was not a regular file).
+type checkpointFile struct {
+	data []byte
+	info fs.FileInfo
+}
+
+// readCheckpointFile reads a checkpoint file after checking that it is a
+// regular file (opening a FIFO would block for ever) and, from its header
+// and manifest alone, that its size is what the manifest says; so a damaged
+// or foreign file of any size (even a sparse terabyte) costs a few bytes of
+// reading, not an allocation of its size. The content is checked by
+// parseCheckpoint. Errors wrap ErrCorruptCheckpoint only for what is wrong
+// with the file's content or kind; a failing read is an I/O error.
+func readCheckpointFile(p string) (checkpointFile, error) {
+	var cf checkpointFile
+	pre, err := os.Stat(p)
+	if err != nil {
+		return cf, err
+	}
+	if !pre.Mode().IsRegular() {
+		return cf, fmt.Errorf("%w: not a regular file (%v)", ErrCorruptCheckpoint, pre.Mode().Type())
+	}
 	f, err := os.Open(p)
 	if err != nil {
-		return nil, err
+		return cf, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return nil, err
+		return cf, err
 	}
+	if !st.Mode().IsRegular() {
+		return cf, fmt.Errorf("%w: not a regular file (%v)", ErrCorruptCheckpoint, st.Mode().Type())
+	}
+	cf.info = st
 	head := make([]byte, len(ckptMagic)+4)
-	if _, err := io.ReadFull(f, head); err != nil || string(head[:len(ckptMagic)]) != ckptMagic {
-		return nil, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
+	if st.Size() < int64(len(head)) {
+		return cf, fmt.Errorf("%w: %d bytes is shorter than the header", ErrCorruptCheckpoint, st.Size())
+	}
+	if _, err := io.ReadFull(f, head); err != nil {
+		return cf, fmt.Errorf("trainer: read checkpoint header: %w", err)
+	}
+	if string(head[:len(ckptMagic)]) != ckptMagic {
+		return cf, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
 	}
 	n := int64(binary.LittleEndian.Uint32(head[len(ckptMagic):]))
 	if n > maxManifestBytes || int64(len(head))+n > st.Size() {
-		return nil, fmt.Errorf("%w: manifest length %d in a file of %d bytes", ErrCorruptCheckpoint, n, st.Size())
+		return cf, fmt.Errorf("%w: manifest length %d in a file of %d bytes", ErrCorruptCheckpoint, n, st.Size())
 	}
 	man := make([]byte, n)
 	if _, err := io.ReadFull(f, man); err != nil {
-		return nil, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+		return cf, fmt.Errorf("trainer: read checkpoint manifest: %w", err)
 	}
 	var m ckptManifest
 	if err := json.Unmarshal(man, &m); err != nil {
-		return nil, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+		return cf, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
 	}
 	if want := int64(len(head)) + n + m.Size; m.Size < 0 || want != st.Size() {
-		return nil, fmt.Errorf("%w: file is %d bytes, its manifest says %d (truncated?)", ErrCorruptCheckpoint, st.Size(), want)
+		return cf, fmt.Errorf("%w: file is %d bytes, its manifest says %d (truncated?)", ErrCorruptCheckpoint, st.Size(), want)
 	}
 	b := make([]byte, st.Size())
 	copy(b, head)
 	copy(b[len(head):], man)
 	if _, err := io.ReadFull(f, b[len(head)+len(man):]); err != nil {
-		return nil, fmt.Errorf("%w: payload: %v", ErrCorruptCheckpoint, err)
+		return cf, fmt.Errorf("trainer: read checkpoint payload: %w", err)
 	}
-	return b, nil
+	cf.data = b
+	return cf, nil
 }
 
 // parseCheckpoint checks a checkpoint file's magic, manifest and checksum

@@ -777,3 +777,41 @@ func TestDeterministicDivergenceStopsEveryRank(t *testing.T) {
 	}
 	require.Equal(t, ws[0].res.Step, ws[1].res.Step, "both stopped after the same step")
 }
+
+// Strangers that are restarted whenever they give up (a crash-looping pod
+// with a stale secret, twice over) cannot wear the job down: the members
+// that train report them, and rounds whose culprit they reported do not
+// count towards their own give-up budget.
+func TestRestartingStrangersDoNotStopTheJob(t *testing.T) {
+	j := newJob(t, stores(t)["redis"])
+	j.epochs = 40
+	base := func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.mutate = base
+	a, b := j.start(), j.start()
+	a.waitStep(t, 10)
+	j.mutate = func(c *Config) {
+		base(c)
+		c.Sync.Secret = []byte("another secret of 32 bytes, alas")
+		c.MaxRecoveries = 2
+	}
+	legit := make(chan struct{})
+	go func() { <-a.done; <-b.done; close(legit) }()
+	var restarts atomic.Int64
+	for range 2 {
+		go func() {
+			for {
+				s := j.start()
+				select {
+				case <-s.done:
+					restarts.Add(1)
+				case <-legit:
+					return
+				}
+			}
+		}()
+	}
+	<-legit
+	j.wait()
+	j.checkFinished([]*inproc{a, b})
+	t.Logf("strangers gave up %d times", restarts.Load())
+}

@@ -352,14 +352,17 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// budget: one that failed while forming (a peer that never
 			// authenticated, a member lost while connecting) is bounded by
 			// the rounds-in-a-row budget below instead, so a stranger that
-			// keeps rejoining cannot exhaust a healthy job's budget.
-			t.countRecovery = t.trained != stepBefore
+			// keeps rejoining cannot exhaust a healthy job's budget. It
+			// stays owed until a recovery round records it, so a crash
+			// followed by a failure while re-forming still counts once.
+			t.countRecovery = t.countRecovery || t.trained != stepBefore
 			cause := rerr.Error()
 			t.failures = append(t.failures, cause)
 			if len(t.failures) > 5 {
 				t.failures = t.failures[len(t.failures)-5:]
 			}
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
+			reported := false
 			var pe *sync.PeerError
 			// A peer that aborted on purpose (its round moved on, it was
 			// preempted) is alive; only a lost connection is reported. A
@@ -372,13 +375,18 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
 					t.log.Warn("failure report failed", "err", err)
+				} else {
+					reported = true
 				}
 				cancel()
 			}
-			if t.trained == stepBefore {
+			if t.trained == stepBefore && !reported {
 				// Rounds that keep failing before a step (a member that
 				// never authenticates, an address nobody reaches) must
-				// neither spin nor go on for ever.
+				// neither spin nor go on for ever. A round whose culprit
+				// this worker reported does not count: it was evicted, and
+				// strangers that keep coming back must not wear down the
+				// members that train.
 				unformed++
 				if unformed > t.cfg.MaxRecoveries {
 					leave()
@@ -564,8 +572,13 @@ func (t *Trainer[B]) catchUpCheckpoint(ctx context.Context, ck *checkpointer) {
 		t.log.Warn("cannot list checkpoints", "err", err)
 		return
 	}
-	if len(steps) > 0 && steps[0] >= due {
-		return
+	for _, s := range steps { // newest first
+		if s <= t.step { // later steps are another history's
+			if s >= due {
+				return
+			}
+			break
+		}
 	}
 	t.log.Info("writing the checkpoint a lost rank 0 did not", "due", due, "step", t.step)
 	ck.submit(t.step, t.latest.encode(nil, t.params))
@@ -723,6 +736,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if err := t.install(got, world); err != nil {
 		return info, err
 	}
+	t.countRecovery = false // recorded (when owed) in the state just installed
 	t.restored = info.Source != "commit"
 	info.Step, info.Epoch = t.step, t.cursor.Epoch
 	if t.cursor.GlobalBatch > 0 {
