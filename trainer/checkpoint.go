@@ -48,7 +48,9 @@ type CheckpointStore interface {
 // directory is fsynced, so a crash never leaves a partial file under a
 // checkpoint name (invariant 5). A file that Load finds damaged is renamed
 // to "<name>.corrupt" (kept for inspection, never listed again), so it
-// neither hides newer checkpoints nor counts towards keep. Safe for
+// neither hides newer checkpoints nor counts towards keep. A directory holds
+// one job's history: the trainer restores the newest checkpoint in it that
+// loads, whichever job wrote it, so two jobs must not share one. Safe for
 // concurrent use.
 type LocalDir struct {
 	dir  string
