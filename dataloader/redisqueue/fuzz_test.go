@@ -17,7 +17,7 @@ var fuzzJobs atomic.Int64
 
 // FuzzQueueReadsGarbage writes arbitrary values into an epoch's three keys
 // (any of them may also be of the wrong type) and runs every queue
-// operation over them against a real Redis: each returns a result within
+// operation over them (Reclaim included) against a real Redis: each returns a result within
 // the layout (a shard index < NumShards, a positive token) or an error;
 // never a panic.
 func FuzzQueueReadsGarbage(f *testing.F) {
@@ -69,6 +69,12 @@ func FuzzQueueReadsGarbage(f *testing.F) {
 		forged := dataloader.Shard{Epoch: 0, Index: 0, Token: 2, Worker: "w"}
 		_, _ = q.Renew(ctx, forged)
 		_ = q.Ack(ctx, forged)
+		if n, err := q.Reclaim(ctx, 0, []dataloader.Shard{forged}); err == nil && n < 0 {
+			t.Fatalf("Reclaim revoked %d leases", n)
+		}
+		if s, err := q.Lease(ctx, 0, "w2"); err == nil && (s.Index < 0 || s.Index >= sc.NumShards() || s.Token == 0) {
+			t.Fatalf("lease after Reclaim out of the layout: %+v", s)
+		}
 		if p, err := q.Progress(ctx, 0); err == nil && p.Total != sc.NumShards() {
 			t.Fatalf("progress of %d shards, layout has %d", p.Total, sc.NumShards())
 		}
