@@ -900,12 +900,18 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 // connectTimeout builds the error for a Connect that ran out of time, naming
 // the connections still missing.
 func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) error {
+	// One pass over what is missing: the descriptions for the message, and
+	// the peers involved. A single unreachable peer is named in a
+	// PeerError; a rank cut off from everyone names nobody, and neither
+	// does a world of two, where either side could be the one at fault.
 	var missing []string
+	peers := map[int]bool{}
 	t.mu.Lock()
 	if st := t.connecting; st != nil {
 		for k, filled := range st.expect {
 			if !filled {
 				missing = append(missing, k.String())
+				peers[k.from] = true
 			}
 		}
 	}
@@ -913,15 +919,21 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) 
 	for p, c := range rc.ctrl {
 		if p > w.Rank && c == nil {
 			missing = append(missing, fmt.Sprintf("control connection to rank %d", p))
+			peers[p] = true
+		}
+	}
+	for p, c := range rc.mesh {
+		if p > w.Rank && c == nil {
+			peers[p] = true
 		}
 	}
 	for l, c := range rc.right {
 		if c == nil {
 			missing = append(missing, fmt.Sprintf("lane %d connection to rank %d", l, (w.Rank+1)%w.Size()))
+			peers[(w.Rank+1)%w.Size()] = true
 		}
 	}
 	sort.Strings(missing)
-	peer := onlyPeer(t, w, rc)
 	if len(missing) > 6 {
 		missing = append(missing[:6], fmt.Sprintf("and %d more", len(missing)-6))
 	}
@@ -929,54 +941,12 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) 
 		return fmt.Errorf("sync: connect round %d rank %d: %w (missing: %s)", w.Round, w.Rank, err, strings.Join(missing, "; "))
 	}
 	err := fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "))
-	if peer >= 0 {
-		return &PeerError{Rank: peer, Round: w.Round, Err: err}
+	if len(peers) == 1 && w.Size() >= 3 {
+		for p := range peers {
+			return &PeerError{Rank: p, Round: w.Round, Err: err}
+		}
 	}
 	return err
-}
-
-// onlyPeer returns the one rank every missing connection of a Connect that
-// ran out of time is with, or -1 when none or several are missing: a single
-// unreachable peer is named, a rank cut off from everyone names nobody.
-func onlyPeer(t *Transport, w World, rc *ringConns) int {
-	peer := -1
-	note := func(p int) bool {
-		if peer >= 0 && p != peer {
-			return false
-		}
-		peer = p
-		return true
-	}
-	t.mu.Lock()
-	st := t.connecting
-	if st != nil {
-		for k, filled := range st.expect {
-			if !filled && !note(k.from) {
-				t.mu.Unlock()
-				return -1
-			}
-		}
-	}
-	t.mu.Unlock()
-	for p, c := range rc.ctrl {
-		if p > w.Rank && c == nil && !note(p) {
-			return -1
-		}
-	}
-	for p, c := range rc.mesh {
-		if p > w.Rank && c == nil && !note(p) {
-			return -1
-		}
-	}
-	for _, c := range rc.right {
-		if c == nil && !note((w.Rank+1)%w.Size()) {
-			return -1
-		}
-	}
-	if w.Size() < 3 {
-		return -1 // with one peer, either side could be the one at fault
-	}
-	return peer
 }
 
 func (t *Transport) forget(r *Ring) {
