@@ -503,8 +503,9 @@ type pipeline[T, B any] struct {
 	inlineCancel context.CancelFunc
 
 	// helping is set while Next builds a later batch for want: the worker
-	// that makes batch want ready cancels that build, so a ready batch is
-	// never held up behind a slow one.
+	// that makes batch want ready cancels that build (its own child of
+	// inlineCtx, so a late cancel can hurt no other build), so a ready
+	// batch is never held up behind a slow one.
 	helping atomic.Pointer[helpNote]
 }
 
@@ -513,6 +514,35 @@ type pipeline[T, B any] struct {
 type helpNote struct {
 	want   int64
 	cancel context.CancelFunc
+}
+
+// ready stores batch k's build result in its slot s, marks it ready,
+// signals a Next waiting for it and stops a help Next runs meanwhile.
+func (p *pipeline[T, B]) ready(s *slot[B], k int64, b Batch[B], err error) {
+	s.b, s.err = b, err
+	s.word.Store(slotWord(k, slotReady))
+	select {
+	case s.done <- struct{}{}:
+	default:
+	}
+	if h := p.helping.Load(); h != nil && h.want == k {
+		h.cancel() // Next is building a later batch: its own is here
+	}
+}
+
+// giveBack returns batch k, which Next stopped building, to the window
+// unbuilt, and says why Next stopped: ErrClosed (the pipeline stopped),
+// errNextCtx (Next's ctx ended) or nil (a worker made Next's own batch
+// ready during a help).
+func (p *pipeline[T, B]) giveBack(ctx context.Context, s *slot[B], k int64) error {
+	s.word.Store(slotWord(k, slotFree))
+	switch {
+	case p.ctx.Err() != nil:
+		return ErrClosed
+	case ctx.Err() != nil:
+		return errNextCtx
+	}
+	return nil
 }
 
 // errNextCtx marks a batch Next gave up building because its ctx ended.
@@ -580,15 +610,8 @@ func (p *pipeline[T, B]) work(l *Loader[T, B]) {
 				continue
 			}
 			s.pl = p.planAt(k)
-			s.b, s.err = l.build(p.ctx, &s.pl, &scratch)
-			s.word.Store(slotWord(k, slotReady))
-			select {
-			case s.done <- struct{}{}:
-			default:
-			}
-			if h := p.helping.Load(); h != nil && h.want == k {
-				h.cancel() // Next is building a later batch: its own is here
-			}
+			b, err := l.build(p.ctx, &s.pl, &scratch)
+			p.ready(s, k, b, err)
 			built = true
 			break
 		}
@@ -628,13 +651,10 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 				continue // a worker took it a moment ago
 			}
 			pl := p.planAt(k)
-			b, err := p.buildInline(ctx, l, &pl)
-			if err != nil && p.inlineCtx.Err() != nil {
-				s.word.Store(slotWord(k, slotFree)) // give it back
-				if p.ctx.Err() != nil {
-					return Batch[B]{}, ErrClosed, pl.at
-				}
-				return Batch[B]{}, errNextCtx, pl.at
+			bctx := p.inline()
+			b, err := p.buildInline(ctx, bctx, l, &pl)
+			if err != nil && bctx.Err() != nil {
+				return Batch[B]{}, p.giveBack(ctx, s, k), pl.at
 			}
 			p.advance(s, k)
 			return b, err, pl.at
@@ -671,48 +691,43 @@ func (p *pipeline[T, B]) help(ctx context.Context, l *Loader[T, B], k int64) (bo
 			continue
 		}
 		s.pl = p.planAt(j)
-		p.renewInline()
-		p.helping.Store(&helpNote{want: k, cancel: p.inlineCancel})
+		hctx, cancel := context.WithCancel(p.inline())
+		p.helping.Store(&helpNote{want: k, cancel: cancel})
 		if p.slots[k%int64(len(p.slots))].word.Load() == slotWord(k, slotReady) {
-			p.inlineCancel() // it became ready before the note was up
+			cancel() // it became ready before the note was up
 		}
-		b, err := p.buildInline(ctx, l, &s.pl)
+		b, err := p.buildInline(ctx, hctx, l, &s.pl)
 		p.helping.Store(nil)
-		if err != nil && p.inlineCtx.Err() != nil {
-			s.word.Store(slotWord(j, slotFree))
-			switch {
-			case p.ctx.Err() != nil:
-				return false, ErrClosed
-			case ctx.Err() != nil:
-				return false, errNextCtx
-			}
-			return false, nil // batch k is ready: deliver it first
+		stopped := hctx.Err() != nil
+		cancel()
+		if err != nil && stopped {
+			return false, p.giveBack(ctx, s, j) // nil: batch k is ready, deliver it first
 		}
-		s.b, s.err = b, err
-		s.word.Store(slotWord(j, slotReady))
+		p.ready(s, j, b, err)
 		return true, nil
 	}
 	return false, nil
 }
 
-// buildInline builds pl on Next's goroutine, under a ctx that ends with
-// Next's ctx or the pipeline's (so Close still unblocks Next). The
+// buildInline builds pl on Next's goroutine under bctx (p.inline() or a
+// child of it), which also ends with Next's ctx, so Next's cancellation and
+// the pipeline's (Close still unblocks Next) both stop the build. The
 // registration on Next's ctx is skipped when it can never end.
-func (p *pipeline[T, B]) buildInline(ctx context.Context, l *Loader[T, B], pl *plan) (Batch[B], error) {
-	p.renewInline()
+func (p *pipeline[T, B]) buildInline(ctx, bctx context.Context, l *Loader[T, B], pl *plan) (Batch[B], error) {
 	if ctx.Done() != nil {
 		stop := context.AfterFunc(ctx, p.inlineCancel)
 		defer stop()
 	}
-	return l.build(p.inlineCtx, pl, &l.scratch)
+	return l.build(bctx, pl, &l.scratch)
 }
 
-// renewInline replaces the inline ctx when it was cancelled (by Next's ctx
-// or an abandoned help) while the pipeline still runs.
-func (p *pipeline[T, B]) renewInline() {
+// inline returns the ctx of the batches Next builds itself, renewed when
+// Next's ctx ended an earlier build while the pipeline still runs.
+func (p *pipeline[T, B]) inline() context.Context {
 	if p.inlineCtx.Err() != nil && p.ctx.Err() == nil {
 		p.inlineCtx, p.inlineCancel = context.WithCancel(p.ctx)
 	}
+	return p.inlineCtx
 }
 
 // advance frees slot s (batch k was delivered) for batch k+Prefetch, moves
