@@ -209,18 +209,17 @@ func (d *LocalDir) Load(ctx context.Context, step int64) ([]byte, error) {
 		return nil, fmt.Errorf("trainer: load checkpoint: %w", err)
 	}
 	p := d.path(step)
-	b, err := readCheckpointFile(p)
+	cf, err := readCheckpointFile(p)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil, fmt.Errorf("%w: step %d", ErrNoCheckpoint, step)
 	}
-	var data []byte
 	if err == nil {
-		data, err = parseCheckpoint(b.data, step)
+		err = cf.man.verify(cf.payload, step)
 	}
-	if errors.Is(err, ErrCorruptCheckpoint) && b.info != nil {
+	if errors.Is(err, ErrCorruptCheckpoint) && cf.info != nil {
 		// Set aside the file that was read, not one that replaced it
 		// meanwhile.
-		if now, serr := os.Lstat(p); serr == nil && os.SameFile(now, b.info) {
+		if now, serr := os.Lstat(p); serr == nil && os.SameFile(now, cf.info) {
 			if rerr := os.Rename(p, p+".corrupt"); rerr == nil {
 				err = fmt.Errorf("%w (set aside as %s.corrupt)", err, filepath.Base(p))
 			}
@@ -229,23 +228,66 @@ func (d *LocalDir) Load(ctx context.Context, step int64) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("trainer: load checkpoint %s: %w", p, err)
 	}
-	return data, nil
+	return cf.payload, nil
 }
 
-// checkpointFile is a checkpoint file's bytes and the file they were read
-// from (nil when it was not a regular file).
+// ckptHeadLen is the size of a checkpoint file's fixed header: the magic
+// and the manifest's length.
+const ckptHeadLen = len(ckptMagic) + 4
+
+// manifestLen checks the fixed header head of a checkpoint of size bytes and
+// returns the manifest's length, bounded by maxManifestBytes and the size.
+func manifestLen(head []byte, size int64) (int, error) {
+	if len(head) < ckptHeadLen || string(head[:len(ckptMagic)]) != ckptMagic {
+		return 0, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
+	}
+	n := int64(binary.LittleEndian.Uint32(head[len(ckptMagic):]))
+	if n > maxManifestBytes || int64(ckptHeadLen)+n > size {
+		return 0, fmt.Errorf("%w: manifest length %d in a checkpoint of %d bytes", ErrCorruptCheckpoint, n, size)
+	}
+	return int(n), nil
+}
+
+// decodeManifest parses a manifest and checks that it gives the payload's
+// length, payloadLen bytes.
+func decodeManifest(b []byte, payloadLen int64) (ckptManifest, error) {
+	var m ckptManifest
+	if err := json.Unmarshal(b, &m); err != nil {
+		return m, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+	}
+	if m.Size != payloadLen {
+		return m, fmt.Errorf("%w: payload is %d bytes, manifest says %d (truncated?)", ErrCorruptCheckpoint, payloadLen, m.Size)
+	}
+	return m, nil
+}
+
+// verify checks that data is the payload the manifest describes, for step.
+func (m ckptManifest) verify(data []byte, step int64) error {
+	if m.Step != step {
+		return fmt.Errorf("%w: manifest says step %d, file name %d", ErrCorruptCheckpoint, m.Step, step)
+	}
+	sum := sha256.Sum256(data)
+	if hex.EncodeToString(sum[:]) != m.SHA256 {
+		return fmt.Errorf("%w: SHA-256 mismatch", ErrCorruptCheckpoint)
+	}
+	return nil
+}
+
+// checkpointFile is what readCheckpointFile read: the manifest, the
+// payload, and the file they came from (nil when it was not a regular file).
 type checkpointFile struct {
-	data []byte
-	info fs.FileInfo
+	man     ckptManifest
+	payload []byte
+	info    fs.FileInfo
 }
 
 // readCheckpointFile reads a checkpoint file after checking that it is a
 // regular file (opening a FIFO would block for ever) and, from its header
 // and manifest alone, that its size is what the manifest says; so a damaged
 // or foreign file of any size (even a sparse terabyte) costs a few bytes of
-// reading, not an allocation of its size. The content is checked by
-// parseCheckpoint. Errors wrap ErrCorruptCheckpoint only for what is wrong
-// with the file's content or kind; a failing read is an I/O error.
+// reading, not an allocation of its size. The caller verifies the payload.
+// Errors wrap ErrCorruptCheckpoint only for what is wrong with the file's
+// content or kind; a failing read is an I/O error.
 func readCheckpointFile(p string) (checkpointFile, error) {
 	var cf checkpointFile
 	pre, err := os.Stat(p)
@@ -264,70 +306,50 @@ func readCheckpointFile(p string) (checkpointFile, error) {
 	if err != nil {
 		return cf, err
 	}
-	if !st.Mode().IsRegular() {
+	if !st.Mode().IsRegular() { // replaced since the Stat
 		return cf, fmt.Errorf("%w: not a regular file (%v)", ErrCorruptCheckpoint, st.Mode().Type())
 	}
 	cf.info = st
-	head := make([]byte, len(ckptMagic)+4)
-	if st.Size() < int64(len(head)) {
+	if st.Size() < int64(ckptHeadLen) {
 		return cf, fmt.Errorf("%w: %d bytes is shorter than the header", ErrCorruptCheckpoint, st.Size())
 	}
+	head := make([]byte, ckptHeadLen)
 	if _, err := io.ReadFull(f, head); err != nil {
 		return cf, fmt.Errorf("trainer: read checkpoint header: %w", err)
 	}
-	if string(head[:len(ckptMagic)]) != ckptMagic {
-		return cf, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
-	}
-	n := int64(binary.LittleEndian.Uint32(head[len(ckptMagic):]))
-	if n > maxManifestBytes || int64(len(head))+n > st.Size() {
-		return cf, fmt.Errorf("%w: manifest length %d in a file of %d bytes", ErrCorruptCheckpoint, n, st.Size())
+	n, err := manifestLen(head, st.Size())
+	if err != nil {
+		return cf, err
 	}
 	man := make([]byte, n)
 	if _, err := io.ReadFull(f, man); err != nil {
 		return cf, fmt.Errorf("trainer: read checkpoint manifest: %w", err)
 	}
-	var m ckptManifest
-	if err := json.Unmarshal(man, &m); err != nil {
-		return cf, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
+	payloadLen := st.Size() - int64(ckptHeadLen+n)
+	if cf.man, err = decodeManifest(man, payloadLen); err != nil {
+		return cf, err
 	}
-	if want := int64(len(head)) + n + m.Size; m.Size < 0 || want != st.Size() {
-		return cf, fmt.Errorf("%w: file is %d bytes, its manifest says %d (truncated?)", ErrCorruptCheckpoint, st.Size(), want)
-	}
-	b := make([]byte, st.Size())
-	copy(b, head)
-	copy(b[len(head):], man)
-	if _, err := io.ReadFull(f, b[len(head)+len(man):]); err != nil {
+	cf.payload = make([]byte, payloadLen)
+	if _, err := io.ReadFull(f, cf.payload); err != nil {
 		return cf, fmt.Errorf("trainer: read checkpoint payload: %w", err)
 	}
-	cf.data = b
 	return cf, nil
 }
 
-// parseCheckpoint checks a checkpoint file's magic, manifest and checksum
-// and returns its payload.
+// parseCheckpoint checks a whole checkpoint file's bytes, header, manifest
+// and checksum, and returns its payload.
 func parseCheckpoint(b []byte, step int64) ([]byte, error) {
-	if len(b) < len(ckptMagic)+4 || string(b[:len(ckptMagic)]) != ckptMagic {
-		return nil, fmt.Errorf("%w: bad header", ErrCorruptCheckpoint)
+	n, err := manifestLen(b, int64(len(b)))
+	if err != nil {
+		return nil, err
 	}
-	n := binary.LittleEndian.Uint32(b[len(ckptMagic):])
-	rest := b[len(ckptMagic)+4:]
-	if n > maxManifestBytes || int(n) > len(rest) {
-		return nil, fmt.Errorf("%w: manifest length %d of %d bytes", ErrCorruptCheckpoint, n, len(rest))
+	data := b[ckptHeadLen+n:]
+	m, err := decodeManifest(b[ckptHeadLen:ckptHeadLen+n], int64(len(data)))
+	if err != nil {
+		return nil, err
 	}
-	var man ckptManifest
-	if err := json.Unmarshal(rest[:n], &man); err != nil {
-		return nil, fmt.Errorf("%w: manifest: %v", ErrCorruptCheckpoint, err)
-	}
-	data := rest[n:]
-	if man.Step != step {
-		return nil, fmt.Errorf("%w: manifest says step %d, file name %d", ErrCorruptCheckpoint, man.Step, step)
-	}
-	if man.Size != int64(len(data)) {
-		return nil, fmt.Errorf("%w: payload is %d bytes, manifest says %d (truncated?)", ErrCorruptCheckpoint, len(data), man.Size)
-	}
-	sum := sha256.Sum256(data)
-	if hex.EncodeToString(sum[:]) != man.SHA256 {
-		return nil, fmt.Errorf("%w: SHA-256 mismatch", ErrCorruptCheckpoint)
+	if err := m.verify(data, step); err != nil {
+		return nil, err
 	}
 	return data, nil
 }
