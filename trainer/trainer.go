@@ -321,9 +321,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		t.tel.worldSize.Record(ctx, int64(world.Size), t.tel.commonAttrs)
 		t.log.Info("round formed", "round", world.Round, "rank", world.Rank, "world_size", world.Size)
 
-		stepBefore := t.trained
+		trainedBefore := t.trained
 		end, rerr := t.round(ctx, tr, agent, world, prevSize, failed, failedAt, ck)
-		if t.trained != stepBefore {
+		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
+		if trainedHere {
 			unformed = 0
 		}
 		prevSize = world.Size
@@ -355,7 +356,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// keeps rejoining cannot exhaust a healthy job's budget. It
 			// stays owed until a recovery round records it, so a crash
 			// followed by a failure while re-forming still counts once.
-			t.countRecovery = t.countRecovery || t.trained != stepBefore
+			t.countRecovery = t.countRecovery || trainedHere
 			cause := rerr.Error()
 			t.failures = append(t.failures, cause)
 			if len(t.failures) > 5 {
@@ -380,7 +381,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				}
 				cancel()
 			}
-			if t.trained == stepBefore && !reported {
+			if !trainedHere && !reported {
 				// Rounds that keep failing before a step (a member that
 				// never authenticates, an address nobody reaches) must
 				// neither spin nor go on for ever. A round whose culprit
