@@ -41,7 +41,6 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	gosync "sync"
 	"time"
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
@@ -202,24 +201,10 @@ type result struct {
 	Diverged bool     `json:"diverged"`
 }
 
-// lockedWriter serialises writes: the launcher copies every worker's
-// stderr into one writer from several goroutines.
-type lockedWriter struct {
-	mu gosync.Mutex
-	w  io.Writer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
-}
-
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	start := time.Now()
-	if _, ok := stderr.(*os.File); !ok {
-		stderr = &lockedWriter{w: stderr}
-	}
+	// launcher.Run serialises its writes to stderr with the workers' output
+	// it copies there; this function writes only before and after it.
 	if c.job == "" {
 		c.job = jobenv.NewJobID("recsys")
 	}
