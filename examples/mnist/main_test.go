@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"context"
 	"encoding/json"
@@ -48,10 +47,7 @@ func TestMain(m *testing.M) {
 // launcher's worker variable cleared so it acts as the launcher.
 func runMain(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	t.Setenv(launcher.EnvWorker, "")
-	var o, e bytes.Buffer
-	code = run(args, &o, &e)
-	return code, o.String(), e.String()
+	return jobenv.RunAsLauncher(t, run, args...)
 }
 
 func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {

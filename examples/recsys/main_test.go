@@ -170,10 +170,7 @@ func TestBadFlags(t *testing.T) {
 // and output.
 func runCmd(t *testing.T, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	t.Setenv(launcher.EnvWorker, "")
-	var o, e bytes.Buffer
-	code = run(args, &o, &e)
-	return code, o.String(), e.String()
+	return jobenv.RunAsLauncher(t, run, args...)
 }
 
 func TestBadFlagsSayWhy(t *testing.T) {

@@ -5,6 +5,7 @@
 package jobenv
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -16,6 +17,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -153,6 +155,17 @@ func TempFile(pattern, name string) (path string, remove func(), err error) {
 // package already complained about (printed the error and the usage);
 // Run then exits with 2 without printing it again.
 var ErrUsage = errors.New("bad command line")
+
+// RunAsLauncher runs a command's run function as its main does, with the
+// launcher's worker variable cleared so it acts as the launcher, and returns
+// the exit code and what it wrote to stdout and stderr. For tests.
+func RunAsLauncher(t testing.TB, run func(args []string, stdout, stderr io.Writer) int, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	t.Setenv(launcher.EnvWorker, "")
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
 
 // MarkFinished marks job finished in the Redis at addr, as the final rank 0
 // of a run of that job ID does (a member joins alone and finishes it): what
