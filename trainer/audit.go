@@ -195,15 +195,12 @@ func VerifyAudit(entries []AuditEntry, epochs int, expected func(epoch int) []in
 			continue
 		}
 		for j, e := range entries {
-			if e.Kind != "step" || e.Step <= m.Step {
+			if e.Kind != "step" {
 				continue
 			}
-			if e.Gen == m.Gen && e.Round < m.Round {
-				dropped[j] = true
-			}
-		}
-		for j, e := range entries {
-			if e.Kind == "step" && e.Gen < m.Gen && e.Step > m.Base {
+			rolledBack := e.Gen == m.Gen && e.Round < m.Round && e.Step > m.Step
+			olderLineage := e.Gen < m.Gen && e.Step > m.Base
+			if rolledBack || olderLineage {
 				dropped[j] = true
 			}
 		}
