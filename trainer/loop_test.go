@@ -1,6 +1,7 @@
 package trainer_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -290,10 +291,26 @@ func TestWholeJobRestartResumesFromCheckpoint(t *testing.T) {
 	ws := []*inproc{j2.start(), j2.start(), j2.start()}
 	j2.wait()
 	j2.checkFinished(ws)
-	r := <-rounds
-	require.Equal(t, "checkpoint", r.Source)
-	require.Equal(t, perEpoch, r.Step)
-	require.Equal(t, 1, r.Epoch)
+	close(rounds)
+	var all []RoundInfo
+	for r := range rounds {
+		all = append(all, r)
+	}
+	require.NotEmpty(t, all)
+	firstRound := slices.MinFunc(all, func(a, b RoundInfo) int { return cmp.Compare(a.Round, b.Round) }).Round
+	ranks := 0
+	for _, r := range all {
+		if r.Round != firstRound {
+			continue
+		}
+		// Every rank says so, not only rank 0, which alone reads the
+		// checkpoint (the others once said "init").
+		ranks++
+		require.Equal(t, "checkpoint", r.Source, "rank %d", r.Rank)
+		require.Equal(t, perEpoch, r.Step)
+		require.Equal(t, 1, r.Epoch)
+	}
+	require.Equal(t, 3, ranks)
 }
 
 // A whole-job restart whose first round fails before its first step (here

@@ -700,9 +700,11 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		info.RolledBack = t.step - agreed
 	}
 
-	// Broadcast the root's snapshot: its length, then its bytes.
+	// Broadcast the root's snapshot: its length and where it came from
+	// (only rank 0 knows whether a fresh start found a checkpoint), then
+	// its bytes.
 	var blob []byte
-	lenBuf := make([]byte, 8)
+	lenBuf := make([]byte, 9)
 	if world.Rank == root {
 		if counted {
 			sn = sn.clone()
@@ -710,12 +712,16 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		}
 		blob = sn.encode(nil, t.params)
 		binary.LittleEndian.PutUint64(lenBuf, uint64(len(blob)))
+		lenBuf[8] = byte(slices.Index(stateSources, info.Source))
 	}
 	watch.enter()
 	err = comm.Broadcast(ctx, lenBuf, root)
 	watch.leave()
 	if err != nil {
 		return info, fmt.Errorf("trainer: state broadcast: %w", err)
+	}
+	if i := int(lenBuf[8]); i < len(stateSources) {
+		info.Source = stateSources[i]
 	}
 	n := binary.LittleEndian.Uint64(lenBuf)
 	if n > 1<<40 {
@@ -759,6 +765,10 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	}
 	return info, nil
 }
+
+// stateSources are the values of RoundInfo.Source, by their code in the
+// state broadcast.
+var stateSources = []string{"commit", "init", "checkpoint"}
 
 // initialState returns rank 0's state for a round in which nobody holds
 // live state: the newest durable checkpoint that loads, else the current
