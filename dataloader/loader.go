@@ -43,6 +43,12 @@ type Batch[B any] struct {
 	// Micro holds this rank's whole micro-batches, in order, when
 	// Config.MicroBatch > 0 (nil otherwise; empty when the rank owns none).
 	Micro []Micro[B]
+	// EpochDone is set by loaders of leased shards when this rank found no
+	// sample of the epoch left to lease (every shard is leased or acked);
+	// its Indices are then empty. The Loader of static shards never sets
+	// it. The trainer moves every rank to the next epoch together once
+	// every rank reported it (see trainer.StatefulLoader).
+	EpochDone bool
 }
 
 // Micro is one micro-batch of a rank's share (see Config.MicroBatch).

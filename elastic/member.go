@@ -18,11 +18,31 @@ const MaxMemberFieldLen = 256
 // processes on one host, or a restarted process, are different members. Host
 // and PID are for humans and logs; Addr is the peer address ("host:port") the
 // worker listens on for collectives, handed to peers in World.Members.
+// Endpoints holds every other address a round needs of this worker, by
+// name (a parameter server's, for example: trainer.Partition.Name), so no
+// two addresses are ever packed into one string; at most MaxEndpoints, each
+// name and address within the same bounds as Host and Addr.
 type Member struct {
-	ID   string `json:"id"`
-	Host string `json:"host"`
-	PID  int    `json:"pid"`
-	Addr string `json:"addr"`
+	ID        string            `json:"id"`
+	Host      string            `json:"host"`
+	PID       int               `json:"pid"`
+	Addr      string            `json:"addr"`
+	Endpoints map[string]string `json:"ep,omitempty"`
+}
+
+// MaxEndpoints bounds Member.Endpoints.
+const MaxEndpoints = 16
+
+// Endpoint returns the member's address for name: Endpoints[name], or
+// Addr when name is "" or "sync" and no such entry exists.
+func (m Member) Endpoint(name string) string {
+	if a, ok := m.Endpoints[name]; ok {
+		return a
+	}
+	if name == "" || name == "sync" {
+		return m.Addr
+	}
+	return ""
 }
 
 // NewMember returns a Member with a fresh random ID (128 bits, 32 hex
@@ -43,6 +63,13 @@ func (m Member) validate() error {
 		return errors.New("elastic: member ID is empty")
 	case len(m.ID) > MaxMemberFieldLen || len(m.Host) > MaxMemberFieldLen || len(m.Addr) > 4*MaxMemberFieldLen:
 		return errors.New("elastic: member field too long")
+	case len(m.Endpoints) > MaxEndpoints:
+		return fmt.Errorf("elastic: member has %d endpoints, at most %d", len(m.Endpoints), MaxEndpoints)
+	}
+	for name, addr := range m.Endpoints {
+		if name == "" || len(name) > MaxMemberFieldLen || len(addr) > 4*MaxMemberFieldLen {
+			return fmt.Errorf("elastic: member endpoint %q: name empty or too long, or address too long", name)
+		}
 	}
 	for _, r := range m.ID {
 		if r <= ' ' || r > '~' {
@@ -85,6 +112,16 @@ func (w World) Addrs() []string {
 	out := make([]string, len(w.Members))
 	for i, m := range w.Members {
 		out[i] = m.Addr
+	}
+	return out
+}
+
+// Endpoints returns every member's address for the endpoint name (see
+// Member.Endpoint) in rank order (len == Size).
+func (w World) Endpoints(name string) []string {
+	out := make([]string, len(w.Members))
+	for i, m := range w.Members {
+		out[i] = m.Endpoint(name)
 	}
 	return out
 }

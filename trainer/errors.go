@@ -49,6 +49,10 @@ var (
 	ErrDiverged = errors.New("trainer: training diverged")
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")
+	// ErrPartitionLost is wrapped by a Partition's error when no round can
+	// restore its state (parts that are on no live rank and in no durable
+	// storage); Run returns it instead of forming round after round.
+	ErrPartitionLost = errors.New("trainer: partitioned state lost")
 )
 
 // BudgetError is returned (wrapping ErrFailureBudget) when the failure budget
