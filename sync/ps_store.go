@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	gosync "sync"
+
+	"github.com/elastictrain/elastictrain/internal/atomicfile"
 )
 
 // ShardKey names one committed shard: shard Shard of a layout of Shards
@@ -100,8 +102,10 @@ func (s *MemoryShardStore) Delete(key ShardKey) {
 
 // DirShardStore is a ShardStore in a local (or shared network) directory:
 // dir/step-<step>/of-<shards>/shard-<shard>.bin, each written to a temporary
-// file, fsynced and renamed into place, so a crash leaves either the old
-// or the new file whole (the encoding's checksum catches anything else).
+// file, fsynced and renamed into place, and the directory fsynced (the
+// module's one atomic file writer, shared with the trainer's checkpoints),
+// so a crash leaves either the old or the new file whole (the encoding's
+// checksum catches anything else).
 // Safe for concurrent use by goroutines and processes.
 type DirShardStore struct {
 	dir  string
@@ -120,8 +124,18 @@ func NewDirShardStore(dir string, keep int) (*DirShardStore, error) {
 }
 
 func (s *DirShardStore) path(k ShardKey) string {
-	return filepath.Join(s.dir, fmt.Sprintf("step-%020d", k.Step), fmt.Sprintf("of-%05d", k.Shards), fmt.Sprintf("shard-%05d.bin", k.Shard))
+	return filepath.Join(s.stepDir(k.Step), fmt.Sprintf("of-%05d", k.Shards), fmt.Sprintf("shard-%05d.bin", k.Shard))
 }
+
+func (s *DirShardStore) stepDir(step int64) string {
+	return filepath.Join(s.dir, fmt.Sprintf("step-%020d", step))
+}
+
+// Path returns the file in which key is (or would be) stored.
+func (s *DirShardStore) Path(key ShardKey) string { return s.path(key) }
+
+// Dir returns the store's directory.
+func (s *DirShardStore) Dir() string { return s.dir }
 
 // SaveShard implements ShardStore.
 func (s *DirShardStore) SaveShard(ctx context.Context, key ShardKey, data []byte) error {
@@ -132,32 +146,11 @@ func (s *DirShardStore) SaveShard(ctx context.Context, key ShardKey, data []byte
 		return fmt.Errorf("%w: shard key %+v", ErrInvalid, key)
 	}
 	p := s.path(key)
-	dir := filepath.Dir(p)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	if err := atomicfile.MkdirAll(filepath.Dir(p)); err != nil {
 		return fmt.Errorf("sync: shard store: %w", err)
 	}
-	f, err := os.CreateTemp(dir, ".tmp-shard-*")
-	if err != nil {
-		return fmt.Errorf("sync: shard store: %w", err)
-	}
-	tmp := f.Name()
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, p)
-	}
-	if err != nil {
-		os.Remove(tmp)
+	if _, err := atomicfile.Write(p, data); err != nil {
 		return fmt.Errorf("sync: shard store: save %s: %w", p, err)
-	}
-	if d, err := os.Open(dir); err == nil {
-		d.Sync()
-		d.Close()
 	}
 	s.prune(key.Step)
 	return nil
@@ -174,7 +167,7 @@ func (s *DirShardStore) prune(latest int64) {
 	}
 	for _, st := range steps[:len(steps)-s.keep] {
 		if st < latest {
-			os.RemoveAll(filepath.Join(s.dir, fmt.Sprintf("step-%020d", st)))
+			atomicfile.RemoveAll(s.stepDir(st))
 		}
 	}
 }
@@ -214,7 +207,7 @@ func (s *DirShardStore) ListShards(ctx context.Context, step int64) ([]ShardKey,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	root := filepath.Join(s.dir, fmt.Sprintf("step-%020d", step))
+	root := s.stepDir(step)
 	layouts, err := os.ReadDir(root)
 	if err != nil {
 		if os.IsNotExist(err) {
@@ -247,3 +240,22 @@ func (s *DirShardStore) ListShards(ctx context.Context, step int64) ([]ShardKey,
 
 // Steps returns the steps with shards in the store, ascending.
 func (s *DirShardStore) Steps() []int64 { return s.steps() }
+
+// RemoveAfter removes the shards of every step after step: commits of a
+// history that was rolled back or abandoned (a round restored an older
+// commit, a whole-job restart an older checkpoint), which must not be
+// mistaken for the new history's commits of the same step numbers. Call it
+// while no process of the job saves shards.
+func (s *DirShardStore) RemoveAfter(ctx context.Context, step int64) error {
+	for _, st := range s.steps() {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if st > step {
+			if err := atomicfile.RemoveAll(s.stepDir(st)); err != nil {
+				return fmt.Errorf("sync: shard store: %w", err)
+			}
+		}
+	}
+	return nil
+}

@@ -16,6 +16,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/elastictrain/elastictrain/internal/atomicfile"
 )
 
 // CheckpointStore keeps durable checkpoints: opaque byte blobs named by the
@@ -45,9 +47,11 @@ type CheckpointStore interface {
 // file "ckpt-<step>.etc": a magic string, a JSON manifest (step, payload
 // size, SHA-256 of the payload, creation time), then the payload. It is
 // written to a temporary file, fsynced, renamed into place, and the
-// directory is fsynced, so a crash never leaves a partial file under a
-// checkpoint name (invariant 5). A file that Load finds damaged is renamed
-// to "<name>.corrupt" (kept for inspection, never listed again), so it
+// directory is fsynced (the module's one atomic file writer, shared with
+// the parameter server's shard store), so a crash never leaves a partial
+// file under a checkpoint name (invariant 5). A file that Load finds
+// damaged is renamed to "<name>.corrupt" (kept for inspection, never
+// listed again), so it
 // neither hides newer checkpoints nor counts towards keep. A directory holds
 // one job's history: the trainer restores the newest checkpoint in it that
 // loads, whichever job wrote it, so two jobs must not share one. Safe for
@@ -113,42 +117,11 @@ func (d *LocalDir) Save(ctx context.Context, step int64, data []byte) error {
 	if err != nil {
 		return fmt.Errorf("trainer: save checkpoint: %w", err)
 	}
-	f, err := os.CreateTemp(d.dir, ".tmp-ckpt-*")
-	if err != nil {
-		return fmt.Errorf("trainer: save checkpoint: %w", err)
-	}
-	tmp := f.Name()
-	defer os.Remove(tmp) // no-op after the rename
 	head := binary.LittleEndian.AppendUint32([]byte(ckptMagic), uint32(len(man)))
-	for _, part := range [][]byte{head, man, data} {
-		if _, err := f.Write(part); err != nil {
-			f.Close()
-			return fmt.Errorf("trainer: save checkpoint: %w", err)
-		}
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("trainer: save checkpoint: fsync: %w", err)
-	}
-	if err := f.Close(); err != nil {
+	if _, err := atomicfile.Write(d.path(step), head, man, data); err != nil {
 		return fmt.Errorf("trainer: save checkpoint: %w", err)
-	}
-	if err := os.Rename(tmp, d.path(step)); err != nil {
-		return fmt.Errorf("trainer: save checkpoint: %w", err)
-	}
-	if err := syncDir(d.dir); err != nil {
-		return fmt.Errorf("trainer: save checkpoint: fsync directory: %w", err)
 	}
 	return d.prune(step)
-}
-
-func syncDir(dir string) error {
-	f, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	return f.Sync()
 }
 
 // prune keeps the checkpoint just saved and the keep-1 newest older ones,
@@ -173,7 +146,7 @@ func (d *LocalDir) prune(just int64) error {
 			kept++
 			continue
 		}
-		if err := os.Remove(d.path(s)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := atomicfile.RemoveAll(d.path(s)); err != nil {
 			return fmt.Errorf("trainer: prune checkpoints: %w", err)
 		}
 	}
