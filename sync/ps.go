@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -468,6 +469,107 @@ func (ps *ParamServer) Commits() []int64 {
 	slices.Sort(steps)
 	slices.Reverse(steps)
 	return steps
+}
+
+// ForgetCommitsAfter drops the commits held in memory of every step after
+// step (step < 0 drops them all): they belong to a history that was rolled
+// back, and must not be offered to a round restoring an older step under
+// the same step numbers later. Call it between rounds.
+func (ps *ParamServer) ForgetCommitsAfter(step int64) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	kept := ps.commits[:0]
+	for _, c := range ps.commits {
+		if c.step <= step {
+			kept = append(kept, c)
+		}
+	}
+	clear(ps.commits[len(kept):])
+	ps.commits = kept
+}
+
+// ReadTables returns every row of every table at the committed step, by
+// table: Rows*Dim values, row r at [r*Dim, (r+1)*Dim). The shards come from
+// the commits this process holds in memory and from PSConfig.Store: one
+// complete layout of step must be found there (a commit's shards are all
+// in the store once any worker's Commit returned). It does not talk to
+// other processes, so it can run after the job's last round (even after
+// Close, from the store). Errors: ErrRowsLost (no complete layout of
+// step), ErrCorruptShard, the store's errors, ctx errors.
+func (ps *ParamServer) ReadTables(ctx context.Context, step int64) ([][]float32, error) {
+	mem := map[int]map[int]*psShardData{} // shards -> shard -> data
+	ps.mu.Lock()
+	for _, c := range ps.commits {
+		if c.step == step {
+			if mem[c.shards] == nil {
+				mem[c.shards] = map[int]*psShardData{}
+			}
+			mem[c.shards][c.shard] = c.data
+		}
+	}
+	ps.mu.Unlock()
+	stored := map[int]map[int]bool{}
+	if st := ps.cfg.Store; st != nil {
+		keys, err := st.ListShards(ctx, step)
+		if err != nil {
+			return nil, fmt.Errorf("sync: parameter-server store: %w", err)
+		}
+		for _, k := range keys {
+			if k.Shards >= 1 && k.Shards <= 1<<16 && k.Shard >= 0 && k.Shard < k.Shards {
+				if stored[k.Shards] == nil {
+					stored[k.Shards] = map[int]bool{}
+				}
+				stored[k.Shards][k.Shard] = true
+			}
+		}
+	}
+	best, bestMem := 0, -1
+	for n := range stored {
+		mem[n] = mem[n] // make every layout a candidate
+	}
+	for n, m := range mem {
+		complete := true
+		for j := 0; j < n && complete; j++ {
+			complete = m[j] != nil || stored[n][j]
+		}
+		if complete && (len(m) > bestMem || (len(m) == bestMem && n < best)) {
+			best, bestMem = n, len(m)
+		}
+	}
+	if best == 0 {
+		return nil, fmt.Errorf("%w: no complete layout of step %d in memory or in the store", ErrRowsLost, step)
+	}
+	out := make([][]float32, len(ps.tables))
+	for t, sp := range ps.tables {
+		out[t] = make([]float32, sp.Rows*int64(sp.Dim))
+	}
+	for j := 0; j < best; j++ {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		d := mem[best][j]
+		if d == nil {
+			key := ShardKey{Step: step, Shards: best, Shard: j}
+			b, err := ps.cfg.Store.LoadShard(ctx, key)
+			if err != nil {
+				return nil, fmt.Errorf("%w: loading %+v: %w", ErrRowsLost, key, err)
+			}
+			if d, err = decodeShard(b, ps.tables); err != nil {
+				return nil, fmt.Errorf("shard %+v: %w", key, err)
+			}
+			if d.shards != best || d.shard != j {
+				return nil, fmt.Errorf("%w: stored %+v holds shard %d of %d", ErrCorruptShard, key, d.shard, d.shards)
+			}
+		}
+		for t, sp := range ps.tables {
+			tab, dim := &d.tables[t], int64(sp.Dim)
+			for l := int64(0); l < tab.n; l++ {
+				row := l*int64(best) + int64(j)
+				copy(out[t][row*dim:(row+1)*dim], tab.val[l*dim:(l+1)*dim])
+			}
+		}
+	}
+	return out, nil
 }
 
 // Close closes the current round, if any, and drops the commits held in

@@ -406,3 +406,84 @@ func TestPSBarrierThenClose(t *testing.T) {
 		}
 	}
 }
+
+// TestPSReadTablesAndForget: ReadTables assembles every row of a committed
+// step, from memory while the hosts hold it and from the store alone after
+// they closed; ForgetCommitsAfter drops a rolled-back commit so that a
+// later round cannot restore it, and DirShardStore.RemoveAfter removes its
+// files.
+func TestPSReadTablesAndForget(t *testing.T) {
+	specs := psTables()
+	store, err := NewDirShardStore(t.TempDir(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pcfg := DefaultPSConfig()
+	pcfg.Store = store
+	nodes := newPSNodes(t, 3, psTestConfig(t), specs, pcfg)
+	rs := mustPSRounds(t, nodes, 1, PSWorld{}, 0)
+	trainSteps(t, rs, specs, mrand.New(mrand.NewPCG(5, 5)), 2)
+	commitAll(t, rs, 2)
+	at2 := dumpShards(t, specs, rs)
+	trainSteps(t, rs, specs, mrand.New(mrand.NewPCG(6, 6)), 1)
+	commitAll(t, rs, 3)
+	check := func(what string, got [][]float32) {
+		t.Helper()
+		for tb, sp := range specs {
+			for row := int64(0); row < sp.Rows; row++ {
+				g := got[tb][row*int64(sp.Dim) : (row+1)*int64(sp.Dim)]
+				if fmt.Sprint(g) != fmt.Sprint(at2[tb][row].val) {
+					t.Fatalf("%s: table %d row %d: %v, want %v", what, tb, row, g, at2[tb][row].val)
+				}
+			}
+		}
+	}
+	got, err := nodes[1].ps.ReadTables(context.Background(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("from memory and the store", got)
+	for _, r := range rs {
+		r.Close()
+	}
+	for _, n := range nodes {
+		n.ps.Close()
+	}
+	got, err = nodes[0].ps.ReadTables(context.Background(), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("from the store after Close", got)
+	if _, err := nodes[0].ps.ReadTables(context.Background(), 7); !errors.Is(err, ErrRowsLost) {
+		t.Fatalf("a step never committed: %v", err)
+	}
+
+	// Step 3 is rolled back: forgotten in memory and removed from the store,
+	// a round restoring it fails on every rank instead of finding it.
+	fresh := newPSNodes(t, 2, psTestConfig(t), specs, pcfg)
+	r2 := mustPSRounds(t, fresh, 2, PSWorld{}, 3)
+	commitAll(t, r2, 3)
+	for _, r := range r2 {
+		r.Close()
+	}
+	for _, n := range fresh {
+		n.ps.ForgetCommitsAfter(2)
+		if c := n.ps.Commits(); len(c) != 0 {
+			t.Fatalf("commits %v left after ForgetCommitsAfter(2)", c)
+		}
+	}
+	if err := store.RemoveAfter(context.Background(), 2); err != nil {
+		t.Fatal(err)
+	}
+	if s := store.Steps(); fmt.Sprint(s) != "[2]" {
+		t.Fatalf("store steps %v after RemoveAfter(2), want [2]", s)
+	}
+	_, errs := psRounds(fresh, 3, PSWorld{}, 3)
+	for i, err := range errs {
+		if !errors.Is(err, ErrRowsLost) {
+			t.Fatalf("rank %d restoring a removed step: %v", i, err)
+		}
+	}
+	r4 := mustPSRounds(t, fresh, 4, PSWorld{}, 2)
+	sameRows(t, "restore of step 2 onto 2 shards", dumpShards(t, specs, r4), at2)
+}
