@@ -251,43 +251,44 @@ func MkdirAll(dir string) error {
 // replacing dst atomically: a hard link under a temporary name renamed
 // over dst, then the directory fsynced. src must be durable already (as
 // after Write). Where hard links are unavailable (another filesystem, or
-// one without them) it copies src with Write. It returns the Sum of the
-// content, read from dst.
-func Link(src, dst string) (Sum, error) {
+// one without them) it copies src with Write. The temporary name is
+// ".tmp-<name>-link": two Links to one dst must not overlap.
+func Link(src, dst string) error {
 	dir, name := filepath.Split(dst)
 	if dir == "" {
 		dir = "."
 	}
 	st, err := os.Lstat(src)
 	if err != nil {
-		return Sum{}, fmt.Errorf("atomicfile: %w", err)
+		return fmt.Errorf("atomicfile: %w", err)
 	}
 	if !st.Mode().IsRegular() {
-		return Sum{}, fmt.Errorf("atomicfile: %s is not a regular file", src)
+		return fmt.Errorf("atomicfile: %s is not a regular file", src)
 	}
 	if err := at(OpLink, dst); err != nil {
-		return Sum{}, err
+		return err
 	}
 	tmp := filepath.Join(dir, ".tmp-"+name+"-link")
 	os.Remove(tmp) // a crashed link's leftover
 	if err := os.Link(src, tmp); err != nil {
 		b, rerr := os.ReadFile(src)
 		if rerr != nil {
-			return Sum{}, fmt.Errorf("atomicfile: %w", rerr)
+			return fmt.Errorf("atomicfile: %w", rerr)
 		}
-		return Write(dst, b)
+		_, err = Write(dst, b)
+		return err
 	}
 	if err := at(OpRename, dst); err != nil {
-		return Sum{}, err
+		return err
 	}
 	if err := os.Rename(tmp, dst); err != nil {
 		os.Remove(tmp)
-		return Sum{}, fmt.Errorf("atomicfile: %w", err)
+		return fmt.Errorf("atomicfile: %w", err)
 	}
 	if err := syncDir(dir, dst); err != nil {
-		return Sum{}, err
+		return err
 	}
-	return SumFile(dst)
+	return nil
 }
 
 // RemoveAll removes path (a file, or a directory and everything in it) and

@@ -1,0 +1,330 @@
+package ps
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	stdsync "sync"
+
+	"github.com/elastictrain/elastictrain/internal/atomicfile"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// manifestFormat names version 1 of the manifest (see the package doc).
+const manifestFormat = "elastictrain-ps/1"
+
+// maxManifestBytes bounds one rank's manifest read from a checkpoint.
+const maxManifestBytes = 16 << 20
+
+type manifest struct {
+	Format string         `json:"format"`
+	Name   string         `json:"name"`
+	Step   int64          `json:"step"`
+	PSStep int64          `json:"ps_step"`
+	Shards int            `json:"shards"`
+	Tables string         `json:"tables"`
+	Files  []manifestFile `json:"files"`
+}
+
+type manifestFile struct {
+	Shard  int    `json:"shard"`
+	Path   string `json:"path"` // relative to Config.Dir
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+}
+
+// fileRef is a checkpoint's shard file and its expected content.
+type fileRef struct {
+	path string
+	sum  atomicfile.Sum
+}
+
+// Checkpoint implements trainer.Partition: it makes this rank's share of
+// the shards of the committed step durable apart from the commit files
+// (which later commits prune) and returns the manifest that names them.
+//
+// This rank's share of a layout of n shards is the shards j with
+// j % size == rank in the current round (whichever rank wrote them at the
+// commit: they are all in Dir once any rank's Commit returned), so the
+// manifests of every rank name every shard once. Each is hard-linked (or
+// copied) into a new directory ckpt-<step>-<random>/, fsynced, read back
+// and checked to decode as shard j of n at the shards' step of step.
+//
+// Rank 0 then removes the checkpoint directories that no published
+// checkpoint needs any more (see Config.Checkpoints); the ones of the
+// newest listed checkpoint, of every listed one and of every later step
+// stay.
+//
+// Errors: a step this partition did not commit or restore, a missing or
+// damaged commit file, I/O errors. Nothing published is touched on error.
+func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) {
+	var rec *commitRec
+	for i := range p.commits {
+		if p.commits[i].step == step {
+			rec = &p.commits[i]
+		}
+	}
+	if rec == nil {
+		return nil, fmt.Errorf("ps: checkpoint of step %d, which this partition did not commit", step)
+	}
+	n := rec.shards
+	if n == 0 {
+		var err error
+		if n, err = p.storedLayout(ctx, rec.ps); err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+		}
+		rec.shards = n
+	}
+	m := manifest{Format: manifestFormat, Name: p.cfg.Name, Step: step, PSStep: rec.ps, Shards: n, Tables: p.tablesHash, Files: []manifestFile{}}
+	var dir string
+	for j := p.rank; j < n; j += max(p.size, 1) {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if dir == "" {
+			dir = filepath.Join(p.cfg.Dir, fmt.Sprintf("%s%020d-%s", ckptDirPrefix, step, randomSuffix()))
+			if err := atomicfile.MkdirAll(dir); err != nil {
+				return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+			}
+		}
+		key := sync.ShardKey{Step: rec.ps, Shards: n, Shard: j}
+		dst := filepath.Join(dir, fmt.Sprintf("shard-%05d-of-%05d.bin", j, n))
+		if err := atomicfile.Link(p.store.Path(key), dst); err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: shard %d of %d: %w", step, j, n, err)
+		}
+		b, err := os.ReadFile(dst)
+		if err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+		}
+		if err := checkShard(b, key); err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: %s: %w", step, dst, err)
+		}
+		sum := atomicfile.SumOf(b)
+		rel, err := filepath.Rel(p.cfg.Dir, dst)
+		if err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+		}
+		m.Files = append(m.Files, manifestFile{Shard: j, Path: filepath.ToSlash(rel), Size: sum.Size, SHA256: sum.Hex()})
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+	}
+	if p.rank == 0 {
+		p.pruneCheckpoints(ctx, step)
+	}
+	return out, nil
+}
+
+// checkShard checks that encoded shard bytes are the shard key names.
+func checkShard(b []byte, key sync.ShardKey) error {
+	info, err := sync.DecodeShardInfo(b)
+	if err != nil {
+		return err
+	}
+	if info.Step != key.Step || info.Shards != key.Shards || info.Shard != key.Shard {
+		return fmt.Errorf("%w: holds shard %d of %d at step %d, want %d of %d at step %d", sync.ErrCorruptShard,
+			info.Shard, info.Shards, info.Step, key.Shard, key.Shards, key.Step)
+	}
+	return nil
+}
+
+// storedLayout returns the shard count of a complete layout of psStep in
+// Dir (the smallest when there are several).
+func (p *Partition) storedLayout(ctx context.Context, psStep int64) (int, error) {
+	keys, err := p.store.ListShards(ctx, psStep)
+	if err != nil {
+		return 0, err
+	}
+	have := map[int]map[int]bool{}
+	for _, k := range keys {
+		if have[k.Shards] == nil {
+			have[k.Shards] = map[int]bool{}
+		}
+		have[k.Shards][k.Shard] = true
+	}
+	best := 0
+	for n, s := range have {
+		if len(s) == n && (best == 0 || n < best) {
+			best = n
+		}
+	}
+	if best == 0 {
+		return 0, fmt.Errorf("%w: no complete layout of the shards' step %d in %s", sync.ErrRowsLost, psStep, p.cfg.Dir)
+	}
+	return best, nil
+}
+
+// pruneCheckpoints removes the checkpoint directories of steps older than
+// the newest checkpoint the trainer's store lists (at or before step) that
+// it does not list: no restore can name them any more. Failures are
+// logged; they only leave files behind.
+func (p *Partition) pruneCheckpoints(ctx context.Context, step int64) {
+	if p.cfg.Checkpoints == nil {
+		return
+	}
+	steps, err := p.cfg.Checkpoints.List(ctx)
+	if err != nil {
+		p.log.Warn("cannot list checkpoints; keeping every checkpoint's shards", "err", err)
+		return
+	}
+	newest, listed := int64(-1), map[int64]bool{}
+	for _, s := range steps {
+		listed[s] = true
+		if s <= step && s > newest {
+			newest = s
+		}
+	}
+	if newest < 0 {
+		return
+	}
+	dirs, err := p.listCkptDirs()
+	if err != nil {
+		p.log.Warn("cannot list checkpoint directories", "err", err)
+		return
+	}
+	for d, s := range dirs {
+		if s < newest && !listed[s] {
+			if err := atomicfile.RemoveAll(d); err != nil {
+				p.log.Warn("cannot remove an old checkpoint's shards", "dir", d, "err", err)
+			}
+		}
+	}
+}
+
+// restoreSet is what the manifests of a checkpoint name.
+type restoreSet struct {
+	psStep int64
+	shards int
+	files  map[int]fileRef
+}
+
+// parseManifests checks every rank's manifest of the checkpoint of step
+// and that every shard of its layout is named once by a file of the size
+// it names. The files' contents are verified when they are loaded.
+func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, error) {
+	set := restoreSet{psStep: -1, files: map[int]fileRef{}}
+	if len(manifests) == 0 {
+		return set, fmt.Errorf("ps: the checkpoint of step %d has no manifests", step)
+	}
+	for i, b := range manifests {
+		if len(b) > maxManifestBytes {
+			return set, fmt.Errorf("ps: manifest %d of the checkpoint of step %d is %d bytes", i, step, len(b))
+		}
+		var m manifest
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&m); err != nil {
+			return set, fmt.Errorf("ps: manifest %d of the checkpoint of step %d: %w", i, step, err)
+		}
+		switch {
+		case m.Format != manifestFormat:
+			return set, fmt.Errorf("ps: manifest %d has format %q, want %q", i, m.Format, manifestFormat)
+		case m.Name != p.cfg.Name:
+			return set, fmt.Errorf("ps: manifest %d is partition %q's, this is %q", i, m.Name, p.cfg.Name)
+		case m.Tables != p.tablesHash:
+			return set, fmt.Errorf("ps: manifest %d holds other tables (hash %s, this partition's %s)", i, m.Tables, p.tablesHash)
+		case m.Step != step:
+			return set, fmt.Errorf("ps: manifest %d is of step %d, the checkpoint of step %d", i, m.Step, step)
+		case m.Shards < 1 || m.Shards > 1<<16 || m.PSStep < 0:
+			return set, fmt.Errorf("ps: manifest %d: %d shards at step %d", i, m.Shards, m.PSStep)
+		case set.psStep >= 0 && (m.PSStep != set.psStep || m.Shards != set.shards):
+			return set, fmt.Errorf("ps: manifests disagree: %d shards at step %d and %d at step %d", set.shards, set.psStep, m.Shards, m.PSStep)
+		}
+		set.psStep, set.shards = m.PSStep, m.Shards
+		for _, f := range m.Files {
+			if f.Shard < 0 || f.Shard >= m.Shards {
+				return set, fmt.Errorf("ps: manifest %d names shard %d of %d", i, f.Shard, m.Shards)
+			}
+			if _, dup := set.files[f.Shard]; dup {
+				return set, fmt.Errorf("ps: shard %d is named twice in the checkpoint of step %d", f.Shard, step)
+			}
+			if !filepath.IsLocal(filepath.FromSlash(f.Path)) {
+				return set, fmt.Errorf("ps: manifest %d names %q, not a path inside the shard directory", i, f.Path)
+			}
+			sum, err := atomicfile.ParseSum(f.Size, f.SHA256)
+			if err != nil {
+				return set, fmt.Errorf("ps: manifest %d, shard %d: %w", i, f.Shard, err)
+			}
+			set.files[f.Shard] = fileRef{path: filepath.Join(p.cfg.Dir, filepath.FromSlash(f.Path)), sum: sum}
+		}
+	}
+	for j := range set.shards {
+		f, ok := set.files[j]
+		if !ok {
+			return set, fmt.Errorf("ps: the checkpoint of step %d names no file for shard %d of %d", step, j, set.shards)
+		}
+		st, err := os.Stat(f.path)
+		if err != nil {
+			return set, fmt.Errorf("ps: the checkpoint of step %d: %w", step, err)
+		}
+		if st.Size() != f.sum.Size {
+			return set, fmt.Errorf("%w: %s is %d bytes, its manifest says %d", atomicfile.ErrMismatch, f.path, st.Size(), f.sum.Size)
+		}
+	}
+	return set, nil
+}
+
+// viewStore is the parameter server's ShardStore: Dir, and during a restore
+// from a checkpoint the checkpoint's files in place of Dir's commits of
+// that step (so the restore takes exactly the files the manifests name,
+// each verified against its size and SHA-256).
+type viewStore struct {
+	*sync.DirShardStore
+	mu     stdsync.Mutex
+	step   int64
+	shards int
+	files  map[int]fileRef // nil: no view
+}
+
+func (v *viewStore) set(step int64, shards int, files map[int]fileRef) {
+	v.mu.Lock()
+	v.step, v.shards, v.files = step, shards, files
+	v.mu.Unlock()
+}
+
+func (v *viewStore) viewed(step int64) (map[int]fileRef, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.files == nil || step != v.step {
+		return nil, 0
+	}
+	return v.files, v.shards
+}
+
+// ListShards implements sync.ShardStore.
+func (v *viewStore) ListShards(ctx context.Context, step int64) ([]sync.ShardKey, error) {
+	files, n := v.viewed(step)
+	if files == nil {
+		return v.DirShardStore.ListShards(ctx, step)
+	}
+	keys := make([]sync.ShardKey, 0, n)
+	for j := range n {
+		keys = append(keys, sync.ShardKey{Step: step, Shards: n, Shard: j})
+	}
+	return keys, nil
+}
+
+// LoadShard implements sync.ShardStore.
+func (v *viewStore) LoadShard(ctx context.Context, key sync.ShardKey) ([]byte, error) {
+	files, n := v.viewed(key.Step)
+	if files == nil {
+		return v.DirShardStore.LoadShard(ctx, key)
+	}
+	f, ok := files[key.Shard]
+	if !ok || key.Shards != n {
+		return nil, fmt.Errorf("ps: the checkpoint holds no shard %d of %d: %w", key.Shard, key.Shards, fs.ErrNotExist)
+	}
+	b, err := atomicfile.ReadVerified(f.path, f.sum)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", sync.ErrCorruptShard, err)
+	}
+	if err := checkShard(b, key); err != nil {
+		return nil, fmt.Errorf("%s: %w", f.path, err)
+	}
+	return b, nil
+}

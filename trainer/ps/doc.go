@@ -1,0 +1,81 @@
+// Package ps runs the parameter server of package sync inside the
+// trainer's loop, as partitioned state (trainer.Partition): embedding tables
+// whose rows are split over the ranks of each round, pulled and pushed by
+// the user's StepFunc, committed, restored, re-partitioned and
+// checkpointed in step with the replicated state (the dense parameters,
+// the optimizer, the data cursor). Register it with trainer.WithPartition
+// and let the StepFunc capture it:
+//
+//	part, _ := ps.New(cfg)                 // tables, shard directory, transport
+//	step := func(ctx context.Context, b dataloader.Batch[B]) (float64, error) {
+//		part.Pull(ctx, rows...)             // the rows this rank's share needs
+//		loss := forwardBackward(b, rows)    // dense gradients into Param.Grad
+//		return loss, part.Push(ctx, grads...) // sparse gradients to the shards
+//	}
+//	tr, _ := trainer.New(params, opt, loader, step, store, tcfg, trainer.WithPartition(part))
+//
+// The dense part of the model goes through the trainer's gradient sync (a
+// hybrid step, as in DLRM); the tables through the shards, which apply
+// their sparse optimizer (sync.SparseOptimizer) to the pushed rows.
+//
+// # Why a package of its own
+//
+// The trainer may import sync, never the reverse (DESIGN.md), and the
+// Partition contract speaks the trainer's types (trainer.PartitionRound),
+// so the adapter lives on the trainer's side. It is not in package trainer
+// itself because it is one implementation of the contract among others a
+// user may write, the way database/sql's drivers live beside it.
+//
+// # Steps
+//
+// In PSSync mode (the default) every rank's StepFunc must call Push exactly
+// once per call, with no rows when its share of the global batch is empty:
+// a shard applies step t once every rank pushed it, and answers the pulls
+// of step t+1 only then, so results do not depend on timing. A shard counts
+// every push, also those of a global batch in which no rank got a sample
+// (which the trainer does not count as a step); the partition keeps the
+// mapping from the trainer's steps to the shards' own in its commits and
+// checkpoints. A rank that does not push (its StepFunc failed before it
+// could) makes the others' next Pull, Commit or EndRound fail with
+// sync.ErrTimeout within the transport's Config.OpTimeout, or at once with
+// a *sync.PeerError when the rank left: never a hang.
+//
+// # Commits and failures
+//
+// Commit snapshots every shard and writes it to Config.Dir (one atomic
+// file per shard: temp, fsync, rename, fsync directory). At Restore the
+// ranks of the new round agree on the shards' step of the trainer's
+// commit, forget what came after it, and the parameter server moves every
+// row to its new owner: from the rank that held it when that rank is
+// alive, from Config.Dir otherwise, re-partitioned over any number of
+// ranks. So a killed rank loses nothing that was committed, and a rescale
+// 3 -> 2 -> 3 moves only what it must.
+//
+// # Checkpoints
+//
+// Checkpoint links this rank's share of the committed shards of that step
+// into a directory of their own, ckpt-<step>-<random>/ under Config.Dir
+// (hard links of the commit's files, fsynced; a copy where the filesystem
+// has no links), checks that each decodes as the shard of that step, and
+// returns a JSON manifest naming them with their sizes and SHA-256. A
+// whole-job restart (PartitionRound.Source "checkpoint") reads every
+// rank's manifest, verifies every file against it, and restores onto the
+// new round's ranks, whatever their number. The commit files can be pruned
+// (Config.KeepSteps) without touching a checkpoint's; a checkpoint's
+// directory is removed only once a later checkpoint is published and the
+// trainer's CheckpointStore (Config.Checkpoints) no longer lists it.
+//
+// # Manifest format
+//
+// One JSON object per rank:
+//
+//	{"format": "elastictrain-ps/1", "name": "ps", "step": 300, "ps_step": 302,
+//	 "shards": 3, "tables": "<hash of the table specs>",
+//	 "files": [{"shard": 0, "path": "ckpt-…/shard-00000-of-00003.bin",
+//	            "size": 123456, "sha256": "…"}]}
+//
+// step is the trainer's step, ps_step the shards' step, shards the layout
+// of the files (shard j holds the rows r with r % shards == j), path is
+// relative to Config.Dir. The files use the shard encoding of package sync
+// (versioned, CRC-32C; sync.DecodeShardInfo reads its header).
+package ps
