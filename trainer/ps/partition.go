@@ -127,9 +127,10 @@ type Partition struct {
 
 // commitRec maps a committed trainer step to the shards' step and layout.
 type commitRec struct {
-	step   int64 // the trainer's
-	ps     int64 // the shards'
-	shards int   // layout of the stored commit (0: find it in the store)
+	step   int64  // the trainer's
+	ps     int64  // the shards'
+	shards int    // layout of the stored commit (0: find it in the store)
+	round  uint64 // the round that took or restored it
 }
 
 // keepRecs bounds the commit records kept: more than the trainer's two
@@ -255,42 +256,65 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 		if err := round.Commit(ctx, psStep); err != nil {
 			return fmt.Errorf("ps: committing the restored checkpoint: %w", err)
 		}
-		p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards()})
+		p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards(), round: r.World.Round})
 	} else if !slices.ContainsFunc(p.commits, func(c commitRec) bool { return c.step == r.Step }) {
-		p.record(commitRec{step: r.Step, ps: psStep})
+		p.record(commitRec{step: r.Step, ps: psStep, round: r.World.Round})
 	}
 	p.log.Info("parameter-server round restored", "round", r.World.Round, "rank", r.World.Rank, "world_size", r.World.Size(),
 		"step", r.Step, "ps_step", psStep, "source", r.Source, "shards", round.Shards())
 	return nil
 }
 
-// agreeStep returns the shards' step of the trainer's commit r.Step: every
-// rank that recorded it sends it, the others send nothing, in one
-// max-allreduce of (step, -step) on r.Comm.
+// agreeStep returns the shards' step of the trainer's commit r.Step. Each
+// rank that recorded that commit offers the round in which it took it; the
+// ranks of the newest such round (one history: a member that was fenced
+// and missed rounds may hold a record of the same step from a history
+// since rolled back) then send its shards' step, the others nothing; two
+// max-allreduces on r.Comm. A rank whose record lost drops its in-memory
+// commits of that shards' step and later, which are another history's.
 func (p *Partition) agreeStep(ctx context.Context, r trainer.PartitionRound) (int64, error) {
 	if r.Comm == nil {
 		return 0, fmt.Errorf("%w: ps: restore of a commit without a Comm", trainer.ErrInvalidConfig)
 	}
 	const unknown = -math.MaxFloat64
-	v := []float64{unknown, unknown}
-	for _, c := range p.commits {
-		if c.step == r.Step {
-			v[0], v[1] = float64(c.ps), -float64(c.ps)
+	var mine *commitRec
+	for i := range p.commits {
+		if p.commits[i].step == r.Step {
+			mine = &p.commits[i]
 		}
 	}
-	if r.Step == 0 && v[0] == unknown {
-		v[0], v[1] = 0, 0 // nothing was pushed before step 0
+	v := []float64{unknown}
+	if mine != nil {
+		v[0] = float64(mine.round)
+	} else if r.Step == 0 {
+		v[0] = -1 // a fresh start: nothing was pushed before step 0
+	}
+	if err := r.Comm.AllReduceFloat64(ctx, v, sync.OpMax); err != nil {
+		return 0, fmt.Errorf("ps: agreeing on the shards' step of step %d: %w", r.Step, err)
+	}
+	newest := v[0]
+	v = []float64{unknown, unknown}
+	switch {
+	case mine != nil && float64(mine.round) == newest:
+		v[0], v[1] = float64(mine.ps), -float64(mine.ps)
+	case newest == -1:
+		v[0], v[1] = 0, 0
 	}
 	if err := r.Comm.AllReduceFloat64(ctx, v, sync.OpMax); err != nil {
 		return 0, fmt.Errorf("ps: agreeing on the shards' step of step %d: %w", r.Step, err)
 	}
 	switch {
-	case v[0] == unknown:
+	case newest == unknown || v[0] == unknown:
 		return 0, fmt.Errorf("%w: no rank of round %d recorded the shards' step of commit %d", trainer.ErrPartitionLost, r.World.Round, r.Step)
 	case v[0] != -v[1]:
 		return 0, fmt.Errorf("ps: ranks of round %d recorded different shards' steps (%v..%v) for commit %d", r.World.Round, -v[1], v[0], r.Step)
 	}
-	return int64(v[0]), nil
+	psStep := int64(v[0])
+	if mine != nil && (float64(mine.round) != newest || mine.ps != psStep) {
+		p.ps.ForgetCommitsAfter(min(mine.ps, psStep) - 1)
+		p.commits = nil
+	}
+	return psStep, nil
 }
 
 func (p *Partition) record(c commitRec) {
@@ -347,7 +371,7 @@ func (p *Partition) Commit(ctx context.Context, step int64) error {
 	if err := p.round.Commit(ctx, p.step); err != nil {
 		return fmt.Errorf("ps: commit of step %d: %w", step, err)
 	}
-	p.record(commitRec{step: step, ps: p.step, shards: p.round.Shards()})
+	p.record(commitRec{step: step, ps: p.step, shards: p.round.Shards(), round: p.round.Round()})
 	return nil
 }
 

@@ -9,6 +9,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	stdsync "sync"
 	"testing"
@@ -76,6 +77,7 @@ type job struct {
 	scfg  sync.Config
 	ckpts trainer.CheckpointStore
 	round uint64
+	async bool // PSAsync mode
 }
 
 func newJob(t *testing.T) *job {
@@ -93,6 +95,9 @@ func (j *job) newRank() *rank {
 	j.t.Helper()
 	cfg := DefaultConfig()
 	cfg.Tables, cfg.Dir, cfg.Sync, cfg.KeepSteps, cfg.Checkpoints = tables(), j.dir, j.scfg, 3, j.ckpts
+	if j.async {
+		cfg.PS.Mode = sync.PSAsync
+	}
 	p, err := New(cfg)
 	if err != nil {
 		j.t.Fatal(err)
@@ -713,4 +718,68 @@ func TestCheckpointKeptUntilALaterOneIsPublished(t *testing.T) {
 		t.Fatalf("checkpoint directories by step %v, want those of 18 and 21", d)
 	}
 	j.restoresTo(1, 18, man18, reference(t, 18))
+}
+
+// In PSAsync mode a shard applies each push at once; the trainer commits
+// after every rank's pushes of the step arrived, so a commit holds the
+// rows of its step, and a restore onto fewer ranks gives them back exactly.
+// (Only the SGD table then equals the undisturbed job: Adagrad applied per
+// push depends on how the step was split over the ranks.)
+func TestAsyncCommitRestoreRescale(t *testing.T) {
+	j := newJob(t)
+	j.async = true
+	rs := j.newRanks(3)
+	j.mustRestore(rs, 0, "init", nil)
+	j.train(rs, 0, 4)
+	j.commit(rs, 4)
+	at4 := pullAll(t, rs[1])
+	j.train(rs, 4, 6)
+	rs[2].kill()
+	two := rs[:2]
+	j.mustRestore(two, 4, "commit", nil)
+	sameTables(t, "restored onto 2", pullAll(t, two[0]), at4)
+	j.train(two, 4, 8)
+	j.commit(two, 8)
+	sameTables(t, "trained on (SGD table)", pullAll(t, two[1])[:1], reference(t, 8)[:1])
+}
+
+// emptyStep is a global batch in which no rank got a sample: every rank
+// pushes nothing, the shards count it, the trainer does not.
+func (j *job) emptyStep(rs []*rank) {
+	j.t.Helper()
+	for i, r := range rs {
+		if err := r.part.Push(context.Background()); err != nil {
+			j.t.Fatalf("rank %d: empty push: %v", i, err)
+		}
+	}
+}
+
+// A member that missed rounds (fenced, then back) may hold a record of
+// the trainer's commit of the same step from a history since rolled back,
+// with another shards' step: the newest round's record wins, and the
+// stale member's in-memory commits of that history are dropped.
+func TestStaleRecordOfAFencedRank(t *testing.T) {
+	j := newJob(t)
+	rs := j.newRanks(3)
+	j.mustRestore(rs, 0, "init", nil)
+	j.train(rs, 0, 2)
+	j.commit(rs, 2)
+	j.emptyStep(rs) // history A: trainer step 4 is the shards' step 5
+	j.train(rs, 2, 4)
+	j.commit(rs, 4)
+	// Rank 2 is fenced; ranks 0 and 1 go on from commit 2 (say rank 1
+	// lacked commit 4), in history B, where step 4 is the shards' step 4.
+	two := rs[:2]
+	j.mustRestore(two, 2, "commit", nil)
+	j.train(two, 2, 4)
+	j.commit(two, 4)
+	// Rank 2 is back.
+	j.mustRestore(rs, 4, "commit", nil)
+	sameTables(t, "history B's commit 4", pullAll(t, rs[2]), reference(t, 4))
+	if c := rs[2].part.ps.Commits(); slices.Contains(c, 5) {
+		t.Fatalf("the fenced rank still holds history A's commit of shards' step 5: %v", c)
+	}
+	j.train(rs, 4, 6)
+	j.commit(rs, 6)
+	sameTables(t, "trained on", pullAll(t, rs[0]), reference(t, 6))
 }
