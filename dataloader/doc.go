@@ -124,9 +124,9 @@
 //     at every fresh start and every restore of a durable checkpoint), so a
 //     fresh start never finds the acks of an abandoned history. A state of
 //     an older lineage (a checkpoint older than the last commit) continues
-//     in a new generation: a shard its bitmap counts as consumed is acked
-//     unserved when leased there, a shard it held in progress resumes at
-//     its position. Leases found lost at Restore (a recovery that outlasted
+//     in a new generation: a shard its bitmap counts as consumed is not
+//     served when leased there (it is acked at the next commit), a shard it
+//     held in progress resumes at its position. Leases found lost at Restore (a recovery that outlasted
 //     the lease TTL) are handled the same way, so their samples are still
 //     served once; a lease lost within a round fails the round
 //     (ErrLeaseLost) and the next Restore sorts it out.

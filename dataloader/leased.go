@@ -263,11 +263,12 @@ func (l *LeasedLoader[T, B]) shardOf(e leaseEntry) Shard {
 // rank's Restore returned: the trainer holds a barrier in between.
 //
 // A state of another lineage than SetLineage's continues in a new
-// generation of the queue: its consumed shards are acked without being
-// served again when they are leased there, and its leases in progress
-// resume at their position. A committed lease found lost here (it expired,
-// or the queue lost its keys) is treated the same way, so the samples it
-// covers are still served exactly once. Restore is idempotent.
+// generation of the queue: its consumed shards are not served again when
+// they are leased there (they are acked at the next commit), and its
+// leases in progress resume at their position. A committed lease found
+// lost here (it expired, or the queue lost its keys) is treated the same
+// way, so the samples it covers are still served exactly once. Restore is
+// idempotent.
 //
 // Errors: ErrInvalidWorld (rank, size, or a world larger than
 // GlobalBatch), ErrCorruptState or ErrCursorMismatch for the state,
@@ -353,7 +354,8 @@ func (l *LeasedLoader[T, B]) cleanQueue(ctx context.Context, st *leasedState, fo
 		for _, e := range st.done {
 			err := l.q.Ack(ctx, l.shardOf(e))
 			if errors.Is(err, ErrLeaseLost) {
-				// Consumed in the history: whoever leases it acks it unserved.
+				// Consumed in the history: whoever leases it again does not
+				// serve it and acks it at the next commit.
 				l.log.Warn("committed consumed data shard could not be acked (its lease was lost); it is acked when leased again",
 					"epoch", l.epoch, "shard", e.index, "err", err)
 				continue
@@ -511,8 +513,9 @@ const (
 )
 
 // lease leases one shard of the epoch to serve. A shard the history
-// already consumed (a fork, or a lost ack) is acked at once and the next
-// one leased; a shard the history trained partly resumes where it
+// already consumed (a fork, or a lost ack) joins this rank's consumed
+// leases, to be acked at the next commit like them, and the next one is
+// leased; a shard the history trained partly resumes where it
 // stopped. With wait, it tries for up to BusyWait while every shard is
 // leased; each Lease call runs to its end (a lease granted as its ctx
 // ended would be held by nobody until the next Restore).
@@ -553,11 +556,9 @@ func (l *LeasedLoader[T, B]) lease(ctx context.Context, wait bool) (openLease, l
 				ErrShardMismatch, s.Epoch, s.Index, s.Lo, s.Hi, s.Token, lo, hi, qe)
 		}
 		if bitSet(l.consumed, s.Index) {
-			// Consumed in the history this rank restored (every rank holds
-			// it): its ack cannot be rolled back.
-			if err := l.q.Ack(ctx, s); err != nil {
-				return openLease{}, 0, fmt.Errorf("dataloader: acking shard %d of epoch %d, consumed before: %w", s.Index, l.epoch, err)
-			}
+			// Consumed in the history this rank restored: nothing of it to
+			// serve; acked with this rank's other consumed leases.
+			l.done = append(l.done, s)
 			continue
 		}
 		pos := s.Lo

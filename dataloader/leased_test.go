@@ -684,8 +684,8 @@ func TestLeasedExactlyOnce(t *testing.T) {
 		// other workers take them): the commit every survivor holds (step
 		// 16, whose consumed leases Committed never acked, since rank 0
 		// died first) has only stale tokens. Restore must still serve each
-		// sample once: consumed shards are acked unserved when leased
-		// again, partly trained ones resume where they stopped.
+		// sample once: consumed shards are not served when leased again,
+		// partly trained ones resume where they stopped.
 		{"LeasesLostBeforeRestore", 2, nil, func() func(*simJob, simPoint) string {
 			return func(j *simJob, p simPoint) string {
 				if p.at == "hold" && p.step == 16 && p.round == 1 && p.rank == 0 {
