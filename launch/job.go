@@ -297,7 +297,11 @@ func (j *Job) supervise(ctx context.Context) {
 			grace = j.stop(sig, nil, grace)
 		case <-ctxDone:
 			ctxDone = nil
-			grace = j.stop(syscall.SIGTERM, ctx.Err(), grace)
+			cause := ctx.Err()
+			if c := context.Cause(ctx); c != nil && c != cause {
+				cause = fmt.Errorf("%w (%v)", cause, c) // e.g. signal.NotifyContext's signal
+			}
+			grace = j.stop(syscall.SIGTERM, cause, grace)
 		case <-j.killc:
 			// A stop without a grace period: every worker counts as
 			// running at the stop, and none leaves gracefully.
