@@ -33,7 +33,9 @@ type Spec struct {
 	// Stdout and Stderr receive the workers' standard output and error; nil
 	// discards it (the null device). An *os.File is handed to the workers
 	// as it is, so the kernel orders their writes; any other writer gets
-	// every worker's output through one lock, a write at a time.
+	// every worker's output through one lock, a write at a time. That lock
+	// is launch's own: a caller that also writes to such a writer (a
+	// logger on the same buffer) passes one that serialises its writes.
 	Stdout, Stderr io.Writer
 }
 

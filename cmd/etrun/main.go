@@ -32,7 +32,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/launch"
 )
@@ -72,17 +75,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		cfg.Secret = secret
 	}
-	spec := launch.Spec{Command: cmd, Stdout: os.Stdout, Stderr: os.Stderr}
-	if stdout != os.Stdout {
-		spec.Stdout = stdout
+	if _, ok := stderr.(*os.File); !ok {
+		// The workers' output is copied into it while etrun logs there
+		// too: one lock for both (an *os.File is handed to the workers).
+		stderr = &lockedWriter{w: stderr}
 	}
-	if stderr != os.Stderr {
-		spec.Stderr = stderr
-	}
+	spec := launch.Spec{Command: cmd, Stdout: stdout, Stderr: stderr}
 	if err := errors.Join(cfg.Validate(), spec.Validate()); err != nil {
 		fmt.Fprintf(stderr, "etrun: %v\n", err)
 		return 2
 	}
+	// go-redis logs each failed dial itself; launch's error for a store
+	// that does not answer names the cause once.
+	redis.SetLogger(quietRedis{})
 	level := slog.LevelInfo
 	if *quiet {
 		level = slog.LevelWarn
@@ -130,6 +135,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 	}
 	return launch.ExitStatus(err)
 }
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// quietRedis discards go-redis' own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
 
 // prefixed writes every log record (one Write each) after "etrun: ".
 type prefixed struct{ w io.Writer }
