@@ -390,6 +390,7 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 	watch *collectiveWatch, ck *checkpointer) error {
 	sn := t.latest
 	catchUp := false
+	t.published = -1
 	if len(t.parts) > 0 {
 		published := int64(-1)
 		if t.o.ckpt != nil {
@@ -408,6 +409,7 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 			}
 			published, catchUp = int64(binary.LittleEndian.Uint64(buf)), buf[8] == 1
 		}
+		t.published = published
 		pr := PartitionRound{Step: t.step, Source: source, Published: published, Comm: comm}
 		for _, p := range t.parts {
 			pr.World = sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Endpoints(p.Name())}
@@ -580,6 +582,9 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	watch.leave()
 	if err != nil {
 		return false, fmt.Errorf("trainer: checkpoint of step %d: %w", step, err)
+	}
+	if outcome[0] == 1 {
+		t.published = step
 	}
 	return outcome[0] == 1, nil
 }

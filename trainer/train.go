@@ -366,8 +366,8 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 		}
 		return endFinished, nil
 	}
-	if t.o.ckpt == nil {
-		return endFinished, nil
+	if t.o.ckpt == nil || t.published == t.step {
+		return endFinished, nil // no store, or the last step's checkpoint is published
 	}
 	published, err := t.checkpointParts(ctx, comm, world, watch, ck)
 	if err != nil {

@@ -75,6 +75,7 @@ type Trainer[B any] struct {
 	restored            bool   // this round's state came from a checkpoint or init
 	stateRound          uint64 // round in which the live state was last installed
 	epoch, epochStep    int    // where the data continues: RoundInfo.Epoch, EpochStep
+	published           int64  // with partitions: step of the newest published checkpoint, as this round knows it
 	recoveries          []int64
 	failures            []string
 	lastLoss            float64
