@@ -54,10 +54,8 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	if prevSize != 0 && prevSize != world.Size && t.o.hooks.OnRescale != nil {
 		t.o.hooks.OnRescale(prevSize, world.Size)
 	}
-	if len(t.slow) != world.Size {
-		t.slow = make([]int, world.Size)
-	}
-	clear(t.slow)
+	t.strag.factor, t.strag.steps = t.cfg.StragglerFactor, t.cfg.StragglerSteps
+	t.strag.reset(world.Size)
 	end, err := t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
 	switch {
 	case end == endFinished, end == endRejoin, end == endPreempted, end == endEvicted,
@@ -178,65 +176,47 @@ func (t *Trainer[B]) syncState(ctx context.Context, comm sync.Synchronizer, worl
 }
 
 func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool, watch *collectiveWatch) (RoundInfo, error) {
-	const none = -1e300
 	info := RoundInfo{Round: world.Round, Rank: world.Rank, WorldSize: world.Size, Recovery: recovered}
 	// Phase 1: same model everywhere? Who holds the freshest state (the
 	// highest round in which a rank last installed state)? A member that
 	// was fenced keeps its state but, having missed rounds, defers to
 	// fresher holders; if every member was fenced at once they all hold the
 	// same round and nothing is lost.
-	v := []float64{t.fp, -t.fp, none, 0}
+	claim := stateClaim{fingerprint: t.fp, holds: t.latest != nil, stateRound: t.stateRound,
+		recovered: recovered, owed: t.countRecovery}
 	if t.latest != nil {
-		v[2] = float64(t.stateRound)
+		claim.latestSeq = t.latest.seq
 	}
-	if recovered {
-		v[3] = 1
-		if t.countRecovery {
-			v[3] = 2
-		}
-	}
+	v := agreementPhase1(claim)
 	watch.enter()
 	err := comm.AllReduceFloat64(ctx, v, sync.OpMax)
 	watch.leave()
 	if err != nil {
 		return info, fmt.Errorf("trainer: state agreement: %w", err)
 	}
-	if v[0] != t.fp || -v[1] != t.fp {
+	p1 := decidePhase1(v, t.fp)
+	if p1.mismatch {
 		return info, fmt.Errorf("%w: parameter names, shapes or optimizer differ between ranks of round %d", ErrModelMismatch, world.Round)
 	}
-	recovered = v[3] > 0
-	counted := v[3] > 1 // the failed round had trained a step somewhere
-	info.Recovery = recovered
+	counted := p1.counted
+	info.Recovery = p1.recovered
 	root := 0
 	var sn *snapshot
-	held := v[2] > none // some rank holds live state
-	if held {
+	if p1.held {
 		// Phase 2: among the freshest holders, the newest commit that all
 		// of them hold (invariant 2), and the lowest rank holding it.
-		// Commits are told apart by their number, not their step: a
-		// loader may ask for a commit after a global batch that trained
-		// nothing, so two commits can share a step.
-		fresh := v[2]
-		w := []float64{none, -float64(world.Size)}
-		if t.latest != nil && float64(t.stateRound) == fresh {
-			w[0], w[1] = -float64(t.latest.seq), -float64(world.Rank)
-		}
+		w := agreementPhase2(claim, p1, world.Rank, world.Size)
 		watch.enter()
 		err := comm.AllReduceFloat64(ctx, w, sync.OpMax)
 		watch.leave()
 		if err != nil {
 			return info, fmt.Errorf("trainer: state agreement: %w", err)
 		}
-		root = int(-w[1])
-		agreed := uint64(-w[0])
+		var agreed uint64
+		root, agreed = decidePhase2(w)
 		info.Source = "commit"
 		if world.Rank == root {
-			for _, c := range []*snapshot{t.latest, t.prev} {
-				if c != nil && c.seq == agreed {
-					sn = c
-				}
-			}
-			if sn == nil {
+			if sn = pickCommit(agreed, t.latest, t.prev); sn == nil {
 				return info, fmt.Errorf("%w: rank %d lacks the agreed commit number %d", ErrCorruptState, root, agreed)
 			}
 		}
@@ -291,7 +271,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return info, err
 	}
-	if t.latest != nil && held {
+	if t.latest != nil && p1.held {
 		info.RolledBack = t.step - got.step
 	}
 	if err := t.install(got, world); err != nil {
@@ -303,14 +283,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if counted {
 		t.tel.recoveries.Add(ctx, 1, t.tel.commonAttrs)
 	}
-	cutoff := t.o.now().Add(-t.cfg.RecoveryWindow).UnixMilli()
-	within := 0
-	for _, r := range t.recoveries {
-		if r >= cutoff {
-			within++
-		}
-	}
-	if within > t.cfg.MaxRecoveries {
+	if within := recoveriesWithin(t.recoveries, t.o.now(), t.cfg.RecoveryWindow); within > t.cfg.MaxRecoveries {
 		return info, &BudgetError{Recoveries: within, Last: slices.Clone(t.failures)}
 	}
 	return info, nil

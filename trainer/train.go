@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -38,18 +37,13 @@ const (
 // lossScale is the fixed-point scale of loss sums in deterministic mode.
 const lossScale = 1 << 24
 
-// train runs steps until the round ends.
+// train runs steps until the round ends: the I/O around the core's
+// decisions (putControl, readControl, decideBoundary, stragglers).
 func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
 	recovered bool, failedAt time.Time, watch *collectiveWatch, ck *checkpointer, pending func() bool) (roundEnd, error) {
 	W, rank := world.Size, world.Rank
-	ctl := make([]float64, ctlFixed+ctlPerRank*W)
-	if len(t.computes) < W {
-		t.computes = make([]float64, W)
-	}
-	ls := &t.lstep
-	if len(ls.Samples) != W {
-		ls.Samples, ls.ComputeSeconds, ls.EpochDone = make([]int, W), make([]float64, W), make([]bool, W)
-	}
+	ctl := make([]float64, controlLen(W))
+	o := &t.outcome
 	pos, tracked := t.loader.(positioner)
 	var agreement *AuditEntry
 	if t.o.audit != nil && rank == 0 {
@@ -83,36 +77,23 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		t.microCount = len(b.Micro)
 		compute := time.Since(stepStart)
 
-		clear(ctl)
-		if pending() {
-			ctl[ctlChange] = 1
-		}
-		if stepErr != nil {
-			ctl[ctlStepErr] = 1
-		}
-		ctl[ctlGradMax] = gmax
-		mine := ctl[ctlFixed+ctlPerRank*rank:]
-		mine[ctlLoss], mine[ctlSamples], mine[ctlCompute] = loss, float64(len(b.Indices)), compute.Seconds()
-		if t.preempted() {
-			mine[ctlStop] = 1
-		}
-		if b.EpochDone {
-			mine[ctlEpochDone] = 1
-		}
+		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
+			samples: len(b.Indices), compute: compute.Seconds(), stop: t.preempted(), epochDone: b.EpochDone})
 		syncStart := time.Now()
 		actx, aspan := sctx, trace.Span(nil)
 		if span != nil {
 			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
 		}
-		var n float64 // samples in the global batch
 		watch.enter()
 		err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
-		if err == nil && ctl[ctlStepErr] == 0 {
-			for r := range W {
-				n += ctl[ctlFixed+ctlPerRank*r+ctlSamples]
-			}
-			if n > 0 { // a global batch without samples is no step: nothing to reduce
-				err = t.reduceGrads(actx, comm, ctl[ctlGradMax], b.GlobalSize)
+		if err == nil {
+			readControl(ctl, W, t.cfg.Deterministic, o)
+			switch {
+			case o.diverged:
+				// Every rank saw the same largest gradient: all stop here, together.
+				err = fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
+			case !o.stepFailed && o.samples > 0: // a global batch without samples is no step: nothing to reduce
+				err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
 				if err == nil && t.afterReduce != nil {
 					err = t.afterReduce(rank, t.step+1)
 				}
@@ -127,8 +108,6 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				endSpan(span, err)
 			}
 			if errors.Is(err, ErrDiverged) {
-				// Every rank saw the same largest gradient in the control
-				// allreduce: all stop here, together.
 				return endFatal, fmt.Errorf("trainer: step %d: %w", t.step+1, err)
 			}
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
@@ -141,7 +120,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			agreement = nil
 		}
-		if ctl[ctlStepErr] > 0 {
+		if o.stepFailed {
 			if span != nil {
 				endSpan(span, stepErr)
 			}
@@ -151,22 +130,11 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return endRejoin, nil // another rank's step failed; it leaves, we go on without it
 		}
 		syncDur := time.Since(syncStart)
-		var lossSum float64
-		stop := false
-		for r := range W {
-			v := ctl[ctlFixed+ctlPerRank*r:]
-			lossSum += v[ctlLoss] // in rank order, so every rank gets the same bits
-			stop = stop || v[ctlStop] > 0
-			t.computes[r] = v[ctlCompute]
-			ls.Samples[r], ls.ComputeSeconds[r], ls.EpochDone[r] = int(v[ctlSamples]), v[ctlCompute], v[ctlEpochDone] > 0
-		}
-		empty := n == 0
+		empty := o.samples == 0
 		var stepDur time.Duration
 		if !empty {
-			if t.cfg.Deterministic {
-				lossSum /= lossScale
-			} else {
-				inv := float32(1 / n)
+			if !t.cfg.Deterministic {
+				inv := float32(1 / o.samples)
 				for _, p := range t.params {
 					for i := range p.Grad {
 						p.Grad[i] *= inv
@@ -178,15 +146,15 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			t.step++
 			t.trained++
-			t.lastLoss = lossSum / n
+			t.lastLoss = o.lossSum / o.samples
 			if !tracked {
 				t.epoch, t.epochStep = b.Epoch, b.Step+1
 			}
 			stepDur = time.Since(stepStart)
 			t.pendingUseful += stepDur
 		}
-		ls.Step = t.step
-		commitAsked, err := t.loader.Stepped(ctx, *ls)
+		ls := LoaderStep{Step: t.step, Samples: o.perSamples, ComputeSeconds: o.perCompute, EpochDone: o.epochDone}
+		commitAsked, err := t.loader.Stepped(ctx, ls)
 		if err != nil {
 			if span != nil {
 				endSpan(span, err)
@@ -196,16 +164,17 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if tracked {
 			t.epoch, t.epochStep = pos.position()
 		}
-
 		evict := -1
 		if !empty {
-			evict = t.stragglers(ctx, world, t.computes[:W])
+			evict = t.strag.observe(o.perCompute, t.cfg.EvictStragglers, func(r int, ratio float64) {
+				t.straggler(ctx, world, r, ratio)
+			})
 		}
-		leaving := stop || evict >= 0 || ctl[ctlChange] > 0
-		ckptDue := !empty && !stop && t.cfg.CheckpointEvery > 0 && t.step%int64(t.cfg.CheckpointEvery) == 0
-		if leaving || commitAsked || ckptDue || (!empty && t.step%int64(t.cfg.CommitEvery) == 0) {
+		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
+			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted()})
+		if bd.commit {
 			var cspan trace.Span
-			if span != nil || leaving {
+			if span != nil || bd.end != endNone {
 				_, cspan = t.tel.tracer.Start(sctx, SpanCommit, trace.WithAttributes(AttrStep.Int64(t.step)))
 			}
 			err := t.commit(ctx, comm, watch)
@@ -219,7 +188,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				return t.classify(runCtx, ctx, err)
 			}
 		}
-		if ckptDue {
+		if bd.checkpoint {
 			if len(t.parts) == 0 {
 				if rank == 0 {
 					ck.submit(t.step, t.latest.encode(nil, t.params))
@@ -250,13 +219,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				t.tel.goodput.Record(ctx, t.goodput(t.runStart), t.tel.commonAttrs)
 			}
 			if rank == 0 {
-				t.tel.samples.Add(ctx, int64(n), t.tel.commonAttrs)
+				t.tel.samples.Add(ctx, int64(o.samples), t.tel.commonAttrs)
 			}
 			if span != nil {
 				span.End()
 			}
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, Samples: int(n), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+				Loss: t.lastLoss, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec
@@ -269,13 +238,14 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				t.o.hooks.OnStep(si)
 			}
 		}
-		switch {
-		case stop:
-			return t.leavePreempted(ctx, runCtx, comm, world, ctl, watch, ck)
-		case evict == rank:
-			return endEvicted, nil
-		case leaving:
+		switch bd.end {
+		case endPreempted, endRejoin:
+			if o.stop {
+				return t.leavePreempted(ctx, runCtx, comm, world, o.firstStop, watch, ck)
+			}
 			return endRejoin, nil
+		case endEvicted:
+			return endEvicted, nil
 		}
 	}
 }
@@ -285,14 +255,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 // durable checkpoint (with partitions: every rank takes part, rank 0
 // publishes), the preempted ranks leave, the others rejoin.
 func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
-	ctl []float64, watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
-	first := -1
-	for r := range world.Size {
-		if ctl[ctlFixed+ctlPerRank*r+ctlStop] > 0 {
-			first = r
-			break
-		}
-	}
+	first int, watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
 	var saveErr error
 	if len(t.parts) == 0 {
 		if first == world.Rank && t.preempted() {
@@ -318,36 +281,16 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 	return endPreempted, saveErr
 }
 
-// stragglers updates the per-rank slow-step counters from this step's
-// compute times (identical on every rank) and returns the rank to evict, or
-// -1. Every rank takes the same decision.
-func (t *Trainer[B]) stragglers(ctx context.Context, world elastic.World, compute []float64) int {
-	if len(compute) < 3 {
-		return -1 // a median needs at least three ranks to mean anything
+// straggler reports rank r, found slow by the core's stragglers tracker
+// at this step with compute time ratio times the median: log, metric,
+// Hooks.OnStraggler.
+func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64) {
+	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers}
+	t.log.Warn("straggler", "rank", r, "ratio", math.Round(ratio*100)/100, "steps", t.cfg.StragglerSteps)
+	t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
+	if t.o.hooks.OnStraggler != nil {
+		t.o.hooks.OnStraggler(info)
 	}
-	sorted := slices.Clone(compute)
-	slices.Sort(sorted)
-	med := sorted[len(sorted)/2]
-	evict := -1
-	for r, c := range compute {
-		if med > 0 && c > t.cfg.StragglerFactor*med {
-			t.slow[r]++
-		} else {
-			t.slow[r] = 0
-		}
-		if t.slow[r] == t.cfg.StragglerSteps {
-			info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: c / med, Evict: t.cfg.EvictStragglers}
-			t.log.Warn("straggler", "rank", r, "ratio", math.Round(info.Ratio*100)/100, "steps", t.cfg.StragglerSteps)
-			t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
-			if t.o.hooks.OnStraggler != nil {
-				t.o.hooks.OnStraggler(info)
-			}
-			if t.cfg.EvictStragglers && evict < 0 {
-				evict = r
-			}
-		}
-	}
-	return evict
 }
 
 // finish ends the job at the end of the last epoch: commit and a final

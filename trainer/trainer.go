@@ -81,15 +81,14 @@ type Trainer[B any] struct {
 	lastLoss            float64
 	useful              time.Duration
 	pendingUseful       time.Duration
-	slow                []int
-	computes            []float64   // per-rank compute seconds of the last step
+	strag               stragglers  // slow-step counters of the round's ranks
+	outcome             stepOutcome // the last step's agreed control values
 	acc                 []float32   // gradient accumulator over micro-batches
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
 	fixed               []float64   // deterministic mode: fixed-point gradient sums
 	microCount          int         // deterministic mode: micro-batches of this rank's share
 	nvalues             int         // values over all parameters
 	runStart            time.Time
-	lstep               LoaderStep // reused for Stepped
 
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
@@ -337,7 +336,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	prevSize := 0
 	var failedAt time.Time // when this worker saw the failure that ended its last round
 	failed := false
-	unformed := 0 // rounds in a row that failed before this worker trained a step
+	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -381,7 +380,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		end, rerr := t.round(ctx, agent, world, prevSize, failed, failedAt, ck)
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
-			unformed = 0
+			uf.trained()
 		}
 		prevSize = world.Size
 		res.Step, res.Loss = t.step, t.lastLoss
@@ -413,43 +412,25 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// stays owed until a recovery round records it, so a crash
 			// followed by a failure while re-forming still counts once.
 			t.countRecovery = t.countRecovery || trainedHere
-			cause := rerr.Error()
-			t.failures = append(t.failures, cause)
-			if len(t.failures) > 5 {
-				t.failures = t.failures[len(t.failures)-5:]
-			}
+			t.failures = lastFailures(t.failures, rerr.Error())
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
 			reported := false
-			var pe *sync.PeerError
-			// A peer that aborted on purpose (its round moved on, it was
-			// preempted) is alive; only a lost connection is reported. A
-			// worker that never held the job's state does not report: if
-			// it cannot authenticate with a peer, the misconfigured one may
-			// well be itself (a stale secret), and it must not evict
-			// healthy members; those that trained together know better.
-			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
-				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank && t.latest != nil {
+			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
+				if err := agent.ReportFailure(rctx, world.Round, world.Members[r].ID); err != nil {
 					t.log.Warn("failure report failed", "err", err)
 				} else {
 					reported = true
 				}
 				cancel()
 			}
-			if !trainedHere && !reported {
-				// Rounds that keep failing before a step (a member that
-				// never authenticates, an address nobody reaches) must
-				// neither spin nor go on for ever. A round whose culprit
-				// this worker reported does not count: it was evicted, and
-				// strangers that keep coming back must not wear down the
-				// members that train.
-				unformed++
-				if unformed > t.cfg.MaxRecoveries {
+			if !trainedHere {
+				giveUp, pause := uf.failed(reported)
+				if giveUp {
 					leave()
-					return res, &BudgetError{Unformed: unformed, Last: slices.Clone(t.failures)}
+					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
 				}
-				if err := sleepCtx(ctx, unformedBackoff(unformed)); err != nil {
+				if err := sleepCtx(ctx, pause); err != nil {
 					continue // reported at the top of the loop
 				}
 			}
@@ -467,16 +448,6 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return res, rerr
 		}
 	}
-}
-
-// unformedBackoff is the pause before rejoining after the n-th round in a
-// row that failed before a step: none after the first (recovery stays
-// fast), then 20 ms doubling up to 1 s.
-func unformedBackoff(n int) time.Duration {
-	if n < 2 {
-		return 0
-	}
-	return min(20*time.Millisecond<<min(n-2, 10), time.Second)
 }
 
 // closeParts closes the first n partitions, newest first, logging errors.
