@@ -3,57 +3,15 @@ package trainer_test
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/sync"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
-
-// countingBackend is a user's own Backend: it wraps another one and gives
-// every round a Synchronizer with its own gradient sync (GradientReducer),
-// counting the calls.
-type countingBackend struct {
-	Backend
-	sums, direct atomic.Int64 // SumGradients calls; AllReduceFloat32 calls the trainer made itself
-}
-
-func (b *countingBackend) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
-	s, err := b.Backend.Connect(ctx, w)
-	if err != nil {
-		return nil, err
-	}
-	return &countingSync{Synchronizer: s, b: b}, nil
-}
-
-type countingSync struct {
-	sync.Synchronizer
-	b *countingBackend
-}
-
-// SumGradients sums each tensor on its own (no fusion): a strategy of the
-// user's, which the trainer must call instead of its bucketed allreduce.
-func (s *countingSync) SumGradients(ctx context.Context, grads [][]float32) error {
-	s.b.sums.Add(1)
-	for _, g := range grads {
-		if err := s.Synchronizer.AllReduceFloat32(ctx, g, sync.OpSum); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *countingSync) AllReduceFloat32(ctx context.Context, buf []float32, op sync.Op) error {
-	s.b.direct.Add(1)
-	return s.Synchronizer.AllReduceFloat32(ctx, buf, op)
-}
-
-var _ GradientReducer = (*countingSync)(nil)
 
 // Must-show 5: a gradient sync written by a user, plugged into trainer.New
 // through WithBackend, trains the model to its optimum; the trainer calls
