@@ -33,8 +33,9 @@ func WithBackend(b Backend) Option { return func(o *options) { o.backend = b } }
 // WithPartition adds state partitioned over the ranks (see Partition) to
 // every commit, restore and checkpoint. It may be given several times,
 // for partitions of distinct names (at most elastic.MaxEndpoints-1 of
-// them; "sync" is the Backend's). The Trainer owns p from Run on: it calls
-// Listen once and Close when Run returns.
+// them; "sync" is the Backend's), in the same order on every worker: the
+// trainer calls them in that order. The Trainer owns p from Run on: it
+// calls Listen once and Close when Run returns.
 //
 // With partitions, a durable checkpoint is a collective of every rank at
 // a step boundary (each rank's Checkpoint, then rank 0's publication of

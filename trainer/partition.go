@@ -79,7 +79,9 @@ type PartitionRound struct {
 	Source string
 	// Manifests holds, for Source "checkpoint", the manifests every rank
 	// returned from Checkpoint when it was written, in the rank order of
-	// the round that wrote it (its world size may differ from this one's).
+	// the round that wrote it (its world size may differ from this one's);
+	// nil when that checkpoint holds none of this partition (it was
+	// written by a job without it, or before it existed).
 	Manifests [][]byte
 	// Published is the step of the newest durable checkpoint published
 	// (rank 0's CheckpointStore.List), -1 when there is none or no

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"slices"
 	stdsync "sync"
@@ -356,4 +357,128 @@ func TestPartitionProtocol(t *testing.T) {
 		require.Equal(t, []int64{40, 50, 60}, parts2[w].checkpoints)
 	}
 	bad.check(t)
+}
+
+// With partitions, a checkpoint that rank 0 fails to publish fails the
+// round on every rank (a partition takes its next Checkpoint call to mean
+// the last one was published), the next round tells the partitions the
+// newest checkpoint that was (PartitionRound.Published), and the one that
+// failed is written at once (the catch-up of a missing due checkpoint).
+func TestPartitionCheckpointPublicationFailure(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	var failed atomic.Bool
+	store := &flakyStore{CheckpointStore: dir, fail: func(step int64) bool { return step == 20 && failed.CompareAndSwap(false, true) }}
+	bad := &violations{}
+	j := newMemJob(t, 480, 4, 2)
+	j.opt = func() Optimizer { return NewSGD(0.3) }
+	j.cfg.Elastic.MinWorkers = 2
+	j.cfg.CheckpointEvery = 10
+	parts := map[*trainertest.Worker]*recPart{}
+	var mu stdsync.Mutex
+	j.opts = func(w *trainertest.Worker) []Option {
+		p := &recPart{name: "table", addr: fmt.Sprintf("table-%d", w.Index), bad: bad}
+		mu.Lock()
+		parts[w] = p
+		mu.Unlock()
+		return []Option{WithPartition(p), WithCheckpointStore(store)}
+	}
+	ws := []*trainertest.Worker{j.start(), j.start()}
+	j.c.Wait()
+	j.check(ws)
+	bad.check(t)
+	require.True(t, failed.Load())
+	for _, w := range ws {
+		p := parts[w]
+		require.Equal(t, []int64{10, 20, 20, 30, 40, 50, 60}, p.checkpoints, "the failed one, then its catch-up")
+		require.GreaterOrEqual(t, len(p.rounds), 2)
+		r := p.rounds[1]
+		require.Equal(t, "commit", r.Source)
+		require.EqualValues(t, 20, r.Step)
+		require.EqualValues(t, 10, r.Published, "the newest checkpoint that was published")
+	}
+	steps, err := dir.List(context.Background())
+	require.NoError(t, err)
+	require.Equal(t, []int64{60, 50, 40, 30, 20, 10}, steps)
+}
+
+// A preempted worker in a job with partitions: every rank takes part in
+// its checkpoint, rank 0 publishes it, the preempted worker leaves with
+// ErrPreempted and the others finish.
+func TestPartitionCheckpointOnPreemption(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	bad := &violations{}
+	j := newMemJob(t, 480, 4, 2)
+	j.opt = func() Optimizer { return NewSGD(0.3) }
+	j.cfg.Elastic.MinWorkers = 2
+	parts := map[*trainertest.Worker]*recPart{}
+	trainers := map[int]func(){}
+	var mu stdsync.Mutex
+	var once stdsync.Once
+	j.opts = func(w *trainertest.Worker) []Option {
+		p := &recPart{name: "table", addr: fmt.Sprintf("table-%d", w.Index), bad: bad}
+		mu.Lock()
+		parts[w] = p
+		mu.Unlock()
+		return []Option{WithPartition(p), WithCheckpointStore(dir), WithHooks(Hooks{OnStep: func(s StepInfo) {
+			if s.Step == 12 && s.Rank == 1 {
+				once.Do(func() {
+					mu.Lock()
+					preempt := trainers[w.Index]
+					mu.Unlock()
+					preempt()
+				})
+			}
+		}})}
+	}
+	ws := make([]*trainertest.Worker, 3)
+	for i := range ws {
+		ws[i] = j.c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
+			m := trainertest.NewModel(j.prob.Dim)
+			j.models[w] = m
+			dcfg := dataloader.DefaultConfig()
+			dcfg.GlobalBatch, dcfg.Seed = j.batch, j.seed
+			loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { loader.Close() })
+			tr, err := New(m.Params(), j.opt(), loader, m.Step, w.Store, j.cfg, append(w.Options(), append(j.opts(w), WithAudit(j.audit))...)...)
+			if err != nil {
+				return nil, err
+			}
+			mu.Lock()
+			trainers[w.Index] = tr.Preempt
+			mu.Unlock()
+			return tr, nil
+		})
+	}
+	j.c.Wait()
+	var preempted *trainertest.Worker
+	var finishers []*trainertest.Worker
+	for _, w := range ws {
+		if _, err := w.Result(); errors.Is(err, ErrPreempted) {
+			preempted = w
+		} else {
+			finishers = append(finishers, w)
+		}
+	}
+	require.NotNil(t, preempted, "one worker was preempted")
+	_, err = preempted.Result()
+	require.NotErrorIs(t, err, ErrCheckpoint, "its checkpoint was published")
+	j.check(finishers)
+	bad.check(t)
+	// The preemption's checkpoint: every rank of that round took part.
+	var at int64 = -1
+	for _, s := range parts[preempted].checkpoints {
+		at = s
+	}
+	require.GreaterOrEqual(t, at, int64(12))
+	for _, w := range ws {
+		require.Contains(t, parts[w].checkpoints, at, "%v took part in the preemption's checkpoint", w)
+	}
+	steps, err := dir.List(context.Background())
+	require.NoError(t, err)
+	require.Contains(t, steps, at)
 }

@@ -294,23 +294,28 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		}
 	}()
 
+	// The Backend and every partition are closed once when Run returns,
+	// whatever happened (the contracts' last call).
+	defer t.closeParts()
+	defer func() {
+		if err := t.backend.Close(); err != nil {
+			t.log.Warn("closing the backend failed", "err", err)
+		}
+	}()
 	addr, err := t.backend.Listen(ctx)
 	if err != nil {
 		return res, fmt.Errorf("trainer: listen: %w", err)
 	}
-	defer t.backend.Close()
 	endpoints := map[string]string{EndpointSync: addr}
-	for i, p := range t.parts {
+	for _, p := range t.parts {
 		paddr, err := p.Listen(ctx)
 		if err != nil {
-			t.closeParts(i)
 			return res, fmt.Errorf("trainer: partition %q: listen: %w", p.Name(), err)
 		}
 		if paddr != "" {
 			endpoints[p.Name()] = paddr
 		}
 	}
-	defer t.closeParts(len(t.parts))
 	member := func() elastic.Member {
 		m := elastic.NewMember(addr)
 		m.Endpoints = endpoints
@@ -450,9 +455,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	}
 }
 
-// closeParts closes the first n partitions, newest first, logging errors.
-func (t *Trainer[B]) closeParts(n int) {
-	for i := n - 1; i >= 0; i-- {
+// closeParts closes every partition, the last registered first, logging
+// errors.
+func (t *Trainer[B]) closeParts() {
+	for i := len(t.parts) - 1; i >= 0; i-- {
 		if err := t.parts[i].Close(); err != nil {
 			t.log.Warn("closing a partition failed", "partition", t.parts[i].Name(), "err", err)
 		}
