@@ -25,6 +25,7 @@ type memJob struct {
 	seed    uint64
 	opts    func(w *trainertest.Worker) []Option
 	wrap    func(w *trainertest.Worker, l *dataloader.Loader[trainertest.Sample, trainertest.Batch]) Source[trainertest.Batch]
+	backend func(w *trainertest.Worker) []Option // default: w.Options(), the in-memory Backend
 	models  map[*trainertest.Worker]*trainertest.Model
 	opt     func() Optimizer
 	maxStep atomic.Int64
@@ -51,7 +52,11 @@ func (j *memJob) start() *trainertest.Worker {
 			return nil, err
 		}
 		j.t.Cleanup(func() { loader.Close() })
-		opts := append(w.Options(), WithAudit(j.audit), WithHooks(Hooks{OnStep: func(s StepInfo) {
+		opts := w.Options()
+		if j.backend != nil {
+			opts = j.backend(w)
+		}
+		opts = append(opts, WithAudit(j.audit), WithHooks(Hooks{OnStep: func(s StepInfo) {
 			for {
 				cur := j.maxStep.Load()
 				if s.Step <= cur || j.maxStep.CompareAndSwap(cur, s.Step) {

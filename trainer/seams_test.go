@@ -162,6 +162,17 @@ func (s *splitLoader) Committed(context.Context) error {
 	return nil
 }
 
+// noAllGather is a Backend whose rounds' Synchronizers lack sync.AllGatherer.
+type noAllGather struct{ *trainertest.Backend }
+
+func (b noAllGather) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
+	s, err := b.Backend.Connect(ctx, w)
+	if err != nil {
+		return nil, err
+	}
+	return struct{ sync.Synchronizer }{s}, nil
+}
+
 var (
 	_ StatefulLoader[trainertest.Batch] = (*splitLoader)(nil)
 	_ StateMerger                       = (*splitLoader)(nil)
@@ -176,9 +187,24 @@ var (
 // every rank holds it; with a rank killed mid-epoch, exactly once still
 // holds.
 func TestStatefulLoaderProtocol(t *testing.T) {
-	for _, kill := range []bool{false, true} {
-		t.Run(map[bool]string{false: "steady", true: "kill"}[kill], func(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		kill    bool
+		backend func(w *trainertest.Worker) []Option
+	}{
+		{name: "steady"},
+		{name: "kill", kill: true},
+		// The ring over TCP (the default Backend): allgather on a real ring.
+		{name: "ring", backend: func(*trainertest.Worker) []Option { return nil }},
+		// A Synchronizer without AllGather: the states travel by broadcasts.
+		{name: "broadcasts", backend: func(w *trainertest.Worker) []Option {
+			return []Option{WithBackend(noAllGather{w.Backend})}
+		}},
+	} {
+		kill := tc.kill
+		t.Run(tc.name, func(t *testing.T) {
 			j := newMemJob(t, 480, 4, 2)
+			j.backend = tc.backend
 			j.cfg.Elastic.MinWorkers = 3
 			if kill {
 				j.cfg.Elastic.MinWorkers = 2 // the survivors go on
