@@ -351,6 +351,7 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 	t.recoveries = slices.Clone(sn.recoveries)
 	t.latest, t.prev = sn, nil
 	t.pendingUseful = 0
+	t.uncommitted = false
 	return nil
 }
 
@@ -401,6 +402,9 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 	state := sn.cursor
 	if len(state) == 0 {
 		state = nil // a fresh start
+	}
+	if l, ok := t.loader.(LineageSetter); ok {
+		l.SetLineage(t.gen) // the installed state's, the same on every rank
 	}
 	watch.enter()
 	err := t.loader.Restore(ctx, state, world.Rank, world.Size)
@@ -489,6 +493,7 @@ func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *
 	sn.take(t.step, t.gen, t.base, t.params, t.opt, state, t.recoveries, user)
 	sn.seq, sn.epoch, sn.epochStep, sn.parts = seq, int64(t.epoch), int64(t.epochStep), nil
 	t.spare, t.prev, t.latest = t.prev, t.latest, sn
+	t.uncommitted = false
 	t.useful += t.pendingUseful
 	t.pendingUseful = 0
 	if t.o.hooks.OnCommit != nil {

@@ -10,6 +10,7 @@ import (
 	stdsync "sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -507,4 +508,57 @@ func TestPartitionCheckpointOnPreemption(t *testing.T) {
 	steps, err := dir.List(context.Background())
 	require.NoError(t, err)
 	require.Contains(t, steps, at)
+}
+
+// package dataloader's LeasedLoader (DLRover's dynamic sharding over a
+// shard queue), driven by the trainer: three workers over one in-memory
+// queue, one killed mid-epoch; every sample of every epoch is trained
+// exactly once, the finishers hold the same parameters, and the model
+// reaches the optimum.
+func TestLeasedLoaderThroughTheTrainer(t *testing.T) {
+	for _, kill := range []bool{false, true} {
+		t.Run(map[bool]string{false: "steady", true: "kill"}[kill], func(t *testing.T) {
+			j := newMemJob(t, 480, 4, 3)
+			j.opt = func() Optimizer { return NewSGD(0.3) }
+			j.cfg.Elastic.MinWorkers = 3
+			if kill {
+				j.cfg.Elastic.MinWorkers = 2
+			}
+			sc := dataloader.ShardConfig{DatasetLen: len(j.prob.Samples), ShardSize: 32, LeaseTTL: 10 * time.Second}
+			q, err := dataloader.NewMemoryQueue(sc)
+			require.NoError(t, err)
+			j.wrap = func(w *trainertest.Worker, _ *dataloader.Loader[trainertest.Sample, trainertest.Batch]) Source[trainertest.Batch] {
+				lcfg := dataloader.DefaultLeasedConfig()
+				lcfg.Shards, lcfg.GlobalBatch, lcfg.Seed, lcfg.Epochs = sc, j.batch, j.seed, j.cfg.Epochs
+				lcfg.WorkerID = w.String()
+				l, err := dataloader.NewLeased(q, j.prob.Dataset(), j.prob.Collate, lcfg)
+				require.NoError(t, err)
+				return l
+			}
+			ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+			finishers := ws
+			if kill {
+				j.waitStep(40)
+				j.c.Kill(ws[2])
+				finishers = ws[:2]
+			}
+			j.c.Wait()
+			var ref *trainertest.Model
+			for _, w := range finishers {
+				res, err := w.Result()
+				require.NoError(t, err, "%v", w)
+				require.True(t, res.Finished)
+				if ref == nil {
+					ref = j.models[w]
+				} else {
+					require.Equal(t, ref.W, j.models[w].W, "identical parameters on every rank")
+				}
+			}
+			n := len(j.prob.Samples)
+			rep := VerifyAudit(j.audit.Entries(), j.cfg.Epochs, func(e int) []int { return dataloader.Order(j.seed, e, n) })
+			require.Zero(t, rep.Missing, "audit missing")
+			require.Zero(t, rep.Duplicates, "audit duplicates")
+			require.InDelta(t, j.prob.OptimumLoss(), ref.Loss(j.prob), 0.01)
+		})
+	}
 }

@@ -154,6 +154,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			t.pendingUseful += stepDur
 		}
 		ls := LoaderStep{Step: t.step, Samples: o.perSamples, ComputeSeconds: o.perCompute, EpochDone: o.epochDone}
+		t.uncommitted = true
 		commitAsked, err := t.loader.Stepped(ctx, ls)
 		if err != nil {
 			if span != nil {
@@ -293,15 +294,21 @@ func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, 
 	}
 }
 
-// finish ends the job at the end of the last epoch: commit and a final
-// checkpoint by rank 0 (with partitions: by every rank, published by rank
+// finish ends the job at the end of the last epoch: a commit (unless the
+// last step boundary took one) and a final checkpoint by rank 0 (with partitions: by every rank, published by rank
 // 0); round then says goodbye. A failed collective fails the round (the
 // next one finds the end at once and tries again); a failed publication
 // is rank 0's ErrCheckpoint.
 func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
 	watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
-	if err := t.commit(ctx, comm, watch); err != nil {
-		return t.classify(runCtx, ctx, err)
+	// The batch that ended the job was never Stepped: when the last step
+	// boundary committed (every step with CommitEvery 1, an epoch end of a
+	// leased loader), that commit is the final one, and the loader is not
+	// asked for its state with a batch outstanding.
+	if t.uncommitted {
+		if err := t.commit(ctx, comm, watch); err != nil {
+			return t.classify(runCtx, ctx, err)
+		}
 	}
 	if len(t.parts) == 0 {
 		if world.Rank == 0 {

@@ -76,6 +76,7 @@ type Trainer[B any] struct {
 	stateRound          uint64 // round in which the live state was last installed
 	epoch, epochStep    int    // where the data continues: RoundInfo.Epoch, EpochStep
 	published           int64  // with partitions: step of the newest published checkpoint, as this round knows it
+	uncommitted         bool   // a step or an empty global batch was Stepped since the latest commit
 	recoveries          []int64
 	failures            []string
 	lastLoss            float64
