@@ -15,15 +15,18 @@ import (
 
 // Config returns a trainer.Config for in-process tests of job jobID:
 // trainer.DefaultConfig with leases of 1 s (heartbeats every 100 ms), a
-// last call of 200 ms and collective timeouts of 5 s. Its Sync settings
-// are those of the default ring (with a test secret), so the same Config
-// also serves trainers that use TCP.
+// last call of 200 ms, a store outage budget of 1 s (so a worker that
+// Cluster.Kill cut off gives up at once instead of retrying for 30 s) and
+// collective timeouts of 5 s. Its Sync settings are those of the default
+// ring (with a test secret), so the same Config also serves trainers that
+// use TCP.
 func Config(jobID string) trainer.Config {
 	c := trainer.DefaultConfig()
 	c.JobID = jobID
 	c.Elastic.LeaseTTL = time.Second
 	c.Elastic.HeartbeatInterval = 100 * time.Millisecond
 	c.Elastic.LastCall = 200 * time.Millisecond
+	c.Elastic.OutageBudget = time.Second
 	c.Sync.OpTimeout = 5 * time.Second
 	c.Sync.Secret = []byte("trainertest secret of 32 bytes..")
 	return c
@@ -168,7 +171,8 @@ func (c *Cluster) Stop(w *Worker) { w.cancel() }
 // Wait waits until the Run of every worker not killed returned, or fails
 // the test after ClusterConfig.Timeout (cancelling them all). A killed
 // worker's Run returns on its own later (its rendezvous agent tries to
-// leave through the cut store for a few seconds); t.Cleanup waits for it.
+// leave through the cut store until its outage budget, or 5 s, runs out);
+// t.Cleanup waits for it.
 func (c *Cluster) Wait() {
 	c.t.Helper()
 	timeout := time.After(c.timeout)
