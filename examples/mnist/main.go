@@ -24,6 +24,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // config holds the parsed flags.
@@ -213,8 +214,18 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Env: jobenv.SecretEnv(),
+		Store: store.Addr, JobID: c.job,
 	})
+	if errors.Is(err, launch.ErrPreempted) {
+		// A SIGTERM or Ctrl-C: every worker committed, the lowest rank
+		// wrote the checkpoint, and they left; main exits with 143.
+		resume := ""
+		if c.ckpt != "" {
+			resume = fmt.Sprintf("; the checkpoint of step %d is in %s: run again with -checkpoint %s to resume", sum.MaxStep, c.ckpt, c.ckpt)
+		}
+		fmt.Fprintf(logw, "[launcher] preempted at step %d: every worker left gracefully%s\n", sum.MaxStep, resume)
+		return err
+	}
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}

@@ -36,8 +36,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(launcher.EnvWorker) != "" {
-		// A worker re-executed by the launcher from this test binary.
+	if os.Getenv(launcher.EnvWorker) != "" || os.Getenv(envAsMain) != "" {
+		// A worker re-executed by the launcher from this test binary, or
+		// the command itself run by a test as a process of its own.
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	goleak.VerifyTestMain(m)

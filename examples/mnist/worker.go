@@ -22,6 +22,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -105,6 +106,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg.Elastic.LeaseTTL = c.detect
 	tcfg.Elastic.HeartbeatInterval = c.detect / 6
 	tcfg.Elastic.LastCall = time.Second
+	if w, err := launch.WorkerEnv(); err == nil {
+		// The launcher's job ID and secret (those of -job and the
+		// environment), and a grace period that ends before the
+		// launcher's, so a preempted worker exits by itself.
+		w.Configure(&tcfg)
+	}
 	var opts []trainer.Option
 	audit, err := trainer.OpenFileAudit(c.audit)
 	if err != nil {
