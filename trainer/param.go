@@ -32,5 +32,19 @@ type Param struct {
 // per-sample gradient and return the SUM of the per-sample losses; the
 // trainer divides by the global batch size after the allreduce, so uneven
 // shares still give the true mean. With zero samples it must zero the
-// gradients and return 0. A returned error aborts the step on every rank.
+// gradients and return 0.
+//
+// A rank whose share of a global batch is empty (no Indices; a leased
+// loader waiting for a shard) normally skips the StepFunc. With partitions
+// (WithPartition) the StepFunc runs there too, with the empty batch (its
+// Data as the loader collated it, possibly the zero value of B): a
+// partition's step needs every rank's part (the parameter server's shards
+// wait for every rank's push, rows or none).
+//
+// A returned error aborts the step on every rank and ends Run on this one
+// with ErrStepFailed, except an error of the round's communication (a
+// partition's pull or push: a *sync.PeerError, sync.ErrPeerLost,
+// ErrTimeout, ErrAborted, ErrClosed, ErrBadFrame, or the round's ctx
+// done), which ends the round as a failure, as a failed collective does,
+// and the job recovers.
 type StepFunc[B any] func(ctx context.Context, b dataloader.Batch[B]) (loss float64, err error)

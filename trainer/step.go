@@ -30,7 +30,12 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 			for _, p := range t.params {
 				clear(p.Grad)
 			}
-			return 0, 0, nil
+			if len(t.parts) == 0 {
+				return 0, 0, nil
+			}
+			// A partition's step needs every rank's part (the parameter
+			// server's shards wait for every rank's push): the StepFunc
+			// runs, with no sample.
 		}
 		loss, err = t.stepFn(ctx, b)
 		return loss, 0, err
@@ -69,6 +74,10 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 	if len(b.Micro) == 0 {
 		for _, p := range t.params {
 			clear(p.Grad)
+		}
+		if len(t.parts) > 0 { // as above: every rank takes part in a partition's step
+			loss, err = t.stepFn(ctx, b)
+			return loss, 0, err
 		}
 		return 0, 0, nil
 	}

@@ -76,6 +76,17 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		loss, gmax, stepErr := t.compute(sctx, b)
 		t.microCount = len(b.Micro)
 		compute := time.Since(stepStart)
+		if stepErr != nil && (ctx.Err() != nil || roundBroken(stepErr)) {
+			// The StepFunc's own communication failed (a partition's pull
+			// or push: a peer lost, a timeout, the round aborted): the
+			// round is broken, as by a failed collective, not the step
+			// function. The others' control allreduce fails once this
+			// rank closes its end.
+			if span != nil {
+				endSpan(span, stepErr)
+			}
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, stepErr))
+		}
 
 		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
 			samples: len(b.Indices), compute: compute.Seconds(), stop: t.preempted(), epochDone: b.EpochDone})
@@ -327,4 +338,13 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 		return endFinished, fmt.Errorf("%w: the final checkpoint of step %d was not published", ErrCheckpoint, t.step)
 	}
 	return endFinished, nil
+}
+
+// roundBroken reports whether err, from a StepFunc, is a failure of the
+// round's communication (package sync's errors that break a round), which
+// ends the round as a failure rather than ending Run with ErrStepFailed.
+func roundBroken(err error) bool {
+	var pe *sync.PeerError
+	return errors.As(err, &pe) || errors.Is(err, sync.ErrPeerLost) || errors.Is(err, sync.ErrTimeout) ||
+		errors.Is(err, sync.ErrAborted) || errors.Is(err, sync.ErrClosed) || errors.Is(err, sync.ErrBadFrame)
 }

@@ -1,0 +1,292 @@
+package ps_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"os"
+	"slices"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/ps"
+)
+
+// The partition through the trainer's own loop: in-process workers, each
+// with a trainer, a Partition and real TCP transports, training a tiny
+// embedding regression (y = a[user] + b, the embeddings on the parameter
+// server, b dense) while workers are killed, join and the whole job
+// restarts from a checkpoint at another world size.
+
+const (
+	users   = 40
+	samples = 960
+)
+
+type sample struct {
+	user int64
+	y    float32
+}
+
+func dataset() []sample {
+	out := make([]sample, samples)
+	for i := range out {
+		u := int64(i*7) % users
+		out[i] = sample{user: u, y: float32(u)/users - 0.5 + 0.25}
+	}
+	return out
+}
+
+// collate copies: the loader reuses its slice of samples.
+func collate(_ context.Context, s []sample, _ []int) ([]sample, error) { return slices.Clone(s), nil }
+
+// worker is one in-process worker of the job.
+type worker struct {
+	part   *ps.Partition
+	tr     *trainer.Trainer[[]sample]
+	bias   []float32
+	cancel context.CancelFunc
+	res    trainer.Result
+	err    error
+	done   chan struct{}
+	rounds chan trainer.RoundInfo
+	steps  chan int64
+}
+
+type tjob struct {
+	t      *testing.T
+	id     string
+	store  elastic.Store
+	dir    string
+	ckpt   trainer.CheckpointStore
+	audit  *trainer.MemoryAudit
+	epochs int
+	batch  int
+	wg     stdsync.WaitGroup
+}
+
+func newTJob(t *testing.T) *tjob {
+	ck, err := trainer.NewLocalDir(t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
+		dir: t.TempDir(), ckpt: ck, audit: &trainer.MemoryAudit{}, epochs: 3, batch: 32}
+}
+
+func logger() *slog.Logger {
+	if os.Getenv("ELASTICTRAIN_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (j *tjob) start() *worker {
+	j.t.Helper()
+	secret := []byte("trainer partition test, 32 bytes")
+	pcfg := ps.DefaultConfig()
+	pcfg.Tables = []sync.TableSpec{{Name: "a", Rows: users, Dim: 1, Optimizer: sync.NewSparseSGD(0.3)}}
+	pcfg.Dir, pcfg.Checkpoints, pcfg.Logger = j.dir, j.ckpt, logger()
+	pcfg.Sync.JobID, pcfg.Sync.Secret, pcfg.Sync.OpTimeout = j.id, secret, 5*time.Second
+	part, err := ps.New(pcfg)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = j.batch, 5
+	loader, err := dataloader.New(dataloader.FromSlice(dataset()), collate, dcfg)
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	w := &worker{part: part, bias: make([]float32, 1), done: make(chan struct{}),
+		rounds: make(chan trainer.RoundInfo, 64), steps: make(chan int64, 4096)}
+	grad := make([]float32, 1)
+	params := []trainer.Param{{Name: "b", Shape: []int{1}, Value: w.bias, Grad: grad}}
+	step := func(ctx context.Context, b dataloader.Batch[[]sample]) (float64, error) {
+		rows := sync.Rows{Table: 0, IDs: make([]int64, len(b.Data)), Values: make([]float32, len(b.Data))}
+		for i, s := range b.Data {
+			rows.IDs[i] = s.user
+		}
+		if err := part.Pull(ctx, rows); err != nil {
+			return 0, err
+		}
+		loss, g := 0.0, sync.Rows{Table: 0, IDs: rows.IDs, Values: make([]float32, len(b.Data))}
+		grad[0] = 0
+		for i, s := range b.Data {
+			d := rows.Values[i] + w.bias[0] - s.y
+			loss += 0.5 * float64(d) * float64(d)
+			g.Values[i] = d // per-row sums: each user has a few samples per step
+			grad[0] += d
+		}
+		return loss, part.Push(ctx, g)
+	}
+	tcfg := trainer.DefaultConfig()
+	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery, tcfg.CheckpointEvery = j.id, j.epochs, 5, 20
+	tcfg.Elastic.LeaseTTL, tcfg.Elastic.HeartbeatInterval, tcfg.Elastic.LastCall = time.Second, 100*time.Millisecond, 300*time.Millisecond
+	tcfg.Elastic.MaxWorkers = 8
+	tcfg.Sync.OpTimeout, tcfg.Sync.Secret = 5*time.Second, secret
+	tr, err := trainer.New(params, trainer.NewSGD(0.5), loader, step, j.store, tcfg,
+		trainer.WithPartition(part), trainer.WithCheckpointStore(j.ckpt), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
+		trainer.WithHooks(trainer.Hooks{
+			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },
+			OnStep: func(s trainer.StepInfo) {
+				select {
+				case w.steps <- s.Step:
+				default:
+				}
+			},
+		}))
+	if err != nil {
+		j.t.Fatal(err)
+	}
+	w.tr = tr
+	ctx, cancel := context.WithCancel(context.Background())
+	w.cancel = cancel
+	j.wg.Add(1)
+	go func() {
+		defer j.wg.Done()
+		defer close(w.done)
+		defer loader.Close()
+		w.res, w.err = tr.Run(ctx)
+	}()
+	return w
+}
+
+func (w *worker) waitStep(t *testing.T, s int64) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case got := <-w.steps:
+			if got >= s {
+				return
+			}
+		case <-w.done:
+			t.Fatalf("worker ended before step %d: %v", s, w.err)
+		case <-deadline:
+			t.Fatalf("no step %d within 60 s", s)
+		}
+	}
+}
+
+func (j *tjob) wait(ws []*worker) {
+	j.t.Helper()
+	done := make(chan struct{})
+	go func() { j.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(120 * time.Second):
+		for _, w := range ws {
+			w.cancel()
+		}
+		<-done
+		j.t.Fatal("the job did not end within 120 s")
+	}
+}
+
+func (j *tjob) expected(epoch int) []int {
+	return dataloader.Order(5, epoch, samples)[:samples/j.batch*j.batch]
+}
+
+// checkFinished: every finisher holds the same dense parameter, the audit
+// shows every sample of every epoch exactly once, and the embeddings fit.
+func (j *tjob) checkFinished(ws []*worker) {
+	t := j.t
+	var fin []*worker
+	for _, w := range ws {
+		if w.err == nil && w.res.Finished {
+			fin = append(fin, w)
+		}
+	}
+	if len(fin) == 0 {
+		t.Fatal("no worker finished")
+	}
+	for _, w := range fin[1:] {
+		if w.bias[0] != fin[0].bias[0] {
+			t.Fatalf("dense parameter %v on one rank, %v on another", fin[0].bias[0], w.bias[0])
+		}
+	}
+	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	if rep.Missing != 0 || rep.Duplicates != 0 || rep.Steps != j.epochs*samples/j.batch {
+		t.Fatalf("audit: %+v", rep)
+	}
+	tabs, err := fin[0].part.Tables(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for u := range int64(users) {
+		want := float32(u)/users - 0.5 + 0.25
+		if got := tabs[0][u] + fin[0].bias[0]; math.Abs(float64(got-want)) > 0.05 {
+			t.Fatalf("user %d: prediction %v, want %v", u, got, want)
+		}
+	}
+}
+
+// A worker is killed and another joins while the job trains; the rows of
+// the killed one come from Dir, the joiner's from their live owners.
+func TestTrainerKillAndJoin(t *testing.T) {
+	j := newTJob(t)
+	ws := []*worker{j.start(), j.start(), j.start()}
+	ws[0].waitStep(t, 20)
+	ws[1].cancel() // killed: its Run ends, its memory is gone
+	ws[0].waitStep(t, 40)
+	ws = append(ws, j.start())
+	j.wait(ws)
+	if !errors.Is(ws[1].err, context.Canceled) {
+		t.Fatalf("the killed worker: %v", ws[1].err)
+	}
+	var sizes []int
+	for len(ws[0].rounds) > 0 {
+		sizes = append(sizes, (<-ws[0].rounds).WorldSize)
+	}
+	if len(sizes) < 3 || sizes[0] != 3 || !slices.Contains(sizes, 2) || sizes[len(sizes)-1] != 3 {
+		t.Fatalf("world sizes %v, want 3, then 2, then 3", sizes)
+	}
+	j.checkFinished([]*worker{ws[0], ws[2], ws[3]})
+}
+
+// A whole-job restart from the checkpoint at another world size: the
+// second run resumes from a checkpoint (not step 0), re-partitions the
+// table over its ranks, and the audit across both runs is exactly once.
+func TestTrainerWholeRestart(t *testing.T) {
+	j := newTJob(t)
+	first := []*worker{j.start(), j.start(), j.start()}
+	first[0].waitStep(t, 50)
+	for _, w := range first {
+		w.cancel()
+	}
+	j.wait(first)
+	second := []*worker{j.start(), j.start()}
+	r := <-second[0].rounds
+	if r.Source != "checkpoint" || r.Step < 40 {
+		t.Fatalf("the second run starts from %s at step %d, want a checkpoint of step 40 or later", r.Source, r.Step)
+	}
+	j.wait(second)
+	j.checkFinished(second)
+}
+
+// A global batch smaller than the world leaves a rank without samples at
+// every step; its StepFunc still runs (and pushes nothing), so the shards,
+// which wait for every rank's push in PSSync mode, go on.
+func TestTrainerEmptyShares(t *testing.T) {
+	j := newTJob(t)
+	j.batch, j.epochs = 2, 1
+	ws := []*worker{j.start(), j.start(), j.start()}
+	j.wait(ws)
+	for i, w := range ws {
+		if w.err != nil || !w.res.Finished {
+			t.Fatalf("worker %d: %+v, %v", i, w.res, w.err)
+		}
+	}
+	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	if rep.Missing != 0 || rep.Duplicates != 0 {
+		t.Fatalf("audit: %+v", rep)
+	}
+}
