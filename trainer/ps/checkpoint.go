@@ -54,14 +54,16 @@ type fileRef struct {
 // copied) into a new directory ckpt-<step>-<random>/, fsynced, read back
 // and checked to decode as shard j of n at the shards' step of step.
 //
-// Rank 0 then removes the checkpoint directories that no published
-// checkpoint needs any more (see Config.Checkpoints); the ones of the
-// newest listed checkpoint, of every listed one and of every later step
-// stay.
+// Rank 0 then removes the checkpoint directories that no restore can name
+// any more: those older than the newest published checkpoint, except the
+// ones the trainer's store still lists (see Config.Checkpoints).
 //
 // Errors: a step this partition did not commit or restore, a missing or
 // damaged commit file, I/O errors. Nothing published is touched on error.
 func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) {
+	if p.pending >= 0 { // this round's previous checkpoint: published, or the round would have failed
+		p.published = max(p.published, p.pending)
+	}
 	var rec *commitRec
 	for i := range p.commits {
 		if p.commits[i].step == step {
@@ -117,6 +119,7 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if p.rank == 0 {
 		p.pruneCheckpoints(ctx, step)
 	}
+	p.pending = step
 	return out, nil
 }
 
@@ -159,24 +162,27 @@ func (p *Partition) storedLayout(ctx context.Context, psStep int64) (int, error)
 	return best, nil
 }
 
-// pruneCheckpoints removes the checkpoint directories of steps older than
-// the newest checkpoint the trainer's store lists (at or before step) that
-// it does not list: no restore can name them any more. Failures are
-// logged; they only leave files behind.
+// pruneCheckpoints removes the checkpoint directories that no restore can
+// name any more: those of steps older than the newest published
+// checkpoint (PartitionRound.Published, or the step of this round's
+// previous Checkpoint call, which the trainer published before calling
+// again), except, with Config.Checkpoints, those of every checkpoint the
+// trainer's store still lists (a restart falls back to an older one when
+// the newest does not load). Failures are logged; they only leave files
+// behind.
 func (p *Partition) pruneCheckpoints(ctx context.Context, step int64) {
-	if p.cfg.Checkpoints == nil {
-		return
-	}
-	steps, err := p.cfg.Checkpoints.List(ctx)
-	if err != nil {
-		p.log.Warn("cannot list checkpoints; keeping every checkpoint's shards", "err", err)
-		return
-	}
-	newest, listed := int64(-1), map[int64]bool{}
-	for _, s := range steps {
-		listed[s] = true
-		if s <= step && s > newest {
-			newest = s
+	newest, listed := p.published, map[int64]bool{}
+	if p.cfg.Checkpoints != nil {
+		steps, err := p.cfg.Checkpoints.List(ctx)
+		if err != nil {
+			p.log.Warn("cannot list checkpoints; keeping every checkpoint's shards", "err", err)
+			return
+		}
+		for _, s := range steps {
+			listed[s] = true
+			if s <= step && s > newest {
+				newest = s
+			}
 		}
 	}
 	if newest < 0 {
@@ -209,7 +215,7 @@ type restoreSet struct {
 func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, error) {
 	set := restoreSet{psStep: -1, files: map[int]fileRef{}}
 	if len(manifests) == 0 {
-		return set, fmt.Errorf("ps: the checkpoint of step %d has no manifests", step)
+		return set, fmt.Errorf("ps: the checkpoint of step %d holds no shards of partition %q (written by a job without it?)", step, p.cfg.Name)
 	}
 	for i, b := range manifests {
 		if len(b) > maxManifestBytes {

@@ -61,9 +61,13 @@
 // whole-job restart (PartitionRound.Source "checkpoint") reads every
 // rank's manifest, verifies every file against it, and restores onto the
 // new round's ranks, whatever their number. The commit files can be pruned
-// (Config.KeepSteps) without touching a checkpoint's; a checkpoint's
-// directory is removed only once a later checkpoint is published and the
-// trainer's CheckpointStore (Config.Checkpoints) no longer lists it.
+// (Config.KeepSteps) without touching a checkpoint's. A checkpoint's
+// directory is removed only once a later checkpoint is published (the
+// trainer says which one is, PartitionRound.Published, and publishes a
+// checkpoint before it calls Checkpoint again in a round), and, with
+// Config.Checkpoints, only once the trainer's CheckpointStore no longer
+// lists it: never by count, so checkpoints that failed to be published
+// cannot cost the newest published one its shards.
 //
 // # Manifest format
 //

@@ -55,10 +55,11 @@ type Config struct {
 	// commit and barrier), TLS. Default sync.DefaultConfig().
 	Sync sync.Config
 	// Checkpoints, when set, is the trainer's CheckpointStore (the one
-	// given to trainer.WithCheckpointStore): at every checkpoint, rank 0
-	// removes the checkpoint directories of steps older than the newest
-	// checkpoint it lists and not listed any more. Default nil: checkpoint
-	// directories are never removed.
+	// given to trainer.WithCheckpointStore): the shards of every
+	// checkpoint it lists are kept, so that a restart that finds the
+	// newest checkpoint damaged can fall back to an older one. Default
+	// nil: only the newest published checkpoint's shards (and later ones)
+	// are kept.
 	Checkpoints trainer.CheckpointStore
 	// Logger receives the partition's logs. Default: discard.
 	Logger *slog.Logger
@@ -122,6 +123,9 @@ type Partition struct {
 	rank  int   // in the last round restored
 	size  int
 
+	published int64 // the newest published checkpoint known (PartitionRound.Published, then this round's)
+	pending   int64 // the step of this round's last Checkpoint, -1 none
+
 	commits []commitRec // newest last
 }
 
@@ -148,7 +152,7 @@ func New(cfg Config) (*Partition, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
 	}
-	p := &Partition{cfg: cfg, log: cfg.Logger, store: store, tablesHash: hashTables(cfg.Tables)}
+	p := &Partition{cfg: cfg, log: cfg.Logger, store: store, tablesHash: hashTables(cfg.Tables), published: -1, pending: -1}
 	p.cfg.Tables = slices.Clone(cfg.Tables)
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -211,7 +215,7 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 		return fmt.Errorf("%w: ps: Restore before Listen", trainer.ErrInvalidConfig)
 	}
 	p.closeRound()
-	p.rank, p.size = r.World.Rank, r.World.Size()
+	p.rank, p.size, p.published, p.pending = r.World.Rank, r.World.Size(), r.Published, -1
 	var psStep int64
 	switch r.Source {
 	case "init":

@@ -136,6 +136,12 @@ func (j *job) restore(rs []*rank, step int64, source string, manifests [][]byte)
 	for i, r := range rs {
 		psAddrs[i], commAddrs[i] = r.part.tr.Addr(), r.comm.Addr()
 	}
+	published := int64(-1) // as the trainer tells it: the newest checkpoint its store lists
+	if j.ckpts != nil {
+		if steps, err := j.ckpts.List(context.Background()); err == nil && len(steps) > 0 {
+			published = steps[0]
+		}
+	}
 	errs := make([]error, len(rs))
 	rings := make([]*sync.Ring, len(rs))
 	var wg stdsync.WaitGroup
@@ -150,7 +156,7 @@ func (j *job) restore(rs []*rank, step int64, source string, manifests [][]byte)
 			rings[i] = ring
 			errs[i] = r.part.Restore(ctx, trainer.PartitionRound{
 				World: sync.World{Round: j.round, Rank: i, Addrs: psAddrs}, Step: step,
-				Source: source, Manifests: manifests, Comm: ring})
+				Source: source, Manifests: manifests, Published: published, Comm: ring})
 		})
 	}
 	wg.Wait()
@@ -665,59 +671,96 @@ func TestCheckpointCrashAtEveryPoint(t *testing.T) {
 
 // The checkpoint directories of the newest published checkpoint stay
 // until a later one is published, however many later checkpoints fail to
-// be published and however many commits prune Dir; once a later one is
-// published and the store lists the old one no more, its shards go.
+// be published (each failure fails its round, and the next round is told
+// the older one is the newest published) and however many commits prune
+// Dir; once a later one is published, the older ones go, except those the
+// trainer's store still lists when Config.Checkpoints is set.
 func TestCheckpointKeptUntilALaterOneIsPublished(t *testing.T) {
-	j := newJob(t)
-	st, err := trainer.NewLocalDir(t.TempDir(), 1)
+	for _, withStore := range []bool{false, true} {
+		t.Run(fmt.Sprintf("Checkpoints=%v", withStore), func(t *testing.T) {
+			j := newJob(t)
+			st, err := trainer.NewLocalDir(t.TempDir(), 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			j.ckpts = st
+			if !withStore {
+				j.ckpts = nil // the partitions do not list the store; the test publishes to it
+			}
+			published := func() int64 { s, _ := st.List(context.Background()); return append(s, -1)[0] }
+			rs := j.newRanks(2)
+			j.mustRestore(rs, 0, "init", nil)
+			j.train(rs, 0, 3)
+			j.commit(rs, 3)
+			man3 := j.checkpoint(rs, 3)
+			if err := publish(t, st, 3, man3); err != nil {
+				t.Fatal(err)
+			}
+			for s := int64(3); s < 12; s += 3 { // checkpoints 6, 9, 12 are never published
+				j.train(rs, s, s+3)
+				j.commit(rs, s+3)
+				j.checkpoint(rs, s+3)
+				j.ckpts = st
+				if published() != 3 {
+					t.Fatal("the store lists a checkpoint the test never published")
+				}
+				j.mustRestore(rs, s+3, "commit", nil) // the failed publication failed the round
+				if !withStore {
+					j.ckpts = nil
+				}
+			}
+			dirs := func() map[int64]int {
+				out := map[int64]int{}
+				m, err := rs[0].part.listCkptDirs()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, s := range m {
+					out[s]++
+				}
+				return out
+			}
+			if d := dirs(); d[3] != 2 || len(d) != 4 {
+				t.Fatalf("checkpoint directories by step %v, want two of each of 3, 6, 9, 12", d)
+			}
+			j.restoresTo(3, 3, man3, reference(t, 3))
+
+			// Checkpoints 15 and 18 are published in one round; the store
+			// (keep 2) lists both.
+			for s := int64(12); s < 18; s += 3 {
+				j.train(rs, s, s+3)
+				j.commit(rs, s+3)
+				if err := publish(t, st, s+3, j.checkpoint(rs, s+3)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			j.train(rs, 18, 21)
+			j.commit(rs, 21)
+			j.checkpoint(rs, 21)
+			want := "map[18:2 21:2]" // the newest published and later ones
+			if withStore {
+				want = "map[15:2 18:2 21:2]" // and every one the store lists
+			}
+			if d := dirs(); fmt.Sprint(d) != want {
+				t.Fatalf("checkpoint directories by step %v, want %s", d, want)
+			}
+			j.restoresTo(1, 18, man18(t, st), reference(t, 18))
+		})
+	}
+}
+
+// man18 reads the manifests of the checkpoint of step 18 from st.
+func man18(t *testing.T, st trainer.CheckpointStore) [][]byte {
+	t.Helper()
+	b, err := st.Load(context.Background(), 18)
 	if err != nil {
 		t.Fatal(err)
 	}
-	j.ckpts = st
-	rs := j.newRanks(2)
-	j.mustRestore(rs, 0, "init", nil)
-	j.train(rs, 0, 3)
-	j.commit(rs, 3)
-	man3 := j.checkpoint(rs, 3)
-	if err := publish(t, st, 3, man3); err != nil {
+	var m [][]byte
+	if err := json.Unmarshal(b, &m); err != nil {
 		t.Fatal(err)
 	}
-	for s := int64(3); s < 15; s += 3 { // checkpoints 6..15 are never published
-		j.train(rs, s, s+3)
-		j.commit(rs, s+3)
-		j.checkpoint(rs, s+3)
-	}
-	dirs := func() map[int64]int {
-		out := map[int64]int{}
-		m, err := rs[0].part.listCkptDirs()
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, s := range m {
-			out[s]++
-		}
-		return out
-	}
-	if d := dirs(); d[3] != 2 || len(d) != 5 {
-		t.Fatalf("checkpoint directories by step %v, want two of each of 3, 6, 9, 12, 15", d)
-	}
-	j.restoresTo(3, 3, man3, reference(t, 3))
-
-	// Checkpoint 18 is published; the store (keep 1) lists only it, so the
-	// next checkpoint removes every older directory.
-	j.train(rs, 15, 18)
-	j.commit(rs, 18)
-	man18 := j.checkpoint(rs, 18)
-	if err := publish(t, st, 18, man18); err != nil {
-		t.Fatal(err)
-	}
-	j.train(rs, 18, 21)
-	j.commit(rs, 21)
-	j.checkpoint(rs, 21)
-	if d := dirs(); len(d) != 2 || d[18] != 2 || d[21] != 2 {
-		t.Fatalf("checkpoint directories by step %v, want those of 18 and 21", d)
-	}
-	j.restoresTo(1, 18, man18, reference(t, 18))
+	return m
 }
 
 // In PSAsync mode a shard applies each push at once; the trainer commits
