@@ -1,28 +1,21 @@
 package main
 
 import (
-	"fmt"
+	"cmp"
 	"math"
 	"math/rand/v2"
 	"slices"
 	"sort"
 )
 
-// GenConfig describes the generated click log.
-//
-// The generator draws a hidden latent vector for every user and every
-// item, each coordinate N(0, s^2) with s = (Signal^2/Latent)^(1/4), so the
-// dot product <u, v> has standard deviation about Signal. An impression
-// pairs a user drawn uniformly with an item drawn from a Zipf-like
-// popularity law: the item at popularity rank r (0-based, ranks assigned
-// by a random permutation of the item IDs) is drawn with probability
-// proportional to 1/(r+1)^Zipf. The impression is clicked with probability
-// sigmoid(<u, v> + Bias). The impressions are shuffled and the last
-// TestFraction of them held out as the test split.
-//
-// Since the clicks are drawn from that hidden model, scoring the test
-// impressions by their true click probability is the best any model can
-// do: its AUC is the oracle AUC the trained model is measured against.
+// GenConfig describes the generated click log. Every user and item has a
+// hidden latent vector (coordinates N(0, s^2), s = (Signal^2/Latent)^(1/4),
+// so <u, v> has standard deviation about Signal). An impression pairs a
+// uniform user with an item of Zipf-like popularity (the item of
+// popularity rank r, ranks a random permutation of the items, with
+// probability proportional to 1/(r+1)^Zipf), clicked with probability
+// sigmoid(<u, v> + Bias). Scoring the held-out impressions by their true
+// click probability is the best any model can do: the oracle AUC.
 type GenConfig struct {
 	Users, Items int     // table sizes
 	Latent       int     // dimension of the hidden vectors
@@ -34,45 +27,26 @@ type GenConfig struct {
 	Seed         uint64
 }
 
-// DefaultGenConfig returns the example's default log: 1000 users, 500
-// items, hidden dimension 8, 600k impressions, Zipf exponent 1.05, signal
-// 2, bias -1, 10% test.
+// DefaultGenConfig returns 1000 users, 500 items, hidden dimension 8, 600k
+// impressions, Zipf exponent 1.05, signal 2, bias -1, 10% test.
 func DefaultGenConfig() GenConfig {
 	return GenConfig{Users: 1000, Items: 500, Latent: 8, Impressions: 600_000, Zipf: 1.05, Signal: 2, Bias: -1, TestFraction: 0.1, Seed: 1}
 }
 
-// Validate reports the first bad field.
-func (c GenConfig) Validate() error {
-	switch {
-	case c.Users < 1 || c.Items < 1:
-		return fmt.Errorf("users %d and items %d must be positive", c.Users, c.Items)
-	case c.Latent < 1:
-		return fmt.Errorf("latent dimension %d must be positive", c.Latent)
-	case c.Impressions < 10:
-		return fmt.Errorf("impressions %d: want at least 10", c.Impressions)
-	case !(c.Zipf >= 0) || !(c.Signal > 0):
-		return fmt.Errorf("zipf %v must be >= 0 and signal %v > 0", c.Zipf, c.Signal)
-	case !(c.TestFraction > 0 && c.TestFraction < 1):
-		return fmt.Errorf("test fraction %v must be in (0, 1)", c.TestFraction)
-	}
-	return nil
-}
-
-// Sample is one impression: a user, an item, whether it was clicked, and
-// (for the oracle only; the model never sees it) the true click probability.
+// Sample is one impression; P, the true click probability, is for the
+// oracle only.
 type Sample struct {
 	User, Item int32
 	Click      float32 // 1 clicked, 0 not
-	P          float32 // true click probability
+	P          float32
 }
 
-// Generate returns the train and test impressions of c, the same for the
-// same c in every process.
+// Generate returns the train and test impressions of c, the same in every
+// process.
 func Generate(c GenConfig) (train, test []Sample) {
 	rng := rand.New(rand.NewPCG(c.Seed, 0x7265637379730a))
 	s := math.Pow(c.Signal*c.Signal/float64(c.Latent), 0.25)
-	users := make([]float64, c.Users*c.Latent)
-	items := make([]float64, c.Items*c.Latent)
+	users, items := make([]float64, c.Users*c.Latent), make([]float64, c.Items*c.Latent)
 	for i := range users {
 		users[i] = s * rng.NormFloat64()
 	}
@@ -89,8 +63,7 @@ func Generate(c GenConfig) (train, test []Sample) {
 	all := make([]Sample, c.Impressions)
 	for n := range all {
 		u := rng.IntN(c.Users)
-		r := sort.SearchFloat64s(cdf, rng.Float64()*total)
-		it := perm[min(r, c.Items-1)]
+		it := perm[min(sort.SearchFloat64s(cdf, rng.Float64()*total), c.Items-1)]
 		z := c.Bias
 		for k := 0; k < c.Latent; k++ {
 			z += users[u*c.Latent+k] * items[it*c.Latent+k]
@@ -107,24 +80,16 @@ func Generate(c GenConfig) (train, test []Sample) {
 	return all[:len(all)-nTest], all[len(all)-nTest:]
 }
 
-// AUC returns the area under the ROC curve of scores against labels (1 =
-// positive): the probability that a random positive scores above a random
-// negative, ties counting one half (the Mann-Whitney U statistic over the
-// product of the class sizes). It returns NaN when a class is empty.
-func AUC(scores []float64, labels []float32) float64 {
-	idx := make([]int, len(scores))
-	for i := range idx {
-		idx[i] = i
+// AUC returns the area under the ROC curve of score over samples (clicks
+// positive): the Mann-Whitney U statistic over the product of the class
+// sizes, ties counting one half; NaN when a class is empty. Scored by the
+// true click probability P, it is the oracle AUC.
+func AUC(samples []Sample, score func(Sample) float64) float64 {
+	scores, idx := make([]float64, len(samples)), make([]int, len(samples))
+	for i, s := range samples {
+		scores[i], idx[i] = score(s), i
 	}
-	slices.SortFunc(idx, func(a, b int) int {
-		switch {
-		case scores[a] < scores[b]:
-			return -1
-		case scores[a] > scores[b]:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(idx, func(a, b int) int { return cmp.Compare(scores[a], scores[b]) })
 	var pos, neg, rankSum float64
 	for i := 0; i < len(idx); {
 		j := i
@@ -133,7 +98,7 @@ func AUC(scores []float64, labels []float32) float64 {
 		}
 		mid := float64(i+j+1) / 2 // average 1-based rank of the tie group
 		for _, k := range idx[i:j] {
-			if labels[k] > 0.5 {
+			if samples[k].Click > 0.5 {
 				pos++
 				rankSum += mid
 			} else {
@@ -146,14 +111,4 @@ func AUC(scores []float64, labels []float32) float64 {
 		return math.NaN()
 	}
 	return (rankSum - pos*(pos+1)/2) / (pos * neg)
-}
-
-// OracleAUC is the AUC of the true click probabilities on samples.
-func OracleAUC(samples []Sample) float64 {
-	scores := make([]float64, len(samples))
-	labels := make([]float32, len(samples))
-	for i, s := range samples {
-		scores[i], labels[i] = float64(s.P), s.Click
-	}
-	return AUC(scores, labels)
 }

@@ -1,147 +1,112 @@
 // Command recsys trains a click-through model whose user and item
-// embeddings live on elastictrain's parameter server (package sync), with
-// the small dense part allreduced in the same step (a hybrid step, as in
-// DLRM), on a generated click log with a known best achievable AUC (see
-// GenConfig). Several local worker processes rendezvous through Redis (an
-// embedded Redis-protocol server unless -redis is given); each hosts one
-// shard of the tables. Faults can be injected: when a worker hosting a
-// shard is killed, the survivors form a new round, roll back to the last
-// commit and re-partition the rows over themselves, taking the dead
-// worker's rows from the shard store; a joining worker gets its rows from
-// their live owners.
-//
-// Data comes from dynamic shards by default: each epoch is cut into shards
-// leased from a queue in Redis, and every global batch is split over the
-// ranks by their measured speed, so a slow worker (-slow) takes less of it;
-// -dynamic=false uses the loader's fixed split by rank instead. Either way
-// every sample of every epoch is applied exactly once, which the launcher
-// checks from an audit log written by the workers.
+// embeddings live on the parameter server (package trainer/ps: rows
+// partitioned over the workers) and whose dense part the trainer
+// allreduces (a hybrid step, as in DLRM), on a generated click log with a
+// known best AUC. The loop is the trainer's: kills, joins, -term, a
+// whole-job restart from -checkpoint at any worker count; the tables are
+// re-partitioned at every rescale, and an audit proves every sample of
+// every epoch was applied exactly once. Run with -h for the flags.
 //
 //	go run ./examples/recsys -json
-//	go run ./examples/recsys -workers 4 -kill 1@600 -join 1@1000 -json
-//	go run ./examples/recsys -slow 1:20us -json
-//
-// The final line with -json holds auc, oracle_auc (the generator's own
-// model scored on the same test impressions), rows, recoveries and
-// wall_seconds, recovery_seconds (per kill, until a later round trains
-// samples), empty_steps and empty_step_seconds (steps that trained
-// nothing, e.g. waiting for data shards, and the time they took), and the
-// audit's counts (samples_applied, audit_missing, audit_duplicates), among
-// others. Run with -h for every flag.
+//	go run ./examples/recsys -workers 3 -kill 1@300 -join 1@600 -json
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
-	"runtime"
+	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
+	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
-// config holds the parsed flags.
+// config holds the parsed flags; args is the command line, which the
+// workers get too.
 type config struct {
-	workers, min, max int
-	epochs, batch     int
-	dim, commitEvery  int
-	lr, denseLR       float64
-	gen               GenConfig
-	redis, shardDir   string
-	json, quiet       bool
-	faults            []launcher.Fault
-	detect            time.Duration
-	dynamic           bool
-	shardSize         int
-	lease             time.Duration
-	slowWorker        int
-	slowPerSample     time.Duration
-	audit             string
-	job               string // set by the launcher for workers
+	workers, min, max, epochs, batch, dim, commitEvery, slowWorker int
+	lr, denseLR                                                    float64
+	gen                                                            GenConfig
+	redis, dir, ckpt, audit, job                                   string
+	json, quiet, dynamic                                           bool
+	faults                                                         []launcher.Fault
+	detect, slow                                                   time.Duration
+	args                                                           []string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	c := &config{gen: DefaultGenConfig()}
+	c := &config{gen: DefaultGenConfig(), args: args}
 	fs := flag.NewFlagSet("recsys", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.IntVar(&c.workers, "workers", 3, "number of worker processes to start (each hosts one parameter-server shard)")
-	fs.IntVar(&c.min, "min", 1, "minimum world size to train (rendezvous MinWorkers)")
-	fs.IntVar(&c.max, "max", 64, "maximum world size (rendezvous MaxWorkers)")
+	fs.IntVar(&c.workers, "workers", 3, "worker processes to start (each hosts a shard of the tables)")
+	fs.IntVar(&c.min, "min", 1, "minimum world size to train")
+	fs.IntVar(&c.max, "max", 64, "maximum world size")
 	fs.IntVar(&c.epochs, "epochs", 3, "epochs to train")
-	fs.IntVar(&c.batch, "batch", 1024, "global batch size (impressions per step, split over the workers)")
+	fs.IntVar(&c.batch, "batch", 1024, "global batch size (impressions per step)")
 	fs.IntVar(&c.dim, "dim", 16, "embedding dimension")
-	fs.IntVar(&c.commitEvery, "commit-every", 20, "steps between commits (parameter-server shards to the shard store, dense state in memory)")
+	fs.IntVar(&c.commitEvery, "commit-every", 20, "steps between commits (checkpoints: every 5 commits)")
 	fs.Float64Var(&c.lr, "lr", 0.2, "sparse Adagrad learning rate of the embeddings")
 	fs.Float64Var(&c.denseLR, "dense-lr", 0.01, "Adam learning rate of the dense weights")
-	fs.IntVar(&c.gen.Users, "users", c.gen.Users, "rows of the user table (users in the generated log)")
-	fs.IntVar(&c.gen.Items, "items", c.gen.Items, "rows of the item table (items in the generated log)")
-	fs.IntVar(&c.gen.Impressions, "impressions", c.gen.Impressions, "impressions in the generated log (train + test)")
-	fs.IntVar(&c.gen.Latent, "latent", c.gen.Latent, "dimension of the generator's hidden user and item vectors")
-	fs.Float64Var(&c.gen.Zipf, "zipf", c.gen.Zipf, "Zipf exponent of item popularity")
-	fs.Uint64Var(&c.gen.Seed, "seed", c.gen.Seed, "seed of the generated log, the data order and the initial weights")
+	fs.IntVar(&c.gen.Users, "users", c.gen.Users, "users (rows of the user table)")
+	fs.IntVar(&c.gen.Items, "items", c.gen.Items, "items (rows of the item table)")
+	fs.IntVar(&c.gen.Impressions, "impressions", c.gen.Impressions, "impressions in the log (train + test)")
+	fs.Uint64Var(&c.gen.Seed, "seed", c.gen.Seed, "seed of the log, the data order and the initial weights")
 	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
-	fs.StringVar(&c.shardDir, "shard-dir", "", "directory of the parameter-server shard store (default: a temporary directory)")
-	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
+	fs.StringVar(&c.ckpt, "checkpoint", "", "directory of durable checkpoints, the shards and the audit log; a job started again on it resumes")
+	fs.StringVar(&c.dir, "shard-dir", "", "directory of the committed shards (default: DIR/shards of -checkpoint, or a temporary one)")
+	fs.StringVar(&c.audit, "audit", "", "the exactly-once audit log (default: DIR/audit.log of -checkpoint, or a temporary one)")
+	fs.StringVar(&c.job, "job", "", "job ID (default: random)")
+	fs.BoolVar(&c.json, "json", false, "print the results as one JSON object on the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
+	fs.BoolVar(&c.dynamic, "dynamic", false, "lease data shards from a queue in Redis (default: the loader's fixed split)")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
-	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start N more workers when the job reaches STEP: N@STEP (repeatable)")
-	fs.BoolVar(&c.dynamic, "dynamic", true, "dynamic data shards: lease shards of each epoch from a queue in Redis and split each global batch over the ranks by their measured speed; false: the loader's fixed split by rank")
-	fs.IntVar(&c.shardSize, "shard-size", 2048, "-dynamic: samples per data shard")
-	fs.DurationVar(&c.lease, "lease", 20*time.Second, "-dynamic: data shard lease TTL (must exceed the recovery time; a dead worker's leases are revoked when the next round forms, not left to expire)")
-	slow := fs.String("slow", "", "make one worker slow: INDEX:DURATION adds DURATION of compute per sample on the worker of launch index INDEX")
-	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
-	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
+	for _, k := range []launcher.FaultKind{launcher.Kill, launcher.Stop, launcher.Term, launcher.Join} {
+		fs.Var(launcher.Faults{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(string(k))+" the worker holding RANK at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
+	}
+	fs.IntVar(&c.slowWorker, "slow-worker", -1, "launch index of a worker made slow by -slow (a straggler)")
+	fs.DurationVar(&c.slow, "slow", 0, "compute time added per sample on -slow-worker")
 	if err := jobenv.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
-	c.slowWorker = -1
-	if *slow != "" {
-		i, d, ok := strings.Cut(*slow, ":")
-		n, err1 := strconv.Atoi(i)
-		dur, err2 := time.ParseDuration(d)
-		if !ok || err1 != nil || err2 != nil || n < 0 || dur <= 0 {
-			return nil, fmt.Errorf("-slow %q: want INDEX:DURATION, e.g. 1:20us", *slow)
-		}
-		c.slowWorker, c.slowPerSample = n, dur
-	}
-	if c.dynamic && (c.shardSize < 1 || c.lease < 4*c.detect) {
-		return nil, fmt.Errorf("-shard-size %d must be positive and -lease %v at least 4 times -detect %v", c.shardSize, c.lease, c.detect)
-	}
 	switch {
-	case c.workers < 1:
-		return nil, fmt.Errorf("-workers %d: want at least 1", c.workers)
-	case c.min < 1 || c.max < c.min || c.workers > c.max || c.min > c.workers:
+	case c.workers < 1 || c.min < 1 || c.max < c.min || c.workers > c.max || c.min > c.workers:
 		return nil, fmt.Errorf("-min %d, -max %d, -workers %d: want 1 <= min <= workers <= max", c.min, c.max, c.workers)
 	case c.epochs < 1 || c.batch < 1 || c.dim < 1 || c.commitEvery < 1:
 		return nil, fmt.Errorf("-epochs, -batch, -dim and -commit-every must be positive")
 	case !(c.lr > 0) || !(c.denseLR > 0) || math.IsInf(c.lr, 1) || math.IsInf(c.denseLR, 1):
 		return nil, fmt.Errorf("-lr %v and -dense-lr %v must be positive and finite", c.lr, c.denseLR)
-	case c.detect < 100*time.Millisecond:
-		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
-	}
-	if err := c.gen.Validate(); err != nil {
-		return nil, err
+	case c.detect < 100*time.Millisecond || c.detect > 5*time.Second:
+		return nil, fmt.Errorf("-detect %v: want 100ms to 5s (data shard leases last 30 s)", c.detect)
+	case c.gen.Users < 1 || c.gen.Items < 1 || c.gen.Impressions < 10:
+		return nil, fmt.Errorf("-users %d and -items %d must be positive, -impressions %d at least 10", c.gen.Users, c.gen.Items, c.gen.Impressions)
 	}
 	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
 		return nil, err
 	}
-	if err := jobenv.CheckJobID(c.job); err != nil {
-		return nil, err
-	}
-	return c, nil
+	return c, jobenv.CheckJobID(c.job)
 }
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
-}
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
@@ -149,145 +114,180 @@ func run(args []string, stdout, stderr io.Writer) int {
 		func(ctx context.Context) error { return runLauncher(ctx, cfg, stdout, stderr) })
 }
 
-// workerArgs are the flags passed on to every worker.
-func workerArgs(c *config) []string {
-	g := c.gen
-	a := []string{
-		"-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch), "-dim", fmt.Sprint(c.dim),
-		"-commit-every", fmt.Sprint(c.commitEvery), "-lr", fmt.Sprint(c.lr), "-dense-lr", fmt.Sprint(c.denseLR),
-		"-users", fmt.Sprint(g.Users), "-items", fmt.Sprint(g.Items), "-impressions", fmt.Sprint(g.Impressions),
-		"-latent", fmt.Sprint(g.Latent), "-zipf", fmt.Sprint(g.Zipf), "-seed", fmt.Sprint(g.Seed),
-		"-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max), "-redis", c.redis, "-shard-dir", c.shardDir,
-		"-job", c.job, "-detect", c.detect.String(), "-audit", c.audit,
-		"-shard-size", fmt.Sprint(c.shardSize), "-lease", c.lease.String(), "-dynamic=" + fmt.Sprint(c.dynamic),
-	}
-	if c.slowWorker >= 0 {
-		a = append(a, "-slow", fmt.Sprintf("%d:%v", c.slowWorker, c.slowPerSample))
-	}
-	return a
-}
-
-// result is the final JSON line.
-type result struct {
-	AUC             float64   `json:"auc"`
-	OracleAUC       float64   `json:"oracle_auc"`
-	Gap             float64   `json:"gap"`
-	Rows            int64     `json:"rows"`
-	Users           int       `json:"users"`
-	Items           int       `json:"items"`
-	Dim             int       `json:"dim"`
-	TrainImpr       int       `json:"train_impressions"`
-	TestImpr        int       `json:"test_impressions"`
-	Epochs          int       `json:"epochs"`
-	Steps           int64     `json:"steps"`
-	Workers         int       `json:"workers"`
-	WorldSizes      []int     `json:"world_sizes"`
-	Rounds          int       `json:"rounds"`
-	Recoveries      int       `json:"recoveries"`
-	RecoverySeconds []float64 `json:"recovery_seconds"`
-	EmptySteps      int       `json:"empty_steps"`
-	EmptySeconds    float64   `json:"empty_step_seconds"`
-	PulledRows      int64     `json:"pulled_rows"`
-	SamplesApplied  int       `json:"samples_applied"`
-	AuditMissing    int       `json:"audit_missing"`
-	AuditDuplicates int       `json:"audit_duplicates"`
-	Dynamic         bool      `json:"dynamic"`
-	MeanShare       []float64 `json:"mean_share_by_rank"`
-	WallSeconds     float64   `json:"wall_seconds"`
-	Redis           string    `json:"redis"`
-	// Loss is the mean loss per impression of the last step; null when it
-	// is not a finite number, and then Diverged is true.
-	Loss     *float64 `json:"loss"`
-	Diverged bool     `json:"diverged"`
-}
-
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 	start := time.Now()
-	// launcher.Run serialises its writes to stderr with the workers' output
-	// it copies there; this function writes only before and after it.
-	if c.job == "" {
-		c.job = jobenv.NewJobID("recsys")
-	}
+	c.job = cmp.Or(c.job, jobenv.NewJobID("recsys"))
 	store, err := jobenv.OpenStore(ctx, c.redis)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	c.redis = store.Addr
-	if c.audit == "" {
-		path, remove, err := jobenv.TempFile("elastictrain-recsys-audit-", "audit.log")
-		if err != nil {
-			return err
-		}
-		defer remove()
-		c.audit = path
+	tmp, err := os.MkdirTemp("", "elastictrain-recsys-")
+	if err != nil {
+		return err
 	}
-	if c.shardDir == "" {
-		dir, err := os.MkdirTemp("", "elastictrain-recsys-")
-		if err != nil {
-			return err
-		}
-		defer os.RemoveAll(dir)
-		c.shardDir = dir
+	defer os.RemoveAll(tmp)
+	base := cmp.Or(c.ckpt, tmp)
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return fmt.Errorf("-checkpoint: %w", err)
 	}
-	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s, %d cores\n",
-		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc, runtime.NumCPU())
-	sum, err := launcher.Run(ctx, launcher.Spec{
-		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
-		Store: store.Addr, JobID: c.job,
-	})
+	c.dir, c.audit = cmp.Or(c.dir, filepath.Join(base, "shards")), cmp.Or(c.audit, filepath.Join(base, "audit.log"))
+	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s\n",
+		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc)
+	args := append(slices.Clone(c.args), "-job", c.job, "-redis", store.Addr, "-shard-dir", c.dir, "-audit", c.audit) // later flags win
+	sum, err := launcher.Run(ctx, launcher.Spec{Workers: c.workers, MaxWorkers: c.max, Args: args, Faults: c.faults,
+		Log: stderr, Quiet: c.quiet, Store: store.Addr, JobID: c.job})
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
 	if sum.Done == nil {
 		return fmt.Errorf("the job ended without a final report (exits: %v)", sum.Exits)
 	}
-	res := result{Workers: c.workers, Redis: store.Desc, Rounds: len(sum.Rounds), WorldSizes: sum.WorldSizes(),
-		RecoverySeconds: append([]float64{}, sum.Recoveries...), Recoveries: sum.RecoveryRounds(), Epochs: c.epochs, Dim: c.dim, Users: c.gen.Users, Items: c.gen.Items,
-		Rows: int64(c.gen.Users + c.gen.Items), Steps: sum.Done.Step}
-	// Steps that trained nothing: with -dynamic, one or two at each epoch's
-	// end while the last shards are acked, and every step while the ranks
-	// wait for a shard to come back.
-	for i, st := range sum.Steps {
-		if st.Samples == 0 {
-			res.EmptySteps++
-			if i > 0 {
-				res.EmptySeconds += st.At - sum.Steps[i-1].At
-			}
+	num := func(k string) float64 { v, _ := sum.Done.Extra[k].(float64); return v }
+	n := int(num("train"))
+	rep, err := jobenv.VerifyAuditFile(c.audit, c.epochs, func(epoch int) []int {
+		if c.dynamic { // leased shards cover the whole epoch
+			return dataloader.Order(c.gen.Seed, epoch, n)
 		}
-	}
-	x := sum.Done.Extra
-	num := func(k string) float64 { v, _ := x[k].(float64); return v }
-	res.AUC, res.OracleAUC = num("auc"), num("oracle_auc")
-	res.Gap = res.OracleAUC - res.AUC
-	res.TrainImpr, res.TestImpr = int(num("train")), int(num("test"))
-	res.PulledRows = int64(num("pulled_rows"))
-	if l := sum.Done.Loss; !math.IsNaN(l) && !math.IsInf(l, 0) {
-		res.Loss = &l
-	} else {
-		res.Diverged = true
-	}
-	rep, err := verifyAudit(c.audit, c, res.TrainImpr)
+		return dataloader.Order(c.gen.Seed, epoch, n)[:n/c.batch*c.batch] // the loader drops the last partial batch
+	})
 	if err != nil {
 		return err
 	}
-	res.SamplesApplied, res.AuditMissing, res.AuditDuplicates, res.MeanShare = rep.Samples, rep.Missing, rep.Duplicates, rep.MeanShare
-	res.Dynamic = c.dynamic
-	res.WallSeconds = time.Since(start).Seconds()
-	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f, gap %.4f) after %d steps in %.1f s; world sizes %v; %d rounds, %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
-		res.AUC, res.OracleAUC, res.Gap, res.Steps, res.WallSeconds, res.WorldSizes, res.Rounds, res.Recoveries, res.SamplesApplied, res.AuditMissing, res.AuditDuplicates)
-	if res.Diverged {
-		fmt.Fprintf(stdout, "training diverged: the last loss is %v (try a smaller -lr than %v or -dense-lr than %v)\n", sum.Done.Loss, c.lr, c.denseLR)
-	}
-	if c.json {
-		b, err := json.Marshal(res)
-		if err != nil {
-			return fmt.Errorf("result: %w", err)
-		}
+	first := append(sum.Rounds, launcher.RoundSeen{})[0]
+	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
+		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(),
+		"recoveries": sum.RecoveryRounds(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
+		"samples_applied": rep.Samples, "audit_missing": rep.Missing, "audit_duplicates": rep.Duplicates,
+		"dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
+	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f) after %d steps in %.1f s; world sizes %v; %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
+		res["auc"], res["oracle_auc"], res["steps"], res["wall_seconds"], res["world_sizes"], res["recoveries"], rep.Samples, rep.Missing, rep.Duplicates)
+	b, err := json.Marshal(res)
+	if c.json && err == nil {
 		fmt.Fprintln(stdout, string(b))
 	}
-	if res.Diverged {
-		return fmt.Errorf("training diverged (last loss %v)", sum.Done.Loss)
+	return err
+}
+
+// runWorker trains as one worker of the job and returns its exit status:
+// 0, 1 on error, 143 (128+SIGTERM) when it left after a preemption.
+func runWorker(c *config, stderr io.Writer) int {
+	ev := launcher.NewEmitter()
+	fail := func(err error) int {
+		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		fmt.Fprintf(stderr, "recsys worker %d: %v\n", os.Getpid(), err)
+		return 1
 	}
-	return nil
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	tcfg := trainer.DefaultConfig()
+	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery = c.job, c.epochs, c.commitEvery
+	w, err := launch.WorkerEnv()
+	if err != nil {
+		return fail(err)
+	}
+	w.Configure(&tcfg) // the launcher's job ID and secret, and a grace period that ends before its own
+	e := &tcfg.Elastic
+	e.MinWorkers, e.MaxWorkers, e.LeaseTTL, e.HeartbeatInterval, e.LastCall = c.min, c.max, c.detect, c.detect/6, time.Second
+	pcfg := ps.DefaultConfig()
+	pcfg.Dir, pcfg.Sync, pcfg.Logger = c.dir, tcfg.Sync, log
+	pcfg.Tables = []sync.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: sync.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
+		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: sync.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
+	pcfg.Sync.JobID = tcfg.JobID
+	audit, err := trainer.OpenFileAudit(c.audit)
+	if err != nil {
+		return fail(err)
+	}
+	defer audit.Close()
+	hooks := jobenv.TrainerHooks(ev)
+	hooks.OnStraggler = func(s trainer.StragglerInfo) {
+		fmt.Fprintf(stderr, "recsys worker %d: rank %d straggles at step %d: %.1f times the median compute time\n", os.Getpid(), s.Rank, s.Step, s.Ratio)
+	}
+	opts := []trainer.Option{trainer.WithAudit(audit), trainer.WithLogger(log), trainer.WithHooks(hooks)}
+	if c.ckpt != "" {
+		st, err := trainer.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
+		if err != nil {
+			return fail(err)
+		}
+		opts, pcfg.Checkpoints, tcfg.CheckpointEvery = append(opts, trainer.WithCheckpointStore(st)), st, 5*c.commitEvery
+	}
+	part, err := ps.New(pcfg)
+	if err != nil {
+		return fail(err)
+	}
+	train, test := Generate(c.gen)
+	model, look := NewModel(c.dim), &Lookup{}
+	if strconv.Itoa(c.slowWorker) != os.Getenv(launcher.EnvWorker) {
+		c.slow = 0
+	}
+	step := func(ctx context.Context, b dataloader.Batch[[]Sample]) (float64, error) {
+		look.Prepare(b.Data, c.dim)
+		if err := part.Pull(ctx, sync.Rows{Table: tableUsers, IDs: look.Users, Values: look.UVals},
+			sync.Rows{Table: tableItems, IDs: look.Items, Values: look.IVals}); err != nil {
+			return 0, err
+		}
+		loss := model.Backward(b.Data, look)
+		time.Sleep(c.slow * time.Duration(len(b.Data))) // an injected slow machine
+		if slices.ContainsFunc(append(look.UGrad, look.IGrad...), func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }) {
+			return 0, fmt.Errorf("training diverged: the embedding gradients are not finite (loss %v); try a smaller -lr or -dense-lr", loss)
+		}
+		return loss, part.Push(ctx, sync.Rows{Table: tableUsers, IDs: look.Users, Values: look.UGrad},
+			sync.Rows{Table: tableItems, IDs: look.Items, Values: look.IGrad})
+	}
+	client := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second})
+	defer client.Close()
+	loader, err := newLoader(c, client, train)
+	if err != nil {
+		return fail(err)
+	}
+	if l, ok := loader.(io.Closer); ok {
+		defer l.Close()
+	}
+	tr, err := trainer.New([]trainer.Param{{Name: "dense", Shape: []int{c.dim + 1}, Value: model.Dense, Grad: model.Grad}}, trainer.NewAdam(c.denseLR), loader, step, elastic.NewRedisStore(client), tcfg, append(opts, trainer.WithPartition(part))...)
+	if err != nil {
+		return fail(err)
+	}
+	stop := jobenv.PreemptOnSIGTERM(tr.Preempt)
+	res, err := tr.Run(context.Background())
+	stop()
+	switch {
+	case errors.Is(err, trainer.ErrPreempted):
+		return 143
+	case err != nil:
+		return fail(err)
+	case res.Rounds == 0: // an earlier run of this job ID finished it
+		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+		return 0
+	case res.Rank != 0:
+		return 0
+	}
+	tabs, err := part.Tables(context.Background()) // the final commit's rows, from the shard directory
+	if err != nil {
+		return fail(err)
+	}
+	auc := AUC(test, func(s Sample) float64 {
+		return model.Logit(tabs[tableUsers][int(s.User)*c.dim:], tabs[tableItems][int(s.Item)*c.dim:])
+	})
+	ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
+		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train)}})
+	return 0
+}
+
+// newLoader returns the leased-shard loader of -dynamic (its queue in
+// Redis), else the loader of the fixed split.
+func newLoader(c *config, client *redis.Client, train []Sample) (trainer.Source[[]Sample], error) {
+	ds, collate := dataloader.FromSlice(train), func(_ context.Context, s []Sample, _ []int) ([]Sample, error) { return slices.Clone(s), nil }
+	if !c.dynamic {
+		dcfg := dataloader.DefaultConfig()
+		dcfg.GlobalBatch, dcfg.Seed = c.batch, c.gen.Seed
+		return dataloader.New(ds, collate, dcfg)
+	}
+	qcfg := redisqueue.DefaultConfig()
+	qcfg.JobID, qcfg.Shards.DatasetLen = c.job, len(train)
+	q, err := redisqueue.New(client, qcfg)
+	if err != nil {
+		return nil, err
+	}
+	lcfg := dataloader.DefaultLeasedConfig()
+	lcfg.Shards, lcfg.GlobalBatch, lcfg.Seed, lcfg.Epochs, lcfg.LeaseAhead, lcfg.Balance = q.Config().Shards, c.batch, c.gen.Seed, c.epochs, c.commitEvery, true
+	return dataloader.NewLeased(q, ds, collate, lcfg)
 }

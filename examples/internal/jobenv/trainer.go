@@ -1,0 +1,64 @@
+package jobenv
+
+import (
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/trainer"
+)
+
+// TrainerHooks returns hooks that report a worker's rounds (on every rank)
+// and steps (on rank 0) to the launcher through ev, as its summary of the
+// job expects them.
+func TrainerHooks(ev *launcher.Emitter) trainer.Hooks {
+	return trainer.Hooks{
+		OnRound: func(r trainer.RoundInfo) {
+			ev.Emit(launcher.Event{Ev: "round", Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
+				Epoch: r.Epoch, Source: r.Source, Recovery: r.Recovery, RolledBack: r.RolledBack})
+		},
+		OnStep: func(s trainer.StepInfo) {
+			if s.Rank == 0 {
+				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step,
+					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
+			}
+		},
+	}
+}
+
+// PreemptOnSIGTERM calls preempt (a Trainer's Preempt) when the process
+// gets SIGTERM, until stop is called; stop waits for its goroutine.
+func PreemptOnSIGTERM(preempt func()) (stop func()) {
+	sigs, quit, done := make(chan os.Signal, 1), make(chan struct{}), make(chan struct{})
+	signal.Notify(sigs, syscall.SIGTERM)
+	go func() {
+		defer close(done)
+		select {
+		case <-sigs:
+			preempt()
+		case <-quit:
+		}
+	}()
+	return func() {
+		signal.Stop(sigs)
+		close(quit)
+		<-done
+	}
+}
+
+// VerifyAuditFile replays the audit log a job's workers wrote to path
+// (trainer.FileAudit) with trainer.VerifyAudit.
+func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (trainer.AuditReport, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return trainer.AuditReport{}, fmt.Errorf("audit: %w", err)
+	}
+	defer f.Close()
+	entries, err := trainer.ReadAuditLog(f)
+	if err != nil {
+		return trainer.AuditReport{}, err
+	}
+	return trainer.VerifyAudit(entries, epochs, expected), nil
+}
