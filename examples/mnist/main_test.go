@@ -215,53 +215,6 @@ func TestRedisOnAClosedPortIsAClearErrorBeforeAnyWorker(t *testing.T) {
 
 // --- telemetry ---
 
-func TestMetricsAddrGivesWorkerIPortPlusI(t *testing.T) {
-	for _, tc := range []struct {
-		addr   string
-		worker int
-		want   string
-		err    string
-	}{
-		{"127.0.0.1:9464", 0, "127.0.0.1:9464", ""},
-		{"127.0.0.1:9464", 3, "127.0.0.1:9467", ""},
-		{":9464", 1, ":9465", ""},
-		{"[::1]:9000", 2, "[::1]:9002", ""},
-		{"127.0.0.1:0", 5, "127.0.0.1:0", ""},
-		{"127.0.0.1:65535", 0, "127.0.0.1:65535", ""},
-		{"127.0.0.1:65535", 1, "", "worker 1 would need port 65536"},
-		{"9464", 0, "", "want host:port"},
-		{"host:-1", 0, "", "want a port number"},
-	} {
-		got, err := metricsAddr(tc.addr, tc.worker)
-		if tc.err != "" {
-			require.ErrorContains(t, err, tc.err, tc.addr)
-			continue
-		}
-		require.NoError(t, err, tc.addr)
-		require.Equal(t, tc.want, got, tc.addr)
-	}
-}
-
-func TestParseOTLPEndpoint(t *testing.T) {
-	for _, tc := range []struct {
-		in   string
-		want otlpEndpoint
-	}{
-		{"localhost:4318", otlpEndpoint{host: "localhost:4318", insecure: true}},
-		{":4318", otlpEndpoint{host: "localhost:4318", insecure: true}},
-		{"http://otel:4318", otlpEndpoint{host: "otel:4318", insecure: true}},
-		{"https://otel.example:443/otlp", otlpEndpoint{host: "otel.example:443", prefix: "/otlp"}},
-	} {
-		got, err := parseOTLPEndpoint(tc.in)
-		require.NoError(t, err, tc.in)
-		require.Equal(t, tc.want, got, tc.in)
-	}
-	for _, bad := range []string{"", "otel", "https://otel", "http://otel:4318/?x=1", "ftp://otel:21", "otel:port"} {
-		_, err := parseOTLPEndpoint(bad)
-		require.Error(t, err, bad)
-	}
-}
-
 // stepSpanEvery is the trainer's step span sampling in trainLinReg.
 const stepSpanEvery = 4
 

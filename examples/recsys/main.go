@@ -3,9 +3,9 @@
 // partitioned over the workers) and whose dense part the trainer
 // allreduces (a hybrid step, as in DLRM), on a generated click log with a
 // known best AUC. The loop is the trainer's: kills, joins, -term, a
-// whole-job restart from -checkpoint at any worker count; the tables are
-// re-partitioned at every rescale, and an audit proves every sample of
-// every epoch was applied exactly once. Run with -h for the flags.
+// whole-job restart from -checkpoint at any worker count, OpenTelemetry
+// (-otlp, -metrics); the tables are re-partitioned at every rescale, and an
+// audit proves every sample of every epoch was applied exactly once.
 //
 //	go run ./examples/recsys -json
 //	go run ./examples/recsys -workers 3 -kill 1@300 -join 1@600 -json
@@ -35,6 +35,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/examples/internal/telemetry"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -47,7 +48,7 @@ type config struct {
 	workers, min, max, epochs, batch, dim, commitEvery, slowWorker int
 	lr, denseLR                                                    float64
 	gen                                                            GenConfig
-	redis, dir, ckpt, audit, job                                   string
+	redis, dir, ckpt, audit, job, otlp, metrics                    string
 	json, quiet, dynamic                                           bool
 	faults                                                         []launcher.Fault
 	detect, slow                                                   time.Duration
@@ -76,6 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.dir, "shard-dir", "", "directory of the committed shards (default: DIR/shards of -checkpoint, or a temporary one)")
 	fs.StringVar(&c.audit, "audit", "", "the exactly-once audit log (default: DIR/audit.log of -checkpoint, or a temporary one)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random)")
+	fs.StringVar(&c.otlp, "otlp", "", telemetry.OTLPHelp)
+	fs.StringVar(&c.metrics, "metrics", "", telemetry.MetricsHelp)
 	fs.BoolVar(&c.json, "json", false, "print the results as one JSON object on the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.dynamic, "dynamic", false, "lease data shards from a queue in Redis (default: the loader's fixed split)")
@@ -100,7 +103,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	case c.gen.Users < 1 || c.gen.Items < 1 || c.gen.Impressions < 10:
 		return nil, fmt.Errorf("-users %d and -items %d must be positive, -impressions %d at least 10", c.gen.Users, c.gen.Items, c.gen.Impressions)
 	}
-	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
+	if err := cmp.Or(launcher.CheckFaults(c.faults, c.workers, c.max), telemetry.ValidateFlags(c.otlp, c.metrics)); err != nil {
 		return nil, err
 	}
 	return c, jobenv.CheckJobID(c.job)
@@ -173,11 +176,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 // 0, 1 on error, 143 (128+SIGTERM) when it left after a preemption.
 func runWorker(c *config, stderr io.Writer) int {
 	ev := launcher.NewEmitter()
-	fail := func(err error) int {
-		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
-		fmt.Fprintf(stderr, "recsys worker %d: %v\n", os.Getpid(), err)
-		return 1
-	}
+	fail := jobenv.Fail(ev, stderr, "recsys")
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery = c.job, c.epochs, c.commitEvery
@@ -202,7 +201,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	hooks.OnStraggler = func(s trainer.StragglerInfo) {
 		fmt.Fprintf(stderr, "recsys worker %d: rank %d straggles at step %d: %.1f times the median compute time\n", os.Getpid(), s.Rank, s.Step, s.Ratio)
 	}
-	opts := []trainer.Option{trainer.WithAudit(audit), trainer.WithLogger(log), trainer.WithHooks(hooks)}
+	tel, err := telemetry.New(context.Background(), "elastictrain-recsys", c.otlp, c.metrics, telemetry.WorkerIndex(), tcfg.JobID)
+	if err != nil {
+		return fail(err)
+	}
+	defer tel.Close()
+	opts := append(tel.Options(), trainer.WithAudit(audit), trainer.WithLogger(log), trainer.WithHooks(hooks))
 	if c.ckpt != "" {
 		st, err := trainer.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
 		if err != nil {

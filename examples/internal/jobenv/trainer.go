@@ -2,6 +2,7 @@ package jobenv
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -61,4 +62,15 @@ func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (t
 		return trainer.AuditReport{}, err
 	}
 	return trainer.VerifyAudit(entries, epochs, expected), nil
+}
+
+// Fail returns the error handler of a worker of the program name: it
+// reports err to the launcher (an "error" event) and on w, and returns the
+// worker's exit status, 1.
+func Fail(ev *launcher.Emitter, w io.Writer, name string) func(err error) int {
+	return func(err error) int {
+		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		fmt.Fprintf(w, "%s worker %d: %v\n", name, os.Getpid(), err)
+		return 1
+	}
 }
