@@ -29,8 +29,9 @@
 // # Steps
 //
 // In PSSync mode (the default) every rank's StepFunc must call Push exactly
-// once per call, with no rows when its share of the global batch is empty:
-// a shard applies step t once every rank pushed it, and answers the pulls
+// once per call, with no rows when its share of the global batch is empty
+// (with a partition registered the trainer calls the StepFunc on such a
+// rank too): a shard applies step t once every rank pushed it, and answers the pulls
 // of step t+1 only then, so results do not depend on timing. A shard counts
 // every push, also those of a global batch in which no rank got a sample
 // (which the trainer does not count as a step); the partition keeps the
@@ -38,7 +39,9 @@
 // checkpoints. A rank that does not push (its StepFunc failed before it
 // could) makes the others' next Pull, Commit or EndRound fail with
 // sync.ErrTimeout within the transport's Config.OpTimeout, or at once with
-// a *sync.PeerError when the rank left: never a hang.
+// a *sync.PeerError when the rank left: never a hang. The trainer ends the
+// round on such errors of a StepFunc's Pull or Push, as on a failed
+// collective, and the next round restores the last commit.
 //
 // # Commits and failures
 //
