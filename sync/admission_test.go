@@ -1,0 +1,222 @@
+package sync
+
+import (
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// flood holds silent connections to one address, dialed from a given
+// loopback address.
+type flood struct {
+	conns []net.Conn
+}
+
+func (f *flood) open(t *testing.T, from, to string, n int) {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}, Timeout: 10 * time.Second}
+	for range n {
+		c, err := d.Dial("tcp", to)
+		if err != nil {
+			t.Fatalf("flood connection %d from %s: %v", len(f.conns), from, err)
+		}
+		f.conns = append(f.conns, c)
+	}
+}
+
+func (f *flood) close() {
+	for _, c := range f.conns {
+		c.Close()
+	}
+}
+
+// fakeClock moves a Transport's clock of connection ages.
+type fakeClock struct{ off atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *fakeClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+func withClock(tr *Transport) *fakeClock {
+	c := &fakeClock{}
+	tr.mu.Lock()
+	tr.now = c.now
+	tr.mu.Unlock()
+	return c
+}
+
+func tcpConfig(t *testing.T) Config {
+	cfg := testConfig(t)
+	cfg.LocalSockets = false // peers dial 127.0.0.1 over TCP, like a flood would
+	cfg.HandshakeTimeout = time.Minute
+	return cfg
+}
+
+func connectTwo(t *testing.T, a, b *Transport, round uint64) {
+	t.Helper()
+	ra, rb, ea, eb := connectPair(a, b, round, round)
+	if ea != nil || eb != nil {
+		t.Fatalf("Connect: %v / %v", ea, eb)
+	}
+	ra.Close()
+	rb.Close()
+}
+
+// needLoopback2 skips where 127.0.0.2 is not a loopback address (Linux
+// routes all of 127/8 to loopback; macOS does not by default).
+func needLoopback2(t *testing.T) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("no 127.0.0.2 on this host: %v", err)
+	}
+	ln.Close()
+}
+
+// A flood of silent connections from another address holds more than that
+// address's share: the oldest silent ones are parked (held open, unread)
+// once they are parkMinAge old, nothing is closed, and the job's peers
+// connect as if nothing happened.
+func TestSilentFloodFromAnotherAddressIsParked(t *testing.T) {
+	needLoopback2(t)
+	cfg := tcpConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	clock := withClock(a)
+	var f flood
+	defer f.close()
+	f.open(t, "127.0.0.2", a.Addr(), maxPendingPerAddr+100)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == maxPendingPerAddr+100 })
+	if st := a.Stats(); st.Parked != 0 {
+		t.Fatalf("parked young connections: %+v", st)
+	}
+	clock.advance(time.Second) // the flood is older than parkMinAge now
+	f.open(t, "127.0.0.2", a.Addr(), 100)
+	total := maxPendingPerAddr + 200
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == total })
+	st := a.Stats()
+	if st.Parked != uint64(total-maxPendingPerAddr) || st.Evicted != 0 {
+		t.Fatalf("stats %+v: want %d parked, none closed", st, total-maxPendingPerAddr)
+	}
+	a.mu.Lock()
+	pending := a.adm.addrs["127.0.0.2"].pending.Len()
+	a.mu.Unlock()
+	if pending != maxPendingPerAddr {
+		t.Fatalf("%d connections of the flood read at once, want its share %d", pending, maxPendingPerAddr)
+	}
+	connectTwo(t, a, b, 1)
+	connectTwo(t, b, a, 2) // a accepts as the higher rank too
+}
+
+// On one host a flood shares 127.0.0.1 with the job's peers, and may exhaust
+// the Transport's bound on open unauthenticated connections (set by the
+// open-file limit; lowered here): a new connection is still always let in,
+// the oldest parked one making room, so the peers are never shut out.
+func TestSameAddressFloodNeverShutsPeersOut(t *testing.T) {
+	cfg := tcpConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	clock := withClock(a)
+	const limit = 300
+	a.mu.Lock()
+	a.adm.limit = limit
+	a.mu.Unlock()
+	var f flood
+	defer f.close()
+	f.open(t, "127.0.0.1", a.Addr(), 250)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == 250 })
+	clock.advance(time.Second)
+	f.open(t, "127.0.0.1", a.Addr(), 250)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Evicted == 200 })
+	if st := a.Stats(); st.Unauthenticated != limit {
+		t.Fatalf("stats %+v: want the bound of %d held", st, limit)
+	}
+	connectTwo(t, a, b, 1)
+	connectTwo(t, b, a, 2)
+	// The connections closed were the oldest parked ones: the first
+	// flood connections see their end, the last ones are still open.
+	for i, c := range []net.Conn{f.conns[0], f.conns[len(f.conns)-1]} {
+		c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		_, err := c.Read(make([]byte, 1))
+		closed := err != nil && !isTimeout(err)
+		if closed != (i == 0) {
+			t.Errorf("flood connection %d: read %v", i, err)
+		}
+	}
+}
+
+// A connection that sends nothing is closed at the handshake timeout.
+func TestSilentConnectionClosedAtHandshakeTimeout(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.HandshakeTimeout = 100 * time.Millisecond
+	a := listenOne(t, cfg)
+	c, err := net.Dial("tcp", a.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); isTimeout(err) || err == nil {
+		t.Fatalf("read: %v, want the connection closed by the worker", err)
+	}
+	waitFor(t, 5*time.Second, func() bool { return a.Stats().Unauthenticated == 0 })
+	if st := a.Stats(); st.Refused != 1 {
+		t.Fatalf("stats %+v: want the silent connection counted as refused", st)
+	}
+}
+
+// A parked connection is closed too, between one and two handshake timeouts
+// after it was accepted.
+func TestParkedConnectionExpires(t *testing.T) {
+	needLoopback2(t)
+	cfg := tcpConfig(t)
+	cfg.HandshakeTimeout = 2 * time.Second
+	a := listenOne(t, cfg)
+	clock := withClock(a)
+	const share = 4
+	a.mu.Lock()
+	a.adm.share = [2]int{share, share}
+	a.mu.Unlock()
+	var f flood
+	defer f.close()
+	f.open(t, "127.0.0.2", a.Addr(), share)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == share })
+	clock.advance(time.Second)
+	f.open(t, "127.0.0.2", a.Addr(), 1)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Parked == 1 })
+	c := f.conns[0] // the oldest: parked
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); isTimeout(err) || err == nil {
+		t.Errorf("parked connection: read %v, want it closed", err)
+	}
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == 0 })
+	if st := a.Stats(); st.Parked != 1 || st.Evicted != 1 || st.Refused != share {
+		t.Fatalf("stats %+v: want one parked and closed, the others timed out", st)
+	}
+}
+
+// A peer that begins its handshake is never parked, however old it is.
+func TestParkingSkipsConnectionsWithBytes(t *testing.T) {
+	needLoopback2(t)
+	cfg := tcpConfig(t)
+	a, b := listenOne(t, cfg), listenOne(t, cfg)
+	clock := withClock(a)
+	var f flood
+	defer f.close()
+	f.open(t, "127.0.0.2", a.Addr(), maxPendingPerAddr)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == maxPendingPerAddr })
+	// One of the old connections sends a byte of a hello: it is read, not
+	// parked, and stays in the handshake until its timeout.
+	if _, err := f.conns[0].Write([]byte{1}); err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Second)
+	f.open(t, "127.0.0.2", a.Addr(), 1)
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Parked == 1 })
+	a.mu.Lock()
+	first := a.adm.addrs["127.0.0.2"].pending.Front().Value.(*inConn)
+	parked := a.adm.parked.Front().Value.(*inConn)
+	a.mu.Unlock()
+	if first.parked || !first.active || parked.c.RemoteAddr().String() != f.conns[1].LocalAddr().String() {
+		t.Fatalf("parked %v, want the second-oldest connection", parked.c.RemoteAddr())
+	}
+	connectTwo(t, b, a, 1)
+}
