@@ -281,7 +281,8 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	prevSize := 0
 	var failedAt time.Time // when this worker saw the failure that ended its last round
 	failed := false
-	unformed := 0 // rounds in a row that failed before this worker trained a step
+	unformed := 0    // rounds in a row that failed before this worker trained a step
+	shutOut := false // the last round failed and nobody in it authenticated this worker (see strangers.go)
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -299,6 +300,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// come back as a new member. Our commits stay: state agreement
 			// prefers holders from a later round, so they only count if no
 			// fresher holder exists (every member was fenced at once).
+			if shutOut {
+				return res, t.strangerError(unformed)
+			}
 			t.log.Warn("fenced; rejoining as a new member", "err", err)
 			agent.Close()
 			agent, err = elastic.NewAgent(t.store, elastic.NewMember(tr.Addr()), t.cfg.Elastic)
@@ -323,6 +327,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 
 		trainedBefore := t.trained
 		end, rerr := t.round(ctx, tr, agent, world, prevSize, failed, failedAt, ck)
+		shutOut = false
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
 			unformed = 0
@@ -363,7 +368,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				t.failures = t.failures[len(t.failures)-5:]
 			}
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
-			reported := false
+			av := t.judgeAuth(ctx, agent, world, rerr)
+			reported := av.reported
+			shutOut = av.shutOut
 			var pe *sync.PeerError
 			// A peer that aborted on purpose (its round moved on, it was
 			// preempted) is alive; only a lost connection is reported. A
@@ -371,7 +378,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// it cannot authenticate with a peer, the misconfigured one may
 			// well be itself (a stale secret), and it must not evict
 			// healthy members; those that trained together know better.
-			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
+			// A failed authentication is judged by majority instead
+			// (judgeAuth, strangers.go).
+			if !av.auth && errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
 				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank && t.latest != nil {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
@@ -393,7 +402,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 					leave()
 					return res, &BudgetError{Unformed: unformed, Last: slices.Clone(t.failures)}
 				}
-				if err := sleepCtx(ctx, unformedBackoff(unformed)); err != nil {
+				if err := pauseUnformed(ctx, agent, unformed, shutOut); err != nil {
 					continue // reported at the top of the loop
 				}
 			}
