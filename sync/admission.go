@@ -20,11 +20,13 @@ import (
 // connection for long; what makes room is the flood.
 //
 // Making room does not close a silent connection (a flooder would reconnect
-// at once, and each reconnection costs both sides CPU): it is parked, held
-// open without a goroutine or a buffer, and closed at the handshake timeout
-// (with jitter, so a flood's connections do not all come back at the same
-// instant). Only when the open connections reach the bound set by the
-// process's file descriptor limit is the oldest parked one closed.
+// at once, and each reconnection costs both sides CPU, and may overflow the
+// kernel's accept queue that the peers share): it is parked, held open
+// without a goroutine or a buffer, and closed parkHold after it was
+// accepted (with jitter, so a flood's connections do not all come back at
+// the same instant). A connection still silent at the handshake timeout is
+// parked too. Only when the open connections reach the bound set by the
+// process's file descriptor limit is the oldest parked one closed early.
 //
 // Shares are per remote address: an IPv4 address, an IPv6 /64, or all Unix
 // socket peers together. Addresses the job trusts (hosts of a round this
@@ -48,6 +50,9 @@ const (
 	maxTrusted = 4096
 	// evictScan bounds the connections examined to find a silent one.
 	evictScan = 64
+	// parkHold is how long a parked connection is held open after it was
+	// accepted, plus a jitter of up to half as long.
+	parkHold = time.Minute
 	// parkMinAge is how long a connection may stay silent before newer
 	// ones may push it into the park; a peer sends its hello within
 	// microseconds of connecting, so only a flood's connections get this
@@ -61,6 +66,7 @@ type inConn struct {
 	c        net.Conn
 	a        *addrConns
 	at       time.Time     // accepted, by Transport.now
+	born     time.Time     // accepted, by the wall clock
 	deadline time.Time     // the handshake must be over by then
 	parked   bool          // held unread; no goroutine reads it
 	active   bool          // bytes arrived: it is being handshaken, never parked
@@ -74,15 +80,17 @@ type addrConns struct {
 	key             string
 	trusted         bool
 	pending, parked list.List
+	recheck         *time.Timer // armed while over its share with young connections
 }
 
 // admission is the Transport's table of unauthenticated connections,
 // guarded by Transport.mu.
 type admission struct {
 	addrs           map[string]*addrConns
-	pending, parked list.List // every read / parked connection, oldest first
-	limit           int       // bound on pending + parked
-	share           [2]int    // bound on an untrusted / trusted address's pending
+	pending, parked list.List     // every read / parked connection, oldest first
+	limit           int           // bound on pending + parked
+	share           [2]int        // bound on an untrusted / trusted address's pending
+	hold            time.Duration // parkHold (tests shorten it)
 	trusted         map[string]bool
 }
 
@@ -92,7 +100,7 @@ func newAdmission() admission {
 		limit = min(max(n*3/4, minUnauth), maxUnauth)
 	}
 	return admission{addrs: map[string]*addrConns{}, trusted: map[string]bool{}, limit: limit,
-		share: [2]int{maxPendingPerAddr, maxPendingPerTrustedAddr}}
+		share: [2]int{maxPendingPerAddr, maxPendingPerTrustedAddr}, hold: parkHold}
 }
 
 // addrKey is the share a remote address belongs to.
@@ -156,20 +164,16 @@ func (t *Transport) admit(c net.Conn) *inConn {
 		a = &addrConns{key: key, trusted: ad.trusted[key]}
 		ad.addrs[key] = a
 	}
-	e := &inConn{c: c, a: a, at: t.now(), deadline: time.Now().Add(t.cfg.handshakeTimeout())}
+	born := time.Now()
+	e := &inConn{c: c, a: a, at: t.now(), born: born, deadline: born.Add(t.cfg.handshakeTimeout())}
 	// Set before serveConn runs, so a park's deadline in the past always
 	// wins over it.
 	c.SetDeadline(e.deadline)
 	e.ae, e.ge = a.pending.PushBack(e), ad.pending.PushBack(e)
-	share := ad.share[0]
-	if a.trusted {
-		share = ad.share[1]
-	}
 	// Over its share, an address waits for its connections to reach
 	// parkMinAge (a peer's hello arrives well within it); the global
 	// bounds hold at once.
-	for a.pending.Len() > share && t.makeRoomLocked(&a.pending, e, false) {
-	}
+	t.enforceShareLocked(a, e)
 	for ad.pending.Len() > min(maxPending, ad.limit) && !e.gone {
 		t.makeRoomLocked(&ad.pending, e, true)
 	}
@@ -181,6 +185,31 @@ func (t *Transport) admit(c net.Conn) *inConn {
 		}
 	}
 	return e
+}
+
+// enforceShareLocked parks or closes a's oldest connections while it holds
+// more than its share; while the excess is too young for that, it checks
+// again when the oldest reaches parkMinAge.
+func (t *Transport) enforceShareLocked(a *addrConns, keep *inConn) {
+	share := t.adm.share[0]
+	if a.trusted {
+		share = t.adm.share[1]
+	}
+	for a.pending.Len() > share && t.makeRoomLocked(&a.pending, keep, false) {
+	}
+	if a.pending.Len() <= share || a.recheck != nil {
+		return
+	}
+	oldest := a.pending.Front().Value.(*inConn)
+	d := max(parkMinAge-t.now().Sub(oldest.at), time.Millisecond)
+	a.recheck = time.AfterFunc(d, func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		a.recheck = nil
+		if !t.isClosed && t.adm.addrs[a.key] == a {
+			t.enforceShareLocked(a, nil)
+		}
+	})
 }
 
 // makeRoomLocked makes room in l (an address's pending list, or the
@@ -251,14 +280,15 @@ func (t *Transport) unlinkLocked(e *inConn) {
 }
 
 // parkLocked stops reading e (its goroutine wakes from its read and leaves
-// e to the park) and closes it at its handshake deadline plus a jitter of
-// up to one more timeout.
+// e to the park) and closes it hold after it was accepted, plus a jitter of
+// up to half as long.
 func (t *Transport) parkLocked(e *inConn) {
 	t.unlinkLocked(e)
 	e.parked = true
 	e.ae, e.ge = e.a.parked.PushBack(e), t.adm.parked.PushBack(e)
 	e.c.SetReadDeadline(time.Unix(1, 0))
-	d := time.Until(e.deadline) + rand.N(t.cfg.handshakeTimeout())
+	hold := t.adm.hold
+	d := time.Until(e.born.Add(hold)) + rand.N(hold/2+1)
 	e.expiry = time.AfterFunc(max(d, 0), func() { t.expire(e) })
 	t.stats.Parked++
 }
@@ -281,6 +311,10 @@ func (t *Transport) dropLocked(e *inConn) {
 	e.gone = true
 	if a := e.a; a.pending.Len() == 0 && a.parked.Len() == 0 && t.adm.addrs[a.key] == a {
 		delete(t.adm.addrs, a.key)
+		if a.recheck != nil {
+			a.recheck.Stop()
+			a.recheck = nil
+		}
 	}
 }
 

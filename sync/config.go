@@ -30,9 +30,10 @@ type Config struct {
 	// Default 10 s.
 	HoldTimeout time.Duration
 	// HandshakeTimeout bounds the accepting side of a handshake: a
-	// connection that has not proved the job secret this long after it was
-	// accepted is closed (sooner, when it sent nothing and newer
-	// connections need its room; see Transport). Peers send their first
+	// connection that has begun its handshake and not proved the job
+	// secret this long after it was accepted is closed; one that sent
+	// nothing is parked then (held open unread, and closed a minute or so
+	// after it was accepted; see Transport). Peers send their first
 	// handshake message as soon as they connect. Zero means the default,
 	// 5 s, or DialTimeout if that is shorter.
 	HandshakeTimeout time.Duration

@@ -78,9 +78,9 @@ type TransportStats struct {
 	RefusedMalformed uint64 // ... because a handshake message did not decode (ErrBadFrame)
 	LastRefusal      error  // the most recent refusal, nil if none
 	LastRefusedAt    time.Time
-	// Parked counts connections that had sent nothing when newer ones needed
-	// their room: they were held open unread (no goroutine, no buffer)
-	// until their handshake timeout.
+	// Parked counts connections that had sent nothing when newer ones
+	// needed their room, or by their handshake timeout: they were held
+	// open unread (no goroutine, no buffer) for about a minute.
 	Parked uint64
 	// Evicted counts unauthenticated connections closed to make room (over
 	// the bound that the open-file limit sets) or closed while parked.
@@ -391,8 +391,15 @@ func (t *Transport) serveConn(e *inConn) {
 		parked = true
 		t.mu.Unlock()
 		return
+	case n == 0 && isTimeout(rerr):
+		// Silent until the handshake timeout: parked like one that made
+		// room, so that a flooder does not reconnect at once.
+		t.parkLocked(e)
+		parked = true
+		t.mu.Unlock()
+		return
 	case n == 0:
-		// Silent until the handshake timeout, or closed by the dialer.
+		// Closed by the dialer before a byte.
 		t.dropLocked(e)
 		err := fmt.Errorf("%w: connection from %s sent nothing: %v", ErrPeerLost, remote, rerr)
 		t.refusedLocked(err)
