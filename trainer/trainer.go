@@ -226,7 +226,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // or ErrCheckpoint when it finished but its final checkpoint failed.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
-// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError),
+// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
+// also ErrStranger when the job shut this worker out for a wrong secret),
 // ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {

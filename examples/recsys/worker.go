@@ -286,7 +286,23 @@ func (w *worker) run(ctx context.Context, nTrain int) error {
 			recovered = true
 			w.log.Warn("round failed", "round", world.Round, "err", rerr)
 			var pe *sync.PeerError
-			if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
+			var ae *sync.AuthError
+			if errors.As(rerr, &ae) {
+				// Members that failed authentication are evicted only by
+				// the majority that proved the secret to one another: a
+				// stranger must never report the job's members.
+				if ae.Majority() {
+					for _, r := range ae.Failed {
+						if r < len(world.Members) && r != world.Rank {
+							rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+							if err := w.agent.ReportFailure(rctx, world.Round, world.Members[r].ID); err != nil {
+								w.log.Warn("failure report", "err", err)
+							}
+							cancel()
+						}
+					}
+				}
+			} else if errors.As(rerr, &pe) && !errors.Is(rerr, sync.ErrAborted) && !errors.Is(rerr, sync.ErrClosed) &&
 				pe.Rank >= 0 && pe.Rank < len(world.Members) && pe.Rank != world.Rank {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := w.agent.ReportFailure(rctx, world.Round, world.Members[pe.Rank].ID); err != nil {
