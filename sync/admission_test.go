@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"errors"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -223,4 +224,47 @@ func TestParkingSkipsConnectionsWithBytes(t *testing.T) {
 		t.Fatalf("parked %v, want the second-oldest connection", parked.c.RemoteAddr())
 	}
 	connectTwo(t, b, a, 1)
+}
+
+// A dialer whose hello goes unanswered (the listener parked the connection,
+// or hangs) redials after the handshake timeout instead of waiting for the
+// whole DialTimeout on one connection.
+func TestDialerRedialsAListenerThatDoesNotAnswer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int64
+	var held []net.Conn
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			held = append(held, c) // never answered
+		}
+	}()
+	cfg := tcpConfig(t)
+	cfg.DialTimeout = 2 * time.Second
+	cfg.HandshakeTimeout = 100 * time.Millisecond
+	a := listenOne(t, cfg)
+	_, err = a.Connect(t.Context(), World{Round: 1, Rank: 0, Addrs: []string{a.Addr(), ln.Addr().String()}})
+	if !errors.Is(err, ErrTimeout) {
+		t.Errorf("Connect: %v, want ErrTimeout", err)
+	}
+	ln.Close()
+	<-done
+	for _, c := range held {
+		c.Close()
+	}
+	// Rank 0 dials four connections (control, mesh, two lanes); without
+	// redials the listener would see exactly those.
+	if n := accepted.Load(); n <= 4 {
+		t.Errorf("%d connections reached the silent listener, want redials beyond the first 4", n)
+	}
 }

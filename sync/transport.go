@@ -44,6 +44,11 @@ var littleEndian = func() bool {
 // reached are authenticated and held (up to Config.HoldTimeout); connections
 // for an older round are refused.
 //
+// Incoming connections that have not proved the secret yet are bounded per
+// remote address and by the process's open-file limit without ever turning
+// the newest away (see Config.HandshakeTimeout and TransportStats.Parked):
+// a flood of silent connections cannot shut the job's peers out.
+//
 // A Transport is safe for concurrent use, but Connect calls must not overlap
 // (one round at a time). Close stops every goroutine it started and closes
 // the Rings it connected.
@@ -641,11 +646,18 @@ func proof(secret []byte, label string, hello, nonce []byte) []byte {
 // clientHandshake runs the dialer's side on c within ctx. proved is true
 // once the peer proved the secret (even if it then refused the connection).
 func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire.Hello) (proved bool, err error) {
+	end, _ := ctx.Deadline() // zero: none
+	c.SetDeadline(end)
+	// A listener that reads the hello answers it at once; one that does
+	// not (it parked this connection among a flood's) is redialed after
+	// the handshake timeout rather than waited for until ctx ends.
+	challengeBy := time.Now().Add(t.cfg.handshakeTimeout())
+	if !end.IsZero() && end.Before(challengeBy) {
+		challengeBy = end
+	}
+	c.SetReadDeadline(challengeBy)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if d, ok := ctx.Deadline(); ok {
-		c.SetDeadline(d)
-	}
 	defer c.SetDeadline(time.Time{})
 	rand.Read(hello.Nonce[:])
 	helloBytes := wire.AppendHello(nil, hello)
@@ -657,6 +669,10 @@ func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire
 	typ, p, err := wire.ReadMsg(c, buf)
 	if err != nil {
 		return false, t.readErr(ctx, "challenge", err)
+	}
+	c.SetReadDeadline(end)
+	if ctx.Err() != nil {
+		c.SetDeadline(time.Unix(1, 0)) // cancelled meanwhile: keep it so
 	}
 	if typ == wire.MsgReject {
 		return false, parseRefusal(p)
