@@ -3,6 +3,7 @@ package sync
 import (
 	"container/list"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"net"
 	"time"
@@ -73,6 +74,7 @@ type inConn struct {
 	gone     bool          // no longer admitted: authenticated, closed or refused
 	ae, ge   *list.Element // in a.pending or a.parked; in admission.pending or .parked
 	expiry   *time.Timer   // closes it while parked
+	rejected bool          // a refusal was written (owned by serveConn's goroutine)
 }
 
 // addrConns are the unauthenticated connections of one remote address.
@@ -364,6 +366,23 @@ func (t *Transport) closeAdmittedLocked() {
 			e.c.Close()
 		}
 	}
+}
+
+// lingerTime bounds how long a refused connection is drained before it is
+// closed.
+const lingerTime = 250 * time.Millisecond
+
+// lingerClose ends a connection after a refusal was written to it: it sends
+// FIN and discards what the dialer still sends until it closes too (or
+// lingerTime passes). Closing with unread input would send a reset, and a
+// reset can make the dialer's kernel drop the refusal before it is read
+// (a replayed handshake, for one, arrives with more bytes behind it).
+func lingerClose(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	c.SetReadDeadline(time.Now().Add(lingerTime))
+	io.CopyN(io.Discard, c, 64<<10)
 }
 
 func isTimeout(err error) bool {

@@ -376,6 +376,9 @@ func (t *Transport) serveConn(e *inConn) {
 		t.dropLocked(e)
 		t.mu.Unlock()
 		if !delivered {
+			if e.rejected {
+				lingerClose(raw)
+			}
 			raw.Close()
 		}
 	}()
@@ -444,6 +447,7 @@ func (t *Transport) serveConn(e *inConn) {
 	if d.ref != nil {
 		t.refused(remote, d.ref.err)
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
+		e.rejected = true
 		return
 	}
 	err := wire.WriteMsg(c, scratch, wire.MsgAccept, nil)
@@ -471,6 +475,7 @@ func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connK
 	reject := func(code uint8, err error) (connKey, decision, bool) {
 		t.refused(remote, err) // counted before the dialer can see the refusal
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, code, err.Error()))
+		e.rejected = true
 		return connKey{}, decision{}, false
 	}
 	typ, p, err := wire.ReadMsg(c, buf)

@@ -26,6 +26,12 @@ import (
 // evict the job's members; when neither side is a majority (one honest
 // member and one stranger in a fresh job), every member gives up after
 // MaxRecoveries rounds with ErrFailureBudget.
+//
+// The majority is the job even when it holds no trained state: more
+// workers of another secret than of the job's in one round evict the job's
+// (and resume from the last durable checkpoint). Nothing a worker can
+// verify before authenticating says who holds state, and an unverified
+// claim must not stop the majority.
 
 // strangerWait is how long a worker that nobody authenticated waits, at
 // least, for the members that authenticate one another to evict it before
