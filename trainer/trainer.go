@@ -256,6 +256,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		}
 	}()
 
+	// The counters of rare events exist from the start, at 0, so a
+	// dashboard or an alert sees "no recovery yet" rather than no series
+	// (rate() of an absent series is no data, not 0).
+	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
+	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
+
 	tr, err := sync.Listen(ctx, t.cfg.ListenAddr, t.cfg.Sync)
 	if err != nil {
 		return res, fmt.Errorf("trainer: listen: %w", err)
