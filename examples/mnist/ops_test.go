@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +16,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/trainer"
 )
 
 // scrapeFamilies GETs a Prometheus text exposition and parses it with the
@@ -179,4 +182,52 @@ func keysOf[V any](m map[string]V) []string {
 		k = append(k, n)
 	}
 	return k
+}
+
+// stallingStore is a CheckpointStore whose Save blocks until released, as
+// a slow volume or a large model would.
+type stallingStore struct {
+	trainer.CheckpointStore
+	saving  chan struct{} // closed when the first Save starts
+	release chan struct{}
+	once    sync.Once
+}
+
+func (s *stallingStore) Save(ctx context.Context, step int64, data []byte) error {
+	s.once.Do(func() { close(s.saving) })
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	return s.CheckpointStore.Save(ctx, step, data)
+}
+
+// The liveness probe's /healthz answers while the worker is stuck in a
+// long checkpoint write: a kubelet never restarts a worker for that.
+func TestHealthzAnswersDuringALongCheckpoint(t *testing.T) {
+	tel, err := newTelemetry(context.Background(), "", "127.0.0.1:0", 0, "job-healthz")
+	require.NoError(t, err)
+	defer func() { require.NoError(t, tel.shutdown(context.Background())) }()
+	dir, err := trainer.NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	st := &stallingStore{CheckpointStore: dir, saving: make(chan struct{}), release: make(chan struct{})}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		trainLinReg(t, append(tel.options(), trainer.WithCheckpointStore(st))...)
+	}()
+	select {
+	case <-st.saving:
+	case <-time.After(time.Minute):
+		t.Fatal("no checkpoint was written")
+	}
+	for range 3 {
+		resp, err := http.Get("http://" + tel.addr + "/healthz")
+		require.NoError(t, err)
+		resp.Body.Close()
+		require.Equal(t, http.StatusOK, resp.StatusCode, "while the checkpoint write blocks")
+	}
+	close(st.release)
+	<-done
 }
