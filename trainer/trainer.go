@@ -295,6 +295,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		}
 	}()
 
+	// The counters of rare events exist from the start, at 0, so a
+	// dashboard or an alert sees "no recovery yet" rather than no series
+	// (rate() of an absent series is no data, not 0).
+	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
+	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
+
 	// The Backend and every partition are closed once when Run returns,
 	// whatever happened (the contracts' last call).
 	defer t.closeParts()
@@ -360,12 +366,17 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// come back as a new member. Our commits stay: state agreement
 			// prefers holders from a later round, so they only count if no
 			// fresher holder exists (every member was fenced at once).
+			// The new member's rounds are numbered above every round
+			// this process held, even if the store forgot them (a
+			// failover that lost writes), so no round number is reused.
 			t.log.Warn("fenced; rejoining as a new member", "err", err)
+			last := agent.LastRound()
 			agent.Close()
 			agent, err = elastic.NewAgent(t.store, member(), t.cfg.Elastic)
 			if err != nil {
 				return res, fmt.Errorf("trainer: rendezvous: %w", err)
 			}
+			agent.SeeRound(last)
 			continue
 		case errors.Is(err, elastic.ErrJobFinished):
 			res.Finished = true
