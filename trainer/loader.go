@@ -53,7 +53,9 @@ type Source[B any] interface {
 //  3. Stepped, on every rank, after every step that every rank applied
 //     (and after every empty global batch), with the outcome every rank
 //     agreed on. It returns true to ask for a commit at this step
-//     boundary, besides the Config.CommitEvery schedule.
+//     boundary, besides the Config.CommitEvery schedule. Every rank must
+//     return the same (decide from s and from state the ranks share):
+//     a commit is collective, and ranks that disagree fail the round.
 //  4. State, on every rank, when a commit is due at this step boundary:
 //     this rank's part of the loader state after the last batch Stepped
 //     reported. It may do I/O (leasing ahead the shards that the steps up

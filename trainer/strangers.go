@@ -84,11 +84,10 @@ func (t *Trainer[B]) judgeAuth(ctx context.Context, agent *elastic.Agent, world 
 	return v
 }
 
-// pauseUnformed waits before rejoining after the n-th round in a row that
-// failed before a step: the backoff, and for a worker that was shut out at
-// least strangerWait unless it is evicted sooner. A ctx error is returned.
-func pauseUnformed(ctx context.Context, agent *elastic.Agent, n int, shutOut bool) error {
-	d := unformedBackoff(n)
+// pauseUnformed waits d before rejoining after a round that failed before
+// a step, and a worker that was shut out at least strangerWait unless it is
+// evicted sooner. A ctx error is returned.
+func pauseUnformed(ctx context.Context, agent *elastic.Agent, d time.Duration, shutOut bool) error {
 	if !shutOut {
 		return sleepCtx(ctx, d)
 	}

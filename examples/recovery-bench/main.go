@@ -268,7 +268,7 @@ func trial(ctx context.Context, c *config, idle int) (Trial, error) {
 	}
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, Args: args, Quiet: true, Log: io.Discard,
-		Env:    jobenv.SecretEnv(),
+		Store: c.redis, JobID: job,
 		Faults: []launcher.Fault{kill}, OnEvent: onEvent, StopWhenRecovered: true,
 	})
 	stopFlood()
