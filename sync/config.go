@@ -29,6 +29,14 @@ type Config struct {
 	// refused as not ready (the dialer retries until its DialTimeout).
 	// Default 10 s.
 	HoldTimeout time.Duration
+	// HandshakeTimeout bounds the accepting side of a handshake: a
+	// connection that has begun its handshake and not proved the job
+	// secret this long after it was accepted is closed; one that sent
+	// nothing is parked then (held open unread, and closed a minute or so
+	// after it was accepted; see Transport). Peers send their first
+	// handshake message as soon as they connect. Zero means the default,
+	// 5 s, or DialTimeout if that is shorter.
+	HandshakeTimeout time.Duration
 	// OpTimeout bounds every collective operation on top of the context's
 	// deadline: a peer that stops sending (hung, SIGSTOPped, partitioned)
 	// turns into ErrTimeout after at most this long. It must also cover how
@@ -101,6 +109,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.DialTimeout %v must be positive", ErrInvalid, c.DialTimeout)
 	case c.HoldTimeout <= 0:
 		return fmt.Errorf("%w: Config.HoldTimeout %v must be positive", ErrInvalid, c.HoldTimeout)
+	case c.HandshakeTimeout < 0:
+		return fmt.Errorf("%w: Config.HandshakeTimeout %v is negative", ErrInvalid, c.HandshakeTimeout)
 	case c.OpTimeout <= 0:
 		return fmt.Errorf("%w: Config.OpTimeout %v must be positive", ErrInvalid, c.OpTimeout)
 	case c.ChunkBytes < 64:
@@ -124,6 +134,16 @@ func (c Config) logger() *slog.Logger {
 		return c.Logger
 	}
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+// defaultHandshakeTimeout is HandshakeTimeout when it is zero.
+const defaultHandshakeTimeout = 5 * time.Second
+
+func (c Config) handshakeTimeout() time.Duration {
+	if c.HandshakeTimeout > 0 {
+		return c.HandshakeTimeout
+	}
+	return min(defaultHandshakeTimeout, c.DialTimeout)
 }
 
 func (c Config) chunkBytes() int { return c.ChunkBytes &^ 7 }

@@ -69,6 +69,24 @@
 // every connection (Config.ServerTLS and ClientTLS) for links that leave the
 // host.
 //
+// A peer that does not prove the secret dooms the round, but Connect goes on
+// for up to a second forming the other connections and returns an
+// *AuthError naming the ranks that proved the secret to this rank and those
+// that failed. Members group by secret, so at most one group is more than
+// half of the round (AuthError.Majority): the caller (the trainer) evicts
+// the failed ranks only from there, and a minority of strangers can never
+// evict the job's members.
+//
+// Connections that have not authenticated yet are bounded per remote
+// address (an IPv4 address, an IPv6 /64, all Unix-socket peers), never by
+// refusing the newest: over an address's share, or over 3/4 of the
+// process's open-file limit, the oldest connection that has sent nothing
+// for 250 ms is parked (held open unread, without a goroutine) for about a
+// minute, as is one still silent at Config.HandshakeTimeout. A flood of
+// silent connections (slowloris) thus neither shuts the job's peers out nor
+// makes the flooder reconnect in a loop; Transport.Stats counts parked and
+// evicted connections.
+//
 // # Failures
 //
 // Every operation takes a context and is bounded by Config.OpTimeout.

@@ -35,7 +35,7 @@ func FuzzClientHandshake(f *testing.F) {
 	f.Add([]byte{wire.MsgChallenge, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {
 		tr := &Transport{cfg: cfg, log: cfg.logger(), closed: make(chan struct{}),
-			held: make(map[connKey]*heldConn), inflight: make(map[net.Conn]struct{}), rings: make(map[*Ring]struct{})}
+			held: make(map[connKey]*heldConn), adm: newAdmission(), rings: make(map[*Ring]struct{}), now: time.Now}
 		cli, srv := net.Pipe()
 		var wg gosync.WaitGroup
 		wg.Add(2)
@@ -45,7 +45,7 @@ func FuzzClientHandshake(f *testing.F) {
 		defer cancel()
 		hello := &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: 3, From: 0, To: 1, JobID: cfg.JobID}
 		start := time.Now()
-		err := tr.clientHandshake(ctx, cli, hello)
+		_, err := tr.clientHandshake(ctx, cli, hello)
 		cli.Close()
 		wg.Wait()
 		if err == nil {

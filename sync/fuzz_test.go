@@ -32,14 +32,14 @@ func FuzzServerHandshake(f *testing.F) {
 	f.Add([]byte("garbage"))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		tr := &Transport{cfg: cfg, log: cfg.logger(), closed: make(chan struct{}),
-			held: make(map[connKey]*heldConn), inflight: make(map[net.Conn]struct{}), rings: make(map[*Ring]struct{})}
+			held: make(map[connKey]*heldConn), adm: newAdmission(), rings: make(map[*Ring]struct{}), now: time.Now}
 		srv, cli := net.Pipe()
 		var wg gosync.WaitGroup
 		wg.Add(2)
 		go func() { defer wg.Done(); cli.Write(in); cli.Close() }()
 		go func() { defer wg.Done(); io.Copy(io.Discard, cli) }()
 		srv.SetDeadline(time.Now().Add(2 * time.Second))
-		tr.serverHandshake(srv, "fuzz")
+		tr.serverHandshake(srv, tr.admit(srv), "fuzz")
 		srv.Close()
 		wg.Wait()
 	})

@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -10,6 +11,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/binary"
 	"errors"
+	"io"
 	"math/big"
 	"net"
 	gosync "sync"
@@ -416,4 +418,44 @@ func TestConnectNamesThePeerItCannotAuthenticateOrReach(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A refused dialer gets its refusal and then an orderly end of the
+// connection even when more bytes follow its proof (a replayed handshake
+// arrives with the frames that came after it). Closing with unread input
+// would reset the connection instead, and a dialer still writing (its own
+// proof, say) would fail on the reset before it could read the refusal.
+func TestRefusalEndsInAnOrderlyClose(t *testing.T) {
+	cfg := testConfig(t)
+	tr := listenOne(t, cfg)
+	var msg bytes.Buffer
+	wire.WriteMsg(&msg, nil, wire.MsgHello, wire.AppendHello(nil, &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: 1, From: 1, To: 0, JobID: cfg.JobID}))
+	wire.WriteMsg(&msg, nil, wire.MsgProof, make([]byte, wire.ProofSize)) // not over this server's nonce
+	msg.Write(make([]byte, 16<<10))                                       // what followed it
+	c, err := net.Dial("tcp", tr.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(msg.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, wire.MaxMsgBytes)
+	var code uint8
+	for code == 0 {
+		typ, p, err := wire.ReadMsg(c, buf)
+		if err != nil {
+			t.Fatalf("%v before the refusal", err)
+		}
+		if typ == wire.MsgReject {
+			code, _, _ = wire.ParseReject(p)
+		}
+	}
+	if code != wire.RejectAuth {
+		t.Fatalf("refusal code %d, want RejectAuth", code)
+	}
+	if _, err := c.Read(buf); err != io.EOF {
+		t.Fatalf("after the refusal: %v, want EOF (an orderly close, not a reset)", err)
+	}
 }

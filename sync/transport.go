@@ -26,13 +26,11 @@ import (
 // connections after about Idle + Count*Interval even between operations.
 var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: time.Second, Count: 5}
 
-// maxHeld bounds the authenticated connections held for future rounds, and
-// maxInflight the connections in the handshake or held at once (each has a
-// goroutine and a small buffer); connections over the bound are dropped.
-const (
-	maxHeld     = 4096
-	maxInflight = 8192
-)
+// maxHeld bounds the authenticated connections held for future rounds;
+// connections over the bound are refused as not ready (the dialer retries).
+// Connections that have not authenticated yet are bounded per remote address
+// (see admission.go).
+const maxHeld = 4096
 
 // littleEndian is true on the hosts this package supports: the wire format
 // is little-endian and buffers are sent as they lie in memory.
@@ -45,6 +43,11 @@ var littleEndian = func() bool {
 // Ring per round with Connect. Connections for a round this rank has not yet
 // reached are authenticated and held (up to Config.HoldTimeout); connections
 // for an older round are refused.
+//
+// Incoming connections that have not proved the secret yet are bounded per
+// remote address and by the process's open-file limit without ever turning
+// the newest away (see Config.HandshakeTimeout and TransportStats.Parked):
+// a flood of silent connections cannot shut the job's peers out.
 //
 // A Transport is safe for concurrent use, but Connect calls must not overlap
 // (one round at a time). Close stops every goroutine it started and closes
@@ -64,9 +67,10 @@ type Transport struct {
 	round      uint64
 	connecting *connectState
 	held       map[connKey]*heldConn
-	inflight   map[net.Conn]struct{}
+	adm        admission
 	rings      map[*Ring]struct{}
 	stats      TransportStats
+	now        func() time.Time // the clock of connection ages (tests move it)
 }
 
 // TransportStats counts handshakes; see Transport.Stats.
@@ -79,6 +83,16 @@ type TransportStats struct {
 	RefusedMalformed uint64 // ... because a handshake message did not decode (ErrBadFrame)
 	LastRefusal      error  // the most recent refusal, nil if none
 	LastRefusedAt    time.Time
+	// Parked counts connections that had sent nothing when newer ones
+	// needed their room, or by their handshake timeout: they were held
+	// open unread (no goroutine, no buffer) for about a minute.
+	Parked uint64
+	// Evicted counts unauthenticated connections closed to make room (over
+	// the bound that the open-file limit sets) or closed while parked.
+	Evicted uint64
+	// Unauthenticated is how many accepted connections are in the
+	// handshake or parked right now.
+	Unauthenticated int
 }
 
 type connKey struct {
@@ -128,6 +142,48 @@ type connectState struct {
 	expect map[connKey]bool // accepted slots; true once filled
 	got    chan acceptedConn
 	done   bool // under Transport.mu: Connect no longer takes deliveries
+	// What this round's handshakes say about who holds the secret (see
+	// AuthError), under Transport.mu: the ranks that proved it, in either
+	// direction, and the ranks that a failed handshake accepted here
+	// claimed to be (unverified: anyone can claim a rank).
+	proved, claimed map[int]bool
+	note            chan struct{} // capacity 1: proved or claimed changed
+}
+
+func newConnectState(w World) *connectState {
+	return &connectState{w: w, expect: map[connKey]bool{}, proved: map[int]bool{}, claimed: map[int]bool{}, note: make(chan struct{}, 1)}
+}
+
+func (st *connectState) peer(rank int) bool {
+	return rank >= 0 && rank < st.w.Size() && rank != st.w.Rank
+}
+
+// provedLocked records that rank proved the secret; Transport.mu held.
+func (st *connectState) provedLocked(rank int) {
+	if st.peer(rank) && !st.proved[rank] {
+		st.proved[rank] = true
+		notify(st.note)
+	}
+}
+
+// claimAuthFailure records, for the Connect in progress, that a dialer
+// claiming a rank of its round failed authentication with this rank.
+func (t *Transport) claimAuthFailure(h wire.Hello) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	st := t.connecting
+	if st == nil || h.Round != st.w.Round || int(h.To) != st.w.Rank || !st.peer(int(h.From)) || st.claimed[int(h.From)] {
+		return
+	}
+	st.claimed[int(h.From)] = true
+	notify(st.note)
+}
+
+// noteProved records that the peer this rank dialed proved the secret.
+func (t *Transport) noteProved(st *connectState, rank int) {
+	t.mu.Lock()
+	st.provedLocked(rank)
+	t.mu.Unlock()
 }
 
 // Listen starts listening on addr (host:port; port 0 picks a free port) for
@@ -149,13 +205,14 @@ func Listen(ctx context.Context, addr string, cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("sync: listen %s: %w", addr, err)
 	}
 	t := &Transport{
-		cfg:      cfg,
-		log:      cfg.logger(),
-		ln:       ln,
-		closed:   make(chan struct{}),
-		held:     make(map[connKey]*heldConn),
-		inflight: make(map[net.Conn]struct{}),
-		rings:    make(map[*Ring]struct{}),
+		cfg:    cfg,
+		log:    cfg.logger(),
+		ln:     ln,
+		closed: make(chan struct{}),
+		held:   make(map[connKey]*heldConn),
+		adm:    newAdmission(),
+		now:    time.Now,
+		rings:  make(map[*Ring]struct{}),
 	}
 	t.addr = cfg.AdvertiseAddr
 	if t.addr == "" {
@@ -205,7 +262,9 @@ func (t *Transport) Addr() string { return t.addr }
 func (t *Transport) Stats() TransportStats {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	return t.stats
+	st := t.stats
+	st.Unauthenticated = t.adm.pending.Len() + t.adm.parked.Len()
+	return st
 }
 
 // Close stops the listeners, refuses connections being handshaken or held,
@@ -219,9 +278,7 @@ func (t *Transport) Close() error {
 	}
 	t.isClosed = true
 	close(t.closed)
-	for c := range t.inflight {
-		c.Close()
-	}
+	t.closeAdmittedLocked()
 	rings := make([]*Ring, 0, len(t.rings))
 	for r := range t.rings {
 		rings = append(rings, r)
@@ -252,6 +309,12 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
+			if isFDLimit(err) && t.shedOne() {
+				// Out of file descriptors while unauthenticated
+				// connections hold some: the oldest silent one makes
+				// room for whoever is waiting in the accept queue.
+				continue
+			}
 			// Transient (e.g. out of file descriptors): back off, bounded.
 			t.log.Warn("sync: accept failed", "err", err)
 			tm := time.NewTimer(backoff)
@@ -265,39 +328,24 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 			continue
 		}
 		backoff = 5 * time.Millisecond
-		if !t.track(c) {
+		e := t.admit(c)
+		if e == nil {
 			c.Close()
 			continue
 		}
 		t.wg.Add(1)
-		go t.serveConn(c)
+		go t.serveConn(e)
 	}
-}
-
-func (t *Transport) track(c net.Conn) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.isClosed {
-		return false
-	}
-	if len(t.inflight) >= maxInflight {
-		t.stats.Refused++
-		t.stats.LastRefusal = fmt.Errorf("sync: %d handshakes already in progress; connection from %s dropped", len(t.inflight), c.RemoteAddr())
-		t.stats.LastRefusedAt = time.Now()
-		return false
-	}
-	t.inflight[c] = struct{}{}
-	return true
-}
-
-func (t *Transport) untrack(c net.Conn) {
-	t.mu.Lock()
-	delete(t.inflight, c)
-	t.mu.Unlock()
 }
 
 func (t *Transport) refused(remote string, err error) {
 	t.mu.Lock()
+	t.refusedLocked(err)
+	t.mu.Unlock()
+	t.log.Warn("sync: refused connection", "remote", remote, "err", err)
+}
+
+func (t *Transport) refusedLocked(err error) {
 	t.stats.Refused++
 	switch {
 	case errors.Is(err, ErrAuth):
@@ -311,18 +359,26 @@ func (t *Transport) refused(remote string, err error) {
 	}
 	t.stats.LastRefusal = err
 	t.stats.LastRefusedAt = time.Now()
-	t.mu.Unlock()
-	t.log.Warn("sync: refused connection", "remote", remote, "err", err)
 }
 
 // serveConn runs the server side of the handshake of one accepted connection
-// and hands it to Connect.
-func (t *Transport) serveConn(raw net.Conn) {
+// and hands it to Connect. The connection may be parked while it has sent
+// nothing (see admission.go): serveConn then leaves it to the park.
+func (t *Transport) serveConn(e *inConn) {
 	defer t.wg.Done()
-	delivered := false
+	raw := e.c
+	delivered, parked := false, false
 	defer func() {
-		t.untrack(raw)
+		if parked {
+			return // the park holds it now
+		}
+		t.mu.Lock()
+		t.dropLocked(e)
+		t.mu.Unlock()
 		if !delivered {
+			if e.rejected {
+				lingerClose(raw)
+			}
 			raw.Close()
 		}
 	}()
@@ -330,25 +386,68 @@ func (t *Transport) serveConn(raw net.Conn) {
 	if remote == "" || remote == "@" {
 		remote = "unix"
 	}
-	raw.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
-	var c net.Conn = raw
+	// The first byte tells a connection that has begun its handshake from
+	// a silent one, which newer connections may push into the park.
+	var first [1]byte
+	n, rerr := raw.Read(first[:])
+	t.mu.Lock()
+	switch {
+	case e.gone: // evicted, or the Transport is closing
+		t.mu.Unlock()
+		return
+	case e.parked && n == 0 && isTimeout(rerr):
+		parked = true
+		t.mu.Unlock()
+		return
+	case n == 0 && isTimeout(rerr):
+		// Silent until the handshake timeout: parked like one that made
+		// room, so that a flooder does not reconnect at once.
+		t.parkLocked(e)
+		parked = true
+		t.mu.Unlock()
+		return
+	case n == 0:
+		// Closed by the dialer before a byte.
+		t.dropLocked(e)
+		err := fmt.Errorf("%w: connection from %s sent nothing: %v", ErrPeerLost, remote, rerr)
+		t.refusedLocked(err)
+		t.mu.Unlock()
+		t.log.Debug("sync: dropped a silent connection", "remote", remote, "err", rerr)
+		return
+	case e.parked:
+		t.unparkLocked(e) // its first byte arrived as it was parked
+	}
+	e.active = true
+	t.mu.Unlock()
+	raw.SetDeadline(e.deadline) // a park may have moved the read deadline
+	var c net.Conn = &prefixConn{Conn: raw, p: first[:n]}
 	if t.cfg.ServerTLS != nil {
-		tc := tls.Server(raw, t.cfg.ServerTLS)
+		tc := tls.Server(c, t.cfg.ServerTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
 			return
 		}
 		c = tc
 	}
-	key, d, ok := t.serverHandshake(c, remote)
+	key, d, ok := t.serverHandshake(c, e, remote)
 	if !ok {
 		return
+	}
+	if pc, plain := c.(*prefixConn); plain {
+		if len(pc.p) != 0 { // the hello is longer than one byte: cannot happen
+			t.refused(remote, fmt.Errorf("%w: handshake left %d bytes unread", ErrBadFrame, len(pc.p)))
+			return
+		}
+		// Deliver the raw connection (shared-memory negotiation needs the
+		// *net.UnixConn): the byte read first is consumed.
+		c = raw
 	}
 	c.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
 	scratch := make([]byte, 0, 64)
 	if d.ref != nil {
 		t.refused(remote, d.ref.err)
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
+		e.rejected = true
 		return
 	}
 	err := wire.WriteMsg(c, scratch, wire.MsgAccept, nil)
@@ -367,14 +466,16 @@ func (t *Transport) serveConn(raw net.Conn) {
 	delivered = true
 }
 
-// serverHandshake authenticates the dialer and decides where its connection
-// goes. ok is false when the connection was refused and logged already.
-func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decision, bool) {
+// serverHandshake authenticates the dialer of e (read through c) and decides
+// where its connection goes. ok is false when the connection was refused
+// and logged already.
+func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connKey, decision, bool) {
 	buf := make([]byte, wire.MaxMsgBytes)
 	scratch := make([]byte, 0, 128)
 	reject := func(code uint8, err error) (connKey, decision, bool) {
 		t.refused(remote, err) // counted before the dialer can see the refusal
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, code, err.Error()))
+		e.rejected = true
 		return connKey{}, decision{}, false
 	}
 	typ, p, err := wire.ReadMsg(c, buf)
@@ -414,16 +515,20 @@ func (t *Transport) serverHandshake(c net.Conn, remote string) (connKey, decisio
 		if perr != nil {
 			t.refused(remote, fmt.Errorf("%w: %v", ErrBadFrame, perr))
 		} else {
+			if code == wire.RejectAuth {
+				t.claimAuthFailure(hello)
+			}
 			t.refused(remote, fmt.Errorf("%w: dialer refused this rank (code %d): %s", rejectSentinel(code), code, text))
 		}
 		return connKey{}, decision{}, false
 	case typ != wire.MsgProof || len(p) != wire.ProofSize:
 		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof", ErrBadFrame, typ, len(p)))
 	case !hmac.Equal(p, proof(t.cfg.Secret, "client", helloBytes, nonce[:])):
+		t.claimAuthFailure(hello)
 		return reject(wire.RejectAuth, fmt.Errorf("%w: the dialer's proof of the job secret does not verify (wrong or missing secret)", ErrAuth))
 	}
 	key := connKey{round: hello.Round, from: int(hello.From), to: int(hello.To), kind: hello.ConnKind, lane: int(hello.Lane)}
-	d, h := t.place(key)
+	d, h := t.place(key, e)
 	if h == nil {
 		return key, d, true
 	}
@@ -461,10 +566,18 @@ func handshakeReadErr(what string, err error) error {
 }
 
 // place decides on an authenticated connection: deliver to the Connect in
-// progress, refuse, or hold it for a future round (h != nil).
-func (t *Transport) place(key connKey) (decision, *heldConn) {
+// progress, refuse, or hold it for a future round (h != nil). The
+// connection leaves admission (it is no longer a stranger's), its address
+// is trusted from now on, and the Connect of its round learns that the
+// dialer proved the secret.
+func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.dropLocked(e)
+	t.trustLocked(e.a.key)
+	if st := t.connecting; st != nil && key.round == st.w.Round {
+		st.provedLocked(key.from)
+	}
 	switch {
 	case t.isClosed:
 		return decision{ref: &refusal{wire.RejectClosed, fmt.Errorf("%w: transport closing", ErrClosed)}}, nil
@@ -535,51 +648,63 @@ func proof(secret []byte, label string, hello, nonce []byte) []byte {
 	return m.Sum(nil)
 }
 
-// clientHandshake runs the dialer's side on c within ctx.
-func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire.Hello) error {
+// clientHandshake runs the dialer's side on c within ctx. proved is true
+// once the peer proved the secret (even if it then refused the connection).
+func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire.Hello) (proved bool, err error) {
+	end, _ := ctx.Deadline() // zero: none
+	c.SetDeadline(end)
+	// A listener that reads the hello answers it at once; one that does
+	// not (it parked this connection among a flood's) is redialed after
+	// the handshake timeout rather than waited for until ctx ends.
+	challengeBy := time.Now().Add(t.cfg.handshakeTimeout())
+	if !end.IsZero() && end.Before(challengeBy) {
+		challengeBy = end
+	}
+	c.SetReadDeadline(challengeBy)
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
-	if d, ok := ctx.Deadline(); ok {
-		c.SetDeadline(d)
-	}
 	defer c.SetDeadline(time.Time{})
 	rand.Read(hello.Nonce[:])
 	helloBytes := wire.AppendHello(nil, hello)
 	scratch := make([]byte, 0, 128)
 	buf := make([]byte, wire.MaxMsgBytes)
 	if err := wire.WriteMsg(c, scratch, wire.MsgHello, helloBytes); err != nil {
-		return fmt.Errorf("%w: sending hello: %v", errRetry, err)
+		return false, fmt.Errorf("%w: sending hello: %v", errRetry, err)
 	}
 	typ, p, err := wire.ReadMsg(c, buf)
 	if err != nil {
-		return t.readErr(ctx, "challenge", err)
+		return false, t.readErr(ctx, "challenge", err)
+	}
+	c.SetReadDeadline(end)
+	if ctx.Err() != nil {
+		c.SetDeadline(time.Unix(1, 0)) // cancelled meanwhile: keep it so
 	}
 	if typ == wire.MsgReject {
-		return parseRefusal(p)
+		return false, parseRefusal(p)
 	}
 	if typ != wire.MsgChallenge || len(p) != wire.NonceSize+wire.ProofSize {
-		return fmt.Errorf("%w: handshake message %d of %d bytes, want a challenge", ErrBadFrame, typ, len(p))
+		return false, fmt.Errorf("%w: handshake message %d of %d bytes, want a challenge", ErrBadFrame, typ, len(p))
 	}
 	nonce := append([]byte(nil), p[:wire.NonceSize]...)
 	if !hmac.Equal(p[wire.NonceSize:], proof(t.cfg.Secret, "server", helloBytes, nonce)) {
 		err := fmt.Errorf("%w: the peer's proof of the job secret does not verify (wrong secret)", ErrAuth)
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, wire.RejectAuth, err.Error()))
-		return err
+		return false, err
 	}
 	if err := wire.WriteMsg(c, scratch, wire.MsgProof, proof(t.cfg.Secret, "client", helloBytes, nonce)); err != nil {
-		return fmt.Errorf("%w: sending proof: %v", errRetry, err)
+		return true, fmt.Errorf("%w: sending proof: %v", errRetry, err)
 	}
 	typ, p, err = wire.ReadMsg(c, buf)
 	if err != nil {
-		return t.readErr(ctx, "accept", err)
+		return true, t.readErr(ctx, "accept", err)
 	}
 	switch typ {
 	case wire.MsgAccept:
-		return nil
+		return true, nil
 	case wire.MsgReject:
-		return parseRefusal(p)
+		return true, parseRefusal(p)
 	}
-	return fmt.Errorf("%w: handshake message %d, want accept", ErrBadFrame, typ)
+	return true, fmt.Errorf("%w: handshake message %d, want accept", ErrBadFrame, typ)
 }
 
 func (t *Transport) readErr(ctx context.Context, what string, err error) error {
@@ -642,8 +767,9 @@ func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error)
 }
 
 // dialPeer dials one connection of the round to peer, retrying transient
-// failures until ctx ends.
-func (t *Transport) dialPeer(ctx context.Context, w World, peer int, kind uint8, lane int) (net.Conn, error) {
+// failures until ctx ends, and tells st when the peer proves the secret.
+func (t *Transport) dialPeer(ctx context.Context, st *connectState, peer int, kind uint8, lane int) (net.Conn, error) {
+	w := st.w
 	hello := wire.Hello{
 		Version:  wire.ProtocolVersion,
 		ConnKind: kind,
@@ -657,7 +783,11 @@ func (t *Transport) dialPeer(ctx context.Context, w World, peer int, kind uint8,
 	for {
 		c, err := t.dialOnce(ctx, w.Addrs[peer])
 		if err == nil {
-			err = t.clientHandshake(ctx, c, &hello)
+			var proved bool
+			proved, err = t.clientHandshake(ctx, c, &hello)
+			if proved {
+				t.noteProved(st, peer)
+			}
 			if err == nil {
 				return c, nil
 			}
@@ -729,8 +859,10 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 // Errors: ErrInvalid (bad World), ErrJobMismatch (w.JobID differs from
 // Config.JobID), ErrRoundMismatch (w.Round is older than, or the same as, a
 // round already connected, or a peer is in another round), ErrAuth (a peer
-// does not know the secret), ErrTimeout (not all connections formed within
-// DialTimeout; the message names the missing ones), ErrClosed, ctx errors.
+// does not know the secret: an *AuthError saying which ranks proved the
+// secret and which failed, after up to a second more of forming the other
+// connections), ErrTimeout (not all connections formed within DialTimeout;
+// the message names the missing ones), ErrClosed, ctx errors.
 func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	if w.JobID == "" {
 		w.JobID = t.cfg.JobID
@@ -743,7 +875,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	w.Addrs = append([]string(nil), w.Addrs...)
 	n, rank := w.Size(), w.Rank
 	streams := t.cfg.Streams
-	st := &connectState{w: w, expect: make(map[connKey]bool)}
+	st := newConnectState(w)
 	type target struct {
 		peer int
 		kind uint8
@@ -783,12 +915,14 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		return nil, fmt.Errorf("%w: round %d is not newer than round %d this transport already connected", ErrRoundMismatch, w.Round, cur)
 	}
 	t.haveRound, t.round, t.connecting = true, w.Round, st
+	t.trustWorldLocked(w)
 	for key, h := range t.held {
 		switch {
 		case key.round < w.Round:
 			h.decide <- decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
 			delete(t.held, key)
 		case key.round == w.Round:
+			st.provedLocked(key.from) // held connections are authenticated
 			h.decide <- claim(st, key)
 			delete(t.held, key)
 		}
@@ -816,7 +950,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := t.dialPeer(cctx, w, d.peer, d.kind, d.lane)
+			c, err := t.dialPeer(cctx, st, d.peer, d.kind, d.lane)
 			results <- dialResult{d, c, err}
 		}()
 	}
@@ -825,31 +959,64 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		right: make([]net.Conn, streams), left: make([]net.Conn, streams),
 	}
 	remaining := len(dials) + nAccept
+	dialing := len(dials)
 	var firstErr error
+	// A dialed peer that fails authentication dooms the round. Connect then
+	// goes on forming the other connections for a while, to learn which
+	// side of the failure holds the majority of the round (see AuthError).
+	auth := authTally{failed: map[int]bool{}}
+	var grace <-chan time.Time
 	for remaining > 0 && firstErr == nil {
 		select {
 		case r := <-results:
 			remaining--
-			if r.err != nil {
+			dialing--
+			switch {
+			case r.err == nil:
+				rc.put(connKey{kind: r.kind, lane: r.lane}, r.peer, r.conn, true)
+			case authFailure(r.err):
+				auth.failed[r.peer] = true
+				if auth.first == nil {
+					auth.first = r.err
+					tm := time.NewTimer(authGrace)
+					defer tm.Stop()
+					grace = tm.C
+				}
+			case auth.first != nil && cctx.Err() == nil:
+				// Doomed already: a peer that gave up on the round
+				// (it settled first) says nothing about the secret.
+			default:
 				firstErr = r.err
 				if cctx.Err() != nil {
 					firstErr = t.connectTimeout(ctx, w, rc)
 				}
-			} else {
-				rc.put(connKey{kind: r.kind, lane: r.lane}, r.peer, r.conn, true)
 			}
 		case a := <-st.got:
 			remaining--
-			if a.err != nil {
-				firstErr = a.err
-			} else {
+			switch {
+			case a.err == nil:
 				rc.put(a.key, a.key.from, a.conn, false)
+			case auth.first != nil:
+			default:
+				firstErr = a.err
 			}
+		case <-st.note: // a peer proved the secret or claimed to fail it
+		case <-grace:
+			firstErr = t.authError(st, &auth)
 		case <-cctx.Done():
 			firstErr = t.connectTimeout(ctx, w, rc)
+			if auth.first != nil {
+				firstErr = t.authError(st, &auth)
+			}
 		case <-t.closed:
 			firstErr = fmt.Errorf("%w: transport closed during Connect", ErrClosed)
 		}
+		if firstErr == nil && auth.first != nil && t.authSettled(st, &auth, dialing) {
+			firstErr = t.authError(st, &auth)
+		}
+	}
+	if firstErr == nil && auth.first != nil {
+		firstErr = t.authError(st, &auth) // every other connection formed
 	}
 	if firstErr != nil {
 		cancel()
@@ -873,7 +1040,8 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			break
 		}
 		rc.closeAll()
-		if !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
+		var ae *AuthError
+		if !errors.As(firstErr, &ae) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
 			firstErr = fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, firstErr)
 		}
 		return nil, firstErr

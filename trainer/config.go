@@ -36,7 +36,9 @@ type Config struct {
 	// any rank trained a step in them. Those are bounded per worker
 	// instead: after more than MaxRecoveries of them in a row (with a
 	// backoff from 20 ms to 1 s between them) Run returns ErrFailureBudget
-	// on that worker. Default 20.
+	// on that worker. A worker that the members authenticating one another
+	// evicted for a wrong secret stops at once with ErrStranger (which
+	// matches ErrFailureBudget too). Default 20.
 	MaxRecoveries int
 	// RecoveryWindow is the sliding window of the failure budget. Default 10 min.
 	RecoveryWindow time.Duration

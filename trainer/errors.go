@@ -40,6 +40,13 @@ var (
 	// training a step (a peer that never authenticates, an address nobody
 	// can reach).
 	ErrFailureBudget = errors.New("trainer: failure budget exhausted")
+	// ErrStranger is returned, as a *BudgetError (so errors.Is(err,
+	// ErrFailureBudget) holds too), by a worker that the job shut out: in
+	// its last round no member proved the job secret to it, a peer it
+	// dialed failed to prove this worker's secret, and the members that
+	// authenticate one another then evicted it. Its secret is not the
+	// job's (a stale Secret); fix it and restart the worker.
+	ErrStranger = errors.New("trainer: shut out of the job (wrong job secret)")
 	// ErrStepFailed wraps an error returned by the user's StepFunc.
 	ErrStepFailed = errors.New("trainer: step function failed")
 	// ErrDiverged is returned by every rank of a deterministic-mode round
@@ -65,9 +72,16 @@ type BudgetError struct {
 	Unformed int
 	// Last holds the most recent failure causes, newest last.
 	Last []string
+	// Stranger is true when this worker was shut out of the job
+	// (ErrStranger): the members that authenticate one another evicted it.
+	Stranger bool
 }
 
 func (e *BudgetError) Error() string {
+	if e.Stranger {
+		return fmt.Sprintf("trainer: failure budget exhausted: shut out of the job (wrong job secret): no member proved the job secret to this worker and the members that authenticate one another evicted it; last failures: %s",
+			strings.Join(e.Last, "; "))
+	}
 	if e.Unformed > 0 {
 		return fmt.Sprintf("trainer: failure budget exhausted: %d rounds in a row failed before training a step; last failures: %s",
 			e.Unformed, strings.Join(e.Last, "; "))
@@ -78,3 +92,6 @@ func (e *BudgetError) Error() string {
 
 // Unwrap lets errors.Is(err, ErrFailureBudget) match.
 func (e *BudgetError) Unwrap() error { return ErrFailureBudget }
+
+// Is lets errors.Is(err, ErrStranger) match when e.Stranger.
+func (e *BudgetError) Is(target error) bool { return e.Stranger && target == ErrStranger }

@@ -640,11 +640,12 @@ func TestAllMembersFencedKeepProgress(t *testing.T) {
 }
 
 // A worker with another job secret (a pod with a stale Secret) that joins
-// a running job is refused by every peer: the members that trained report
-// it, the job trains on and finishes exactly once without spending its
-// failure budget, and the stranger, which never trained, gives up with
-// ErrFailureBudget after MaxRecoveries rounds in a row failed to form
-// (it once made the job re-form rounds in a tight loop for ever).
+// a running job is refused by every peer: the members that trained (a
+// majority of the round) report it, the job trains on and finishes exactly
+// once without spending its failure budget, and the stranger, which nobody
+// authenticated, stops with ErrStranger (also ErrFailureBudget) once it is
+// evicted, after one spoilt round (it once made the job re-form rounds in
+// a tight loop for ever, later for MaxRecoveries rounds).
 func TestStrangerWithAnotherSecretIsShutOut(t *testing.T) {
 	j := newJob(t, stores(t)["redis"])
 	j.epochs = 40 // long enough to outlast the stranger's attempts
@@ -661,9 +662,10 @@ func TestStrangerWithAnotherSecretIsShutOut(t *testing.T) {
 	j.checkFinished([]*inproc{a, b})
 	require.Zero(t, a.res.Recoveries, "rounds that failed to form spend no budget")
 	require.ErrorIs(t, s.err, ErrFailureBudget, "stranger: %+v", s.res)
+	require.ErrorIs(t, s.err, ErrStranger)
 	var be *BudgetError
 	require.ErrorAs(t, s.err, &be)
-	require.Equal(t, 4, be.Unformed)
+	require.Equal(t, 1, be.Unformed)
 	require.Contains(t, s.err.Error(), "authentication failed")
 	require.Zero(t, s.res.Step, "the stranger never trained")
 }

@@ -265,7 +265,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // or ErrCheckpoint when it finished but its final checkpoint failed.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
-// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError),
+// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
+// also ErrStranger when the job shut this worker out for a wrong secret),
 // ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
@@ -294,6 +295,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			cancelRun()
 		}
 	}()
+
+	// The counters of rare events exist from the start, at 0, so a
+	// dashboard or an alert sees "no recovery yet" rather than no series
+	// (rate() of an absent series is no data, not 0).
+	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
+	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
 
 	// The Backend and every partition are closed once when Run returns,
 	// whatever happened (the contracts' last call).
@@ -343,6 +350,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	var failedAt time.Time // when this worker saw the failure that ended its last round
 	failed := false
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
+	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -360,12 +368,20 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			// come back as a new member. Our commits stay: state agreement
 			// prefers holders from a later round, so they only count if no
 			// fresher holder exists (every member was fenced at once).
+			if shutOut {
+				return res, t.strangerError(uf.n)
+			}
+			// The new member's rounds are numbered above every round
+			// this process held, even if the store forgot them (a
+			// failover that lost writes), so no round number is reused.
 			t.log.Warn("fenced; rejoining as a new member", "err", err)
+			last := agent.LastRound()
 			agent.Close()
 			agent, err = elastic.NewAgent(t.store, member(), t.cfg.Elastic)
 			if err != nil {
 				return res, fmt.Errorf("trainer: rendezvous: %w", err)
 			}
+			agent.SeeRound(last)
 			continue
 		case errors.Is(err, elastic.ErrJobFinished):
 			res.Finished = true
@@ -384,6 +400,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 
 		trainedBefore := t.trained
 		end, rerr := t.round(ctx, agent, world, prevSize, failed, failedAt, ck)
+		shutOut = false
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
 			uf.trained()
@@ -420,8 +437,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			t.countRecovery = t.countRecovery || trainedHere
 			t.failures = lastFailures(t.failures, rerr.Error())
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
-			reported := false
-			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 {
+			// A failed authentication is judged by majority (judgeAuth,
+			// strangers.go); other failures by reportTarget.
+			av := t.judgeAuth(ctx, agent, world, rerr)
+			reported := av.reported
+			shutOut = av.shutOut
+			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 && !av.auth {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				if err := agent.ReportFailure(rctx, world.Round, world.Members[r].ID); err != nil {
 					t.log.Warn("failure report failed", "err", err)
@@ -436,7 +457,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
 				}
-				if err := sleepCtx(ctx, pause); err != nil {
+				if err := pauseUnformed(ctx, agent, pause, shutOut); err != nil {
 					continue // reported at the top of the loop
 				}
 			}

@@ -20,10 +20,27 @@ const (
 
 // Fault is one injected event: Kind applied at global step Step, to the
 // worker holding rank Rank (for Join: Rank is how many workers to start).
+// When After is set, the fault waits past Step until After is closed, then
+// applies at the next step (a benchmark holds a kill until its disturbance
+// is in place).
 type Fault struct {
-	Kind FaultKind
-	Rank int
-	Step int64
+	Kind  FaultKind
+	Rank  int
+	Step  int64
+	After <-chan struct{}
+}
+
+// ready reports whether nothing holds the fault back.
+func (f Fault) ready() bool {
+	if f.After == nil {
+		return true
+	}
+	select {
+	case <-f.After:
+		return true
+	default:
+		return false
+	}
 }
 
 func (f Fault) String() string { return fmt.Sprintf("%s %d@%d", f.Kind, f.Rank, f.Step) }

@@ -207,6 +207,14 @@ type Spec struct {
 	MaxWorkers int
 	// Wrap, when set, is launch.Spec.Wrap: worker i's command prefix.
 	Wrap func(worker int) []string
+	// OnEvent, when set, sees every event before Run acts on it, from
+	// Run's goroutine; it must not block.
+	OnEvent func(Event)
+	// StopWhenRecovered makes Run return as soon as every kill and stop
+	// fault has been applied and its recovery measured, killing the
+	// workers (a benchmark needs no more of the job). Summary.Done is
+	// then nil and Exits incomplete.
+	StopWhenRecovered bool
 }
 
 // DefaultMaxWorkers is Spec.MaxWorkers when it is 0: elastic.Config's
@@ -399,8 +407,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		workers[i] = &worker{idx: i, rank: -1}
 	}
 	defer func() {
-		// Every path out has seen every worker exit, but a panic; end
-		// them, and let every reader and exit forwarder finish.
+		// Every path out has seen every worker exit, but a panic and
+		// StopWhenRecovered; end them, and let every reader and exit
+		// forwarder finish.
 		job.Kill()
 		for {
 			select {
@@ -479,6 +488,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 	}
 	handle := func(ev Event) {
+		if spec.OnEvent != nil {
+			spec.OnEvent(ev)
+		}
 		w := workers[ev.Worker]
 		switch ev.Ev {
 		case "round":
@@ -515,7 +527,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
 				awaiting = awaiting[1:]
 			}
-			for len(pending) > 0 && sum.MaxStep >= pending[0].Step {
+			for len(pending) > 0 && sum.MaxStep >= pending[0].Step && pending[0].ready() {
 				f := pending[0]
 				pending = pending[1:]
 				apply(f)
@@ -538,8 +550,31 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 	}
 
+	measured := func() bool {
+		if !spec.StopWhenRecovered || len(awaiting) > 0 {
+			return false
+		}
+		for _, f := range pending {
+			if f.Kind == Kill || f.Kind == Stop {
+				return false
+			}
+		}
+		return len(sum.Recoveries) > 0
+	}
+	summarise := func() {
+		sum.Rounds = sum.Rounds[:0]
+		for _, r := range rounds {
+			sum.Rounds = append(sum.Rounds, *r)
+		}
+		sort.Slice(sum.Rounds, func(i, j int) bool { return sum.Rounds[i].Round < sum.Rounds[j].Round })
+		sum.Wall = time.Since(start)
+	}
 	ctxDone := ctx.Done()
 	for running > 0 {
+		if measured() {
+			summarise()
+			return sum, nil // the deferred clean-up kills the workers
+		}
 		select {
 		case <-ctxDone:
 			// launch forwards the SIGTERM to every worker; they leave
@@ -580,11 +615,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 	}
 	_, jobErr := job.Wait()
-	for _, r := range rounds {
-		sum.Rounds = append(sum.Rounds, *r)
-	}
-	sort.Slice(sum.Rounds, func(i, j int) bool { return sum.Rounds[i].Round < sum.Rounds[j].Round })
-	sum.Wall = time.Since(start)
+	summarise()
 	switch {
 	case ctx.Err() != nil && jobErr != nil:
 		// Stopped from outside: preempted (every worker left gracefully)

@@ -536,7 +536,7 @@ func TestFaultsFlagParsesAndRejects(t *testing.T) {
 	require.NoError(t, Faults{Kind: Kill, List: &list}.Set("1@300"))
 	require.NoError(t, Faults{Kind: Join, List: &list}.Set("2@600"))
 	require.NoError(t, Faults{Kind: Kill, List: &list}.Set("0@7"))
-	require.Equal(t, []Fault{{Kill, 1, 300}, {Join, 2, 600}, {Kill, 0, 7}}, list)
+	require.Equal(t, []Fault{{Kind: Kill, Rank: 1, Step: 300}, {Kind: Join, Rank: 2, Step: 600}, {Kind: Kill, Rank: 0, Step: 7}}, list)
 	require.Equal(t, "1@300,0@7", Faults{Kind: Kill, List: &list}.String())
 	require.Equal(t, "", Faults{Kind: Kill}.String())
 	for _, bad := range []string{"", "x", "1", "1@", "@5", "1@0", "-1@5", "1@-2", "a@b", "1@5x"} {
@@ -657,8 +657,8 @@ func TestRunStartsNoMoreWorkersThanMaxWorkers(t *testing.T) {
 		spec Spec
 		want string
 	}{
-		{Spec{Workers: 2, MaxWorkers: 3, Faults: []Fault{{Join, 1, 5}, {Join, 1, 9}}}, "-join: 2 workers plus 2 joining would start 4, above -max 3 (at most 1 may join)"},
-		{Spec{Workers: 1, Faults: []Fault{{Join, 100000, 1}}}, fmt.Sprintf("would start 100001, above -max %d", DefaultMaxWorkers)},
+		{Spec{Workers: 2, MaxWorkers: 3, Faults: []Fault{{Kind: Join, Rank: 1, Step: 5}, {Kind: Join, Rank: 1, Step: 9}}}, "-join: 2 workers plus 2 joining would start 4, above -max 3 (at most 1 may join)"},
+		{Spec{Workers: 1, Faults: []Fault{{Kind: Join, Rank: 100000, Step: 1}}}, fmt.Sprintf("would start 100001, above -max %d", DefaultMaxWorkers)},
 		{Spec{Workers: 4, MaxWorkers: 3}, "-workers 4 is above -max 3"},
 	} {
 		dir := t.TempDir()
@@ -678,13 +678,13 @@ func TestCheckFaultsBoundsJoinsByMax(t *testing.T) {
 		want         string // "" = accepted
 	}{
 		{nil, 2, 2, ""},
-		{[]Fault{{Join, 2, 10}}, 2, 4, ""},
-		{[]Fault{{Join, 2, 10}, {Kill, 3, 20}}, 2, 4, ""},
-		{[]Fault{{Join, 3, 10}}, 2, 4, "-join: 2 workers plus 3 joining would start 5, above -max 4 (at most 2 may join)"},
-		{[]Fault{{Join, 1, 10}, {Join, 1, 20}}, 2, 3, "plus 2 joining would start 4, above -max 3"},
-		{[]Fault{{Join, 100000, 1}}, 2, 64, "-join: 2 workers plus 100000 joining would start 100002, above -max 64"},
-		{[]Fault{{Join, math.MaxInt, 1}, {Join, math.MaxInt, 1}}, 2, 64, fmt.Sprintf("plus %d joining", math.MaxInt)},
-		{[]Fault{{Kill, 2, 10}}, 2, 64, "-kill 2@10: no worker can hold rank 2"},
+		{[]Fault{{Kind: Join, Rank: 2, Step: 10}}, 2, 4, ""},
+		{[]Fault{{Kind: Join, Rank: 2, Step: 10}, {Kind: Kill, Rank: 3, Step: 20}}, 2, 4, ""},
+		{[]Fault{{Kind: Join, Rank: 3, Step: 10}}, 2, 4, "-join: 2 workers plus 3 joining would start 5, above -max 4 (at most 2 may join)"},
+		{[]Fault{{Kind: Join, Rank: 1, Step: 10}, {Kind: Join, Rank: 1, Step: 20}}, 2, 3, "plus 2 joining would start 4, above -max 3"},
+		{[]Fault{{Kind: Join, Rank: 100000, Step: 1}}, 2, 64, "-join: 2 workers plus 100000 joining would start 100002, above -max 64"},
+		{[]Fault{{Kind: Join, Rank: math.MaxInt, Step: 1}, {Kind: Join, Rank: math.MaxInt, Step: 1}}, 2, 64, fmt.Sprintf("plus %d joining", math.MaxInt)},
+		{[]Fault{{Kind: Kill, Rank: 2, Step: 10}}, 2, 64, "-kill 2@10: no worker can hold rank 2"},
 	} {
 		err := CheckFaults(tc.faults, tc.workers, tc.max)
 		if tc.want == "" {
