@@ -44,6 +44,8 @@ func dataset() []sample {
 	return out
 }
 
+var errStepFunc = errors.New("the step function failed")
+
 // collate copies: the loader reuses its slice of samples.
 func collate(_ context.Context, s []sample, _ []int) ([]sample, error) { return slices.Clone(s), nil }
 
@@ -69,6 +71,10 @@ type tjob struct {
 	audit  *trainer.MemoryAudit
 	epochs int
 	batch  int
+	// failAt, when set, makes the StepFunc of worker i fail, before its
+	// push, at the global step it returns (0: never).
+	failAt func(i int) int64
+	n      int // workers started
 	wg     stdsync.WaitGroup
 }
 
@@ -90,6 +96,8 @@ func logger() *slog.Logger {
 
 func (j *tjob) start() *worker {
 	j.t.Helper()
+	idx := j.n
+	j.n++
 	secret := []byte("trainer partition test, 32 bytes")
 	pcfg := ps.DefaultConfig()
 	pcfg.Tables = []sync.TableSpec{{Name: "a", Rows: users, Dim: 1, Optimizer: sync.NewSparseSGD(0.3)}}
@@ -109,7 +117,12 @@ func (j *tjob) start() *worker {
 		rounds: make(chan trainer.RoundInfo, 64), steps: make(chan int64, 4096)}
 	grad := make([]float32, 1)
 	params := []trainer.Param{{Name: "b", Shape: []int{1}, Value: w.bias, Grad: grad}}
+	var steps int64
 	step := func(ctx context.Context, b dataloader.Batch[[]sample]) (float64, error) {
+		steps++
+		if j.failAt != nil && j.failAt(idx) == steps {
+			return 0, errStepFunc // after the others pushed (or while they push): their shards wait for this rank
+		}
 		rows := sync.Rows{Table: 0, IDs: make([]int64, len(b.Data)), Values: make([]float32, len(b.Data))}
 		for i, s := range b.Data {
 			rows.IDs[i] = s.user
@@ -289,4 +302,25 @@ func TestTrainerEmptyShares(t *testing.T) {
 	if rep.Missing != 0 || rep.Duplicates != 0 {
 		t.Fatalf("audit: %+v", rep)
 	}
+}
+
+// A rank's StepFunc fails after the others pushed their part of the step
+// (PSSync: the shards wait for its push). Every rank ends the round on the
+// step's control values (EndRound), the failed rank's Run returns
+// ErrStepFailed, the others restore the last commit without it and finish:
+// no hang, no sample lost or trained twice.
+func TestTrainerStepFuncFailsAfterOthersPushed(t *testing.T) {
+	j := newTJob(t)
+	j.failAt = func(i int) int64 {
+		if i == 1 {
+			return 12 // CommitEvery is 5: the others roll back to commit 10
+		}
+		return 0
+	}
+	ws := []*worker{j.start(), j.start(), j.start()}
+	j.wait(ws)
+	if !errors.Is(ws[1].err, trainer.ErrStepFailed) || !errors.Is(ws[1].err, errStepFunc) {
+		t.Fatalf("the failed rank's Run: %v, want ErrStepFailed", ws[1].err)
+	}
+	j.checkFinished([]*worker{ws[0], ws[2]})
 }
