@@ -12,6 +12,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/gorgoniastep"
+	"github.com/elastictrain/elastictrain/trainer/gorgoniastep/cpuops"
 )
 
 // ErrBadInput reports a batch whose pixels, labels or size do not fit.
@@ -257,16 +258,16 @@ func buildMLP(g *gorgonia.ExprGraph, batch int, p gorgonia.Nodes) (gorgoniastep.
 	return gorgoniastep.Graph{Loss: loss, Inputs: gorgonia.Nodes{x, y}, Outputs: gorgonia.Nodes{logits}}, nil
 }
 
-// convBlock returns maxpool2x2(relu(conv5x5(x, w))) with padding 2.
+// convBlock returns maxpool2x2(relu(conv5x5(x, w))) with padding 2, from
+// the ops of package cpuops: the same function as gorgonia's Conv2d,
+// Rectify and MaxPool2D, several times faster, and allocating nothing per
+// step.
 func convBlock(x, w *gorgonia.Node) (*gorgonia.Node, error) {
-	c, err := gorgonia.Conv2d(x, w, tensor.Shape{5, 5}, []int{2, 2}, []int{1, 1}, []int{1, 1})
+	c, err := cpuops.Conv2D(x, w, 2, 2)
 	if err != nil {
 		return nil, err
 	}
-	if c, err = gorgonia.Rectify(c); err != nil {
-		return nil, err
-	}
-	return gorgonia.MaxPool2D(c, tensor.Shape{2, 2}, []int{0, 0}, []int{2, 2})
+	return cpuops.ReLUMaxPool2D(c, 2, 2)
 }
 
 func buildCNN(g *gorgonia.ExprGraph, batch int, p gorgonia.Nodes) (gorgoniastep.Graph, error) {

@@ -1,0 +1,114 @@
+package cpuops
+
+// poolGeom is the geometry of a non-overlapping max-pool: input
+// (n, c, h, w), window kh×kw with stride (kh, kw) and no padding, output
+// (n, c, h/kh, w/kw); trailing rows and columns that fill no window are
+// ignored.
+type poolGeom struct {
+	n, c, h, w, kh, kw, oh, ow int
+}
+
+func newPoolGeom(x []int, kh, kw int) poolGeom {
+	return poolGeom{n: x[0], c: x[1], h: x[2], w: x[3], kh: kh, kw: kw, oh: x[2] / kh, ow: x[3] / kw}
+}
+
+// argmax returns the offset in plane of the largest element of the window
+// whose top-left corner is (y0, x0), the first in row-major order among
+// equals, and its value.
+func argmax(plane []float32, w, y0, x0, kh, kw int) (int, float32) {
+	best := y0*w + x0
+	bv := plane[best]
+	for dy := 0; dy < kh; dy++ {
+		row := (y0+dy)*w + x0
+		for dx := 0; dx < kw; dx++ {
+			if v := plane[row+dx]; v > bv {
+				best, bv = row+dx, v
+			}
+		}
+	}
+	return best, bv
+}
+
+// reluMaxPool computes y = max(0, max over each window of x): ReLU then
+// max-pooling, or the other way round, which is the same.
+func reluMaxPool(g poolGeom, x, y []float32) {
+	in, out := g.h*g.w, g.oh*g.ow
+	for p := 0; p < g.n*g.c; p++ {
+		plane, dst := x[p*in:(p+1)*in], y[p*out:(p+1)*out]
+		if g.kh == 2 && g.kw == 2 {
+			for oy := 0; oy < g.oh; oy++ {
+				r0 := plane[2*oy*g.w : 2*oy*g.w+2*g.ow]
+				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*g.ow]
+				d := dst[oy*g.ow : (oy+1)*g.ow]
+				for ox := range d {
+					_, v := max4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
+					d[ox] = max(v, 0)
+				}
+			}
+			continue
+		}
+		for oy := 0; oy < g.oh; oy++ {
+			for ox := 0; ox < g.ow; ox++ {
+				_, v := argmax(plane, g.w, oy*g.kh, ox*g.kw, g.kh, g.kw)
+				dst[oy*g.ow+ox] = max(v, 0)
+			}
+		}
+	}
+}
+
+// max4 returns the position (0..3) and value of the largest of a, b, c, d,
+// the first among equals: argmax's order for a 2x2 window.
+func max4(a, b, c, d float32) (int, float32) {
+	i, v := 0, a
+	if b > v {
+		i, v = 1, b
+	}
+	if c > v {
+		i, v = 2, c
+	}
+	if d > v {
+		i, v = 3, d
+	}
+	return i, v
+}
+
+// reluMaxPoolGrad computes dx from x and the output gradient dy: each
+// window passes dy to its largest input (the first in row-major order
+// among equals) when that input is positive; every other element of dx is
+// 0.
+func reluMaxPoolGrad(g poolGeom, x, dy, dx []float32) {
+	in, out := g.h*g.w, g.oh*g.ow
+	if g.kh != 2 || g.kw != 2 {
+		clear(dx)
+	}
+	for p := 0; p < g.n*g.c; p++ {
+		plane, grad, d := x[p*in:(p+1)*in], dx[p*in:(p+1)*in], dy[p*out:(p+1)*out]
+		if g.kh == 2 && g.kw == 2 {
+			for oy := 0; oy < g.oh; oy++ {
+				r0 := plane[2*oy*g.w : 2*oy*g.w+2*g.ow]
+				r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*g.ow]
+				g0 := grad[2*oy*g.w : (2*oy+1)*g.w]
+				g1 := grad[(2*oy+1)*g.w : (2*oy+2)*g.w]
+				dd := d[oy*g.ow : (oy+1)*g.ow]
+				for ox, v := range dd {
+					var q [4]float32
+					if i, m := max4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1]); m > 0 {
+						q[i] = v
+					}
+					g0[2*ox], g0[2*ox+1], g1[2*ox], g1[2*ox+1] = q[0], q[1], q[2], q[3]
+				}
+				clear(g0[2*g.ow:]) // a last, odd column fills no window
+				clear(g1[2*g.ow:])
+			}
+			clear(grad[2*g.oh*g.w:]) // nor does a last, odd row
+			continue
+		}
+		for oy := 0; oy < g.oh; oy++ {
+			for ox := 0; ox < g.ow; ox++ {
+				if i, v := argmax(plane, g.w, oy*g.kh, ox*g.kw, g.kh, g.kw); v > 0 {
+					grad[i] = d[oy*g.ow+ox]
+				}
+			}
+		}
+	}
+}
