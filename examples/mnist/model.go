@@ -221,13 +221,10 @@ func softmaxXent(logits, y *gorgonia.Node) (*gorgonia.Node, error) {
 	return gorgonia.Neg(s)
 }
 
-// denseLayer returns x·w + b.
+// denseLayer returns x·w + b (cpuops.Dense: gorgonia's Mul and
+// BroadcastAdd in one op, whose gradients need no transposed copies).
 func denseLayer(x, w, b *gorgonia.Node) (*gorgonia.Node, error) {
-	h, err := gorgonia.Mul(x, w)
-	if err != nil {
-		return nil, err
-	}
-	return gorgonia.BroadcastAdd(h, b, nil, []byte{0})
+	return cpuops.Dense(x, w, b)
 }
 
 // inputs adds the two input nodes: images (batch, Pixels) and one-hot

@@ -356,3 +356,142 @@ func TestRejectsBadInput(t *testing.T) {
 		t.Errorf("Do with float64: %v", err)
 	}
 }
+
+// TestDenseMatchesGorgoniasOps checks Dense against gorgonia's Mul and
+// BroadcastAdd: the same loss and gradients for the input, the weights and
+// the bias (and without a bias), and the same bits run after run.
+func TestDenseMatchesGorgoniasOps(t *testing.T) {
+	for _, bias := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bias=%v", bias), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(5, 5))
+			const n, in, out = 7, 13, 5
+			xv, wv, bv, rv := randData(r, n*in), randData(r, in*out), randData(r, out), randData(r, n*out)
+			build := func(ours bool) (g *gorgonia.ExprGraph, loss *gorgonia.Node, wrt gorgonia.Nodes) {
+				g = gorgonia.NewGraph()
+				mk := func(name string, v []float32, shape ...int) *gorgonia.Node {
+					return gorgonia.NewTensor(g, tensor.Float32, len(shape), gorgonia.WithShape(shape...), gorgonia.WithName(name),
+						gorgonia.WithValue(tensor.New(tensor.WithShape(shape...), tensor.WithBacking(append([]float32(nil), v...)))))
+				}
+				x, w, b, rr := mk("x", xv, n, in), mk("w", wv, in, out), mk("b", bv, out), mk("r", rv, n, out)
+				wrt = gorgonia.Nodes{x, w}
+				if !bias {
+					b = nil
+				} else {
+					wrt = append(wrt, b)
+				}
+				var y *gorgonia.Node
+				var err error
+				if ours {
+					if y, err = Dense(x, w, b); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					y = gorgonia.Must(gorgonia.Mul(x, w))
+					if b != nil {
+						y = gorgonia.Must(gorgonia.BroadcastAdd(y, b, nil, []byte{0}))
+					}
+				}
+				loss = gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(y, rr))))
+				if _, err := gorgonia.Grad(loss, wrt...); err != nil {
+					t.Fatal(err)
+				}
+				return g, loss, wrt
+			}
+			runOnce := func(g *gorgonia.ExprGraph, loss *gorgonia.Node, wrt gorgonia.Nodes, vm gorgonia.VM) (float32, [][]float32) {
+				for _, n := range wrt {
+					if v, err := n.Grad(); err == nil && v != nil {
+						clear(v.Data().([]float32))
+					}
+				}
+				vm.Reset()
+				if err := vm.RunAll(); err != nil {
+					t.Fatal(err)
+				}
+				var grads [][]float32
+				for _, n := range wrt {
+					v, err := n.Grad()
+					if err != nil {
+						t.Fatal(err)
+					}
+					grads = append(grads, append([]float32(nil), v.Data().([]float32)...))
+				}
+				return loss.Value().Data().(float32), grads
+			}
+			g1, l1, w1 := build(true)
+			g2, l2, w2 := build(false)
+			vm1 := gorgonia.NewTapeMachine(g1, gorgonia.BindDualValues(w1...))
+			vm2 := gorgonia.NewTapeMachine(g2, gorgonia.BindDualValues(w2...))
+			defer vm1.Close()
+			defer vm2.Close()
+			loss1, grads1 := runOnce(g1, l1, w1, vm1)
+			loss2, grads2 := runOnce(g2, l2, w2, vm2)
+			if d := math.Abs(float64(loss1 - loss2)); d > 1e-4*(1+math.Abs(float64(loss2))) {
+				t.Fatalf("loss %v, gorgonia's ops %v", loss1, loss2)
+			}
+			for i := range grads1 {
+				want := make([]float64, len(grads2[i]))
+				for j, v := range grads2[i] {
+					want[j] = float64(v)
+				}
+				closeTo(t, "gradient of "+w1[i].Name(), grads1[i], want, 1e-5)
+			}
+			again, grads3 := runOnce(g1, l1, w1, vm1)
+			if again != loss1 {
+				t.Fatalf("second run: loss %v, first %v", again, loss1)
+			}
+			for i := range grads1 {
+				for j := range grads1[i] {
+					if math.Float32bits(grads1[i][j]) != math.Float32bits(grads3[i][j]) {
+						t.Fatalf("second run: gradient of %s[%d] changed", w1[i].Name(), j)
+					}
+				}
+			}
+		})
+	}
+}
+
+func TestDenseRunsReuseBuffersAndRejectsBadInput(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	x := tensor.New(tensor.WithShape(3, 4), tensor.WithBacking(randData(r, 12)))
+	w := tensor.New(tensor.WithShape(4, 5), tensor.WithBacking(randData(r, 20)))
+	b := tensor.New(tensor.WithShape(5), tensor.WithBacking(randData(r, 5)))
+	dy := tensor.New(tensor.WithShape(3, 5), tensor.WithBacking(randData(r, 15)))
+	for name, c := range map[string]struct {
+		op gorgonia.Op
+		in []gorgonia.Value
+	}{
+		"Dense":           {&denseOp{bias: true}, []gorgonia.Value{x, w, b}},
+		"DenseInputGrad":  {&denseGradOp{wrt: 0}, []gorgonia.Value{w, dy}},
+		"DenseWeightGrad": {&denseGradOp{wrt: 1}, []gorgonia.Value{x, dy}},
+		"DenseBiasGrad":   {&denseGradOp{wrt: 2}, []gorgonia.Value{dy}},
+	} {
+		first, err := c.op.Do(c.in...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if allocs := testing.AllocsPerRun(5, func() {
+			if v, err := c.op.Do(c.in...); err != nil || v != first {
+				t.Fatalf("%s: %p, %v; first run %p", name, v, err, first)
+			}
+		}); allocs != 0 {
+			t.Errorf("%s: %v allocations per run, want 0", name, allocs)
+		}
+	}
+	g := gorgonia.NewGraph()
+	xn := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(3, 4), gorgonia.WithName("x"))
+	wn := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(5, 5), gorgonia.WithName("w"))
+	wok := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(4, 5), gorgonia.WithName("wok"))
+	bn := gorgonia.NewVector(g, tensor.Float32, gorgonia.WithShape(4), gorgonia.WithName("b"))
+	if _, err := Dense(xn, wn, nil); !errors.Is(err, ErrBadInput) {
+		t.Errorf("Dense with mismatched features: %v", err)
+	}
+	if _, err := Dense(xn, wok, bn); !errors.Is(err, ErrBadInput) {
+		t.Errorf("Dense with a bias of the wrong length: %v", err)
+	}
+	if _, err := Dense(xn, wok, xn); !errors.Is(err, ErrBadInput) {
+		t.Errorf("Dense with a matrix bias: %v", err)
+	}
+	if _, err := (&denseOp{}).Do(x, b); !errors.Is(err, ErrBadInput) {
+		t.Errorf("Do with a vector for weights: %v", err)
+	}
+}

@@ -1,8 +1,8 @@
-// Package cpuops provides gorgonia ops for convolutional networks on the
-// CPU that are faster than gorgonia's own and allocate nothing per run:
-// [Conv2D] (stride-1 2-D convolution, NCHW, float32) and [ReLUMaxPool2D]
-// (ReLU and non-overlapping max-pooling in one pass), each with its
-// gradient ops for gorgonia.Grad.
+// Package cpuops provides gorgonia ops for convolutional and dense
+// networks on the CPU that are faster than gorgonia's own and allocate
+// nothing per run: [Conv2D] (stride-1 2-D convolution, NCHW, float32),
+// [ReLUMaxPool2D] (ReLU and non-overlapping max-pooling in one pass) and
+// [Dense] (x·w + b), each with its gradient ops for gorgonia.Grad.
 //
 // # How
 //
@@ -22,6 +22,10 @@
 // fresh matrix every run, multiplies, transposes the result into NCHW, and
 // its gradient goes through col2im and further transposes: 51 MB
 // allocated per step of the MNIST example's CNN at batch 64.
+//
+// Dense multiplies in place too: its weight gradient xᵀ·dy reads x with
+// swapped strides and its input gradient dy·wᵀ takes dot products of rows,
+// where gorgonia's Mul copies the transposed operand first.
 //
 // # Buffers
 //

@@ -107,21 +107,7 @@ func same4(s tensor.Shape, a, b, c, d int) bool {
 // float32s returns the contiguous data and the shape of a float32 tensor
 // value of four dimensions, without allocating.
 func float32s(v gorgonia.Value, what string) ([]float32, tensor.Shape, error) {
-	d, ok := v.(*tensor.Dense)
-	if !ok {
-		return nil, nil, fmt.Errorf("%w: %s is a %T, want *tensor.Dense", ErrBadInput, what, v)
-	}
-	if d.Dtype() != tensor.Float32 {
-		return nil, nil, fmt.Errorf("%w: %s holds %v, want float32", ErrBadInput, what, d.Dtype())
-	}
-	if d.RequiresIterator() {
-		return nil, nil, fmt.Errorf("%w: %s is a non-contiguous view", ErrBadInput, what)
-	}
-	s, sh := d.Float32s(), d.Shape()
-	if len(sh) != 4 || sh.TotalSize() != len(s) {
-		return nil, nil, fmt.Errorf("%w: %s has shape %v, want four dimensions", ErrBadInput, what, sh)
-	}
-	return s, sh, nil
+	return vals(v, what, 4)
 }
 
 func shapeOf(d gorgonia.DimSizer, what string) (tensor.Shape, error) {
