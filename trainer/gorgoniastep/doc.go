@@ -38,12 +38,24 @@
 //
 // For a fixed batch and fixed parameter values a run is bit-for-bit
 // reproducible with the ops used by the tests and the MNIST example (matrix
-// multiply, broadcast add, tanh, ReLU, log-softmax, sum, gorgonia's and
-// package cpuops' 2-D convolution and max-pooling): gonum's matrix
-// multiply splits work across goroutines above
-// 64x64 blocks, but each output element is always summed in the same order,
-// decided by the shapes alone, not by GOMAXPROCS. Different batch sizes are
+// multiply, broadcast add, tanh, ReLU, log-softmax, sum, gorgonia's
+// 2-D convolution and max-pooling, and the ops of package cpuops): each
+// output element is always summed in the same order, decided by the shapes
+// alone, not by GOMAXPROCS (gonum's matrix multiply splits work across
+// goroutines above 64x64 blocks, but not a sum). Different batch sizes are
 // different graphs and round differently.
+//
+// Which matrix kernels: cpuops multiplies with this module's own kernels
+// (AVX assembly on amd64, portable Go elsewhere or with -tags purego),
+// which give the same bits on every CPU. Built with -tags openblas, it
+// calls OpenBLAS instead (cgo, -lopenblas), whose bits depend on the
+// library build, the CPU kind it detects at run time and its thread count
+// (one unless OPENBLAS_NUM_THREADS says otherwise). So bit-identical
+// training across processes (trainer.Config.Deterministic) holds with the
+// default build everywhere, and with OpenBLAS only between workers that
+// load the same libopenblas on the same kind of CPU with the same
+// OPENBLAS_NUM_THREADS. gorgonia's own ops (gorgonia.Mul) use gorgonia's
+// BLAS: gonum's pure Go unless the program calls gorgonia.Use.
 //
 // # Costs and threads
 //

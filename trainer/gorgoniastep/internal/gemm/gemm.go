@@ -18,6 +18,17 @@
 // the same bits; tests check this. Build with the purego tag to use only the
 // portable code.
 //
+// # OpenBLAS
+//
+// Built with -tags openblas (cgo, linked with -lopenblas, e.g. Debian's
+// libopenblas-dev), NN and NT call cblas_sgemm instead, single-threaded
+// unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set. OpenBLAS sums in
+// its own order, which depends on the CPU it detects at run time (and may
+// depend on its thread count): its results agree with the Go kernels
+// within float32 rounding, and are the same bits only between processes
+// that load the same library on the same kind of CPU with the same thread
+// count.
+//
 // # Concurrency
 //
 // The functions keep no state; concurrent calls are safe when their output
@@ -26,9 +37,14 @@ package gemm
 
 import "fmt"
 
-// Kernel names the implementation in use: "avx" or "go".
+// Kernel names the implementation in use: "openblas" (built with
+// -tags openblas), "avx" (amd64 with AVX) or "go" (portable, or
+// -tags purego).
 func Kernel() string {
-	if useAVX {
+	switch {
+	case useBLAS:
+		return "openblas"
+	case useAVX:
 		return "avx"
 	}
 	return "go"
@@ -58,6 +74,9 @@ func NN(m, n, k int, a []float32, ars, acs int, b []float32, ldb int, c []float3
 	}
 	if ldb < n || (k-1)*ldb+n > len(b) {
 		panic(fmt.Sprintf("gemm: B of %d elements too short for %dx%d with row length %d", len(b), k, n, ldb))
+	}
+	if useBLAS && blasNN(m, n, k, a, ars, acs, b, ldb, c, ldc, acc) {
+		return
 	}
 	i := 0
 	if useAVX {
@@ -119,6 +138,9 @@ func NT(m, n, k int, a []float32, lda int, b []float32, ldb int, c []float32, ld
 	}
 	if ldb < k || (n-1)*ldb+k > len(b) {
 		panic(fmt.Sprintf("gemm: B of %d elements too short for %dx%d with row length %d", len(b), n, k, ldb))
+	}
+	if useBLAS && blasNT(m, n, k, a, lda, b, ldb, c, ldc, acc) {
+		return
 	}
 	i := 0
 	if useAVX {

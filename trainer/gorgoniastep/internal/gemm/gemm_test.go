@@ -21,9 +21,7 @@ func withKernel(t *testing.T, avx bool, f func()) {
 	if avx && !hasAVX {
 		t.Skip("no AVX kernel on this CPU or build")
 	}
-	old := useAVX
-	setAVX(avx)
-	defer setAVX(old)
+	defer useKernels(avx, false)()
 	f()
 }
 
@@ -209,9 +207,7 @@ func BenchmarkNN(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.m, s.n, s.k, map[bool]string{true: "avx", false: "go"}[avx]), func(b *testing.B) {
 				a, bb, c := randSlice(r, s.m*s.k), randSlice(r, s.k*s.n), make([]float32, s.m*s.n)
-				old := useAVX
-				setAVX(avx)
-				defer setAVX(old)
+				defer useKernels(avx, false)()
 				for b.Loop() {
 					NN(s.m, s.n, s.k, a, s.k, 1, bb, s.n, c, s.n, false)
 				}
@@ -230,9 +226,7 @@ func BenchmarkNT(b *testing.B) {
 			}
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.m, s.n, s.k, map[bool]string{true: "avx", false: "go"}[avx]), func(b *testing.B) {
 				a, bb, c := randSlice(r, s.m*s.k), randSlice(r, s.k*s.n), make([]float32, s.m*s.n)
-				old := useAVX
-				setAVX(avx)
-				defer setAVX(old)
+				defer useKernels(avx, false)()
 				for b.Loop() {
 					NT(s.m, s.n, s.k, a, s.k, bb, s.k, c, s.n, true)
 				}
