@@ -200,7 +200,7 @@ func TestPanicsOnShortSlices(t *testing.T) {
 
 func BenchmarkNN(b *testing.B) {
 	r := rand.New(rand.NewPCG(1, 1))
-	for _, s := range []shape{{16, 196, 200}, {8, 784, 25}, {8, 196, 400}} {
+	for _, s := range []shape{{16, 196, 200}, {8, 784, 25}, {8, 196, 400}, {32, 256, 784}, {784, 256, 32}} {
 		for _, avx := range []bool{false, true} {
 			if avx && !hasAVX {
 				continue
@@ -208,10 +208,11 @@ func BenchmarkNN(b *testing.B) {
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.m, s.n, s.k, map[bool]string{true: "avx", false: "go"}[avx]), func(b *testing.B) {
 				a, bb, c := randSlice(r, s.m*s.k), randSlice(r, s.k*s.n), make([]float32, s.m*s.n)
 				defer useKernels(avx, false)()
+				c0 := cpuNanos()
 				for b.Loop() {
 					NN(s.m, s.n, s.k, a, s.k, 1, bb, s.n, c, s.n, false)
 				}
-				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				reportFlops(b, s, c0)
 			})
 		}
 	}
@@ -227,11 +228,22 @@ func BenchmarkNT(b *testing.B) {
 			b.Run(fmt.Sprintf("%dx%dx%d/%s", s.m, s.n, s.k, map[bool]string{true: "avx", false: "go"}[avx]), func(b *testing.B) {
 				a, bb, c := randSlice(r, s.m*s.k), randSlice(r, s.k*s.n), make([]float32, s.m*s.n)
 				defer useKernels(avx, false)()
+				c0 := cpuNanos()
 				for b.Loop() {
 					NT(s.m, s.n, s.k, a, s.k, bb, s.k, c, s.n, true)
 				}
-				b.ReportMetric(2*float64(s.m*s.n*s.k)*float64(b.N)/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+				reportFlops(b, s, c0)
 			})
 		}
+	}
+}
+
+// reportFlops reports GFLOP/s of wall time and, where getrusage works, of
+// CPU time since c0.
+func reportFlops(b *testing.B, s shape, c0 int64) {
+	flops := 2 * float64(s.m*s.n*s.k) * float64(b.N)
+	b.ReportMetric(flops/b.Elapsed().Seconds()/1e9, "GFLOP/s")
+	if cpu := cpuNanos() - c0; cpu > 0 && c0 > 0 {
+		b.ReportMetric(flops/float64(cpu), "cpu-GFLOP/s")
 	}
 }
