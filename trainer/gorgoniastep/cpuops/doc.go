@@ -6,17 +6,19 @@
 //
 // # How
 //
-// Conv2D lowers each image to a patch matrix (im2col, Chellapilla et al.,
-// "High Performance Convolutional Neural Networks for Document
-// Processing", 2006) in a buffer the node keeps, and multiplies it with
-// the filters in one matrix product whose result is already the image's
-// NCHW output, so no transpose or reshape copy follows. The filter
-// gradient is the sum over images of the output gradient times the patch
-// matrix transposed; the input gradient is itself a stride-1 convolution
-// of the output gradient with the filters flipped and their channel axes
-// swapped, computed the same way. The products run on AVX kernels on
-// amd64 (portable Go elsewhere, or with the purego build tag); see
-// package internal/gemm for their summation order.
+// Conv2D multiplies the filters with each image's patches (the im2col
+// formulation, Chellapilla et al., "High Performance Convolutional Neural
+// Networks for Document Processing", 2006) without copying them into a
+// patch matrix: it zero-pads the image into a buffer the node keeps, where
+// every patch row, read over the padded width, is a contiguous run, and
+// one matrix product over those runs in place (gemm.NNRows) gives the
+// output on the padded width, whose extra columns it drops. The filter
+// gradient is the sum over images of the output gradient (widened by zero
+// columns) times the patch rows transposed; the input gradient is itself a
+// stride-1 convolution of the output gradient with the filters flipped
+// and their channel axes swapped, computed the same way. The products run
+// on AVX kernels on amd64 (portable Go elsewhere, or with the purego build
+// tag); see package internal/gemm for their summation order.
 //
 // gorgonia.Conv2d, for comparison, lowers the whole batch at once into a
 // fresh matrix every run, multiplies, transposes the result into NCHW, and

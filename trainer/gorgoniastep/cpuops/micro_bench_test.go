@@ -8,12 +8,15 @@ import (
 	"testing"
 )
 
-func BenchmarkMicroIm2col(b *testing.B) {
+func BenchmarkMicroConv2(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 1))
 	g := newConvGeom([]int{1, 8, 14, 14}, []int{16, 8, 5, 5}, 2, 2)
-	x := make([]float32, g.c*g.h*g.w)
-	cols := make([]float32, g.c*g.kh*g.kw*g.oh*g.ow)
-	xp := make([]float32, (g.h+2*g.ph)*(g.w+2*g.pw))
-	cpuLoop(b, func() { im2col(x, g.c, g.h, g.w, g.kh, g.kw, g.ph, g.pw, g.oh, g.ow, cols, xp) })
+	x, f, dy := randData(r, 8*14*14), randData(r, 16*8*25), randData(r, 16*14*14)
+	y, dx, df := make([]float32, len(dy)), make([]float32, len(x)), make([]float32, len(f))
+	var s convScratch
+	b.Run("forward", func(b *testing.B) { cpuLoop(b, func() { convForward(g, x, f, y, &s) }) })
+	b.Run("filtergrad", func(b *testing.B) { cpuLoop(b, func() { convFilterGrad(g, x, dy, df, &s) }) })
+	b.Run("inputgrad", func(b *testing.B) { cpuLoop(b, func() { convInputGrad(g, f, dy, dx, &s) }) })
 }
 
 func BenchmarkMicroPoolGrad(b *testing.B) {

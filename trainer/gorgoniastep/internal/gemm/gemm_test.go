@@ -247,3 +247,73 @@ func reportFlops(b *testing.B, s shape, c0 int64) {
 		b.ReportMetric(flops/float64(cpu), "cpu-GFLOP/s")
 	}
 }
+
+// TestRowsVariantsMatchNNAndNT checks NNRows and NTRows against NN and NT
+// on the same rows copied into a row-major matrix: the same bits, with
+// overlapping rows (as a convolution's patches overlap), for both kernels.
+func TestRowsVariantsMatchNNAndNT(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 9))
+	for _, s := range shapes {
+		for _, avx := range []bool{false, true} {
+			if avx && !hasAVX {
+				continue
+			}
+			t.Run(fmt.Sprintf("%dx%dx%d/avx=%v", s.m, s.n, s.k, avx), func(t *testing.T) {
+				defer useKernels(avx, false)()
+				// NN: k rows of width n at increasing, overlapping offsets.
+				pool := randSlice(r, 3*s.k+s.n+5)
+				rows := make([]int, s.k)
+				for l := range rows {
+					rows[l] = 3*l + r.IntN(3)
+				}
+				bm := make([]float32, s.k*s.n)
+				for l := range rows {
+					copy(bm[l*s.n:(l+1)*s.n], pool[rows[l]:rows[l]+s.n])
+				}
+				a := randSlice(r, s.m*s.k)
+				for _, acc := range []bool{false, true} {
+					c0 := randSlice(r, s.m*s.n)
+					got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
+					NNRows(s.m, s.n, s.k, a, s.k, 1, pool, rows, got, s.n, acc)
+					NN(s.m, s.n, s.k, a, s.k, 1, bm, s.n, want, s.n, acc)
+					for i := range got {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("NNRows acc=%v [%d] = %v, NN %v", acc, i, got[i], want[i])
+						}
+					}
+				}
+				// NT: n rows of width k.
+				pool = randSlice(r, 2*s.n+s.k+5)
+				rows = make([]int, s.n)
+				for j := range rows {
+					rows[j] = 2*j + r.IntN(2)
+				}
+				bt := make([]float32, s.n*s.k)
+				for j := range rows {
+					copy(bt[j*s.k:(j+1)*s.k], pool[rows[j]:rows[j]+s.k])
+				}
+				for _, acc := range []bool{false, true} {
+					c0 := randSlice(r, s.m*s.n)
+					got, want := append([]float32(nil), c0...), append([]float32(nil), c0...)
+					NTRows(s.m, s.n, s.k, a, s.k, pool, rows, got, s.n, acc)
+					NT(s.m, s.n, s.k, a, s.k, bt, s.k, want, s.n, acc)
+					for i := range got {
+						if math.Float32bits(got[i]) != math.Float32bits(want[i]) {
+							t.Fatalf("NTRows acc=%v [%d] = %v, NT %v", acc, i, got[i], want[i])
+						}
+					}
+				}
+			})
+		}
+	}
+	mustPanic := func(f func()) {
+		defer func() {
+			if recover() == nil {
+				t.Error("no panic for a row that does not fit")
+			}
+		}()
+		f()
+	}
+	mustPanic(func() { NNRows(1, 4, 2, make([]float32, 2), 2, 1, make([]float32, 6), []int{0, 3}, make([]float32, 4), 4, false) })
+	mustPanic(func() { NTRows(1, 2, 4, make([]float32, 4), 4, make([]float32, 6), []int{0, 3}, make([]float32, 2), 2, false) })
+}

@@ -21,3 +21,8 @@ func nn4AVX(k, n int, a *float32, ars, acs int, b *float32, ldb int, c *float32,
 //
 //go:noescape
 func nt4x2AVX(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc bool)
+
+// nn4RowsAVX is nn4AVX with B(l, j) = b[rows[l] + j].
+//
+//go:noescape
+func nn4RowsAVX(k, n int, a *float32, ars, acs int, b *float32, rows *int, c *float32, ldc int, acc bool)

@@ -233,6 +233,200 @@ done:
 	VZEROUPPER
 	RET
 
+// func nn4RowsAVX(k, n int, a *float32, ars, acs int, b *float32, rows *int, c *float32, ldc int, acc bool)
+//
+// nn4AVX with B(l, j) = b[rows[l] + j]: the same registers, except R10 =
+// rows, AX = l (counting up), CX = b + 4*(rows[l] + j).
+// (The AVX code of both is the same otherwise.)
+TEXT ·nn4RowsAVX(SB), NOSPLIT, $0-73
+	MOVQ n+8(FP), DX
+	MOVQ a+16(FP), SI
+	MOVQ ars+24(FP), R8
+	SHLQ $2, R8
+	LEAQ (R8)(R8*2), R12
+	MOVQ acs+32(FP), R9
+	SHLQ $2, R9
+	MOVQ b+40(FP), DI
+	MOVQ rows+48(FP), R10
+	MOVQ c+56(FP), BX
+	MOVQ ldc+64(FP), R11
+	SHLQ $2, R11
+
+rblock16:
+	CMPQ DX, $16
+	JLT  rblock8
+	VXORPS Y0, Y0, Y0
+	VXORPS Y1, Y1, Y1
+	VXORPS Y2, Y2, Y2
+	VXORPS Y3, Y3, Y3
+	VXORPS Y4, Y4, Y4
+	VXORPS Y5, Y5, Y5
+	VXORPS Y6, Y6, Y6
+	VXORPS Y7, Y7, Y7
+	XORQ   AX, AX
+	MOVQ   SI, R13
+
+rloop16:
+	MOVQ         (R10)(AX*8), CX
+	LEAQ         (DI)(CX*4), CX
+	VMOVUPS      (CX), Y8
+	VMOVUPS      32(CX), Y9
+	VBROADCASTSS (R13), Y10
+	VMULPS       Y8, Y10, Y11
+	VMULPS       Y9, Y10, Y12
+	VADDPS       Y11, Y0, Y0
+	VADDPS       Y12, Y1, Y1
+	VBROADCASTSS (R13)(R8*1), Y10
+	VMULPS       Y8, Y10, Y13
+	VMULPS       Y9, Y10, Y14
+	VADDPS       Y13, Y2, Y2
+	VADDPS       Y14, Y3, Y3
+	VBROADCASTSS (R13)(R8*2), Y10
+	VMULPS       Y8, Y10, Y11
+	VMULPS       Y9, Y10, Y12
+	VADDPS       Y11, Y4, Y4
+	VADDPS       Y12, Y5, Y5
+	VBROADCASTSS (R13)(R12*1), Y10
+	VMULPS       Y8, Y10, Y13
+	VMULPS       Y9, Y10, Y14
+	VADDPS       Y13, Y6, Y6
+	VADDPS       Y14, Y7, Y7
+	ADDQ         R9, R13
+	INCQ         AX
+	CMPQ         AX, k+0(FP)
+	JLT          rloop16
+
+	LEAQ (R11)(R11*2), R13
+	CMPB acc+72(FP), $0
+	JEQ  rstore16
+	VADDPS (BX), Y0, Y0
+	VADDPS 32(BX), Y1, Y1
+	VADDPS (BX)(R11*1), Y2, Y2
+	VADDPS 32(BX)(R11*1), Y3, Y3
+	VADDPS (BX)(R11*2), Y4, Y4
+	VADDPS 32(BX)(R11*2), Y5, Y5
+	VADDPS (BX)(R13*1), Y6, Y6
+	VADDPS 32(BX)(R13*1), Y7, Y7
+
+rstore16:
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y1, 32(BX)
+	VMOVUPS Y2, (BX)(R11*1)
+	VMOVUPS Y3, 32(BX)(R11*1)
+	VMOVUPS Y4, (BX)(R11*2)
+	VMOVUPS Y5, 32(BX)(R11*2)
+	VMOVUPS Y6, (BX)(R13*1)
+	VMOVUPS Y7, 32(BX)(R13*1)
+	ADDQ    $64, DI
+	ADDQ    $64, BX
+	SUBQ    $16, DX
+	JMP     rblock16
+
+rblock8:
+	CMPQ DX, $8
+	JLT  rtail
+	VXORPS Y0, Y0, Y0
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	XORQ   AX, AX
+	MOVQ   SI, R13
+
+rloop8:
+	MOVQ         (R10)(AX*8), CX
+	LEAQ         (DI)(CX*4), CX
+	VMOVUPS      (CX), Y8
+	VBROADCASTSS (R13), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VBROADCASTSS (R13)(R8*1), Y10
+	VMULPS       Y8, Y10, Y12
+	VADDPS       Y12, Y2, Y2
+	VBROADCASTSS (R13)(R8*2), Y10
+	VMULPS       Y8, Y10, Y13
+	VADDPS       Y13, Y4, Y4
+	VBROADCASTSS (R13)(R12*1), Y10
+	VMULPS       Y8, Y10, Y14
+	VADDPS       Y14, Y6, Y6
+	ADDQ         R9, R13
+	INCQ         AX
+	CMPQ         AX, k+0(FP)
+	JLT          rloop8
+
+	LEAQ (R11)(R11*2), R13
+	CMPB acc+72(FP), $0
+	JEQ  rstore8
+	VADDPS (BX), Y0, Y0
+	VADDPS (BX)(R11*1), Y2, Y2
+	VADDPS (BX)(R11*2), Y4, Y4
+	VADDPS (BX)(R13*1), Y6, Y6
+
+rstore8:
+	VMOVUPS Y0, (BX)
+	VMOVUPS Y2, (BX)(R11*1)
+	VMOVUPS Y4, (BX)(R11*2)
+	VMOVUPS Y6, (BX)(R13*1)
+	ADDQ    $32, DI
+	ADDQ    $32, BX
+	SUBQ    $8, DX
+
+rtail:
+	TESTQ DX, DX
+	JEQ   rdone
+	MOVQ  $8, AX
+	SUBQ  DX, AX
+	LEAQ  maskTable<>(SB), CX
+	VMOVUPS (CX)(AX*4), Y15
+	VXORPS Y0, Y0, Y0
+	VXORPS Y2, Y2, Y2
+	VXORPS Y4, Y4, Y4
+	VXORPS Y6, Y6, Y6
+	XORQ   AX, AX
+	MOVQ   SI, R13
+
+rlooptail:
+	MOVQ         (R10)(AX*8), CX
+	LEAQ         (DI)(CX*4), CX
+	VMASKMOVPS   (CX), Y15, Y8
+	VBROADCASTSS (R13), Y10
+	VMULPS       Y8, Y10, Y11
+	VADDPS       Y11, Y0, Y0
+	VBROADCASTSS (R13)(R8*1), Y10
+	VMULPS       Y8, Y10, Y12
+	VADDPS       Y12, Y2, Y2
+	VBROADCASTSS (R13)(R8*2), Y10
+	VMULPS       Y8, Y10, Y13
+	VADDPS       Y13, Y4, Y4
+	VBROADCASTSS (R13)(R12*1), Y10
+	VMULPS       Y8, Y10, Y14
+	VADDPS       Y14, Y6, Y6
+	ADDQ         R9, R13
+	INCQ         AX
+	CMPQ         AX, k+0(FP)
+	JLT          rlooptail
+
+	LEAQ (R11)(R11*2), R13
+	CMPB acc+72(FP), $0
+	JEQ  rstoretail
+	VMASKMOVPS (BX), Y15, Y8
+	VADDPS     Y8, Y0, Y0
+	VMASKMOVPS (BX)(R11*1), Y15, Y8
+	VADDPS     Y8, Y2, Y2
+	VMASKMOVPS (BX)(R11*2), Y15, Y8
+	VADDPS     Y8, Y4, Y4
+	VMASKMOVPS (BX)(R13*1), Y15, Y8
+	VADDPS     Y8, Y6, Y6
+
+rstoretail:
+	VMASKMOVPS Y0, Y15, (BX)
+	VMASKMOVPS Y2, Y15, (BX)(R11*1)
+	VMASKMOVPS Y4, Y15, (BX)(R11*2)
+	VMASKMOVPS Y6, Y15, (BX)(R13*1)
+
+rdone:
+	VZEROUPPER
+	RET
+
 // func nt4x2AVX(k int, a *float32, lda int, b *float32, ldb int, c *float32, ldc int, acc bool)
 //
 // Registers: SI = A(0,l), R8 = lda, R12 = 3*lda; DI = B(0,l), R10 = ldb
