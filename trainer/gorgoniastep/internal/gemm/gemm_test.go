@@ -314,6 +314,10 @@ func TestRowsVariantsMatchNNAndNT(t *testing.T) {
 		}()
 		f()
 	}
-	mustPanic(func() { NNRows(1, 4, 2, make([]float32, 2), 2, 1, make([]float32, 6), []int{0, 3}, make([]float32, 4), 4, false) })
-	mustPanic(func() { NTRows(1, 2, 4, make([]float32, 4), 4, make([]float32, 6), []int{0, 3}, make([]float32, 2), 2, false) })
+	mustPanic(func() {
+		NNRows(1, 4, 2, make([]float32, 2), 2, 1, make([]float32, 6), []int{0, 3}, make([]float32, 4), 4, false)
+	})
+	mustPanic(func() {
+		NTRows(1, 2, 4, make([]float32, 4), 4, make([]float32, 6), []int{0, 3}, make([]float32, 2), 2, false)
+	})
 }
