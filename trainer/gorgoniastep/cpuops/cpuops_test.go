@@ -296,6 +296,7 @@ func TestRunsReuseTheirBuffers(t *testing.T) {
 		{"Conv2DFilterGrad", &convFilterGradOp{ph: 2, pw: 2, f: tensor.Shape{4, 3, 5, 5}}, []gorgonia.Value{x, dy}},
 		{"Conv2DInputGrad", &convInputGradOp{ph: 2, pw: 2, x: tensor.Shape{2, 3, 8, 8}}, []gorgonia.Value{f, dy}},
 		{"ReLUMaxPool2D", &poolOp{kh: 2, kw: 2}, []gorgonia.Value{dy}},
+		{"ReLUMaxPool2D keeping winners", &poolOp{kh: 2, kw: 2, keep: true}, []gorgonia.Value{dy}},
 		{"ReLUMaxPool2DGrad", &poolGradOp{kh: 2, kw: 2}, []gorgonia.Value{dy, pdy}},
 	}
 	for _, tc := range cases {
@@ -494,4 +495,49 @@ func TestDenseRunsReuseBuffersAndRejectsBadInput(t *testing.T) {
 	if _, err := (&denseOp{}).Do(x, b); !errors.Is(err, ErrBadInput) {
 		t.Errorf("Do with a vector for weights: %v", err)
 	}
+}
+
+// TestPoolGradUsesOnlyFreshWinners checks that the gradient of
+// ReLUMaxPool2D takes the windows' winners from its forward op only when
+// that op ran on the same input since: otherwise it finds them again, and
+// either way the bits are those of the direct computation.
+func TestPoolGradUsesOnlyFreshWinners(t *testing.T) {
+	r := rand.New(rand.NewPCG(8, 8))
+	fwd := &poolOp{kh: 2, kw: 2, keep: true}
+	bwd := &poolGradOp{kh: 2, kw: 2, fwd: fwd}
+	shape := []int{2, 3, 7, 6} // an odd row left over
+	g := newPoolGeom(shape, 2, 2)
+	mk := func(n int) *tensor.Dense {
+		return tensor.New(tensor.WithShape(shape...), tensor.WithBacking(randData(r, n)))
+	}
+	x1, x2 := mk(2*3*7*6), mk(2*3*7*6)
+	dy := tensor.New(tensor.WithShape(2, 3, 3, 3), tensor.WithBacking(randData(r, 2*3*3*3)))
+	check := func(what string, x *tensor.Dense) {
+		t.Helper()
+		got, err := bwd.Do(x, dy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]float32, x.Shape().TotalSize())
+		reluMaxPoolGrad(g, x.Float32s(), dy.Float32s(), want)
+		for i, v := range got.(*tensor.Dense).Float32s() {
+			if math.Float32bits(v) != math.Float32bits(want[i]) {
+				t.Fatalf("%s: dx[%d] = %v, want %v", what, i, v, want[i])
+			}
+		}
+	}
+	if _, err := fwd.Do(x1); err != nil {
+		t.Fatal(err)
+	}
+	before := bwd.used
+	check("fresh winners", x1)
+	if bwd.used == before {
+		t.Fatal("the gradient op did not use the forward op's winners")
+	}
+	copy(x1.Float32s(), randData(r, 2*3*7*6)) // new values, no forward run
+	check("stale winners", x1)
+	if _, err := fwd.Do(x1); err != nil {
+		t.Fatal(err)
+	}
+	check("another input", x2)
 }

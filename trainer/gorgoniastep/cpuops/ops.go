@@ -323,6 +323,13 @@ type poolOp struct {
 	opBase
 	kh, kw int
 	out    buffer
+	// For the gradient op of a training graph (set by SymDiff): the
+	// winner of each 2x2 window in the last run, the input it was computed
+	// from, and a count of runs.
+	keep  bool
+	codes []uint8
+	from  *float32
+	runs  uint64
 }
 
 func (op *poolOp) Arity() int            { return 1 }
@@ -356,6 +363,16 @@ func (op *poolOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 		return nil, err
 	}
 	t, y := op.out.get(g.n, g.c, g.oh, g.ow)
+	if op.keep && g.kh == 2 && g.kw == 2 {
+		if n := g.n * g.c * g.oh * g.ow; cap(op.codes) < n {
+			op.codes = make([]uint8, n)
+		} else {
+			op.codes = op.codes[:n]
+		}
+		reluMaxPool2x2Codes(g, x, y, op.codes)
+		op.from, op.runs = &x[0], op.runs+1
+		return t, nil
+	}
 	reluMaxPool(g, x, y)
 	return t, nil
 }
@@ -374,18 +391,24 @@ func (op *poolOp) SymDiff(in gorgonia.Nodes, _, grad *gorgonia.Node) (gorgonia.N
 	if len(in) != 1 {
 		return nil, fmt.Errorf("%w: ReLUMaxPool2D takes 1 input, got %d", ErrBadInput, len(in))
 	}
-	dx, err := gorgonia.ApplyOp(&poolGradOp{kh: op.kh, kw: op.kw}, in[0], grad)
+	op.keep = true
+	dx, err := gorgonia.ApplyOp(&poolGradOp{kh: op.kh, kw: op.kw, fwd: op}, in[0], grad)
 	if err != nil {
 		return nil, err
 	}
 	return gorgonia.Nodes{dx}, nil
 }
 
-// poolGradOp: inputs (x, dy), output dx.
+// poolGradOp: inputs (x, dy), output dx. It takes each window's winner
+// from its forward op when that op has run on the same input since this
+// op last ran (as in every run of a tape machine, forward before
+// backward), and otherwise finds it again in x.
 type poolGradOp struct {
 	opBase
 	kh, kw int
 	out    buffer
+	fwd    *poolOp
+	used   uint64 // fwd.runs when this op last used fwd.codes
 }
 
 func (op *poolGradOp) Arity() int    { return 2 }
@@ -427,6 +450,11 @@ func (op *poolGradOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 		return nil, fmt.Errorf("%w: ReLUMaxPool2DGrad: output gradient %v for output %v", ErrBadInput, ds, tensor.Shape{g.n, g.c, g.oh, g.ow})
 	}
 	t, dx := op.out.get(xs[0], xs[1], xs[2], xs[3])
+	if f := op.fwd; f != nil && f.runs > op.used && f.from == &x[0] && len(f.codes) == len(dy) {
+		op.used = f.runs
+		reluMaxPool2x2GradCodes(g, f.codes, dy, dx)
+		return t, nil
+	}
 	reluMaxPoolGrad(g, x, dy, dx)
 	return t, nil
 }

@@ -120,3 +120,50 @@ func reluMaxPoolGrad(g poolGeom, x, dy, dx []float32) {
 		}
 	}
 }
+
+// reluMaxPool2x2Codes is reluMaxPool for 2x2 windows that also records, in
+// codes (one per output), the position 0..3 of each window's winner, or 4
+// when its maximum is not positive (no gradient).
+func reluMaxPool2x2Codes(g poolGeom, x, y []float32, codes []uint8) {
+	in, out := g.h*g.w, g.oh*g.ow
+	for p := 0; p < g.n*g.c; p++ {
+		plane, dst, cd := x[p*in:(p+1)*in], y[p*out:(p+1)*out], codes[p*out:(p+1)*out]
+		for oy := 0; oy < g.oh; oy++ {
+			r0 := plane[2*oy*g.w : 2*oy*g.w+2*g.ow]
+			r1 := plane[(2*oy+1)*g.w : (2*oy+1)*g.w+2*g.ow]
+			d := dst[oy*g.ow : (oy+1)*g.ow]
+			c := cd[oy*g.ow : (oy+1)*g.ow]
+			for ox := range d {
+				i, v := max4(r0[2*ox], r0[2*ox+1], r1[2*ox], r1[2*ox+1])
+				if !(v > 0) {
+					i = 4
+				}
+				c[ox] = uint8(i)
+				d[ox] = max(v, 0)
+			}
+		}
+	}
+}
+
+// reluMaxPool2x2GradCodes is reluMaxPoolGrad for 2x2 windows from the codes
+// of reluMaxPool2x2Codes: no comparison, no read of the input.
+func reluMaxPool2x2GradCodes(g poolGeom, codes []uint8, dy, dx []float32) {
+	in, out := g.h*g.w, g.oh*g.ow
+	for p := 0; p < g.n*g.c; p++ {
+		grad, d, cd := dx[p*in:(p+1)*in], dy[p*out:(p+1)*out], codes[p*out:(p+1)*out]
+		for oy := 0; oy < g.oh; oy++ {
+			g0 := grad[2*oy*g.w : (2*oy+1)*g.w]
+			g1 := grad[(2*oy+1)*g.w : (2*oy+2)*g.w]
+			dd := d[oy*g.ow : (oy+1)*g.ow]
+			c := cd[oy*g.ow : (oy+1)*g.ow]
+			for ox, v := range dd {
+				var q [8]float32
+				q[c[ox]&7] = v // code 4: into q[4], which is not written out
+				g0[2*ox], g0[2*ox+1], g1[2*ox], g1[2*ox+1] = q[0], q[1], q[2], q[3]
+			}
+			clear(g0[2*g.ow:]) // a last, odd column fills no window
+			clear(g1[2*g.ow:])
+		}
+		clear(grad[2*g.oh*g.w:]) // nor does a last, odd row
+	}
+}
