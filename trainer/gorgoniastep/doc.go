@@ -47,10 +47,11 @@
 //
 // Which matrix kernels: cpuops multiplies with this module's own kernels
 // (AVX assembly on amd64, portable Go elsewhere or with -tags purego),
-// which give the same bits on every CPU. Built with -tags openblas, it
-// calls OpenBLAS instead (cgo, -lopenblas), whose bits depend on the
-// library build, the CPU kind it detects at run time and its thread count
-// (one unless OPENBLAS_NUM_THREADS says otherwise). So bit-identical
+// which give the same bits on every CPU. Built with -tags openblas, its
+// Dense layers call OpenBLAS instead (cgo, -lopenblas; the convolutions
+// keep this module's kernels), whose bits depend on the library build, the
+// CPU kind it detects at run time and its thread count (one unless
+// OPENBLAS_NUM_THREADS says otherwise). So bit-identical
 // training across processes (trainer.Config.Deterministic) holds with the
 // default build everywhere, and with OpenBLAS only between workers that
 // load the same libopenblas on the same kind of CPU with the same

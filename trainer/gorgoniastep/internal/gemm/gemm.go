@@ -21,7 +21,8 @@
 // # OpenBLAS
 //
 // Built with -tags openblas (cgo, linked with -lopenblas, e.g. Debian's
-// libopenblas-dev), NN and NT call cblas_sgemm instead, single-threaded
+// libopenblas-dev), NN and NT call cblas_sgemm instead (NNRows and NTRows,
+// whose B is not a matrix BLAS can describe, do not), single-threaded
 // unless OPENBLAS_NUM_THREADS or OMP_NUM_THREADS is set. OpenBLAS sums in
 // its own order, which depends on the CPU it detects at run time (and may
 // depend on its thread count): its results agree with the Go kernels
