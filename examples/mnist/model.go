@@ -204,21 +204,11 @@ func checkBatch(pixels []float32, n int) error {
 func (m *Model) Close() error { return m.gm.Close() }
 
 // softmaxXent returns the summed softmax cross-entropy of logits (batch,
-// classes) against the one-hot matrix y: -sum(y * logsoftmax(logits)).
+// classes) against the one-hot matrix y: -sum(y * logsoftmax(logits)), in
+// one op of package cpuops (gorgonia's LogSoftMax, HadamardProd, Sum and
+// Neg, and their gradients, in two).
 func softmaxXent(logits, y *gorgonia.Node) (*gorgonia.Node, error) {
-	logp, err := gorgonia.LogSoftMax(logits)
-	if err != nil {
-		return nil, err
-	}
-	picked, err := gorgonia.HadamardProd(y, logp)
-	if err != nil {
-		return nil, err
-	}
-	s, err := gorgonia.Sum(picked)
-	if err != nil {
-		return nil, err
-	}
-	return gorgonia.Neg(s)
+	return cpuops.SoftmaxCrossEntropy(logits, y)
 }
 
 // denseLayer returns x·w + b (cpuops.Dense: gorgonia's Mul and
@@ -241,7 +231,7 @@ func buildMLP(g *gorgonia.ExprGraph, batch int, p gorgonia.Nodes) (gorgoniastep.
 	if err != nil {
 		return gorgoniastep.Graph{}, err
 	}
-	if h, err = gorgonia.Rectify(h); err != nil {
+	if h, err = cpuops.ReLU(h); err != nil {
 		return gorgoniastep.Graph{}, err
 	}
 	logits, err := denseLayer(h, p[2], p[3])

@@ -541,3 +541,136 @@ func TestPoolGradUsesOnlyFreshWinners(t *testing.T) {
 	}
 	check("another input", x2)
 }
+
+// TestReLUAndSoftmaxCrossEntropyMatchGorgoniasOps checks ReLU and
+// SoftmaxCrossEntropy against gorgonia's Rectify and its Neg(Sum(
+// HadamardProd(y, LogSoftMax(·)))) chain: the same loss and gradient, for
+// one-hot and for soft targets, and the same bits run after run.
+func TestReLUAndSoftmaxCrossEntropyMatchGorgoniasOps(t *testing.T) {
+	for _, soft := range []bool{false, true} {
+		t.Run(fmt.Sprintf("soft=%v", soft), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(10, 10))
+			const n, k = 6, 5
+			xv := randData(r, n*k)
+			for i := range xv {
+				xv[i] *= 3
+			}
+			yv := make([]float32, n*k)
+			for i := 0; i < n; i++ {
+				if soft {
+					for j := 0; j < k; j++ {
+						yv[i*k+j] = r.Float32()
+					}
+				} else {
+					yv[i*k+r.IntN(k)] = 1
+				}
+			}
+			build := func(ours bool) (*gorgonia.ExprGraph, *gorgonia.Node, *gorgonia.Node) {
+				g := gorgonia.NewGraph()
+				x := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(n, k), gorgonia.WithName("x"),
+					gorgonia.WithValue(tensor.New(tensor.WithShape(n, k), tensor.WithBacking(append([]float32(nil), xv...)))))
+				y := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(n, k), gorgonia.WithName("y"),
+					gorgonia.WithValue(tensor.New(tensor.WithShape(n, k), tensor.WithBacking(append([]float32(nil), yv...)))))
+				var loss *gorgonia.Node
+				if ours {
+					h, err := ReLU(x)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if loss, err = SoftmaxCrossEntropy(h, y); err != nil {
+						t.Fatal(err)
+					}
+				} else {
+					h := gorgonia.Must(gorgonia.Rectify(x))
+					loss = gorgonia.Must(gorgonia.Neg(gorgonia.Must(gorgonia.Sum(gorgonia.Must(gorgonia.HadamardProd(y, gorgonia.Must(gorgonia.LogSoftMax(h))))))))
+				}
+				if _, err := gorgonia.Grad(loss, x); err != nil {
+					t.Fatal(err)
+				}
+				return g, x, loss
+			}
+			run := func(g *gorgonia.ExprGraph, x, loss *gorgonia.Node, vm gorgonia.VM) (float32, []float32) {
+				if v, err := x.Grad(); err == nil && v != nil {
+					clear(v.Data().([]float32))
+				}
+				vm.Reset()
+				if err := vm.RunAll(); err != nil {
+					t.Fatal(err)
+				}
+				v, err := x.Grad()
+				if err != nil {
+					t.Fatal(err)
+				}
+				return loss.Value().Data().(float32), append([]float32(nil), v.Data().([]float32)...)
+			}
+			g1, x1, l1 := build(true)
+			g2, x2, l2 := build(false)
+			vm1 := gorgonia.NewTapeMachine(g1, gorgonia.BindDualValues(x1))
+			vm2 := gorgonia.NewTapeMachine(g2, gorgonia.BindDualValues(x2))
+			defer vm1.Close()
+			defer vm2.Close()
+			loss1, d1 := run(g1, x1, l1, vm1)
+			loss2, d2 := run(g2, x2, l2, vm2)
+			if d := math.Abs(float64(loss1 - loss2)); d > 1e-5*(1+math.Abs(float64(loss2))) {
+				t.Fatalf("loss %v, gorgonia's ops %v", loss1, loss2)
+			}
+			want := make([]float64, len(d2))
+			for i, v := range d2 {
+				want[i] = float64(v)
+			}
+			closeTo(t, "d loss/d x", d1, want, 1e-5)
+			again, d3 := run(g1, x1, l1, vm1)
+			if again != loss1 {
+				t.Fatalf("second run: loss %v, first %v", again, loss1)
+			}
+			for i := range d1 {
+				if math.Float32bits(d1[i]) != math.Float32bits(d3[i]) {
+					t.Fatalf("second run: gradient [%d] changed", i)
+				}
+			}
+		})
+	}
+}
+
+func TestReLUAndSoftmaxCrossEntropyReuseBuffersAndRejectBadInput(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 11))
+	z := tensor.New(tensor.WithShape(3, 4), tensor.WithBacking(randData(r, 12)))
+	y := tensor.New(tensor.WithShape(3, 4), tensor.WithBacking(randData(r, 12)))
+	one := gorgonia.F32(1)
+	for name, c := range map[string]struct {
+		op gorgonia.Op
+		in []gorgonia.Value
+	}{
+		"ReLU":                    {&reluOp{dims: 2}, []gorgonia.Value{z}},
+		"ReLUGrad":                {&reluGradOp{dims: 2}, []gorgonia.Value{z, y}},
+		"SoftmaxCrossEntropy":     {&xentOp{}, []gorgonia.Value{z, y}},
+		"SoftmaxCrossEntropyGrad": {&xentGradOp{}, []gorgonia.Value{z, y, &one}},
+	} {
+		first, err := c.op.Do(c.in...)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if allocs := testing.AllocsPerRun(5, func() {
+			if v, err := c.op.Do(c.in...); err != nil || v != first {
+				t.Fatalf("%s: %p, %v; first run %p", name, v, err, first)
+			}
+		}); allocs != 0 {
+			t.Errorf("%s: %v allocations per run, want 0", name, allocs)
+		}
+	}
+	g := gorgonia.NewGraph()
+	a := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(3, 4), gorgonia.WithName("a"))
+	b := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(3, 5), gorgonia.WithName("b"))
+	v := gorgonia.NewVector(g, tensor.Float32, gorgonia.WithShape(4), gorgonia.WithName("v"))
+	f64 := gorgonia.NewMatrix(g, tensor.Float64, gorgonia.WithShape(3, 4), gorgonia.WithName("f64"))
+	for name, f := range map[string]func() error{
+		"shapes":  func() error { _, err := SoftmaxCrossEntropy(a, b); return err },
+		"vector":  func() error { _, err := SoftmaxCrossEntropy(v, v); return err },
+		"float64": func() error { _, err := ReLU(f64); return err },
+		"nil":     func() error { _, err := ReLU(nil); return err },
+	} {
+		if err := f(); !errors.Is(err, ErrBadInput) {
+			t.Errorf("%s: %v, want ErrBadInput", name, err)
+		}
+	}
+}

@@ -1,8 +1,9 @@
 // Package cpuops provides gorgonia ops for convolutional and dense
 // networks on the CPU that are faster than gorgonia's own and allocate
 // nothing per run: [Conv2D] (stride-1 2-D convolution, NCHW, float32),
-// [ReLUMaxPool2D] (ReLU and non-overlapping max-pooling in one pass) and
-// [Dense] (x·w + b), each with its gradient ops for gorgonia.Grad.
+// [ReLUMaxPool2D] (ReLU and non-overlapping max-pooling in one pass),
+// [Dense] (x·w + b), [ReLU] and [SoftmaxCrossEntropy] (summed over the
+// batch), each with its gradient ops for gorgonia.Grad.
 //
 // # How
 //
