@@ -324,20 +324,27 @@ func TestRestoredRoundFailingBeforeItsFirstStep(t *testing.T) {
 	st := stores(t)["redis"]
 	j := newJob(t, st)
 	j.epochs = 20 // far more than it trains before the crash
-	var checkpointed atomic.Int64
-	crash := make(chan struct{})
-	var once stdsync.Once
+	// The first incarnation crashes at step 25, five steps past its
+	// checkpoint of step 20, on every machine: each rank's loop stops in
+	// its step-25 hook until the checkpoint of step 20 is written and the
+	// test has cancelled it, so a loaded machine cannot let it train on
+	// past the second job's epochs while the asynchronous checkpoint lags.
+	checkpointed := make(chan struct{})
+	var ckOnce, crashOnce stdsync.Once
+	crash, crashed := make(chan struct{}), make(chan struct{})
 	j.mutate = func(c *Config) { c.Elastic.MinWorkers, c.CheckpointEvery = 2, 10 }
 	j.opts = func(int) []Option {
 		return []Option{WithCheckpointStore(ckpt), WithHooks(Hooks{
 			OnCheckpoint: func(s int64, err error) {
-				if err == nil {
-					checkpointed.Store(s)
+				if s == 20 { // a failed write shows as no "checkpoint" source below
+					ckOnce.Do(func() { close(checkpointed) })
 				}
 			},
 			OnStep: func(s StepInfo) {
-				if c := checkpointed.Load(); c >= 20 && s.Step >= c+5 {
-					once.Do(func() { close(crash) })
+				if s.Step == 25 {
+					<-checkpointed
+					crashOnce.Do(func() { close(crash) })
+					<-crashed
 				}
 			},
 		})}
@@ -350,6 +357,7 @@ func TestRestoredRoundFailingBeforeItsFirstStep(t *testing.T) {
 	}
 	a.cancel() // the whole job crashes past its checkpoint
 	b.cancel()
+	close(crashed)
 	j.wait()
 
 	j2 := newJob(t, st)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# compare.sh: run this benchmark and PyTorch's Gloo (shared/bench/gloo_allreduce.py)
-# side by side, alternating, ROUNDS times per world size, and print per size the
+# compare.sh: run this benchmark and PyTorch's Gloo (gloo_allreduce.py, beside this
+# script) side by side, alternating, ROUNDS times per world size, and print per size the
 # median over rounds of each one's median time and busbw, and the ratios.
 #
 #   apt-get install -y python3-torch     # Debian's PyTorch, CPU, Gloo
@@ -13,19 +13,16 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${1:-3}
 shift || true
 NPS=${*:-2 4}
-GLOO=${GLOO:-../shared/bench/gloo_allreduce.py}
-[ -f "$GLOO" ] || GLOO=/work/shared/bench/gloo_allreduce.py
+GLOO=${GLOO:-examples/allreduce-bench/gloo_allreduce.py}
 SIZES=${SIZES:-4096,65536,1048576,16777216,67108864}
 OUT=${OUT:-$(mktemp /tmp/allreduce-compare.XXXXXX.jsonl)}
 if [ -z "${BIN:-}" ]; then
 	BIN=$(mktemp -d)/allreduce-bench
 	go build -o "$BIN" ./examples/allreduce-bench
 fi
-port=29600
 for r in $(seq "$ROUNDS"); do
 	for np in $NPS; do
-		port=$((port + 1))
-		/usr/bin/python3 "$GLOO" --world "$np" --port "$port" --sizes "$SIZES" | grep '"impl"' >>"$OUT"
+		/usr/bin/python3 "$GLOO" --world "$np" --sizes "$SIZES" | grep '"impl"' >>"$OUT"
 		"$BIN" -np "$np" -sizes "$SIZES" -json >>"$OUT"
 	done
 done

@@ -1,6 +1,7 @@
 // Command allreduce-bench measures package sync's allreduce between np
 // processes on this host (loopback), in the manner of NCCL-tests and of
-// shared/bench/gloo_allreduce.py, so both can run side by side.
+// gloo_allreduce.py beside it (PyTorch's Gloo), so both can run side by
+// side (compare.sh).
 //
 // It re-executes itself np times (one process per rank), forms one round,
 // and per size runs warm-up iterations, a barrier, then timed back-to-back

@@ -8,7 +8,8 @@
 //
 // For reference, torchrun (PyTorch 1.13, defaults) takes 4.7 s with 2
 // workers and 7.1 s with 4 from a kill until training again on this kind of
-// machine.
+// machine, and more when the machine is busy; torchrun_recovery.py beside
+// this file measures it the same way.
 //
 // With -idle-conns N it then repeats the trials while a flood of N silent
 // TCP connections from -idle-from (another loopback address by default)

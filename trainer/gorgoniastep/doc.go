@@ -38,22 +38,41 @@
 //
 // For a fixed batch and fixed parameter values a run is bit-for-bit
 // reproducible with the ops used by the tests and the MNIST example (matrix
-// multiply, broadcast add, tanh, ReLU, log-softmax, sum, 2-D convolution and
-// max-pooling): gonum's matrix multiply splits work across goroutines above
-// 64x64 blocks, but each output element is always summed in the same order,
-// decided by the shapes alone, not by GOMAXPROCS. Different batch sizes are
+// multiply, broadcast add, tanh, ReLU, log-softmax, sum, gorgonia's
+// 2-D convolution and max-pooling, and the ops of package cpuops): each
+// output element is always summed in the same order, decided by the shapes
+// alone, not by GOMAXPROCS (gonum's matrix multiply splits work across
+// goroutines above 64x64 blocks, but not a sum). Different batch sizes are
 // different graphs and round differently.
+//
+// Which matrix kernels: cpuops multiplies with this module's own kernels
+// (AVX assembly on amd64, portable Go elsewhere or with -tags purego),
+// which give the same bits on every CPU. Built with -tags openblas, its
+// Dense layers call OpenBLAS instead (cgo, -lopenblas; the convolutions
+// keep this module's kernels), whose bits depend on the library build, the
+// CPU kind it detects at run time and its thread count (one unless
+// OPENBLAS_NUM_THREADS says otherwise). So bit-identical
+// training across processes (trainer.Config.Deterministic) holds with the
+// default build everywhere, and with OpenBLAS only between workers that
+// load the same libopenblas on the same kind of CPU with the same
+// OPENBLAS_NUM_THREADS. gorgonia's own ops (gorgonia.Mul) use gorgonia's
+// BLAS: gonum's pure Go unless the program calls gorgonia.Use.
 //
 // # Costs and threads
 //
 // Building and compiling a graph takes a few milliseconds for the MNIST
-// example's MLP and about 40 ms for its CNN (2 cores). Each run allocates
-// the graph's intermediate tensors afresh (gorgonia's tape machine drops its
-// registers on Reset; 1.4 MB per run for the MLP at batch 64, 51 MB for the
-// CNN),
-// locks the calling goroutine to its OS thread for the run and starts one
-// goroutine that ends before Run returns; gonum's matrix multiply may use up
-// to GOMAXPROCS goroutines.
+// example's MLP and about 40 ms for its CNN (2 cores). A training Machine
+// compiles only what the loss, the learnables' gradients and the outputs
+// need: the gradients gorgonia's symbolic differentiation also builds for
+// the inputs (the pixels, the labels) are left out. Each run allocates
+// the intermediate tensors of gorgonia's own ops afresh (the tape machine
+// drops its registers on Reset: 1.4 MB per run for the example's MLP at
+// batch 64 built from gorgonia's Mul, BroadcastAdd, Rectify and
+// LogSoftMax, 51 MB for its CNN with gorgonia's Conv2d and MaxPool2D).
+// The ops of package cpuops keep their buffers across runs instead: built
+// from them, both models allocate about 4 KB per run. A run locks the calling
+// goroutine to its OS thread and starts one goroutine that ends before Run
+// returns; gonum's matrix multiply may use up to GOMAXPROCS goroutines.
 //
 // # Concurrency
 //

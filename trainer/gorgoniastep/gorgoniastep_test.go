@@ -3,6 +3,8 @@ package gorgoniastep
 import (
 	"context"
 	"errors"
+	"fmt"
+	"hash"
 	"math"
 	"math/rand/v2"
 	"runtime"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/chewxy/hm"
 	"go.uber.org/goleak"
 	"gorgonia.org/gorgonia"
 	"gorgonia.org/tensor"
@@ -641,5 +644,99 @@ func TestBindSingleGraph(t *testing.T) {
 	}
 	if mc.Batch() != 0 || mc.NumInputs() != 1 {
 		t.Fatalf("Batch %d NumInputs %d", mc.Batch(), mc.NumInputs())
+	}
+}
+
+// mulOp is x·w for a matrix x and a vector w. The gradient it gives its
+// input x goes through a countOp, so a test can see whether that gradient
+// is ever computed.
+type mulOp struct{ calls *int }
+
+func (op mulOp) Arity() int { return 2 }
+func (op mulOp) Type() hm.Type {
+	a := hm.TypeVariable('a')
+	return hm.NewFnType(&gorgonia.TensorType{Dims: 2, Of: a}, &gorgonia.TensorType{Dims: 1, Of: a}, &gorgonia.TensorType{Dims: 1, Of: a})
+}
+func (op mulOp) InferShape(in ...gorgonia.DimSizer) (tensor.Shape, error) {
+	return tensor.Shape{in[0].(tensor.Shape)[0]}, nil
+}
+func (op mulOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
+	return tensor.MatVecMul(in[0].(*tensor.Dense), in[1].(*tensor.Dense))
+}
+func (op mulOp) ReturnsPtr() bool      { return false }
+func (op mulOp) CallsExtern() bool     { return false }
+func (op mulOp) OverwritesInput() int  { return -1 }
+func (op mulOp) WriteHash(h hash.Hash) { fmt.Fprint(h, "mulOp") }
+func (op mulOp) Hashcode() uint32      { return 1 }
+func (op mulOp) String() string        { return "mul" }
+func (op mulOp) DiffWRT(int) []bool    { return []bool{true, true} }
+func (op mulOp) SymDiff(in gorgonia.Nodes, _, grad *gorgonia.Node) (gorgonia.Nodes, error) {
+	dx, err := gorgonia.ApplyOp(countOp(op), in[0]) // a stand-in of the right shape
+	if err != nil {
+		return nil, err
+	}
+	dw, err := gorgonia.Mul(gorgonia.Must(gorgonia.Transpose(in[0])), grad)
+	return gorgonia.Nodes{dx, dw}, err
+}
+
+// countOp is the identity on a matrix that counts its runs.
+type countOp mulOp
+
+func (op countOp) Arity() int { return 1 }
+func (op countOp) Type() hm.Type {
+	t := &gorgonia.TensorType{Dims: 2, Of: hm.TypeVariable('a')}
+	return hm.NewFnType(t, t)
+}
+func (op countOp) InferShape(in ...gorgonia.DimSizer) (tensor.Shape, error) {
+	return in[0].(tensor.Shape).Clone(), nil
+}
+func (op countOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
+	*op.calls++
+	return in[0].(*tensor.Dense).Clone().(*tensor.Dense), nil
+}
+func (op countOp) ReturnsPtr() bool      { return false }
+func (op countOp) CallsExtern() bool     { return false }
+func (op countOp) OverwritesInput() int  { return -1 }
+func (op countOp) WriteHash(h hash.Hash) { fmt.Fprint(h, "countOp") }
+func (op countOp) Hashcode() uint32      { return 2 }
+func (op countOp) String() string        { return "count" }
+
+// TestUnusedGradientsAreNotComputed checks that a training run computes
+// only what the loss and the learnables' gradients need: gorgonia's
+// symbolic differentiation also builds the gradient of the input x, which
+// nothing reads, and the Machine must not run it.
+func TestUnusedGradientsAreNotComputed(t *testing.T) {
+	calls := 0
+	build := func(g *gorgonia.ExprGraph, batch int, p gorgonia.Nodes) (Graph, error) {
+		x := gorgonia.NewMatrix(g, tensor.Float32, gorgonia.WithShape(batch, 3), gorgonia.WithName("x"))
+		h, err := gorgonia.ApplyOp(mulOp{&calls}, x, p[0])
+		if err != nil {
+			return Graph{}, err
+		}
+		return Graph{Loss: gorgonia.Must(gorgonia.Sum(h)), Inputs: gorgonia.Nodes{x}}, nil
+	}
+	m, err := New([]ParamSpec{{Name: "w", Shape: []int{3}}}, build)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	copy(m.Params()[0].Value, []float32{1, 2, 3})
+	for range 2 {
+		loss, err := m.Step(context.Background(), 2, func(mc *Machine) error {
+			copy(mc.Input(0), []float32{1, 0, 0, 0, 1, 1})
+			return nil
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if loss != 1+2+3 {
+			t.Fatalf("loss %v, want 6", loss)
+		}
+		if g := m.Params()[0].Grad; !slices.Equal(g, []float32{1, 1, 1}) {
+			t.Fatalf("gradient %v, want [1 1 1]", g)
+		}
+	}
+	if calls != 0 {
+		t.Fatalf("the input's gradient was computed %d times; nothing reads it", calls)
 	}
 }

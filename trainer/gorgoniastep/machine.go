@@ -236,10 +236,16 @@ func bind(g *gorgonia.ExprGraph, loss *gorgonia.Node, learnables gorgonia.Nodes,
 	}
 
 	if train {
-		if _, err := gorgonia.Grad(loss, learnables...); err != nil {
+		grads, err := gorgonia.Grad(loss, learnables...)
+		if err != nil {
 			return nil, fmt.Errorf("%w: symbolic gradient: %v", ErrBadGraph, err)
 		}
-		m.vm = gorgonia.NewTapeMachine(g, gorgonia.BindDualValues(learnables...))
+		// Compile only what the loss, the learnables' gradients and the
+		// outputs need: gorgonia's symbolic differentiation also adds
+		// gradients of the inputs (the pixels, the labels), which nothing
+		// reads; left in, the tape machine computes them every run.
+		roots := append(append(gorgonia.Nodes{loss}, grads...), m.outputs...)
+		m.vm = gorgonia.NewTapeMachine(g.ExactSubgraphRoots(roots...), gorgonia.BindDualValues(learnables...))
 	} else {
 		m.vm = gorgonia.NewTapeMachine(g)
 	}

@@ -1,0 +1,5 @@
+//go:build !unix
+
+package gemm
+
+func cpuNanos() int64 { return 0 }
