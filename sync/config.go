@@ -10,7 +10,7 @@ import (
 
 // Config holds the settings of a Transport and the Rings it connects.
 // Start from DefaultConfig; Listen calls Validate. JobID, Secret,
-// ChunkBytes, DirectBytes and Streams must be equal on every rank of a job
+// ChunkBytes, DirectBytes, Streams and Hierarchy must be equal on every rank of a job
 // (they shape the wire traffic); a disagreement fails Connect or the
 // operations (at worst after OpTimeout) rather than hanging.
 type Config struct {
@@ -58,9 +58,20 @@ type Config struct {
 	// (a sealed memfd passed over the socket) instead of the socket; headers
 	// and credits stay on the socket. Linux amd64/arm64. Default true.
 	SharedMemory bool
-	// AdvertiseAddr overrides the address returned by Transport.Addr. Empty
-	// (the default) means the listener's address, with an unspecified host
-	// replaced by the first non-loopback IPv4 address of the host.
+	// Hierarchy selects the allreduce of large buffers in rounds whose
+	// ranks share hosts (see Hierarchy; hosts are told apart by the host
+	// part of the advertised addresses). Default HierarchyAuto.
+	Hierarchy Hierarchy
+	// AdvertiseAddr is the address peers dial, returned by Transport.Addr
+	// and advertised through the rendezvous: host:port, or a host alone
+	// (or host:0), which takes the listener's port. Empty (the default)
+	// means the listener's address, with an unspecified host (0.0.0.0,
+	// ::) replaced by this host's address: the IPv4 address of the
+	// interface that holds the default route, else the first IPv4 address
+	// of an interface that is up and not loopback (link-local addresses
+	// last), else such an IPv6 address, else 127.0.0.1. On a host with
+	// several networks, set it (on Kubernetes: the pod IP, from
+	// status.podIP).
 	AdvertiseAddr string
 	// ServerTLS, when set, wraps every accepted connection in TLS; ClientTLS,
 	// when set, wraps every dialed one (its ServerName defaults to the
@@ -115,6 +126,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.Streams %d, want 1..64", ErrInvalid, c.Streams)
 	case (c.ServerTLS == nil) != (c.ClientTLS == nil):
 		return fmt.Errorf("%w: set both Config.ServerTLS and Config.ClientTLS, or neither", ErrInvalid)
+	case c.Hierarchy > maxHierarchy:
+		return fmt.Errorf("%w: unknown Config.Hierarchy %v", ErrInvalid, c.Hierarchy)
 	}
 	return nil
 }
