@@ -36,10 +36,10 @@ func advertisedAddr(adv string, ln *net.TCPAddr) (string, error) {
 		return adv, nil
 	}
 	ip, ok := netip.AddrFromSlice(ln.IP)
-	if !ok || ip.IsUnspecified() {
+	if ip = ip.Unmap(); !ok || ip.IsUnspecified() {
 		ip = hostIP()
 	}
-	return net.JoinHostPort(ip.Unmap().String(), port), nil
+	return net.JoinHostPort(ip.String(), port), nil
 }
 
 // netIface is what hostIP needs to know of a network interface.
