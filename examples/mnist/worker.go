@@ -99,6 +99,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
+	tcfg.ListenAddr = c.listen
 	tcfg.Sync.Secret = secret
 	tcfg.Deterministic = c.deterministic
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max

@@ -18,6 +18,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -29,6 +30,16 @@ const EnvEventsFD = "ELASTICTRAIN_EVENTS_FD"
 
 // EnvWorker is set to the worker's launch index in every worker's environment.
 const EnvWorker = "ELASTICTRAIN_WORKER"
+
+// EnvNetns, in the launcher's environment, places the workers on hosts
+// made of Linux network namespaces (tests of jobs spanning hosts, see
+// internal/netns): a comma-separated list of namespace names; worker i < len
+// starts in the i-th (through `ip netns exec`), and every later worker (a
+// join) in the listed namespace with the fewest live workers, the first
+// such in list order. Unset or empty: workers run in the launcher's own
+// namespace. The workers must then listen on their host's address (the
+// examples' -listen 0.0.0.0:0).
+const EnvNetns = "ELASTICTRAIN_LAUNCHER_NETNS"
 
 // Event is one line a worker sends to the launcher, as JSON. Loss and
 // RecoverySeconds may be NaN or ±Inf (a diverged run): they travel as the
@@ -242,6 +253,7 @@ type RoundSeen struct {
 
 type worker struct {
 	idx     int
+	netns   string
 	cmd     *exec.Cmd
 	events  *os.File
 	rank    int
@@ -312,6 +324,34 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		readers.Wait()
 	}()
 
+	var spaces []string
+	for _, ns := range strings.Split(os.Getenv(EnvNetns), ",") {
+		if ns = strings.TrimSpace(ns); ns != "" {
+			spaces = append(spaces, ns)
+		}
+	}
+	// placeWorker is the namespace of worker idx ("" for this one).
+	placeWorker := func(idx int) string {
+		if len(spaces) == 0 {
+			return ""
+		}
+		if idx < len(spaces) {
+			return spaces[idx]
+		}
+		live := map[string]int{}
+		for _, w := range workers {
+			if !w.exited {
+				live[w.netns]++
+			}
+		}
+		best := spaces[0]
+		for _, ns := range spaces {
+			if live[ns] < live[best] {
+				best = ns
+			}
+		}
+		return best
+	}
 	next := 0
 	startWorker := func() error {
 		if next >= limit { // checkCount makes this unreachable; a bound never to pass
@@ -323,7 +363,12 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		if err != nil {
 			return err
 		}
+		ns := placeWorker(idx)
 		cmd := exec.Command(self, spec.Args...)
+		if ns != "" {
+			cmd = exec.Command("ip", append([]string{"netns", "exec", ns, self}, spec.Args...)...)
+			fmt.Fprintf(logw, "[launcher] worker %d runs in network namespace %s\n", idx, ns)
+		}
 		cmd.Env = append(append(os.Environ(), spec.Env...),
 			fmt.Sprintf("%s=3", EnvEventsFD), fmt.Sprintf("%s=%d", EnvWorker, idx))
 		if os.Getenv("GOMAXPROCS") == "" {
@@ -341,7 +386,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			return fmt.Errorf("launcher: start worker %d: %w", idx, err)
 		}
 		wr.Close()
-		w := &worker{idx: idx, cmd: cmd, events: r, rank: -1}
+		w := &worker{idx: idx, netns: ns, cmd: cmd, events: r, rank: -1}
 		workers[idx] = w
 		readers.Add(1)
 		readDone := make(chan struct{})
