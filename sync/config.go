@@ -54,7 +54,7 @@ type Config struct {
 	// of loopback TCP; links between hosts stay TCP. Default true.
 	LocalSockets bool
 	// SharedMemory lets ring lanes between ranks on the same host (over
-	// LocalSockets, without TLS) carry their payloads through shared memory
+	// LocalSockets) carry their payloads through shared memory
 	// (a sealed memfd passed over the socket) instead of the socket; headers
 	// and credits stay on the socket. Linux amd64/arm64. Default true.
 	SharedMemory bool
@@ -73,10 +73,14 @@ type Config struct {
 	// several networks, set it (on Kubernetes: the pod IP, from
 	// status.podIP).
 	AdvertiseAddr string
-	// ServerTLS, when set, wraps every accepted connection in TLS; ClientTLS,
-	// when set, wraps every dialed one (its ServerName defaults to the
-	// peer's host). Set both or neither. Default nil (plain TCP; the secret
-	// still authenticates but does not encrypt).
+	// ServerTLS, when set, wraps every accepted TCP connection in TLS;
+	// ClientTLS, when set, wraps every dialed one (its ServerName defaults
+	// to the peer's host: set it to the name in the job's certificate when
+	// peers' addresses change, as pod IPs do). Set both or neither.
+	// Connections over Unix sockets (LocalSockets: ranks on this host) are
+	// not wrapped: they never leave the host, the secret's handshake
+	// authenticates them, and they keep shared memory. Default nil (plain
+	// TCP; the secret still authenticates but does not encrypt).
 	ServerTLS, ClientTLS *tls.Config
 	// Logger receives warnings (refused handshakes) and debug messages.
 	// Default: discard.

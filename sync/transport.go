@@ -325,7 +325,10 @@ func (t *Transport) serveConn(raw net.Conn) {
 	}
 	raw.SetDeadline(time.Now().Add(t.cfg.DialTimeout))
 	var c net.Conn = raw
-	if t.cfg.ServerTLS != nil {
+	// TLS protects links between hosts; a Unix socket never leaves this
+	// host (and keeps shared memory), so it is authenticated by the
+	// handshake alone.
+	if _, local := raw.(*net.UnixConn); t.cfg.ServerTLS != nil && !local {
 		tc := tls.Server(raw, t.cfg.ServerTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
@@ -601,7 +604,7 @@ func retryable(err error) bool {
 }
 
 // dialOnce opens a raw connection to addr: the peer's Unix socket if it is on
-// this host and LocalSockets is on, else TCP; then TLS if configured.
+// this host and LocalSockets is on, else TCP and then TLS if configured.
 func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error) {
 	d := net.Dialer{KeepAliveConfig: keepAlive}
 	var c net.Conn
@@ -615,7 +618,7 @@ func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error)
 			return nil, fmt.Errorf("%w: %v", errRetry, err)
 		}
 	}
-	if t.cfg.ClientTLS == nil {
+	if _, local := c.(*net.UnixConn); t.cfg.ClientTLS == nil || local {
 		return c, nil
 	}
 	cfg := t.cfg.ClientTLS.Clone()
