@@ -34,15 +34,16 @@
 //     MPICH", IJHPCA 2005).
 //   - AllReduce of more than DirectBytes in a round whose ranks share
 //     hosts (several ranks advertise the same host, and there are several
-//     hosts): the hierarchical allreduce (Config.Hierarchy). The ranks of
-//     each host reduce to the host's leader over shared memory, the leaders
-//     allreduce over a ring between hosts, and each leader broadcasts back
-//     within its host (HierarchyLeaders, the default), the buffer cut into
-//     pieces so that the phases of successive pieces overlap; or the ranks
-//     of a host reduce-scatter, one ring between hosts per local rank
-//     allreduces its stripe, and the host allgathers (HierarchyStriped).
-//     Each host link then carries 2(H-1)/H of the buffer each way for H
-//     hosts, where the flat ring over N ranks carries 2(N-1)/N.
+//     hosts): the hierarchical allreduce (Config.Hierarchy). With as many
+//     ranks on every host (HierarchyStriped, the default then), the ranks
+//     of each host reduce-scatter the buffer over shared memory, the q-th
+//     ranks of all hosts allreduce stripe q over a ring of their own, and
+//     each host allgathers; otherwise (HierarchyLeaders) the ranks of each
+//     host reduce to the host's leader, the leaders allreduce over a ring
+//     between hosts, and each leader broadcasts back within its host. The
+//     buffer is cut into pieces so that the phases of successive pieces
+//     overlap. Each host link carries 2(H-1)/H of the buffer each way for
+//     H hosts, where the flat ring over N ranks carries 2(N-1)/N.
 //   - Broadcast: pipelined chain root -> root+1 -> ... (direct for small).
 //   - AllGather: ring allgather (direct for small). Barrier: direct exchange.
 //

@@ -50,15 +50,19 @@ func TestLayoutGroupsRanksByHost(t *testing.T) {
 	}{
 		{"one host", addrs("a", "a", "a"), HierarchyAuto, HierarchyOff, [][]int{{0, 1, 2}}, nil, nil},
 		{"one rank per host", addrs("a", "b", "c"), HierarchyAuto, HierarchyOff, [][]int{{0}, {1}, {2}}, nil, nil},
-		{"2x2 leaders", addrs("a", "a", "b", "b"), HierarchyAuto, HierarchyLeaders, [][]int{{0, 1}, {2, 3}},
+		{"2x2 leaders", addrs("a", "a", "b", "b"), HierarchyLeaders, HierarchyLeaders, [][]int{{0, 1}, {2, 3}},
 			[][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [][]int{{0, 2}, nil, {0, 2}, nil}},
+		{"2x2 auto is striped", addrs("a", "a", "b", "b"), HierarchyAuto, HierarchyStriped, [][]int{{0, 1}, {2, 3}},
+			[][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}},
+		{"uneven auto is leaders", addrs("a", "b", "b"), HierarchyAuto, HierarchyLeaders, [][]int{{0}, {1, 2}},
+			[][]int{{0}, {1, 2}, {1, 2}}, [][]int{{0, 1}, {0, 1}, nil}},
 		{"2x2 interleaved striped", addrs("a", "b", "a", "b"), HierarchyStriped, HierarchyStriped, [][]int{{0, 2}, {1, 3}},
 			[][]int{{0, 2}, {1, 3}, {0, 2}, {1, 3}}, [][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}},
 		{"uneven striped falls back to leaders", addrs("a", "a", "a", "b"), HierarchyStriped, HierarchyLeaders, [][]int{{0, 1, 2}, {3}},
 			[][]int{{0, 1, 2}, {0, 1, 2}, {0, 1, 2}, {3}}, [][]int{{0, 3}, nil, nil, {0, 3}}},
 		{"off", addrs("a", "a", "b", "b"), HierarchyOff, HierarchyOff, [][]int{{0, 1}, {2, 3}}, nil, nil},
 		{"IPv4-mapped and plain IPv6 compare as addresses", []string{"10.0.0.1:1", "[::ffff:10.0.0.1]:2", "[fd00::1]:3", "[FD00::1]:4"},
-			HierarchyAuto, HierarchyLeaders, [][]int{{0, 1}, {2, 3}}, [][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [][]int{{0, 2}, nil, {0, 2}, nil}},
+			HierarchyLeaders, HierarchyLeaders, [][]int{{0, 1}, {2, 3}}, [][]int{{0, 1}, {0, 1}, {2, 3}, {2, 3}}, [][]int{{0, 2}, nil, {0, 2}, nil}},
 		{"names compare without case", []string{"Worker-0.job:1", "worker-0.JOB:2", "worker-1.job:3"}, HierarchyAuto, HierarchyLeaders,
 			[][]int{{0, 1}, {2}}, [][]int{{0, 1}, {0, 1}, {2}}, [][]int{{0, 2}, nil, {0, 2}}},
 	}
@@ -288,13 +292,26 @@ func TestDeterministicSumsAreBitIdenticalAcrossLayouts(t *testing.T) {
 // A hierarchical round forms the rings it needs and reports them; its
 // large allreduces do not allocate.
 func TestHierarchicalRoundsAreFormedAndDoNotAllocate(t *testing.T) {
+	for _, mode := range []Hierarchy{HierarchyLeaders, HierarchyStriped} {
+		t.Run(mode.String(), func(t *testing.T) { testHierarchicalRound(t, mode) })
+	}
+	flat := hostWorld(t, []int{0, 0, 0}, testConfig(t))
+	if flat.rings[0].Hierarchical() {
+		t.Fatal("one host: hierarchical")
+	}
+}
+
+func testHierarchicalRound(t *testing.T, mode Hierarchy) {
 	cfg := testConfig(t)
+	cfg.Hierarchy = mode
 	w := hostWorld(t, []int{0, 0, 1, 1}, cfg)
 	for r, ring := range w.rings {
-		if !ring.Hierarchical() {
-			t.Fatalf("rank %d: not hierarchical", r)
+		if ring.Hierarchy() != mode {
+			t.Fatalf("rank %d: %v", r, ring.Hierarchy())
 		}
-		if ring.groups[groupHost] == nil || (ring.groups[groupCross] != nil) != (r%2 == 0) {
+		// Every rank is in its host's ring; in the ring between hosts only
+		// the leaders (ranks 0 and 2), or with stripes every rank.
+		if ring.groups[groupHost] == nil || (ring.groups[groupCross] != nil) != (r%2 == 0 || mode == HierarchyStriped) {
 			t.Fatalf("rank %d: host ring %v, ring between hosts %v", r, ring.groups[groupHost] != nil, ring.groups[groupCross] != nil)
 		}
 	}
@@ -351,10 +368,6 @@ func TestHierarchicalRoundsAreFormedAndDoNotAllocate(t *testing.T) {
 	}
 	if allocs > 0 {
 		t.Errorf("%v allocations per hierarchical allreduce over the 4 ranks", allocs)
-	}
-	flat := hostWorld(t, []int{0, 0, 0}, cfg)
-	if flat.rings[0].Hierarchical() {
-		t.Fatal("one host: hierarchical")
 	}
 }
 

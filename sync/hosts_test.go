@@ -299,8 +299,8 @@ func TestRanksOnHostsAdvertiseTheirAddressesAndAllReduce(t *testing.T) {
 		mode  Hierarchy
 		want  Hierarchy
 	}{
-		{"2 hosts x 2 ranks", []*netns.Host{a, a, b, b}, HierarchyAuto, HierarchyLeaders},
-		{"2 hosts x 2 ranks striped", []*netns.Host{a, b, a, b}, HierarchyStriped, HierarchyStriped},
+		{"2 hosts x 2 ranks", []*netns.Host{a, a, b, b}, HierarchyAuto, HierarchyStriped},
+		{"2 hosts x 2 ranks leaders, interleaved", []*netns.Host{a, b, a, b}, HierarchyLeaders, HierarchyLeaders},
 		{"2 hosts x 2 ranks flat", []*netns.Host{a, a, b, b}, HierarchyOff, HierarchyOff},
 		{"4 hosts x 1 rank", []*netns.Host{a, b, c, d}, HierarchyAuto, HierarchyOff},
 		{"3 + 1", []*netns.Host{a, a, b, a}, HierarchyAuto, HierarchyLeaders},

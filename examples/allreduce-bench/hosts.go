@@ -92,11 +92,29 @@ func busBound(name string, n, h int, rate float64) float64 {
 	return rate
 }
 
+// runHosts measures every layout of -hosts (comma-separated) in turn.
 func runHosts(o options) error {
-	H, L, err := parseHosts(o.hostsArg)
-	if err != nil {
-		return err
+	var layouts [][2]int
+	for _, l := range strings.Split(o.hostsArg, ",") {
+		H, L, err := parseHosts(strings.TrimSpace(l))
+		if err != nil {
+			return err
+		}
+		layouts = append(layouts, [2]int{H, L})
 	}
+	for i, l := range layouts {
+		if i > 0 && !o.json {
+			fmt.Println()
+		}
+		if err := runLayout(o, l[0], l[1]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// runLayout measures H hosts of L ranks.
+func runLayout(o options, H, L int) error {
 	capBits, err := parseRate(o.capArg)
 	if err != nil {
 		return err
@@ -191,7 +209,7 @@ rounds:
 		fmt.Printf("# %d hosts x %d ranks (np=%d, ranks host-contiguous), links capped at %s each way (tc tbf), %d rounds; median over rounds of each run's median (slowest rank per iteration)\n",
 			H, L, np, o.capArg, o.rounds)
 		fmt.Printf("# bound: busbw <= B for the flat ring and Gloo's ring, B*H(N-1)/(N(H-1)) for the hierarchical allreduce (B = %.3f GB/s, the cap)\n", rate/1e9)
-		fmt.Printf("%-8s %-8s %10s %12s %12s %12s %10s %8s\n", "impl", "runs", "size(B)", "median(ms)", "algbw(GB/s)", "busbw(GB/s)", "bound", "%bound")
+		fmt.Printf("%-8s %-8s %10s %12s %12s %12s %10s %8s %14s\n", "impl", "runs", "size(B)", "median(ms)", "algbw(GB/s)", "busbw(GB/s)", "bound", "%bound", "rounds' range")
 	}
 	for _, size := range o.sizes {
 		for _, im := range impls {
@@ -208,9 +226,12 @@ rounds:
 			if im == "gloo" {
 				runs = "ring"
 			}
-			pct := 0.0
+			pct, lo, hi := 0.0, 0.0, 0.0
 			if bound > 0 && capBits > 0 {
 				pct = 100 * busbw / bound
+				// ms is sorted: the slowest round has the lowest busbw.
+				lo = 100 * float64(size) / ms[len(ms)-1] * 2 * (n - 1) / n / bound
+				hi = 100 * float64(size) / ms[0] * 2 * (n - 1) / n / bound
 			}
 			if o.json {
 				out, _ := json.Marshal(map[string]any{
@@ -221,7 +242,7 @@ rounds:
 				})
 				fmt.Println(string(out))
 			} else {
-				fmt.Printf("%-8s %-8s %10d %12.2f %12.4f %12.4f %10.4f %7.1f%%\n", im, runs, size, med*1e3, algbw/1e9, busbw/1e9, bound/1e9, pct)
+				fmt.Printf("%-8s %-8s %10d %12.2f %12.4f %12.4f %10.4f %7.1f%% %6.1f..%.1f%%\n", im, runs, size, med*1e3, algbw/1e9, busbw/1e9, bound/1e9, pct, lo, hi)
 			}
 		}
 	}

@@ -86,7 +86,7 @@ func main() {
 	flag.StringVar(&o.cpuprof, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
 	flag.StringVar(&o.listen, "listen", "127.0.0.1:0", "address each rank listens on (with -hosts: 0.0.0.0:0, each rank on its host's address)")
 	flag.StringVar(&o.hierarchy, "hierarchy", "auto", "allreduce for ranks sharing hosts (Config.Hierarchy): auto, off (flat ring), leaders, striped")
-	flag.StringVar(&o.hostsArg, "hosts", "", "run between hosts made of network namespaces (root, Linux): HxL = H hosts of L ranks each (np = H*L), e.g. 2x2")
+	flag.StringVar(&o.hostsArg, "hosts", "", "run between hosts made of network namespaces (root, Linux): HxL = H hosts of L ranks each (np = H*L), e.g. 2x2; several comma-separated layouts run one after another")
 	flag.StringVar(&o.capArg, "cap", "1gbit", "with -hosts: cap each host's link to this rate each way (tc tbf; suffixes kbit, mbit, gbit; 0 = none)")
 	flag.StringVar(&o.impls, "impls", "leaders,striped,flat,gloo", "with -hosts: what to measure, in this order each round: leaders, striped, flat (this package with Config.Hierarchy), gloo (PyTorch)")
 	flag.IntVar(&o.rounds, "rounds", 3, "with -hosts: rounds; each measures every -impls entry once, and the table shows the median over rounds")
