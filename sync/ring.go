@@ -143,8 +143,9 @@ func (g *group) left() int  { return g.members[(g.pos-1+len(g.members))%len(g.me
 // optimal all-reduce algorithms for clusters of workstations", JPDC 2009),
 // split over Config.Streams lanes and pipelined in chunks of
 // Config.ChunkBytes, with a direct-exchange latency path for buffers of at
-// most Config.DirectBytes; pipelined chain broadcast; ring allgather;
-// barrier.
+// most Config.DirectBytes, and in rounds whose ranks share hosts the
+// hierarchical allreduce (Config.Hierarchy); pipelined chain broadcast;
+// ring allgather; barrier.
 //
 // Ring implements Synchronizer. Operations are called from one goroutine;
 // Close may be called from any goroutine. After any error the Ring is broken
@@ -945,9 +946,12 @@ func always(int) bool { return true }
 // Config.DirectBytes use the direct exchange (each rank reduces all inputs
 // in rank order 0..n-1); larger ones the pipelined ring, where the element
 // at index i of lane part p, segment s is reduced in ring order starting at
-// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. Small buffers in worlds of
-// more than 8 ranks use recursive doubling (see the package doc). OpAvg
-// divides the sum by the world size. It does not allocate. Errors: see Ring.
+// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. In a hierarchical round
+// (Hierarchical) large buffers follow the rings of the hierarchy instead,
+// in an order fixed by the layout, the length and the Config. Small
+// buffers in worlds of more than 8 ranks use recursive doubling (see the
+// package doc). OpAvg divides the sum by the world size. It does not
+// allocate. Errors: see Ring.
 func (r *Ring) AllReduceFloat32(ctx context.Context, buf []float32, op Op) error {
 	return r.allReduce(ctx, f32Bytes(buf), 4, op)
 }
