@@ -388,12 +388,11 @@ func (n *Net) Close() error {
 		if err := n.ip(ctx, "netns", "del", h.ns); err != nil {
 			keep(err)
 		}
-		// Deleting the namespace deletes eth0 and so its peer; a veth
+		// Deleting the namespace deletes eth0 and so its peer, soon after
+		// (the kernel tears the namespace down in the background); a veth
 		// made before its peer moved is removed here.
-		if _, err := run(ctx, "ip", "link", "show", h.veth); err == nil {
-			if err := n.ip(ctx, "link", "del", h.veth); err != nil {
-				keep(err)
-			}
+		if out, err := run(ctx, "ip", "link", "del", h.veth); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
+			keep(fmt.Errorf("netns: ip link del %s: %v: %s", h.veth, err, out))
 		}
 	}
 	if made {
