@@ -90,7 +90,7 @@ func main() {
 	flag.StringVar(&o.capArg, "cap", "1gbit", "with -hosts: cap each host's link to this rate each way (tc tbf; suffixes kbit, mbit, gbit; 0 = none)")
 	flag.StringVar(&o.impls, "impls", "leaders,striped,flat,gloo", "with -hosts: what to measure, in this order each round: leaders, striped, flat (this package with Config.Hierarchy), gloo (PyTorch)")
 	flag.IntVar(&o.rounds, "rounds", 3, "with -hosts: rounds; each measures every -impls entry once, and the table shows the median over rounds")
-	flag.StringVar(&o.gloo, "gloo", "examples/allreduce-bench/gloo_allreduce.py", "with -hosts: the Gloo rank script")
+	flag.StringVar(&o.gloo, "gloo", "examples/allreduce-bench/gloo_rank.py", "with -hosts: the Gloo rank script")
 	flag.StringVar(&o.python, "python", "/usr/bin/python3", "with -hosts: the Python with torch (Debian's python3-torch)")
 	flag.Parse()
 	sizes, err := parseSizes(o.sizesArg)

@@ -12,7 +12,7 @@ tensor (sum), and prints one JSON line per size on stdout:
 The caller takes each iteration's maximum over ranks (the slowest rank
 counts, as NCCL-tests and allreduce-bench do) and reports the median.
 
-  /usr/bin/python3 gloo_allreduce.py --rank R --world N --master HOST:PORT \
+  /usr/bin/python3 gloo_rank.py --rank R --world N --master HOST:PORT \
       --ifname eth0 --plan 1048576:10:100,67108864:2:10
 
 Rank 0 serves the rendezvous (torch's TCPStore) on --master, which must be
