@@ -133,6 +133,27 @@ func TestHierarchicalAllReduceIsCorrectOnEveryLayout(t *testing.T) {
 	}
 }
 
+// One, two or three streams per ring give the same exact results.
+func TestHierarchicalAllReduceWithOtherStreamCounts(t *testing.T) {
+	defer setPieces(8<<10, 8)()
+	for _, streams := range []int{1, 3} {
+		for _, lay := range []struct {
+			name   string
+			hostOf []int
+		}{{"2x2", []int{0, 0, 1, 1}}, {"1+2+3", []int{0, 1, 1, 2, 2, 2}}} {
+			t.Run(fmt.Sprintf("%s/streams=%d", lay.name, streams), func(t *testing.T) {
+				cfg := smallConfig(t)
+				cfg.Streams = streams
+				w := hostWorld(t, lay.hostOf, cfg)
+				rng := rand.New(rand.NewPCG(uint64(streams), 5))
+				for _, op := range []Op{OpSum, OpAvg} {
+					checkExactInts(t, w, rng, 40001, op)
+				}
+			})
+		}
+	}
+}
+
 func setPieces(bytes, most int) func() {
 	b, m := hierPieceBytes, hierMaxPieces
 	hierPieceBytes, hierMaxPieces = bytes, most
