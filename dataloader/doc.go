@@ -86,7 +86,76 @@
 // acked shards.
 // MemoryQueue serves one process; package dataloader/redisqueue keeps the
 // queue in Redis for many; package dataloader/shardqueuetest checks any
-// implementation.
+// implementation. LeasedLoader (below) is the loader that trains a
+// synchronous elastic job from such a queue.
+//
+// # Leased loader
+//
+// LeasedLoader serves each rank's share of every global batch from the
+// shards it leases, and keeps exactly once (invariant 3) across failures,
+// rescales and restarts of a synchronous job. It is what package trainer
+// calls a StatefulLoader (with StateMerger, CommitListener and
+// LineageSetter); the protocol, in the order the trainer drives it:
+//
+//   - State, at a commit: each rank first leases ahead (LeaseAhead steps of
+//     its share), then returns its part: its leases in progress with the
+//     next position to serve, its consumed leases not yet acked, and the
+//     epoch's consumed shards as a bitmap. MergeStates, a pure function
+//     every rank computes, joins the parts into the state to commit: one
+//     versioned, CRC-32C checksummed record that is strictly checked on
+//     the way in (ErrCorruptState, never a panic).
+//   - Committed: a rank acks its consumed leases only once every rank holds
+//     the commit that covers them. Acking after one's own commit loses
+//     samples: when a peer dies during the commit, a survivor may hold only
+//     the previous commit, the next round goes on from it and rolls the
+//     shards' last steps back, but an acked shard is never served again.
+//   - Restore, at the start of every round, before anyone leases (the
+//     trainer holds a barrier after it): the committed leases in progress
+//     go to the ranks of the new round (lease i to rank i mod size); rank
+//     0 re-acks the committed consumed leases and revokes (Reclaim) every
+//     other lease of the commit's epoch and the next. Those were all taken
+//     after the commit, by anyone, dead or alive, so none of their samples
+//     is in the restored history: they go back to the queue at once and
+//     recovery never waits for a dead worker's lease to expire. Rank 0 then
+//     checks that every ack in the queue is one the state explains
+//     (ErrHistoryDiverged otherwise).
+//   - Generations: the queue's epoch numbers carry a generation derived
+//     from the history's lineage (SetLineage; the trainer's lineage is new
+//     at every fresh start and every restore of a durable checkpoint), so a
+//     fresh start never finds the acks of an abandoned history. A state of
+//     an older lineage (a checkpoint older than the last commit) continues
+//     in a new generation: a shard its bitmap counts as consumed is not
+//     served when leased there (it is acked at the next commit), a shard it
+//     held in progress resumes at its position. Leases found lost at Restore (a recovery that outlasted
+//     the lease TTL) are handled the same way, so their samples are still
+//     served once; a lease lost within a round fails the round
+//     (ErrLeaseLost) and the next Restore sorts it out.
+//   - Epochs: a rank that finds every shard of the epoch acked and holds
+//     none serves an empty batch with Batch.EpochDone; the epoch moves on
+//     when every rank reported it in one StepOutcome, so every rank's
+//     Batch.Epoch changes at the same step. A global batch that trained
+//     nothing asks for a commit (Stepped returns true), so that the last
+//     consumed shards are acked and the epoch can end. When nothing is free
+//     Next waits at most BusyWait, so a pending membership change is still
+//     taken at a step boundary.
+//   - Shares: equal (ShareOf) by default; with LeasedConfig.Balance they
+//     follow each rank's measured speed (Speeds, from the agreed per-rank
+//     samples and compute seconds of every StepOutcome, and
+//     WeightedShares), computed alike on every rank without a message.
+//
+// What it assumes: LeaseTTL well above the longest step plus the time a
+// failed round takes to recover (otherwise rounds fail and repeat), and no
+// process of an older round still calling Restore on the same queue (a
+// zombie's Reclaim is not fenced by the round).
+//
+// examples/recsys -dynamic carries the same protocol in package main
+// (dynamic.go); LeasedLoader replaces it call for call: dyn.startRound is
+// SetLineage, Restore and the trainer's barrier; dyn.next is Next (its
+// shares and observe are Speeds and WeightedShares with Balance);
+// dyn.stepped is Stepped; dyn.prepareCommit is State with LeaseAhead set
+// to the commit interval, the trainer's gather and MergeStates; and
+// dyn.committed is the trainer's barrier and Committed. Its dynState JSON
+// becomes the opaque state the trainer commits.
 //
 // # Concurrency
 //
@@ -94,5 +163,7 @@
 // and Commit belong to one goroutine (the training loop); Cursor and Close
 // may be called from any. Datasets and collate functions are called from
 // the worker goroutines concurrently. MemoryQueue is safe for concurrent
-// use.
+// use. A LeasedLoader's methods must not be called concurrently (the
+// training loop calls them); its MergeStates is pure and safe from any
+// goroutine; WeightedShares is pure.
 package dataloader

@@ -25,8 +25,34 @@ var (
 	ErrCorruptCursor = errors.New("dataloader: corrupt cursor")
 
 	// ErrCursorMismatch reports a Cursor saved for another dataset length,
-	// seed, global batch size or shuffle setting than the Loader's.
+	// seed, global batch size or shuffle setting than the Loader's, or a
+	// LeasedLoader state saved for another dataset length, shard size, seed
+	// or shuffle setting than the LeasedLoader's.
 	ErrCursorMismatch = errors.New("dataloader: cursor does not match loader")
+
+	// ErrCorruptState reports bytes that are not a LeasedLoader state (or
+	// part of one): wrong length, magic, version, kind or checksum, fields
+	// out of range, a shard listed twice, or parts that do not belong
+	// together.
+	ErrCorruptState = errors.New("dataloader: corrupt loader state")
+
+	// ErrHistoryDiverged is returned by LeasedLoader.Restore when the shard
+	// queue holds acks that the restored state cannot explain: another
+	// history (an abandoned run, or a restore from an older checkpoint
+	// without a new lineage) acked shards in the same generation of the
+	// queue. Give the loader the trainer's lineage (SetLineage) or the job a
+	// queue of its own.
+	ErrHistoryDiverged = errors.New("dataloader: shard queue holds acks of another history")
+
+	// ErrOutOfOrder reports a LeasedLoader call out of its contract's order
+	// (Next before Restore, Next twice without Stepped, State with a batch
+	// not yet Stepped, any call after an error before the next Restore).
+	ErrOutOfOrder = errors.New("dataloader: loader call out of order")
+
+	// ErrInvalidStep reports a StepOutcome that does not fit the round (its
+	// slices are not one per rank) or this rank's last batch (another
+	// sample count or EpochDone than it served).
+	ErrInvalidStep = errors.New("dataloader: step outcome does not match the round")
 
 	// ErrClosed is returned by a Loader or Records after Close.
 	ErrClosed = errors.New("dataloader: closed")

@@ -118,3 +118,74 @@ func ExampleMemoryQueue() {
 	// shard 2: samples [1 3]
 	// dataloader: every shard of the epoch is acked: epoch 0
 }
+
+// A LeasedLoader driven by hand in the trainer's order, for one rank: each
+// step serves up to the rank's share of the global batch from the shards
+// it leases; a global batch that trains nothing asks for a commit, whose
+// Committed acks the consumed shards, after which every rank reports the
+// epoch done and the next global batch is of the next epoch.
+func ExampleLeasedLoader() {
+	ctx := context.Background()
+	sc := dataloader.ShardConfig{DatasetLen: 10, ShardSize: 4, LeaseTTL: time.Minute}
+	q, err := dataloader.NewMemoryQueue(sc)
+	if err != nil {
+		panic(err)
+	}
+	cfg := dataloader.DefaultLeasedConfig()
+	cfg.Shards, cfg.GlobalBatch, cfg.Shuffle, cfg.Epochs, cfg.LeaseAhead = sc, 3, false, 1, 0
+	ds := dataloader.FromFunc(10, func(_ context.Context, i int) (int, error) { return i, nil })
+	sum := func(_ context.Context, s []int, _ []int) (int, error) {
+		t := 0
+		for _, x := range s {
+			t += x
+		}
+		return t, nil
+	}
+	l, err := dataloader.NewLeased(q, ds, sum, cfg)
+	if err != nil {
+		panic(err)
+	}
+	l.SetLineage(1)
+	if err := l.Restore(ctx, nil, 0, 1); err != nil { // a fresh start, rank 0 of 1
+		panic(err)
+	}
+	for {
+		b, err := l.Next(ctx)
+		if err != nil {
+			panic(err)
+		}
+		if b.Epoch >= cfg.Epochs {
+			fmt.Println("done")
+			return
+		}
+		fmt.Printf("epoch %d step %d: %v (sum %d) epoch done %v\n", b.Epoch, b.Step, b.Indices, b.Data, b.EpochDone)
+		commit, err := l.Stepped(ctx, dataloader.StepOutcome{
+			Samples: []int{len(b.Indices)}, ComputeSeconds: []float64{0.01}, EpochDone: []bool{b.EpochDone}})
+		if err != nil {
+			panic(err)
+		}
+		if commit {
+			part, err := l.State(ctx)
+			if err != nil {
+				panic(err)
+			}
+			if _, err := l.MergeStates([][]byte{part}); err != nil { // the state the trainer commits
+				panic(err)
+			}
+			if err := l.Committed(ctx); err != nil { // every rank holds the commit
+				panic(err)
+			}
+			fmt.Println("commit")
+		}
+	}
+	// Output:
+	// epoch 0 step 0: [0 1 2] (sum 3) epoch done false
+	// epoch 0 step 1: [3 4 5] (sum 12) epoch done false
+	// epoch 0 step 2: [6 7 8] (sum 21) epoch done false
+	// epoch 0 step 3: [9] (sum 9) epoch done false
+	// epoch 0 step 4: [] (sum 0) epoch done false
+	// commit
+	// epoch 0 step 4: [] (sum 0) epoch done true
+	// commit
+	// done
+}

@@ -36,8 +36,9 @@ type Agent struct {
 	maxRound    uint64 // highest closed round seen
 	world       World
 	hasWorld    bool
-	view        View // last view seen
-	lost        bool // the store answered CodeLost; re-registration pending
+	view        View      // last view seen
+	viewAt      time.Time // when view was taken (its reply arrived)
+	lost        bool      // the store answered CodeLost; re-registration pending
 	err         error
 	outageSince time.Time
 	joining     bool
@@ -94,6 +95,30 @@ func (a *Agent) World() (World, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.world, a.hasWorld
+}
+
+// LastRound returns the highest closed round this Agent has seen (held,
+// or announced by the store), or what SeeRound recorded; 0 before any.
+// Safe for concurrent use.
+func (a *Agent) LastRound() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.maxRound
+}
+
+// SeeRound records that this process already took part in round (under an
+// earlier Agent, e.g. one that was fenced), so every round this Agent joins
+// is numbered above it: Join hands the highest round seen to the store,
+// which numbers the rounds it opens later above that hint. It matters when
+// the store lost the newest rounds (restarted empty, or failed over to a
+// replica that lagged): without it a new Agent could be given a round
+// number its process had already used with another membership. Call it
+// before Join; a round below one already seen does nothing. Safe for
+// concurrent use.
+func (a *Agent) SeeRound(round uint64) {
+	a.mu.Lock()
+	a.maxRound = max(a.maxRound, round)
+	a.mu.Unlock()
 }
 
 // Err returns the Agent's terminal error (ErrFenced, ErrJobFinished,
@@ -192,11 +217,26 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	}
 	a.leaseAt.Store(int64(sent.Sub(a.start)))
 	// Calls run concurrently (Join, the background refresh): keep the newest
-	// view; versions only grow within an incarnation.
-	if v.Incarnation != a.inc || v.Version >= a.view.Version {
-		a.inc = v.Incarnation
-		a.view = v
+	// view; versions only grow within an incarnation, so a reply with a
+	// lower version to a call sent before the held view arrived is an
+	// older answer overtaken by a newer one. A lower version in reply to a
+	// call sent after it means the store itself went back to an older
+	// state of the same incarnation: it lost its latest writes (a failover
+	// to a replica that had not received them). That view is the truth
+	// now; holding on to the lost one would leave this member deaf to
+	// every change until the versions caught up again.
+	now := time.Now()
+	switch {
+	case v.Incarnation != a.inc || v.Version >= a.view.Version:
+	case sent.After(a.viewAt):
+		a.log.Warn("the store went back to an older state of the job (its latest writes were lost, e.g. by a failover to a replica that lagged); following it",
+			"version", v.Version, "held_version", a.view.Version, "round", v.Round, "held_round", a.view.Round)
+	default:
+		a.updatePendingLocked()
+		return
 	}
+	a.inc = v.Incarnation
+	a.view, a.viewAt = v, now
 	a.updatePendingLocked()
 }
 
@@ -463,6 +503,7 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 	// MaxWorkers stay pending only when the round is full), so Pending is 0.
 	a.view = View{Code: CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
 		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
+	a.viewAt = time.Now()
 	a.maxRound = max(a.maxRound, h.Round)
 	a.world, a.hasWorld = w, true
 	a.updatePendingLocked()

@@ -24,7 +24,8 @@ type Config struct {
 	// 0 writes one only at the end and on preemption. Default 0.
 	CheckpointEvery int
 	// ListenAddr is where this worker's collective transport listens
-	// (host:port; port 0 picks a free one). Default "127.0.0.1:0".
+	// (host:port; port 0 picks a free one) when the default Backend is used
+	// (see NewRingBackend; ignored with WithBackend). Default "127.0.0.1:0".
 	ListenAddr string
 	// BucketBytes is the size of the fused gradient buffers (tensor fusion),
 	// in bytes. Default 4 MiB.
@@ -64,7 +65,9 @@ type Config struct {
 	Deterministic bool
 	// Elastic configures the rendezvous (min/max workers, last call, leases).
 	Elastic elastic.Config
-	// Sync configures the collective transport (secret, timeouts, TLS).
+	// Sync configures the collective transport (secret, timeouts, TLS) of
+	// the default Backend (ignored with WithBackend, whose Backend brings
+	// its own).
 	Sync sync.Config
 }
 
@@ -88,7 +91,11 @@ func DefaultConfig() Config {
 }
 
 // Validate reports the first invalid field, wrapping ErrInvalidConfig.
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.validate(true) }
+
+// validate is Validate; ring says whether the default Backend is used, so
+// that ListenAddr and Sync must be valid too.
+func (c Config) validate(ring bool) error {
 	bad := func(format string, a ...any) error {
 		return fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...)
 	}
@@ -101,7 +108,7 @@ func (c Config) Validate() error {
 		return bad("CommitEvery %d < 1", c.CommitEvery)
 	case c.CheckpointEvery < 0:
 		return bad("CheckpointEvery %d < 0", c.CheckpointEvery)
-	case c.ListenAddr == "":
+	case ring && c.ListenAddr == "":
 		return bad("ListenAddr is empty")
 	case c.BucketBytes < 4:
 		return bad("BucketBytes %d < 4", c.BucketBytes)
@@ -122,6 +129,9 @@ func (c Config) Validate() error {
 	e.JobID = c.JobID
 	if err := e.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
+	}
+	if !ring {
+		return nil
 	}
 	s := c.Sync
 	s.JobID = c.JobID

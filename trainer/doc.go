@@ -10,8 +10,9 @@
 // Each worker process runs one Trainer. Run repeats rounds:
 //
 //  1. Join the rendezvous (package elastic) and get a World: round, rank,
-//     world size, peers.
-//  2. Connect the collective transport (package sync) for that round.
+//     world size, peers (each with the addresses it advertised: its
+//     Backend's under EndpointSync, each Partition's under its name).
+//  2. Connect the round's Backend (by default the ring of package sync).
 //  3. Agree on state. The ranks first check with one max-allreduce that they
 //     hold the same model (names, shapes, optimizer; otherwise every rank
 //     returns ErrModelMismatch), then find the newest commit that every
@@ -20,11 +21,72 @@
 //     holds live state (a new job, or a whole-job restart), rank 0 loads the
 //     newest durable checkpoint that passes its checksum, or starts from the
 //     initial values.
-//  4. Reshard the data loader from the committed cursor for the new world size.
+//  4. Restore every Partition to the agreed step, then the data loader
+//     from the committed loader state for the new world size.
 //  5. Train: batch, StepFunc, one small allreduce of control values, the
-//     gradient allreduce (fused buckets), divide by the global batch size,
-//     optimizer step, commit every Config.CommitEvery steps, durable
-//     checkpoint every Config.CheckpointEvery steps (written asynchronously).
+//     gradient allreduce (fused buckets, or the round's GradientReducer),
+//     divide by the global batch size, optimizer step, commit every
+//     Config.CommitEvery steps, durable checkpoint every
+//     Config.CheckpointEvery steps (written asynchronously by rank 0; with
+//     partitions, by every rank together).
+//
+// # Seams
+//
+// What varies between jobs plugs in through small interfaces, each with
+// its contract in its own file (who calls what, in which order, from which
+// goroutine, what an error does to the round); optional capabilities are
+// found by type assertion.
+//
+//   - Backend (backend.go): the communicator of every round. Listen once,
+//     Connect per round, Close at the end; the round's sync.Synchronizer
+//     carries the control values, the state agreement and broadcast and
+//     the gradients. Capabilities of the Synchronizer: sync.AllGatherer
+//     (used to gather per-rank loader states and partition manifests;
+//     broadcasts otherwise) and GradientReducer (a gradient sync of its
+//     own, outside deterministic mode). Default: NewRingBackend from
+//     Config.ListenAddr and Config.Sync; another with WithBackend.
+//   - The data loader (loader.go): New takes a Source that is a Loader
+//     (a cursor the same on every rank: *dataloader.Loader) or a
+//     StatefulLoader (opaque state per rank, committed with the model:
+//     Restore, Next, Stepped, State), optionally a StateMerger (every
+//     rank's state is gathered and merged) and a CommitListener (told once
+//     every rank holds a commit). A global batch in which no rank got a
+//     sample is no step; each rank's Batch.EpochDone reaches every rank in
+//     LoaderStep.
+//   - Partition (partition.go, WithPartition): state split over the ranks
+//     (parameter-server shards), restored, committed, checkpointed and
+//     told about decided round ends in step with the replicated state.
+//     With partitions a durable checkpoint is collective: every rank's
+//     Checkpoint returns a manifest, rank 0 publishes one checkpoint
+//     (snapshot version 3) holding the replicated state and every
+//     manifest, synchronously, and every rank learns whether it did; a
+//     failed publication fails the round, so the next round's
+//     PartitionRound.Published tells the partitions which checkpoint
+//     counts. A whole-job restart hands every rank the manifests of the
+//     checkpoint it restores (PartitionRound.Source "checkpoint").
+//
+// Commits are numbered, and the state agreement picks the newest commit
+// every survivor holds by number (a loader may ask for two commits at one
+// step, around a global batch without samples).
+//
+// # The deterministic core
+//
+// The decisions of the loop (which commit a round restores and from which
+// rank, what a step's control values decide, when to commit and
+// checkpoint, the failure budget, stragglers) are plain functions and
+// small state machines in core.go, with time passed in; Run, round and
+// train are the I/O around them. They are tested from scripts
+// (testdata/core/*.txt: a command, its input, its expected output), in
+// the way etcd raft tests RawNode.
+//
+// # Testing with in-memory ranks
+//
+// Package sync/synctest gives N in-memory ranks behind sync.Synchronizer
+// with fault knobs (Kill, FailAt, Delay, Drop); package trainertest gives
+// an in-memory Backend over them (Network, Backend) and Cluster, which
+// runs N trainers of one job in one test over an in-memory rendezvous
+// store, with Kill making a worker vanish as a SIGKILLed process does. A
+// user tests a step function, a strategy or a partition without TCP.
 //
 // # Agreement at step boundaries
 //

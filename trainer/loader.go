@@ -53,7 +53,9 @@ type Source[B any] interface {
 //  3. Stepped, on every rank, after every step that every rank applied
 //     (and after every empty global batch), with the outcome every rank
 //     agreed on. It returns true to ask for a commit at this step
-//     boundary, besides the Config.CommitEvery schedule.
+//     boundary, besides the Config.CommitEvery schedule. Every rank must
+//     return the same (decide from s and from state the ranks share):
+//     a commit is collective, and ranks that disagree fail the round.
 //  4. State, on every rank, when a commit is due at this step boundary:
 //     this rank's part of the loader state after the last batch Stepped
 //     reported. It may do I/O (leasing ahead the shards that the steps up
@@ -93,16 +95,21 @@ type CommitListener interface {
 }
 
 // LoaderStep is one step, or one empty global batch, as every rank of the
-// round agreed on it. Slices are indexed by rank and valid only during
-// the call.
-type LoaderStep struct {
-	// Step is the global step count after it (unchanged by an empty global batch).
-	Step int64
-	// Samples is how many samples each rank trained in it.
-	Samples []int
-	// ComputeSeconds is each rank's StepFunc time, in seconds.
-	ComputeSeconds []float64
-	// EpochDone is each rank's Batch.EpochDone: it found no sample of the
-	// epoch left to lease.
-	EpochDone []bool
+// round agreed on it: Step, and per rank (indexed by rank, valid only
+// during the call) Samples, ComputeSeconds and EpochDone. It is
+// dataloader.StepOutcome, so that a loader in package dataloader (which
+// must not import trainer) implements Stepped; see there for the fields.
+type LoaderStep = dataloader.StepOutcome
+
+// LineageSetter is the optional capability of a StatefulLoader whose state
+// outside the job (a shard queue's acks) must be kept apart per history.
+// Before every Restore, on every rank, the trainer calls SetLineage with
+// the lineage ID of the state that Restore installs (AuditEntry.Gen): the
+// same for every commit of one history, and a new one, the same on every
+// rank, when the job starts fresh or restores a durable checkpoint (the
+// commits made after that checkpoint are abandoned, and so must be what
+// they did outside the job: a leased loader then continues in a new
+// generation of the queue instead of finding the abandoned acks).
+type LineageSetter interface {
+	SetLineage(lineage uint64)
 }

@@ -12,15 +12,35 @@ import (
 type Option func(*options)
 
 type options struct {
-	ckpt   CheckpointStore
-	audit  Audit
-	hooks  Hooks
-	logger *slog.Logger
-	tp     trace.TracerProvider
-	mp     metric.MeterProvider
-	state  Stateful
-	now    func() time.Time
+	ckpt    CheckpointStore
+	audit   Audit
+	hooks   Hooks
+	logger  *slog.Logger
+	tp      trace.TracerProvider
+	mp      metric.MeterProvider
+	state   Stateful
+	now     func() time.Time
+	backend Backend
+	parts   []Partition
 }
+
+// WithBackend makes every round communicate through b (see Backend)
+// instead of the default ring over TCP built from Config.ListenAddr and
+// Config.Sync, which are then ignored (and not validated). The Trainer
+// owns b from Run on: it calls Listen once and Close when Run returns.
+func WithBackend(b Backend) Option { return func(o *options) { o.backend = b } }
+
+// WithPartition adds state partitioned over the ranks (see Partition) to
+// every commit, restore and checkpoint. It may be given several times,
+// for partitions of distinct names (at most elastic.MaxEndpoints-1 of
+// them; "sync" is the Backend's), in the same order on every worker: the
+// trainer calls them in that order. The Trainer owns p from Run on: it
+// calls Listen once and Close when Run returns.
+//
+// With partitions, a durable checkpoint is a collective of every rank at
+// a step boundary (each rank's Checkpoint, then rank 0's publication of
+// one checkpoint naming every part), not rank 0's asynchronous write.
+func WithPartition(p Partition) Option { return func(o *options) { o.parts = append(o.parts, p) } }
 
 // WithCheckpointStore enables durable checkpoints in s (see
 // Config.CheckpointEvery). Without it the job keeps only in-memory commits.

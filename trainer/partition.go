@@ -79,8 +79,18 @@ type PartitionRound struct {
 	Source string
 	// Manifests holds, for Source "checkpoint", the manifests every rank
 	// returned from Checkpoint when it was written, in the rank order of
-	// the round that wrote it (its world size may differ from this one's).
+	// the round that wrote it (its world size may differ from this one's);
+	// nil when that checkpoint holds none of this partition (it was
+	// written by a job without it, or before it existed).
 	Manifests [][]byte
+	// Published is the step of the newest durable checkpoint published
+	// (rank 0's CheckpointStore.List), -1 when there is none or no
+	// CheckpointStore. The partition keeps what that checkpoint names,
+	// whatever its own last Checkpoint call was: a round that failed
+	// while rank 0 was publishing leaves the store at an older one.
+	// Within a round, a Checkpoint call follows only a published one (a
+	// failed publication fails the round).
+	Published int64
 	// Comm is the round's Synchronizer, for a partition that needs an
 	// agreement of its own; the partition must make the same calls on it,
 	// in the same order, on every rank.

@@ -17,17 +17,38 @@ type snapshot struct {
 	values     [][]float32 // copy of every Param.Value, in model order
 	optName    string
 	opt        []byte // Optimizer.AppendState
-	cursor     []byte // dataloader.Cursor.MarshalBinary after the step
+	cursor     []byte // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
 	recoveries []int64
 	user       []byte // Stateful.AppendState, if the user registered one
+
+	// Version 3 (zero when a version 1 or 2 snapshot is decoded):
+	seq       uint64 // commits taken in the job's history up to this one (agreement key: several commits may share a step)
+	epoch     int64  // the epoch and step within it where the data continues (RoundInfo.Epoch, EpochStep)
+	epochStep int64
+	parts     []partManifests // durable checkpoints of jobs with partitions: every rank's manifest of each partition
 }
 
-// Snapshot encodings: version 2 added the lineage base after gen; version 1
-// (no base) still decodes, with base 0, so older checkpoints load.
+// partManifests is one partition's part of a durable checkpoint: the
+// manifest each rank's Checkpoint returned, in the rank order of the round
+// that wrote it.
+type partManifests struct {
+	name      string
+	manifests [][]byte
+}
+
+// Snapshot encodings: version 3 appends the commit number, the data
+// position and the partitions' manifests after the user state; version 2
+// added the lineage base after gen; versions 1 (no base, so base 0) and 2
+// still decode, so older checkpoints load.
 const (
-	snapshotMagic   = "ETSNAP02"
+	snapshotMagic   = "ETSNAP03"
+	snapshotMagicV2 = "ETSNAP02"
 	snapshotMagicV1 = "ETSNAP01"
 )
+
+// maxPartitionRanks bounds the ranks of one partition's manifests in a
+// decoded snapshot (the world size bound of package sync).
+const maxPartitionRanks = 1 << 16
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -52,7 +73,14 @@ func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt 
 
 // clone returns a deep copy.
 func (s *snapshot) clone() *snapshot {
-	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName}
+	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName, seq: s.seq, epoch: s.epoch, epochStep: s.epochStep}
+	for _, p := range s.parts {
+		m := make([][]byte, len(p.manifests))
+		for i, b := range p.manifests {
+			m[i] = slices.Clone(b)
+		}
+		c.parts = append(c.parts, partManifests{name: p.name, manifests: m})
+	}
 	c.values = make([][]float32, len(s.values))
 	for i, v := range s.values {
 		c.values[i] = slices.Clone(v)
@@ -88,8 +116,10 @@ func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
 }
 
 // encode appends the snapshot's wire and disk form to dst: magic, step,
-// lineage (gen, base), parameters with names and shapes, optimizer, cursor, recoveries, user
-// state, then a CRC-32C of all of it.
+// lineage (gen, base), parameters with names and shapes, optimizer, loader
+// state, recoveries, user state, commit number, data position (epoch,
+// step within it), every partition's manifests (name, then one per rank),
+// then a CRC-32C of all of it.
 func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	start := len(dst)
 	dst = append(dst, snapshotMagic...)
@@ -113,6 +143,17 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(r))
 	}
 	dst = appendBytes(dst, s.user)
+	dst = binary.LittleEndian.AppendUint64(dst, s.seq)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.epoch))
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.epochStep))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
+	for _, p := range s.parts {
+		dst = appendString(dst, p.name)
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p.manifests)))
+		for _, m := range p.manifests {
+			dst = appendBytes(dst, m)
+		}
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
@@ -127,12 +168,12 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
 	}
 	magic := string(body[:len(snapshotMagic)])
-	if magic != snapshotMagic && magic != snapshotMagicV1 {
+	if magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
 		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
 	}
 	r := reader{b: body, off: len(snapshotMagic)}
 	s := &snapshot{step: int64(r.u64()), gen: r.u64()}
-	if magic == snapshotMagic {
+	if magic != snapshotMagicV1 {
 		s.base = int64(r.u64())
 	}
 	n := int(r.u32())
@@ -170,11 +211,38 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		s.recoveries = append(s.recoveries, int64(r.u64()))
 	}
 	s.user = r.bytes()
+	if magic == snapshotMagic {
+		s.seq = r.u64()
+		s.epoch, s.epochStep = int64(r.u64()), int64(r.u64())
+		np := int(r.u32())
+		if r.err == nil && np > (len(body)-r.off)/8 {
+			r.fail("partition count exceeds input")
+		}
+		for range np {
+			if r.err != nil {
+				break
+			}
+			p := partManifests{name: r.string()}
+			nm := int(r.u32())
+			if r.err == nil && (nm > maxPartitionRanks || nm > (len(body)-r.off)/8) {
+				r.fail("manifest count exceeds input")
+			}
+			for range nm {
+				if r.err != nil {
+					break
+				}
+				p.manifests = append(p.manifests, r.bytes())
+			}
+			s.parts = append(s.parts, p)
+		}
+	} else {
+		s.seq = uint64(s.step) // older histories committed at most once per step
+	}
 	if err := r.done(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptState, err)
 	}
-	if s.step < 0 || s.base < 0 || s.base > s.step {
-		return nil, fmt.Errorf("%w: step %d with lineage base %d", ErrCorruptState, s.step, s.base)
+	if s.step < 0 || s.base < 0 || s.base > s.step || s.epoch < 0 || s.epochStep < 0 {
+		return nil, fmt.Errorf("%w: step %d with lineage base %d, data position %d/%d", ErrCorruptState, s.step, s.base, s.epoch, s.epochStep)
 	}
 	return s, nil
 }

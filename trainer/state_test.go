@@ -155,12 +155,21 @@ func TestSnapshotEncodeDecodeRoundTrip(t *testing.T) {
 	require.Equal(t, opt.AppendState(nil), opt2.AppendState(nil))
 }
 
+// encodeV2 returns s (without partitions) in the version 2 encoding: the
+// version 3 one without its tail (commit number, data position, partition
+// count: 28 bytes).
+func encodeV2(s *snapshot, ps []Param) []byte {
+	v3 := s.encode(nil, ps)
+	body := slices.Concat([]byte(snapshotMagicV2), v3[len(snapshotMagic):len(v3)-4-28])
+	return binary.LittleEndian.AppendUint32(body, crc32.Checksum(body, castagnoli))
+}
+
 // Checkpoints written before the lineage base was added (version 1) still
 // load, with base 0.
 func TestSnapshotVersion1StillDecodes(t *testing.T) {
 	ps := testParams()
 	s := testSnapshot(ps, NewSGD(0.1))
-	v2 := s.encode(nil, ps)
+	v2 := encodeV2(s, ps)
 	body := slices.Concat([]byte(snapshotMagicV1), v2[len(snapshotMagic):24], v2[32:len(v2)-4])
 	v1 := binary.LittleEndian.AppendUint32(body, crc32.Checksum(body, castagnoli))
 	got, err := decodeSnapshot(v1, ps)
@@ -170,6 +179,42 @@ func TestSnapshotVersion1StillDecodes(t *testing.T) {
 	require.Zero(t, got.base)
 	require.Equal(t, s.values, got.values)
 	require.Equal(t, s.user, got.user)
+}
+
+// Checkpoints written before commit numbers, data positions and
+// partitions (version 2) still load: their loader state is the cursor,
+// their commit number their step.
+func TestSnapshotVersion2StillDecodes(t *testing.T) {
+	ps := testParams()
+	s := testSnapshot(ps, NewSGD(0.1))
+	got, err := decodeSnapshot(encodeV2(s, ps), ps)
+	require.NoError(t, err)
+	require.Equal(t, s.step, got.step)
+	require.Equal(t, s.base, got.base)
+	require.Equal(t, s.cursor, got.cursor)
+	require.Equal(t, s.user, got.user)
+	require.EqualValues(t, s.step, got.seq)
+	require.Empty(t, got.parts)
+}
+
+// Version 3 carries the commit number, the data position and every
+// partition's manifests, and decodes back to the same bytes.
+func TestSnapshotVersion3RoundTrip(t *testing.T) {
+	ps := testParams()
+	s := testSnapshot(ps, NewSGD(0.1))
+	s.seq, s.epoch, s.epochStep = 99, 2, 17
+	s.parts = []partManifests{{name: "emb", manifests: [][]byte{[]byte("rank 0"), {}, []byte("rank 2")}}, {name: "other", manifests: [][]byte{nil}}}
+	b := s.encode(nil, ps)
+	got, err := decodeSnapshot(b, ps)
+	require.NoError(t, err)
+	require.Equal(t, uint64(99), got.seq)
+	require.Equal(t, int64(2), got.epoch)
+	require.Equal(t, int64(17), got.epochStep)
+	require.Equal(t, [][]byte{[]byte("rank 0"), {}, []byte("rank 2")}, got.manifests("emb"))
+	require.Len(t, got.manifests("other"), 1)
+	require.Nil(t, got.manifests("missing"))
+	require.Equal(t, b, got.encode(nil, ps))
+	require.Equal(t, b, got.clone().encode(nil, ps))
 }
 
 func TestSnapshotDecodeRejectsCorruption(t *testing.T) {

@@ -24,6 +24,14 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		if t.cfg.Deterministic {
 			return 0, 0, fmt.Errorf("%w: Deterministic needs the loader's MicroBatch set", ErrInvalidConfig)
 		}
+		if len(b.Indices) == 0 {
+			// No sample in this rank's share (a leased loader waiting for a
+			// shard may not even collate one): zero gradients, no loss.
+			for _, p := range t.params {
+				clear(p.Grad)
+			}
+			return 0, 0, nil
+		}
 		loss, err = t.stepFn(ctx, b)
 		return loss, 0, err
 	}
@@ -97,7 +105,8 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 
 // reduceGrads sums the gradients over every rank.
 //
-// Default mode: a float32 allreduce of the fused gradient buckets; the sum's
+// Default mode: the round's GradientReducer when its Synchronizer has one,
+// else a float32 allreduce of the fused gradient buckets; the sum's
 // rounding depends on the ring's order, so results may differ in the last
 // bits between world sizes.
 //
@@ -115,6 +124,9 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 // Demmel & Nguyen, "Fast Reproducible Floating-Point Summation", ARITH 2013.)
 func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gmax float64, globalSize int) error {
 	if !t.cfg.Deterministic {
+		if gr, ok := comm.(GradientReducer); ok {
+			return gr.SumGradients(ctx, t.gradList)
+		}
 		return t.grads.AllReduce(ctx, comm, sync.OpSum)
 	}
 	if math.IsInf(gmax, 0) || math.IsNaN(gmax) {

@@ -91,10 +91,34 @@ func (q *Queue) keys(epoch int) []string {
 	return []string{base + "meta", base + "leases", base + "state"}
 }
 
+// memberLua is shared by the scripts that walk an epoch's leases set:
+// shardOf(m, total) is the shard index member m names, or nil when m is
+// not the canonical decimal of an index below total; drop(m) removes a
+// member that names no lease (garbage, or a shard already acked) from the
+// set, and the state fields of a garbage one.
+const memberLua = `
+local function shardOf(m, total)
+  if not string.match(m, '^[0-9]+$') or (#m > 1 and string.sub(m, 1, 1) == '0') then return nil end
+  local i = tonumber(m)
+  if i >= total then return nil end
+  return i
+end
+local function drop(m, total)
+  redis.call('ZREM', KEYS[2], m)
+  if not shardOf(m, total) then
+    redis.call('HDEL', KEYS[3], 't:' .. m, 'w:' .. m, 'a:' .. m, 'k:' .. m)
+  end
+end
+local function isLease(m, total)
+  return shardOf(m, total) ~= nil and redis.call('HEXISTS', KEYS[3], 'k:' .. m) == 0
+end
+`
+
 // leaseScript: ARGV n, size, ttl ms, worker, key ttl ms.
 // Replies: {"ok", shard, token, deadline ms, attempt} | {"busy", earliest
-// deadline} | {"done"} | {"mismatch", n, size}.
-var leaseScript = redis.NewScript(`
+// deadline} | {"done"} | {"mismatch", n, size}. Members of the leases set
+// that name no lease are dropped on the way, never granted.
+var leaseScript = redis.NewScript(memberLua + `
 local n = tonumber(ARGV[1])
 local size = tonumber(ARGV[2])
 local ttl = tonumber(ARGV[3])
@@ -108,24 +132,38 @@ if not m[1] then
   redis.call('HSET', KEYS[1], 'n', n, 'size', size, 'total', total, 'next', 0, 'seq', 0, 'acked', 0)
   nxt = 0
 else
-  if tonumber(m[1]) ~= n or tonumber(m[2]) ~= size or tonumber(m[3]) == nil then
+  nxt = tonumber(m[3])
+  if tonumber(m[1]) ~= n or tonumber(m[2]) ~= size or nxt == nil or nxt < 0 or nxt ~= math.floor(nxt) then
     return {'mismatch', tostring(m[1]), tostring(m[2])}
   end
-  nxt = tonumber(m[3])
 end
 local shard
-local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
-if #expired > 0 then
-  shard = expired[1]
-elseif nxt < total then
-  shard = tostring(nxt)
-  redis.call('HSET', KEYS[1], 'next', nxt + 1)
-else
-  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  if #first == 0 then
-    return {'done'}
+while true do
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now, 'LIMIT', 0, 1)
+  if #expired == 0 then break end
+  if isLease(expired[1], total) then
+    shard = expired[1]
+    break
   end
-  return {'busy', first[2]}
+  drop(expired[1], total)
+end
+if not shard then
+  while nxt < total and redis.call('HEXISTS', KEYS[3], 'k:' .. nxt) == 1 do nxt = nxt + 1 end
+  if nxt < total then
+    shard = tostring(nxt)
+    redis.call('HSET', KEYS[1], 'next', nxt + 1)
+  else
+    while true do
+      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      if #first == 0 then
+        return {'done'}
+      end
+      if isLease(first[1], total) then
+        return {'busy', first[2]}
+      end
+      drop(first[1], total)
+    end
+  end
 end
 local tok = redis.call('HINCRBY', KEYS[1], 'seq', 1)
 local deadline = now + ttl
@@ -168,26 +206,41 @@ local s = redis.call('HMGET', KEYS[3], 'a:' .. shard, 'w:' .. shard)
 return {'ok', deadline, s[1], s[2]}
 `)
 
-// reclaimScript: ARGV key ttl ms, then the leases to keep as "shard:token".
-// Replies the number of leases revoked. A revoked shard stays in the
-// leases set with deadline 0 (free before any expired lease) and without
-// a token, so the old token's Renew and Ack fail; Lease gives it a new one.
-var reclaimScript = redis.NewScript(`
+// reclaimScript: ARGV key ttl ms, n, size, then the leases to keep as
+// "shard:token". Replies {"ok", leases revoked} | {"mismatch", n, size}. A revoked
+// shard stays in the leases set with deadline 0 (free before any expired
+// lease) and without a token, so the old token's Renew and Ack fail;
+// Lease gives it a new one. Members that name no lease (garbage, or a
+// shard already acked) are dropped, not revoked: revoking them would make
+// Lease pick them first.
+var reclaimScript = redis.NewScript(memberLua + `
+local n, size = tonumber(ARGV[2]), tonumber(ARGV[3])
+local m = redis.call('HMGET', KEYS[1], 'n', 'size')
+if m[1] and (tonumber(m[1]) ~= n or tonumber(m[2]) ~= size) then
+  return {'mismatch', tostring(m[1]), tostring(m[2])}
+end
+local total = math.floor((n + size - 1) / size)
 local keep = {}
-for i = 2, #ARGV do keep[ARGV[i]] = true end
-local n = 0
+for i = 4, #ARGV do keep[ARGV[i]] = true end
+local revoked = 0
+local changed = false
 for _, shard in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
-  local tok = redis.call('HGET', KEYS[3], 't:' .. shard)
-  if tok and not keep[shard .. ':' .. tok] then
-    redis.call('ZADD', KEYS[2], 0, shard)
-    redis.call('HDEL', KEYS[3], 't:' .. shard)
-    n = n + 1
+  if not isLease(shard, total) then
+    drop(shard, total)
+    changed = true
+  else
+    local tok = redis.call('HGET', KEYS[3], 't:' .. shard)
+    if tok and not keep[shard .. ':' .. tok] then
+      redis.call('ZADD', KEYS[2], 0, shard)
+      redis.call('HDEL', KEYS[3], 't:' .. shard)
+      revoked = revoked + 1
+    end
   end
 end
-if n > 0 then
+if revoked > 0 or changed then
   for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], tonumber(ARGV[1])) end
 end
-return n
+return {'ok', revoked}
 `)
 
 // progressScript replies {n, size, acked, leased} (n false if the epoch is new).
@@ -274,19 +327,34 @@ func (q *Queue) Ack(ctx context.Context, s dataloader.Shard) error {
 
 // Reclaim implements dataloader.ShardReclaimer. It reads every lease of
 // the epoch in one script (at most the epoch's shard count), so keep an
-// epoch's shards in the thousands, not millions.
+// epoch's shards in the thousands, not millions. Members of the epoch's
+// leases set that name no lease of this layout (written by something
+// else, or by a queue of another shard size) are removed, not counted.
 func (q *Queue) Reclaim(ctx context.Context, epoch int, keep []dataloader.Shard) (int, error) {
-	args := []any{q.cfg.KeyTTL.Milliseconds()}
+	sc := q.cfg.Shards
+	args := []any{q.cfg.KeyTTL.Milliseconds(), sc.DatasetLen, sc.ShardSize}
 	for _, s := range keep {
 		if s.Epoch == epoch {
 			args = append(args, strconv.Itoa(s.Index)+":"+strconv.FormatUint(s.Token, 10))
 		}
 	}
-	n, err := reclaimScript.Run(ctx, q.c, q.keys(epoch), args...).Int()
+	reply, err := reclaimScript.Run(ctx, q.c, q.keys(epoch), args...).Slice()
 	if err != nil {
 		return 0, fmt.Errorf("redisqueue: reclaim epoch %d: %w", epoch, err)
 	}
-	return n, nil
+	r := replyOf(reply)
+	switch r.str(0) {
+	case "ok":
+		n := r.int(1)
+		if r.err != nil || n < 0 {
+			return 0, fmt.Errorf("redisqueue: reclaim epoch %d: malformed reply %v: %v", epoch, reply, r.err)
+		}
+		return int(n), nil
+	case "mismatch":
+		return 0, fmt.Errorf("%w: redisqueue: epoch %d is stored with dataset length %s and shard size %s, this queue has %d and %d",
+			dataloader.ErrShardMismatch, epoch, r.str(1), r.str(2), sc.DatasetLen, sc.ShardSize)
+	}
+	return 0, fmt.Errorf("redisqueue: reclaim epoch %d: unexpected reply %v", epoch, reply)
 }
 
 // Progress implements dataloader.ShardQueue.

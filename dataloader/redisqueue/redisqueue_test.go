@@ -380,3 +380,80 @@ func TestConformanceEmbedded(t *testing.T) {
 		return newQueue(t, c, testredis.JobID(t), sc)
 	})
 }
+
+// TestGarbageLeaseMembersAreDropped: members of an epoch's leases set that
+// name no shard of the layout ("abc", "-1", "01", "1.5", an index past
+// the last shard), with tokens or not, are dropped by Reclaim and Lease,
+// never granted, and never turn into a malformed-lease error (issue #20:
+// Reclaim revoked them like leases, so Lease picked them first and
+// failed, once per lease period).
+func TestGarbageLeaseMembersAreDropped(t *testing.T) {
+	c := testredis.Client(t)
+	ctx := context.Background()
+	job := testredis.JobID(t)
+	sc := dataloader.ShardConfig{DatasetLen: 40, ShardSize: 10, LeaseTTL: time.Minute}
+	q := newQueue(t, c, job, sc)
+	held, err := q.Lease(ctx, 0, "w")
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := "elastictrain:{" + job + "}:shards:0:"
+	garbage := []string{"abc", "-1", "01", "1.5", "4", "99", "", " 2"}
+	for _, g := range garbage {
+		if err := c.ZAdd(ctx, base+"leases", redis.Z{Score: 0, Member: g}).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.HSet(ctx, base+"state", "t:"+g, 7, "w:"+g, "x", "a:"+g, 1).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n, err := q.Reclaim(ctx, 0, []dataloader.Shard{held})
+	if err != nil || n != 0 {
+		t.Fatalf("Reclaim over garbage members: %d revoked, %v; want 0 (the only lease is kept)", n, err)
+	}
+	if p, err := q.Progress(ctx, 0); err != nil || p.Leased != 1 {
+		t.Fatalf("progress after Reclaim: %+v, %v; want the one real lease", p, err)
+	}
+	// Garbage that arrives after a Reclaim is dropped by Lease itself.
+	if err := c.ZAdd(ctx, base+"leases", redis.Z{Score: 0, Member: "late"}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	acked := map[int]bool{}
+	for {
+		s, err := q.Lease(ctx, 0, "w")
+		if errors.Is(err, dataloader.ErrNoShardFree) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("Lease over garbage members: %v", err)
+		}
+		if s.Index < 0 || s.Index >= sc.NumShards() || s.Index == held.Index || acked[s.Index] {
+			t.Fatalf("granted %+v", s)
+		}
+		if err := q.Ack(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		acked[s.Index] = true
+	}
+	if err := q.Ack(ctx, held); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Lease(ctx, 0, "w"); !errors.Is(err, dataloader.ErrEpochDone) {
+		t.Fatalf("after every shard is acked: %v, want ErrEpochDone", err)
+	}
+	members, err := c.ZRange(ctx, base+"leases", 0, -1).Result()
+	if err != nil || len(members) != 0 {
+		t.Fatalf("leases set holds %q (%v) after the epoch is done", members, err)
+	}
+	fields, err := c.HKeys(ctx, base+"state").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range fields {
+		for _, g := range append(garbage, "late") {
+			if len(f) > 2 && f[2:] == g {
+				t.Fatalf("state field %q of garbage member %q left", f, g)
+			}
+		}
+	}
+}

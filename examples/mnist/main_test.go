@@ -36,8 +36,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(launcher.EnvWorker) != "" {
-		// A worker re-executed by the launcher from this test binary.
+	if os.Getenv(launcher.EnvWorker) != "" || os.Getenv(envAsMain) != "" {
+		// A worker re-executed by the launcher from this test binary, or
+		// the command itself run by a test as a process of its own.
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	goleak.VerifyTestMain(m)
@@ -70,7 +71,6 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-lr", "+inf"}, "-lr +Inf: want a finite learning rate"},
 		{[]string{"-model", "foo"}, `-model "foo": want mlp or cnn`},
 		{[]string{"-detect", "1ms"}, "-detect 1ms: want at least 100ms"},
-		{[]string{"-listen", "0.0.0.0"}, `-listen "0.0.0.0": want host:port`},
 		{[]string{"-kill", "x"}, `want -kill RANK@STEP, got "x"`},
 		{[]string{"-kill", "1@0"}, `bad kill step "0": want a step >= 1`},
 		{[]string{"-kill", "-1@5"}, `bad -kill RANK "-1"`},
@@ -97,6 +97,16 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-job", "has space"}, `-job: JobID "has space" has a forbidden character at byte 3`},
 		{[]string{"-job", strings.Repeat("j", elastic.MaxJobIDLen+1)}, "-job: JobID longer than 128 bytes"},
 		{[]string{"extra"}, `unexpected arguments: ["extra"]`},
+		{[]string{"-worker", "-redis", "redis:6379"}, "-worker needs -job"},
+		{[]string{"-worker", "-job", "j"}, "-redis: want host:port"},
+		{[]string{"-worker", "-job", "j", "-redis", "redis:6379", "-kill", "1@5"}, "-worker runs one worker: -kill, -stop, -term, -join and -plot belong to the launcher"},
+		{[]string{"-listen", "10.0.0.1"}, `-listen "10.0.0.1": want host:port`},
+		{[]string{"-grace", "0s"}, "-grace 0s: want a positive duration"},
+		{[]string{"-log-format", "xml"}, `-log-format "xml": want text or json`},
+		{[]string{"-log-level", "loud"}, `-log-level "loud": want debug, info, warn or error`},
+		{[]string{"-redis-master", "m"}, "-redis-master needs -redis"},
+		{[]string{"-redis", "a:1,b:2"}, `-redis "a:1,b:2": several addresses are Redis Sentinels, and need -redis-master`},
+		{[]string{"-redis", "a:1", "-redis-ca", "/no/such/ca.pem"}, "-redis-ca: open /no/such/ca.pem"},
 	}
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -340,9 +350,12 @@ func TestPrometheusEndpointServesTheTrainerMetrics(t *testing.T) {
 
 	// The trainer's documented instruments under the names the OTel
 	// Prometheus exporter gives them (unit suffixes, _total on counters).
-	// Recoveries, recovery duration and stragglers appear only once one
-	// happens, which a one-worker job without faults never has.
+	// The recovery duration appears only once a recovery happens, which a
+	// one-worker job without faults never has; the recoveries and
+	// stragglers counters exist from the start, at 0.
 	for otelName, promName := range map[string]string{
+		trainer.MetricRecoveries:   "elastictrain_recoveries_total",
+		trainer.MetricStragglers:   "elastictrain_stragglers_total",
 		trainer.MetricStepDuration: "elastictrain_step_duration_seconds_count",
 		trainer.MetricSamples:      "elastictrain_samples_total",
 		trainer.MetricWorldSize:    "elastictrain_world_size",

@@ -31,7 +31,7 @@ import (
 const (
 	otlpHelp = "export traces and metrics with OTLP over HTTP to this collector: host:port " +
 		"(plain HTTP, e.g. localhost:4318) or an http:// or https:// URL, to which /v1/traces and /v1/metrics are appended"
-	metricsHelp = "serve Prometheus metrics at http://ADDR/metrics (host:port); " +
+	metricsHelp = "serve Prometheus metrics at http://ADDR/metrics and a liveness probe at http://ADDR/healthz (host:port); " +
 		"worker i (0-based launch order, joiners included) serves on port+i, so one flag covers every worker on this host; port 0: each picks a free port and logs it"
 )
 
@@ -185,6 +185,7 @@ func newTelemetry(ctx context.Context, otlp, metrics string, worker int, job str
 		readers = append(readers, sdkmetric.WithReader(px))
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		mux.HandleFunc("/healthz", healthz)
 		t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		t.addr = ln.Addr().String()
 	}
@@ -225,6 +226,16 @@ func newTelemetry(ctx context.Context, otlp, metrics string, worker int, job str
 		go func() { t.served <- t.srv.Serve(ln) }()
 	}
 	return t, nil
+}
+
+// healthz answers a liveness probe: 200 "ok" while the process serves
+// HTTP. It looks at nothing the training loop holds, so a worker busy
+// writing a long checkpoint, waiting in a rendezvous or restoring state
+// stays alive; a hung or dead peer is the job's business (leases and
+// failure reports), not the kubelet's.
+func healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write([]byte("ok\n"))
 }
 
 // options returns the trainer options that hand it the providers.

@@ -16,12 +16,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -53,14 +52,15 @@ const (
 
 func runWorker(c *config, stderr io.Writer) int {
 	ev := launcher.NewEmitter()
+	logger := newLogger(c, stderr)
 	fail := func(err error) int {
 		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
-		fmt.Fprintf(stderr, "mnist worker %d: %v\n", os.Getpid(), err)
+		logger.Error("worker failed", "err", err)
 		return exitError
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	jobenv.LogRedisTo(logger)
 
 	dir, err := locateData(c.data)
 	if err != nil {
@@ -89,7 +89,10 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	defer loader.Close()
 
-	client := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second})
+	client, err := c.redisOpts.Client()
+	if err != nil {
+		return fail(err)
+	}
 	defer client.Close()
 	store := elastic.NewRedisStore(client)
 
@@ -99,20 +102,29 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
-	tcfg.ListenAddr = c.listen
 	tcfg.Sync.Secret = secret
 	tcfg.Deterministic = c.deterministic
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
 	tcfg.Elastic.HeartbeatInterval = c.detect / 6
 	tcfg.Elastic.LastCall = time.Second
-	var opts []trainer.Option
+	tcfg.Elastic.Logger = logger
+	tcfg.Sync.Logger = logger
+	tcfg.ListenAddr = c.listen
+	tcfg.GracePeriod = c.grace
+	if w, err := launch.WorkerEnv(); err == nil {
+		// The launcher's job ID and secret (those of -job and the
+		// environment), and a grace period that ends before the
+		// launcher's, so a preempted worker exits by itself.
+		w.Configure(&tcfg)
+	}
+	opts := []trainer.Option{trainer.WithLogger(logger)}
 	audit, err := trainer.OpenFileAudit(c.audit)
 	if err != nil {
 		return fail(err)
 	}
 	defer audit.Close()
-	opts = append(opts, trainer.WithAudit(audit), trainer.WithLogger(logger))
+	opts = append(opts, trainer.WithAudit(audit))
 	tel, err := newTelemetry(ctx, c.otlp, c.metrics, workerIndex(), c.job)
 	if err != nil {
 		return fail(err)
@@ -121,11 +133,17 @@ func runWorker(c *config, stderr io.Writer) int {
 		sctx, cancel := context.WithTimeout(context.Background(), telemetryShutdownTimeout)
 		defer cancel()
 		if err := tel.shutdown(sctx); err != nil {
-			fmt.Fprintf(stderr, "mnist worker %d: telemetry: %v\n", os.Getpid(), err)
+			logger.Warn("telemetry shutdown", "err", err)
 		}
 	}()
 	if tel.addr != "" {
-		fmt.Fprintf(stderr, "mnist worker %d: Prometheus metrics of worker %d at http://%s/metrics\n", os.Getpid(), workerIndex(), tel.addr)
+		// Said at Warn under the launcher, whose workers log warnings
+		// only, so the address (port+i, or a free port) is always shown.
+		level := slog.LevelInfo
+		if !c.worker {
+			level = slog.LevelWarn
+		}
+		logger.Log(ctx, level, "serving Prometheus metrics and a liveness probe", "metrics_url", "http://"+tel.addr+"/metrics", "healthz_url", "http://"+tel.addr+"/healthz")
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
@@ -178,13 +196,16 @@ func runWorker(c *config, stderr io.Writer) int {
 	switch {
 	case errors.Is(err, trainer.ErrPreempted):
 		if lostCheckpoint {
-			fmt.Fprintf(stderr, "mnist worker %d: %v\n", os.Getpid(), err)
+			logger.Error("left without its checkpoint", "err", err)
+		} else {
+			logger.Info("left gracefully after committing", "step", res.Step)
 		}
 		return exitPreempted
 	case lostCheckpoint && res.Finished:
 		// The job is done; say that its final checkpoint is missing, and
 		// still report the result.
 		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		logger.Error("the job finished without its final checkpoint", "err", err)
 	case err != nil:
 		return fail(err)
 	}
@@ -192,6 +213,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		// The job was over before this worker joined: an earlier run of
 		// this job ID finished it. The launcher says so when nobody trained.
 		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+		logger.Info("the job had finished before this worker joined")
 		return exitOK
 	}
 	if !res.Finished || rank != 0 || res.Step == 0 {
@@ -207,8 +229,11 @@ func runWorker(c *config, stderr io.Writer) int {
 	if err != nil {
 		return fail(err)
 	}
+	sha := paramsSHA256(model.Params())
 	ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": paramsSHA256(model.Params())}})
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha}})
+	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
+		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return exitOK
 }
 

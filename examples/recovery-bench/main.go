@@ -107,7 +107,7 @@ func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 			"-kill-at", fmt.Sprint(c.killAt), "-workers", fmt.Sprint(c.workers)}
 		sum, err := launcher.Run(ctx, launcher.Spec{
 			Workers: c.workers, Args: args, Quiet: true, Log: io.Discard,
-			Env:    jobenv.SecretEnv(),
+			Store: c.redis, JobID: job,
 			Faults: []launcher.Fault{{Kind: launcher.Kill, Rank: 1, Step: c.killAt}},
 		})
 		if err != nil {

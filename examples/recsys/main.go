@@ -234,7 +234,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: stderr, Quiet: c.quiet,
-		Env: jobenv.SecretEnv(),
+		Store: store.Addr, JobID: c.job,
 	})
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)

@@ -23,7 +23,10 @@
 // collective port sits behind a Proxy (the worker advertises the proxy's
 // address through sync.Config.AdvertiseAddr, with Unix sockets and shared
 // memory off so every byte between ranks crosses it). Config.Redis (a
-// *testredis.Server) lets the harness stop and restart Redis.
+// *testredis.Server) lets the harness stop and restart Redis. With
+// Config.RedisSentinels and RedisMaster the workers reach Redis through
+// go-redis' failover client (a testredis.SentinelSet's Sentinels), so a
+// test can kill the master and watch the job follow the failover.
 //
 // # Faults
 //

@@ -46,6 +46,15 @@ type Config struct {
 	// RedisCAFile, when set, makes the workers talk TLS to Redis, trusting
 	// the PEM certificates in this file. Default "" (plain TCP).
 	RedisCAFile string
+	// RedisSentinels, when set, are the addresses of Redis Sentinels that
+	// monitor RedisMaster: the workers then reach Redis through go-redis'
+	// failover client (redis.NewFailoverClient), which asks the Sentinels
+	// for the current master and follows a failover; RedisAddr is then
+	// only a label. Default nil (a plain client of RedisAddr).
+	RedisSentinels []string
+	// RedisMaster is the master name the Sentinels monitor (required with
+	// RedisSentinels).
+	RedisMaster string
 	// Redis, when set, lets the harness stop and restart Redis; its Addr
 	// should equal RedisAddr. Default nil (no Redis faults).
 	Redis RedisServer
@@ -124,6 +133,10 @@ func (c Config) Validate() error {
 		return bad("Secret is %d bytes, want at least 16", len(c.Secret))
 	case c.RedisAddr == "":
 		return bad("RedisAddr is empty")
+	case len(c.RedisSentinels) > 0 && c.RedisMaster == "":
+		return bad("RedisSentinels without RedisMaster")
+	case len(c.RedisSentinels) > 0 && c.ProxyRedis:
+		return bad("ProxyRedis with RedisSentinels: a proxy has one upstream, a failover client many")
 	case c.Workers < 0 || c.MinWorkers < 1 || c.MaxWorkers < c.MinWorkers:
 		return bad("Workers %d, MinWorkers %d, MaxWorkers %d", c.Workers, c.MinWorkers, c.MaxWorkers)
 	case c.Epochs < 1 || c.Samples < 1 || c.Dim < 1 || c.GlobalBatch < 1 || c.GlobalBatch > c.Samples:
@@ -312,6 +325,7 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 	}
 	wc := WorkerConfig{
 		JobID: jobID, Index: w.Index, RedisAddr: redisAddr, RedisUser: h.cfg.RedisUser, RedisCAFile: h.cfg.RedisCAFile,
+		RedisSentinels: h.cfg.RedisSentinels, RedisMaster: h.cfg.RedisMaster,
 		ListenAddr: listen, AdvertiseAddr: w.Addr, AuditPath: audit, CheckpointDir: h.ckpt,
 		CheckpointEvery: h.cfg.CheckpointEvery, Samples: h.cfg.Samples, Dim: h.cfg.Dim,
 		GlobalBatch: h.cfg.GlobalBatch, Seed: h.cfg.Seed, Epochs: h.cfg.Epochs, StepDelay: h.cfg.StepDelay,

@@ -53,6 +53,11 @@ type WorkerConfig struct {
 	// RedisCAFile, when set, makes the worker talk TLS to Redis, trusting
 	// the PEM certificates in this file.
 	RedisCAFile string `json:"redis_ca_file,omitempty"`
+	// RedisSentinels and RedisMaster, when set, make the worker use
+	// go-redis' failover client: the Sentinels name the current master of
+	// RedisMaster, and the client follows a failover.
+	RedisSentinels []string `json:"redis_sentinels,omitempty"`
+	RedisMaster    string   `json:"redis_master,omitempty"`
 	// ListenAddr is where the worker's collective transport listens.
 	ListenAddr string `json:"listen_addr"`
 	// AdvertiseAddr, when set, is the address peers dial (a proxy in front
@@ -205,7 +210,17 @@ func WorkerMain() int {
 		host, _, _ := net.SplitHostPort(wc.RedisAddr)
 		ropts.TLSConfig = &tls.Config{RootCAs: pool, ServerName: host, MinVersion: tls.VersionTLS12}
 	}
-	client := redis.NewClient(ropts)
+	var client redis.UniversalClient
+	if len(wc.RedisSentinels) > 0 {
+		client = redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: wc.RedisMaster, SentinelAddrs: wc.RedisSentinels,
+			Username: ropts.Username, Password: ropts.Password, TLSConfig: ropts.TLSConfig,
+			DialTimeout: ropts.DialTimeout, ReadTimeout: ropts.ReadTimeout, WriteTimeout: ropts.WriteTimeout,
+			MaxRetries: ropts.MaxRetries,
+		})
+	} else {
+		client = redis.NewClient(ropts)
+	}
 	defer client.Close()
 
 	cfg := trainer.DefaultConfig()

@@ -24,6 +24,14 @@
 // Cluster.TagOn picks hash tags (job IDs) served by a given node. Without
 // the binaries the test is skipped, except with CI=true, where it fails.
 //
+// # Sentinel
+//
+// StartSentinel launches a private master, a replica and three
+// redis-sentinel processes (quorum 2, down-after-milliseconds 500) for a
+// failover test; SentinelConfig.ReplicaLink can put a proxy on the
+// replication link so a test can make the replica lag. Without the binaries
+// the test is skipped, except with CI=true, where it fails.
+//
 // All functions are safe for concurrent use by parallel tests.
 package testredis
 

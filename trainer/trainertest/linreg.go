@@ -1,7 +1,29 @@
-// Package trainertest provides a small deterministic model for tests of
-// elastic training: linear regression on generated data with a known
-// optimum. Its forward and backward passes are plain loops in a fixed
-// order, so a fixed batch always gives the same bits.
+// Package trainertest helps test code built on package trainer without
+// TCP or processes.
+//
+//   - A small deterministic model: linear regression on generated data
+//     with a known optimum (NewProblem, NewModel). Its forward and
+//     backward passes are plain loops in a fixed order, so a fixed batch
+//     always gives the same bits.
+//   - An in-memory trainer.Backend (Network, Backend): rounds of
+//     sync/synctest ranks, with the faults of that package
+//     (NetworkConfig.OnGroup) and Backend.Kill.
+//   - Cluster: N trainers of one job in one test over an in-memory
+//     rendezvous store, each with its own Backend; Kill makes a worker
+//     vanish as a SIGKILLed process does.
+//
+// # Use
+//
+//	c := trainertest.NewCluster(t, trainertest.ClusterConfig{})
+//	cfg := trainertest.Config("my-job")
+//	for range 3 {
+//		c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
+//			m := trainertest.NewModel(prob.Dim)
+//			loader, _ := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+//			return trainer.New(m.Params(), trainer.NewSGD(0.3), loader, m.Step, w.Store, cfg, w.Options()...)
+//		})
+//	}
+//	c.Wait()
 package trainertest
 
 import (

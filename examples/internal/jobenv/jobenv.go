@@ -1,7 +1,8 @@
 // Package jobenv holds the launcher-side setup that the elastic example
 // programs (mnist, recsys, recovery-bench) share: the store the workers
-// rendezvous through, the job ID, and the job secret handed to the workers
-// through their environment.
+// rendezvous through, the job ID, the job secret the workers find in their
+// environment (package launch puts it there), and the exit status of a
+// program that is both a launcher and its workers.
 package jobenv
 
 import (
@@ -25,12 +26,14 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // EnvSecret names the environment variable that carries the job secret
-// (hex) from the launcher to its workers; the secret authenticates the
-// workers' collective connections and so never goes on a command line.
-const EnvSecret = "ELASTICTRAIN_SECRET"
+// (hex) from the launcher to its workers (launch.EnvSecret, set by
+// launch.Start); the secret authenticates the workers' collective
+// connections and so never goes on a command line.
+const EnvSecret = launch.EnvSecret
 
 // NewJobID returns prefix + "-" + 12 random hex digits, a job ID no other
 // run shares.
@@ -66,17 +69,10 @@ func LaunchError(job string, err error) error {
 	return err
 }
 
-// SecretEnv returns the environment entries that give the workers a fresh
-// random 32-byte job secret under EnvSecret; pass them as launcher.Spec.Env.
-func SecretEnv() []string {
-	secret := make([]byte, 32)
-	rand.Read(secret)
-	return []string{EnvSecret + "=" + hex.EncodeToString(secret)}
-}
-
 // Secret returns the job secret a worker got from its launcher through
 // EnvSecret; it is an error when the variable is missing, not hex, or
-// shorter than 16 bytes.
+// shorter than 16 bytes. (A worker the launcher started may also take it,
+// with the rest of the job, from launch.WorkerEnv.)
 func Secret() ([]byte, error) {
 	secret, err := hex.DecodeString(os.Getenv(EnvSecret))
 	if err != nil || len(secret) < 16 {
@@ -213,8 +209,11 @@ func ParseFlags(fs *flag.FlagSet, args []string) error {
 // exits 2 after printing "name: error" to stderr. In a worker (the
 // launcher's EnvWorker variable set) it returns worker's exit code;
 // otherwise it runs launch with a context cancelled by SIGINT or SIGTERM
-// and returns 0, or 1 after printing "name: error" to stderr.
-func Run(name string, stderr io.Writer, parseErr error, worker func() int, launch func(context.Context) error) int {
+// (which the launcher forwards to every worker as a SIGTERM) and returns
+// 0; launch.StatusPreempted (143) after printing "name: job preempted"
+// when the error wraps launch.ErrPreempted (every worker left gracefully
+// on the signal); or 1 after printing "name: error" to stderr.
+func Run(name string, stderr io.Writer, parseErr error, worker func() int, launchJob func(context.Context) error) int {
 	switch {
 	case errors.Is(parseErr, flag.ErrHelp):
 		return 0
@@ -229,9 +228,14 @@ func Run(name string, stderr io.Writer, parseErr error, worker func() int, launc
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := launch(ctx); err != nil {
-		fmt.Fprintf(stderr, "%s: %v\n", name, err)
-		return 1
+	err := launchJob(ctx)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, launch.ErrPreempted):
+		fmt.Fprintf(stderr, "%s: job preempted: %v\n", name, err)
+		return launch.StatusPreempted
 	}
-	return 0
+	fmt.Fprintf(stderr, "%s: %v\n", name, err)
+	return 1
 }

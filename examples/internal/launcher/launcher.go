@@ -1,8 +1,10 @@
-// Package launcher runs the worker processes of a local elastic job for the
-// examples: it re-executes the example's own binary as N workers, injects
-// faults (kill, stop, term, join) when the job reaches given steps, reads
-// the workers' events, prints progress and membership changes, and leaves no
-// child process behind.
+// Package launcher is the examples' presentation of a local elastic job over
+// the public launcher (package launch): it re-executes the example's own
+// binary as N workers through launch.Start, reads the workers' events from a
+// pipe each, injects faults (kill, stop, term, join) when the job reaches
+// given steps, and prints progress and membership changes. Starting,
+// signalling, stopping (a SIGTERM or Ctrl-C to the example is forwarded to
+// every worker with a grace period) and reaping the workers is launch's.
 package launcher
 
 import (
@@ -15,13 +17,13 @@ import (
 	"math"
 	"os"
 	"os/exec"
-	"runtime"
 	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // EnvEventsFD names the environment variable that tells a worker which file
@@ -30,16 +32,6 @@ const EnvEventsFD = "ELASTICTRAIN_EVENTS_FD"
 
 // EnvWorker is set to the worker's launch index in every worker's environment.
 const EnvWorker = "ELASTICTRAIN_WORKER"
-
-// EnvNetns, in the launcher's environment, places the workers on hosts
-// made of Linux network namespaces (tests of jobs spanning hosts, see
-// internal/netns): a comma-separated list of namespace names; worker i < len
-// starts in the i-th (through `ip netns exec`), and every later worker (a
-// join) in the listed namespace with the fewest live workers, the first
-// such in list order. Unset or empty: workers run in the launcher's own
-// namespace. The workers must then listen on their host's address (the
-// examples' -listen 0.0.0.0:0).
-const EnvNetns = "ELASTICTRAIN_LAUNCHER_NETNS"
 
 // Event is one line a worker sends to the launcher, as JSON. Loss and
 // RecoverySeconds may be NaN or ±Inf (a diverged run): they travel as the
@@ -188,6 +180,16 @@ type Spec struct {
 	Args []string
 	// Env is added to the workers' environment.
 	Env []string
+	// Store is the host:port of the store the workers rendezvous through,
+	// given to launch.Config.Redis; "" lets launch start an embedded one
+	// (the workers then find it through launch.WorkerEnv).
+	Store string
+	// JobID is the job's ID, given to launch.Config.JobID ("" draws one).
+	JobID string
+	// GracePeriod is how long the workers may take to leave after the
+	// launcher forwarded a SIGTERM (ctx done) before they are SIGKILLed;
+	// 0 means launch's default, 30 s.
+	GracePeriod time.Duration
 	// Faults to inject, by job step.
 	Faults []Fault
 	// Log receives progress lines and the workers' own stdout and stderr;
@@ -203,11 +205,13 @@ type Spec struct {
 	// it before starting anything (the examples pass their -max). 0 means
 	// DefaultMaxWorkers.
 	MaxWorkers int
+	// Wrap, when set, is launch.Spec.Wrap: worker i's command prefix.
+	Wrap func(worker int) []string
 }
 
 // DefaultMaxWorkers is Spec.MaxWorkers when it is 0: elastic.Config's
 // default MaxWorkers, the largest world size a job accepts by default.
-const DefaultMaxWorkers = 1024
+const DefaultMaxWorkers = launch.DefaultMaxWorkers
 
 // Summary is what the launcher saw of the job.
 type Summary struct {
@@ -221,6 +225,9 @@ type Summary struct {
 	Recoveries []float64
 	// Exits maps worker index to exit code (-1 when killed by a signal).
 	Exits map[int]int
+	// JobID and Store are the job's ID and the store's host:port, as the
+	// workers got them.
+	JobID, Store string
 	// Wall is the launcher's wall time.
 	Wall time.Duration
 	// MaxStep is the highest global step seen.
@@ -253,9 +260,7 @@ type RoundSeen struct {
 
 type worker struct {
 	idx     int
-	netns   string
-	cmd     *exec.Cmd
-	events  *os.File
+	pid     int
 	rank    int
 	round   uint64
 	exited  bool
@@ -268,9 +273,11 @@ type exit struct {
 	err  error
 }
 
-// Run launches the job and returns when every worker has exited, ctx is
-// done, or the job cannot go on. It kills every child before returning,
-// including stopped ones.
+// Run launches the job and returns when every worker has exited. When ctx
+// is done the workers get a SIGTERM (launch forwards it with
+// Spec.GracePeriod), and Run returns once they left, with an error
+// wrapping launch.ErrPreempted when all of them left gracefully (and
+// ctx.Err()). No child is left behind, stopped ones included.
 func Run(ctx context.Context, spec Spec) (Summary, error) {
 	start := time.Now()
 	sum := Summary{Exits: map[int]int{}}
@@ -281,8 +288,8 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	case *os.File:
 		logw = l // the workers write to it directly, and the kernel orders the writes
 	default:
-		// The workers' output is copied into it by one goroutine per
-		// stream, and the launcher writes its own lines too.
+		// The workers' output is copied into it by launch, and the
+		// launcher writes its own lines too.
 		logw = &lockedWriter{w: l}
 	}
 	limit := spec.MaxWorkers
@@ -296,133 +303,130 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	if err != nil {
 		return sum, fmt.Errorf("launcher: %w", err)
 	}
-	events := make(chan Event, 1024)
-	exits := make(chan exit, 64)
-	var readers sync.WaitGroup
-	workers := map[int]*worker{}
-	defer func() {
-		for _, w := range workers {
-			if !w.exited {
-				w.cmd.Process.Kill() // SIGKILL also ends a stopped process
-			}
-		}
-		left := 0
-		for _, w := range workers {
-			if !w.exited {
-				left++
-			}
-		}
-		// Discard late events so no reader blocks while the exits drain.
-		for left > 0 {
-			select {
-			case ex := <-exits:
-				workers[ex.idx].exited = true
-				left--
-			case <-events:
-			}
-		}
-		readers.Wait()
-	}()
 
-	var spaces []string
-	for _, ns := range strings.Split(os.Getenv(EnvNetns), ",") {
-		if ns = strings.TrimSpace(ns); ns != "" {
-			spaces = append(spaces, ns)
-		}
+	// Every worker sends its events through a pipe of its own (fd 3). The
+	// hooks run on launch's goroutine and never block: a reader goroutine
+	// per worker queues its events, and an exit is queued only after every
+	// event its worker wrote.
+	wrap := spec.Wrap
+	place := newPlacement(os.Getenv(EnvNetns), logw)
+	if wrap == nil && place != nil {
+		wrap = place.wrap
+	} else {
+		place = nil
 	}
-	// placeWorker is the namespace of worker idx ("" for this one).
-	placeWorker := func(idx int) string {
-		if len(spaces) == 0 {
-			return ""
-		}
-		if idx < len(spaces) {
-			return spaces[idx]
-		}
-		live := map[string]int{}
-		for _, w := range workers {
-			if !w.exited {
-				live[w.netns]++
+	events := make(chan Event, 1024)
+	exits := make(chan exit, limit+1)
+	var readers sync.WaitGroup
+	var hookMu sync.Mutex // the pipes of the workers being started
+	pipes := map[int][2]*os.File{}
+	readDone := map[int]chan struct{}{}
+	hooks := launch.Hooks{
+		Prepare: func(p launch.Process, cmd *exec.Cmd) error {
+			r, w, err := os.Pipe()
+			if err != nil {
+				return err
 			}
-		}
-		best := spaces[0]
-		for _, ns := range spaces {
-			if live[ns] < live[best] {
-				best = ns
-			}
-		}
-		return best
-	}
-	next := 0
-	startWorker := func() error {
-		if next >= limit { // checkCount makes this unreachable; a bound never to pass
-			return fmt.Errorf("launcher: not starting worker %d: %d started, the most this job may have", next, limit)
-		}
-		idx := next
-		next++
-		r, wr, err := os.Pipe()
-		if err != nil {
-			return err
-		}
-		ns := placeWorker(idx)
-		cmd := exec.Command(self, spec.Args...)
-		if ns != "" {
-			cmd = exec.Command("ip", append([]string{"netns", "exec", ns, self}, spec.Args...)...)
-			fmt.Fprintf(logw, "[launcher] worker %d runs in network namespace %s\n", idx, ns)
-		}
-		cmd.Env = append(append(os.Environ(), spec.Env...),
-			fmt.Sprintf("%s=3", EnvEventsFD), fmt.Sprintf("%s=%d", EnvWorker, idx))
-		if os.Getenv("GOMAXPROCS") == "" {
-			// Several ranks share this host's cores: one Go scheduler
-			// thread set per rank's share avoids oversubscription (the
-			// usual setting, like torchrun's OMP_NUM_THREADS=1).
-			cmd.Env = append(cmd.Env, fmt.Sprintf("GOMAXPROCS=%d", max(1, runtime.NumCPU()/max(1, spec.Workers))))
-		}
-		cmd.Stdout, cmd.Stderr = logw, logw
-		cmd.ExtraFiles = []*os.File{wr}
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			r.Close()
-			wr.Close()
-			return fmt.Errorf("launcher: start worker %d: %w", idx, err)
-		}
-		wr.Close()
-		w := &worker{idx: idx, netns: ns, cmd: cmd, events: r, rank: -1}
-		workers[idx] = w
-		readers.Add(1)
-		readDone := make(chan struct{})
-		go func() {
-			defer readers.Done()
-			defer close(readDone)
-			defer r.Close()
-			sc := bufio.NewScanner(r)
-			sc.Buffer(make([]byte, 64<<10), 16<<20)
-			for sc.Scan() {
-				var ev Event
-				if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-					ev = Event{Ev: "error", Message: fmt.Sprintf("undecodable event %.200q: %v", sc.Bytes(), err)}
+			cmd.ExtraFiles = []*os.File{w}
+			cmd.Env = append(cmd.Env, fmt.Sprintf("%s=3", EnvEventsFD))
+			hookMu.Lock()
+			pipes[p.Worker] = [2]*os.File{r, w}
+			hookMu.Unlock()
+			return nil
+		},
+		OnStart: func(p launch.Process) {
+			hookMu.Lock()
+			rw := pipes[p.Worker]
+			delete(pipes, p.Worker)
+			done := make(chan struct{})
+			readDone[p.Worker] = done
+			hookMu.Unlock()
+			rw[1].Close() // the worker holds the write end now
+			readers.Add(1)
+			go func(idx int, r *os.File) {
+				defer readers.Done()
+				defer close(done)
+				defer r.Close()
+				sc := bufio.NewScanner(r)
+				sc.Buffer(make([]byte, 64<<10), 16<<20)
+				for sc.Scan() {
+					var ev Event
+					if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
+						ev = Event{Ev: "error", Message: fmt.Sprintf("undecodable event %.200q: %v", sc.Bytes(), err)}
+					}
+					ev.Worker = idx
+					events <- ev
 				}
-				ev.Worker = idx
-				events <- ev
+				if err := sc.Err(); err != nil {
+					events <- Event{Ev: "error", Worker: idx, Message: fmt.Sprintf("reading events: %v (later events are lost)", err)}
+					io.Copy(io.Discard, r) // so the worker never blocks on a full pipe
+				}
+			}(p.Worker, rw[0])
+		},
+		OnExit: func(x launch.Exit) {
+			if place != nil {
+				place.exited(x.Worker)
 			}
-			if err := sc.Err(); err != nil {
-				events <- Event{Ev: "error", Worker: idx, Message: fmt.Sprintf("reading events: %v (later events are lost)", err)}
-				io.Copy(io.Discard, r) // so the worker never blocks on a full pipe
-			}
-		}()
+			hookMu.Lock()
+			done := readDone[x.Worker]
+			hookMu.Unlock()
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				<-done // every event the worker wrote is queued before its exit is
+				exits <- exit{idx: x.Worker, code: x.Code, err: x.Err}
+			}()
+		},
+	}
+	cfg := launch.DefaultConfig()
+	cfg.Workers, cfg.MaxWorkers, cfg.MaxRestarts = spec.Workers, limit, 0 // a fault's victim stays down
+	cfg.Redis, cfg.JobID = spec.Store, spec.JobID
+	if spec.GracePeriod > 0 {
+		cfg.GracePeriod = spec.GracePeriod
+	}
+	job, err := launch.Start(ctx, launch.Spec{Command: append([]string{self}, spec.Args...), Env: spec.Env,
+		Stdout: logw, Stderr: logw, Wrap: wrap}, cfg, launch.WithHooks(hooks))
+	if err != nil {
+		// launch reaped whatever it started; let the readers of their
+		// pipes finish.
 		go func() {
-			err := cmd.Wait()
-			code := cmd.ProcessState.ExitCode()
-			// Every event the worker wrote is queued before its exit is.
-			<-readDone
-			exits <- exit{idx: idx, code: code, err: err}
+			for range events {
+			}
 		}()
-		return nil
-	}
-	for range spec.Workers {
-		if err := startWorker(); err != nil {
-			return sum, err
+		readers.Wait()
+		close(events)
+		hookMu.Lock()
+		for _, rw := range pipes {
+			rw[0].Close()
+			rw[1].Close()
 		}
+		hookMu.Unlock()
+		return sum, fmt.Errorf("launcher: %w", err)
 	}
+	sum.JobID, sum.Store = job.JobID(), job.Store()
+	workers := map[int]*worker{}
+	for i := range spec.Workers {
+		workers[i] = &worker{idx: i, rank: -1}
+	}
+	defer func() {
+		// Every path out has seen every worker exit, but a panic; end
+		// them, and let every reader and exit forwarder finish.
+		job.Kill()
+		for {
+			select {
+			case <-job.Done():
+				go func() {
+					for range events {
+					}
+				}()
+				readers.Wait()
+				close(events)
+				return
+			case <-events:
+			case <-exits:
+			}
+		}
+	}()
 
 	pending := append([]Fault(nil), spec.Faults...)
 	sort.SliceStable(pending, func(i, j int) bool { return pending[i].Step < pending[j].Step })
@@ -458,12 +462,13 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	apply := func(f Fault) {
 		if f.Kind == Join {
 			fmt.Fprintf(logw, "[launcher] step %d: starting %d more worker(s)\n", sum.MaxStep, f.Rank)
-			for range f.Rank {
-				if err := startWorker(); err != nil {
-					fmt.Fprintf(logw, "[launcher] %v\n", err)
-					continue
-				}
+			ids, err := job.Add(ctx, f.Rank)
+			for _, i := range ids {
+				workers[i] = &worker{idx: i, rank: -1}
 				running++
+			}
+			if err != nil {
+				fmt.Fprintf(logw, "[launcher] %v\n", err)
 			}
 			return
 		}
@@ -473,20 +478,22 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			return
 		}
 		sig := map[FaultKind]syscall.Signal{Kill: syscall.SIGKILL, Stop: syscall.SIGSTOP, Term: syscall.SIGTERM}[f.Kind]
-		fmt.Fprintf(logw, "[launcher] step %d: %s rank %d (worker %d, pid %d)\n", sum.MaxStep, sig, f.Rank, w.idx, w.cmd.Process.Pid)
-		w.cmd.Process.Signal(sig)
+		fmt.Fprintf(logw, "[launcher] step %d: %s rank %d (worker %d, pid %d)\n", sum.MaxStep, sig, f.Rank, w.idx, w.pid)
+		if err := job.Signal(w.idx, sig); err != nil {
+			fmt.Fprintf(logw, "[launcher] %v\n", err)
+			return
+		}
 		w.stopped = f.Kind == Stop
 		if f.Kind != Term {
 			awaiting = append(awaiting, faultAt{at: time.Now(), round: lastRound})
 		}
 	}
-
 	handle := func(ev Event) {
 		w := workers[ev.Worker]
 		switch ev.Ev {
 		case "round":
 			if w != nil {
-				w.rank, w.round = ev.Rank, ev.Round
+				w.rank, w.round, w.pid = ev.Rank, ev.Round, ev.PID
 			}
 			if rounds[ev.Round] == nil {
 				rs := &RoundSeen{Round: ev.Round, WorldSize: ev.WorldSize, Step: ev.Step, Source: ev.Source, Recovery: ev.Recovery}
@@ -529,7 +536,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			// A stopped worker never exits by itself; the job no longer needs it.
 			for _, w := range workers {
 				if w.stopped && !w.exited {
-					w.cmd.Process.Kill()
+					job.Signal(w.idx, syscall.SIGKILL)
 				}
 			}
 			doneTimeout = time.After(time.Minute)
@@ -541,10 +548,15 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 	}
 
+	ctxDone := ctx.Done()
 	for running > 0 {
 		select {
-		case <-ctx.Done():
-			return sum, fmt.Errorf("launcher: %w", ctx.Err())
+		case <-ctxDone:
+			// launch forwards the SIGTERM to every worker; they leave
+			// (a stopped one stays stopped and is killed after the grace
+			// period), and this loop sees them go.
+			ctxDone = nil
+			fmt.Fprintf(logw, "[launcher] %v: stopping every worker (SIGTERM, then SIGKILL after the grace period)\n", context.Cause(ctx))
 		case ex := <-exits:
 			// Handle what the worker said before it exited first.
 			for drained := false; !drained; {
@@ -566,11 +578,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			handle(ev)
 		case <-doneTimeout:
 			fmt.Fprintf(logw, "[launcher] workers still running a minute after the job finished; killing them\n")
-			for _, w := range workers {
-				if !w.exited {
-					w.cmd.Process.Kill()
-				}
-			}
+			job.Kill()
 		case <-tick.C:
 			if spec.Quiet {
 				continue
@@ -581,12 +589,19 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			lastSamples, lastProgress = samples, time.Now()
 		}
 	}
+	_, jobErr := job.Wait()
 	for _, r := range rounds {
 		sum.Rounds = append(sum.Rounds, *r)
 	}
 	sort.Slice(sum.Rounds, func(i, j int) bool { return sum.Rounds[i].Round < sum.Rounds[j].Round })
 	sum.Wall = time.Since(start)
 	switch {
+	case ctx.Err() != nil && jobErr != nil:
+		// Stopped from outside: preempted (every worker left gracefully)
+		// or failed, by launch's rule.
+		return sum, fmt.Errorf("launcher: %w", jobErr)
+	case ctx.Err() != nil && sum.Done == nil:
+		return sum, fmt.Errorf("launcher: stopped before the job finished: %w", ctx.Err())
 	case sum.Done == nil && sum.AlreadyFinished:
 		return sum, ErrJobAlreadyFinished
 	case sum.Done == nil:

@@ -21,6 +21,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // The launcher re-executes its own binary: here, the test binary, which
@@ -400,7 +402,10 @@ func TestFaultsHitTheRankHolderAtTheirStep(t *testing.T) {
 	requireGone(t, pidsOf(dir))
 }
 
-func TestCancelKillsEveryChildIncludingAStoppedOne(t *testing.T) {
+// A cancel is a preemption: the workers get a SIGTERM and leave (exit
+// 143); the stopped one cannot, and is SIGKILLed once the grace period is
+// over, so the job failed rather than was preempted.
+func TestCancelStopsEveryChildAndKillsAStoppedOneAfterTheGracePeriod(t *testing.T) {
 	dir := t.TempDir()
 	// Rank 1 (worker 0) is stopped at step 2; the stepper then holds the
 	// job open for good, and every worker is left waiting.
@@ -414,7 +419,7 @@ func TestCancelKillsEveryChildIncludingAStoppedOne(t *testing.T) {
 	done := make(chan result, 1)
 	go func() {
 		sum, err := Run(ctx, Spec{
-			Workers: 3, Faults: []Fault{{Kind: Stop, Rank: 1, Step: 2}}, Log: log, Quiet: true,
+			Workers: 3, Faults: []Fault{{Kind: Stop, Rank: 1, Step: 2}}, Log: log, Quiet: true, GracePeriod: time.Second,
 			Args: []string{"-dir", dir, "-world", "3", "-steps", "3", "-faults", "stop:1@2", "-hold"},
 		})
 		done <- result{sum, err}
@@ -437,6 +442,46 @@ func TestCancelKillsEveryChildIncludingAStoppedOne(t *testing.T) {
 		t.Fatalf("Run did not return after cancel\n%s", log.String())
 	}
 	require.ErrorIs(t, r.err, context.Canceled)
+	require.ErrorIs(t, r.err, launch.ErrFailed)
+	require.ErrorContains(t, r.err, "worker 0 (pid ")
+	require.ErrorContains(t, r.err, "was killed by the launcher")
+	require.Equal(t, map[int]int{0: -1, 1: 143, 2: 143}, r.sum.Exits)
+	requireGone(t, pids)
+}
+
+// A cancel (the example's SIGTERM or Ctrl-C) is forwarded to every worker
+// as a SIGTERM; when all of them leave by themselves the job was
+// preempted.
+func TestCancelPreemptsEveryWorker(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, `^\[launcher\] worker \d: `+roundReported+`$`, 2)
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	type result struct {
+		sum Summary
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		sum, err := Run(ctx, Spec{Workers: 2, Log: log, Quiet: true,
+			Args: []string{"-dir", dir, "-world", "2", "-steps", "1", "-hold"}})
+		done <- result{sum, err}
+	}()
+	select {
+	case <-log.fired:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("the workers never reported their rounds\n%s", log.String())
+	}
+	pids := pidsOf(dir)
+	cancel()
+	r := <-done
+	require.ErrorIs(t, r.err, launch.ErrPreempted, log.String())
+	require.ErrorIs(t, r.err, context.Canceled)
+	require.Equal(t, 143, launch.ExitStatus(r.err))
+	require.Equal(t, map[int]int{0: 143, 1: 143}, r.sum.Exits)
+	for i := range 2 {
+		require.FileExists(t, filepath.Join(dir, fmt.Sprintf("term-%d", i)), "worker %d got the SIGTERM", i)
+	}
 	requireGone(t, pids)
 }
 

@@ -1,0 +1,163 @@
+// Command etrun runs N worker processes of your own binary as one elastic
+// job on this host, like torchrun: an embedded Redis-protocol store for
+// their rendezvous (or -redis ADDR), the job ID and secret in their
+// environment, crashed workers restarted up to -max-restarts, SIGTERM and
+// SIGINT forwarded to every worker with a grace period, and the job's exit
+// status as its own. It is a thin command over package launch.
+//
+//	etrun -workers 4 ./my-worker -epochs 3
+//	etrun -workers 2 -redis 127.0.0.1:6379 -job my-job -- ./my-worker
+//
+// Everything after the flags (or after --) is the worker's command. The
+// workers read the job through launch.WorkerEnv (ELASTICTRAIN_STORE,
+// ELASTICTRAIN_JOB_ID, ELASTICTRAIN_SECRET, ELASTICTRAIN_WORKER, ...). The
+// secret is ELASTICTRAIN_SECRET from etrun's own environment when set (hex,
+// at least 16 bytes: launchers on several hosts share one job), else drawn
+// at random. A first SIGTERM or SIGINT is forwarded to every worker and
+// what is left after -grace is SIGKILLed; a second one SIGKILLs them at
+// once.
+//
+// Exit status: 0 when the job finished (a worker exited 0), 143 when it
+// was preempted (every worker left on the forwarded signal within the
+// grace period), 1 when it failed, 2 for a bad command line.
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/launch"
+)
+
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	cfg := launch.DefaultConfig()
+	fs := flag.NewFlagSet("etrun", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.Workers, "workers", cfg.Workers, "worker processes to start")
+	fs.StringVar(&cfg.Redis, "redis", "", "host:port of the Redis the workers rendezvous through (default: an embedded Redis-protocol server)")
+	fs.StringVar(&cfg.JobID, "job", "", "job ID (default: random)")
+	fs.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "restarts of crashed workers over the whole job (0: none)")
+	fs.DurationVar(&cfg.GracePeriod, "grace", cfg.GracePeriod, "how long the workers may take to leave after a forwarded SIGTERM or SIGINT before they are SIGKILLed")
+	quiet := fs.Bool("quiet", false, "log only warnings and errors of the launcher")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: etrun [flags] [--] command [args...]\n\nRuns -workers processes of command as one elastic job. Flags:\n")
+		fs.PrintDefaults()
+	}
+	switch err := fs.Parse(args); {
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case err != nil:
+		return 2
+	}
+	cmd := fs.Args()
+	if len(cmd) == 0 {
+		fmt.Fprintln(stderr, "etrun: no worker command: want etrun [flags] [--] command [args...]")
+		return 2
+	}
+	if s := os.Getenv(launch.EnvSecret); s != "" {
+		secret, err := hex.DecodeString(s)
+		if err != nil || len(secret) < 16 {
+			fmt.Fprintf(stderr, "etrun: %s must hold the job secret (hex, at least 16 bytes)\n", launch.EnvSecret)
+			return 2
+		}
+		cfg.Secret = secret
+	}
+	if _, ok := stderr.(*os.File); !ok {
+		// The workers' output is copied into it while etrun logs there
+		// too: one lock for both (an *os.File is handed to the workers).
+		stderr = &lockedWriter{w: stderr}
+	}
+	spec := launch.Spec{Command: cmd, Stdout: stdout, Stderr: stderr}
+	if err := errors.Join(cfg.Validate(), spec.Validate()); err != nil {
+		fmt.Fprintf(stderr, "etrun: %v\n", err)
+		return 2
+	}
+	// go-redis logs each failed dial itself; launch's error for a store
+	// that does not answer names the cause once.
+	redis.SetLogger(quietRedis{})
+	level := slog.LevelInfo
+	if *quiet {
+		level = slog.LevelWarn
+	}
+	log := slog.New(slog.NewTextHandler(prefixed{stderr}, &slog.HandlerOptions{Level: level,
+		ReplaceAttr: func(groups []string, a slog.Attr) slog.Attr {
+			if len(groups) == 0 && a.Key == slog.TimeKey {
+				return slog.Attr{}
+			}
+			return a
+		}}))
+
+	// Signals are caught before the first worker starts, so none is lost.
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	job, err := launch.Start(context.Background(), spec, cfg, launch.WithLogger(log))
+	if err != nil {
+		fmt.Fprintf(stderr, "etrun: %v\n", err)
+		return launch.StatusFailed
+	}
+	done := make(chan struct{})
+	forwarded := make(chan struct{})
+	go func() { // owned by run: it ends when done closes
+		defer close(forwarded)
+		n := 0
+		for {
+			select {
+			case sig := <-sigs:
+				if n++; n == 1 {
+					job.Stop(sig)
+				} else {
+					job.Kill()
+				}
+			case <-done:
+				return
+			}
+		}
+	}()
+	_, err = job.Wait()
+	close(done)
+	<-forwarded
+	if err != nil {
+		fmt.Fprintf(stderr, "etrun: %v\n", err)
+	}
+	return launch.ExitStatus(err)
+}
+
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
+}
+
+// quietRedis discards go-redis' own log lines.
+type quietRedis struct{}
+
+func (quietRedis) Printf(context.Context, string, ...any) {}
+
+// prefixed writes every log record (one Write each) after "etrun: ".
+type prefixed struct{ w io.Writer }
+
+func (p prefixed) Write(b []byte) (int, error) {
+	if _, err := p.w.Write(append([]byte("etrun: "), b...)); err != nil {
+		return 0, err
+	}
+	return len(b), nil
+}

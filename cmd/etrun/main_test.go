@@ -1,0 +1,336 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/trainer"
+)
+
+func TestMain(m *testing.M) { testredis.VerifyTestMain(m) }
+
+// build builds etrun and the launch package's test worker (a user's own
+// worker binary, outside the examples) into dir.
+func build(t *testing.T, dir string) (etrun, worker string) {
+	t.Helper()
+	gobin, err := exec.LookPath("go")
+	if err != nil {
+		gobin = filepath.Join(os.Getenv("GOROOT"), "bin", "go")
+	}
+	etrun, worker = filepath.Join(dir, "etrun"), filepath.Join(dir, "worker")
+	for _, b := range [][2]string{{etrun, "."}, {worker, "../../launch/testdata/worker"}} {
+		out, err := exec.Command(gobin, "build", "-o", b[0], b[1]).CombinedOutput()
+		require.NoError(t, err, "go build %s: %s", b[1], out)
+	}
+	return etrun, worker
+}
+
+type workerEvent struct {
+	Ev        string `json:"ev"`
+	Worker    int    `json:"worker"`
+	Restart   int    `json:"restart"`
+	PID       int    `json:"pid"`
+	WorldSize int    `json:"world_size"`
+	Step      int64  `json:"step"`
+	Status    int    `json:"status"`
+	Preempted bool   `json:"preempted"`
+	Finished  bool   `json:"finished"`
+}
+
+// etrunProc is an etrun process started by a test, with its stdout (the
+// workers' event lines) decoded as they come.
+type etrunProc struct {
+	cmd    *exec.Cmd
+	events chan workerEvent
+	stderr bytes.Buffer
+	read   sync.WaitGroup
+}
+
+func startEtrun(t *testing.T, etrun string, args ...string) *etrunProc {
+	t.Helper()
+	p := &etrunProc{cmd: exec.Command(etrun, args...), events: make(chan workerEvent, 4096)}
+	p.cmd.Stderr = &p.stderr
+	// Once etrun exited, what its workers still hold of its stderr does
+	// not hold up Wait for long (a test of a SIGKILLed etrun must see the
+	// workers die without waiting for them).
+	p.cmd.WaitDelay = time.Second
+	out, err := p.cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, p.cmd.Start())
+	p.read.Add(1)
+	go func() {
+		defer p.read.Done()
+		defer close(p.events)
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var e workerEvent
+			if json.Unmarshal(sc.Bytes(), &e) == nil {
+				p.events <- e
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		p.cmd.Process.Kill()
+		for range p.events {
+		}
+		p.read.Wait()
+		p.cmd.Wait()
+	})
+	return p
+}
+
+// until returns the events up to the first that ok accepts.
+func (p *etrunProc) until(t *testing.T, ok func(workerEvent) bool) []workerEvent {
+	t.Helper()
+	var evs []workerEvent
+	deadline := time.After(2 * time.Minute)
+	for {
+		select {
+		case e, open := <-p.events:
+			require.True(t, open, "etrun's output ended first; stderr:\n%s", &p.stderr)
+			evs = append(evs, e)
+			if ok(e) {
+				return evs
+			}
+		case <-deadline:
+			t.Fatalf("no such event in 2 minutes; stderr:\n%s", &p.stderr)
+		}
+	}
+}
+
+// wait waits for etrun to exit and returns its status and every event
+// not read yet.
+func (p *etrunProc) wait(t *testing.T) (int, []workerEvent) {
+	t.Helper()
+	var evs []workerEvent
+	for e := range p.events {
+		evs = append(evs, e)
+	}
+	p.read.Wait()
+	err := p.cmd.Wait()
+	if err != nil {
+		_, ok := err.(*exec.ExitError)
+		require.True(t, ok, "%v", err)
+	}
+	return p.cmd.ProcessState.ExitCode(), evs
+}
+
+// gone reports whether pid no longer runs (absent, or a zombie).
+func gone(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i < 0 || i+2 >= len(s) || s[i+2] == 'Z' || s[i+2] == 'X'
+}
+
+// TestEtrunAsAProcess runs the etrun binary over a user's own worker
+// binary and signals it as a user, a scheduler or an OOM killer would.
+func TestEtrunAsAProcess(t *testing.T) {
+	etrun, worker := build(t, t.TempDir())
+	for sig, name := range map[syscall.Signal]string{syscall.SIGTERM: "SIGTERM", syscall.SIGINT: "SIGINT"} {
+		t.Run("a "+name+" preempts every worker and etrun exits 143", func(t *testing.T) {
+			ckpt := t.TempDir()
+			p := startEtrun(t, etrun, "-workers", "2", "-grace", "30s", "-redis", testredis.Addr(t), "-job", testredis.JobID(t),
+				"--", worker, "-epochs", "100000", "-min", "2", "-checkpoint", ckpt)
+			evs := p.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 2 && e.Step >= 5 })
+			require.NoError(t, p.cmd.Process.Signal(sig))
+			code, rest := p.wait(t)
+			evs = append(evs, rest...)
+			require.Equal(t, 143, code, "etrun's stderr:\n%s", &p.stderr)
+			require.Contains(t, p.stderr.String(), "forwarding the signal to every worker")
+			require.Contains(t, p.stderr.String(), "outcome=preempted exit_status=143")
+
+			var pids []int
+			var step int64 = -1
+			for _, e := range evs {
+				switch e.Ev {
+				case "start":
+					pids = append(pids, e.PID)
+				case "exit":
+					require.True(t, e.Preempted, "worker %d's Run returned trainer.ErrPreempted: %+v", e.Worker, e)
+					require.Equal(t, 143, e.Status)
+					if step >= 0 {
+						require.Equal(t, step, e.Step)
+					}
+					step = e.Step
+				}
+			}
+			require.Len(t, pids, 2)
+			require.Positive(t, step)
+			for _, pid := range pids {
+				require.True(t, gone(pid), "worker pid %d outlived etrun", pid)
+			}
+			dir, err := trainer.NewLocalDir(ckpt, 3)
+			require.NoError(t, err)
+			steps, err := dir.List(context.Background())
+			require.NoError(t, err)
+			require.Equal(t, []int64{step}, steps, "the preemption checkpoint, of the step the workers left at")
+		})
+	}
+
+	t.Run("a SIGKILLed etrun takes its workers with it", func(t *testing.T) {
+		if runtime.GOOS != "linux" {
+			t.Skip("the parent-death signal is Linux's")
+		}
+		// Without it the workers would live on until their store outage
+		// budget ran out, far beyond the deadline below.
+		killedEtrun(t, etrun, worker)
+	})
+
+	t.Run("a job that runs to the end exits 0", func(t *testing.T) {
+		p := startEtrun(t, etrun, "-workers", "2", worker, "-epochs", "1", "-min", "2")
+		code, evs := p.wait(t)
+		require.Equal(t, 0, code, "stderr:\n%s", &p.stderr)
+		n := 0
+		for _, e := range evs {
+			if e.Ev == "exit" {
+				n++
+				require.True(t, e.Finished)
+			}
+		}
+		require.Equal(t, 2, n)
+	})
+}
+
+func killedEtrun(t *testing.T, etrun, worker string) {
+	// etrun's output goes to a pipe this test drains until the end, and to
+	// a file: a worker that outlived etrun could write on, rather than die
+	// of a broken pipe, so only the parent-death signal ends it.
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	stderr, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer stderr.Close()
+	cmd := exec.Command(etrun, "-workers", "2", "--", worker, "-epochs", "100000", "-min", "2")
+	cmd.Stdout, cmd.Stderr = w, stderr
+	require.NoError(t, cmd.Start())
+	w.Close()
+	pids := make(chan int, 2)
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		sc := bufio.NewScanner(r)
+		for sc.Scan() {
+			var e workerEvent
+			if json.Unmarshal(sc.Bytes(), &e) == nil && e.Ev == "start" {
+				pids <- e.PID
+			}
+		}
+	}()
+	defer func() { r.Close(); <-drained }()
+	var got []int
+	timeout := time.After(2 * time.Minute)
+	for len(got) < 2 {
+		select {
+		case pid := <-pids:
+			got = append(got, pid)
+		case <-timeout:
+			cmd.Process.Kill()
+			cmd.Wait()
+			t.Fatalf("the workers never started")
+		}
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	cmd.Wait()
+	require.Equal(t, -1, cmd.ProcessState.ExitCode())
+	deadline := time.Now().Add(20 * time.Second)
+	for _, pid := range got {
+		for !gone(pid) {
+			if time.Now().After(deadline) {
+				for _, pid := range got {
+					syscall.Kill(pid, syscall.SIGKILL)
+				}
+				t.Fatalf("worker pid %d outlived a SIGKILLed etrun by 20 s", pid)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+// runEtrun runs the command in this process.
+func runEtrun(t *testing.T, env map[string]string, args ...string) (int, string, string) {
+	t.Helper()
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var o, e bytes.Buffer
+	code := run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestEtrunExitStatusOfAWorkerThatKeepsCrashing(t *testing.T) {
+	code, _, stderr := runEtrun(t, nil, "-max-restarts", "2", "sh", "-c", "exit 7")
+	require.Equal(t, 1, code)
+	require.Equal(t, 2, strings.Count(stderr, "worker crashed; restarting it as a new member"), stderr)
+	require.Contains(t, stderr, "etrun: launch: job failed: worker 0 (restart 2, pid ")
+	require.Contains(t, stderr, "exited with status 7")
+}
+
+func TestEtrunPassesTheWorkersOutputOn(t *testing.T) {
+	code, stdout, stderr := runEtrun(t, nil, "-workers", "3", "sh", "-c", `echo "out $ELASTICTRAIN_WORKER"; echo "err $ELASTICTRAIN_WORKER" >&2`)
+	require.Equal(t, 0, code, stderr)
+	for i := range 3 {
+		require.Contains(t, stdout, fmt.Sprintf("out %d\n", i))
+		require.Contains(t, stderr, fmt.Sprintf("err %d\n", i))
+	}
+}
+
+func TestEtrunTakesTheSecretFromItsEnvironment(t *testing.T) {
+	secret := "00112233445566778899aabbccddeeff"
+	code, stdout, _ := runEtrun(t, map[string]string{"ELASTICTRAIN_SECRET": secret}, "-job", "shared-job", "sh", "-c", `echo "$ELASTICTRAIN_SECRET $ELASTICTRAIN_JOB_ID"`)
+	require.Equal(t, 0, code)
+	require.Equal(t, secret+" shared-job\n", stdout)
+
+	code, _, stderr := runEtrun(t, map[string]string{"ELASTICTRAIN_SECRET": "00ff"}, "true")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "ELASTICTRAIN_SECRET must hold the job secret")
+}
+
+func TestEtrunBadCommandLinesExitWith2(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{nil, "etrun: no worker command"},
+		{[]string{"-workers", "2"}, "etrun: no worker command"},
+		{[]string{"-workers", "0", "true"}, "Workers 0: want at least 1"},
+		{[]string{"-max-restarts", "-1", "true"}, "MaxRestarts -1"},
+		{[]string{"-grace", "0s", "true"}, "GracePeriod 0s"},
+		{[]string{"-job", "a b", "true"}, "JobID"},
+		{[]string{"-workers", "x", "true"}, `invalid value "x" for flag -workers`},
+		{[]string{"no-such-program-of-elastictrain"}, "no-such-program-of-elastictrain"},
+	}
+	for _, c := range cases {
+		code, _, stderr := runEtrun(t, nil, c.args...)
+		require.Equal(t, 2, code, "%v: %s", c.args, stderr)
+		require.Contains(t, stderr, c.want, "%v", c.args)
+	}
+	code, _, stderr := runEtrun(t, nil, "-h")
+	require.Equal(t, 0, code)
+	require.Contains(t, stderr, "Usage: etrun [flags] [--] command [args...]")
+}
+
+func TestEtrunRefusesARedisThatDoesNotAnswer(t *testing.T) {
+	code, _, stderr := runEtrun(t, nil, "-redis", "127.0.0.1:1", "true")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "etrun: launch: the store at 127.0.0.1:1 does not answer")
+	require.NotContains(t, stderr, "worker started")
+}

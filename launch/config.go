@@ -1,0 +1,202 @@
+package launch
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/exec"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+)
+
+// Spec says what to run: the worker's command, its environment and where
+// its output goes. The same command runs in every worker process; a worker
+// tells itself apart from the others with WorkerEnv.
+type Spec struct {
+	// Command is the worker's program and its arguments. Command[0] is
+	// looked up in PATH (exec.LookPath) unless it holds a slash. Required.
+	Command []string
+	// Env is added to every worker's environment, after the launcher's own
+	// environment and before the launch variables (EnvJobID and the
+	// others), which always win.
+	Env []string
+	// Dir is the workers' working directory; "" means the launcher's.
+	Dir string
+	// Wrap, when set, returns worker i's command prefix: worker i runs
+	// Wrap(i) followed by Command, e.g. {"ip", "netns", "exec", "host-1"}
+	// to start it in a network namespace of its own. An empty prefix runs
+	// Command as it is. Called once per process start (restarts too), from
+	// the goroutine that starts it; it must not block.
+	Wrap func(worker int) []string
+	// Stdout and Stderr receive the workers' standard output and error; nil
+	// discards it (the null device). An *os.File is handed to the workers
+	// as it is, so the kernel orders their writes; any other writer gets
+	// every worker's output through one lock, a write at a time. That lock
+	// is launch's own: a caller that also writes to such a writer (a
+	// logger on the same buffer) passes one that serialises its writes.
+	Stdout, Stderr io.Writer
+}
+
+// Config holds the launcher's settings. Start from DefaultConfig; every
+// field states its unit and default. A Config is a plain value, safe to
+// copy.
+type Config struct {
+	// Workers is how many worker processes start at once. Default 1; at
+	// least 1.
+	Workers int
+	// MaxWorkers bounds the worker processes the job may have over its
+	// life: Workers plus every Job.Add (a restart takes its worker's place
+	// and does not count). Default 1024 (elastic.Config's default
+	// MaxWorkers); at least Workers.
+	MaxWorkers int
+	// MaxRestarts is how many times, in all, the launcher restarts a
+	// worker that crashed (exited with a status other than 0 or the
+	// preempted one, or was killed by a signal other than SIGTERM or
+	// SIGINT). A restarted worker keeps its index and joins the job as a
+	// new member. Counted per job, like torchrun's --max-restarts.
+	// Default 3; 0 turns restarts off; not negative.
+	MaxRestarts int
+	// GracePeriod is how long the workers may take to leave after the
+	// launcher forwarded a stop signal (Job.Stop, or the Start context
+	// done) before it SIGKILLs what is left. Workers see it as
+	// EnvGracePeriod; Worker.Configure leaves them part of it to exit.
+	// Default 30 s (trainer.Config's default GracePeriod); above 0.
+	GracePeriod time.Duration
+	// Redis is the host:port of the Redis the workers rendezvous through.
+	// Start checks that it answers PING before any worker starts. ""
+	// (the default) starts an embedded Redis-protocol server
+	// (elastic/standalone) in the launcher for the job's life.
+	Redis string
+	// StoreListen is where the embedded store listens when Redis is "";
+	// the workers are told the address it got. Default "127.0.0.1:0" (a
+	// free loopback port). Workers in other network namespaces (Spec.Wrap)
+	// need an address they can reach, or a Redis of their own.
+	StoreListen string
+	// JobID is the job's ID, passed to the workers as EnvJobID. "" (the
+	// default) draws "job-" plus 12 random hex digits. Otherwise it must
+	// be a valid elastic.Config.JobID (elastic.ValidateJobID).
+	JobID string
+	// Secret is the job secret, passed to the workers hex-encoded as
+	// EnvSecret (never on a command line). nil (the default) draws 32
+	// random bytes; otherwise at least 16 bytes.
+	Secret []byte
+	// GOMAXPROCS is the GOMAXPROCS given to each worker when neither the
+	// launcher's environment nor Spec.Env sets it: 0 (the default) means
+	// the host's cores divided by Workers, at least 1, so the workers of a
+	// host do not oversubscribe its cores (the usual setting, like
+	// torchrun's OMP_NUM_THREADS=1); -1 leaves it unset.
+	GOMAXPROCS int
+}
+
+// DefaultMaxWorkers is Config.MaxWorkers' default: elastic.Config's
+// default MaxWorkers, the largest world size a job accepts by default.
+const DefaultMaxWorkers = 1024
+
+// DefaultConfig returns the defaults: 1 worker, at most 1024 over the job,
+// 3 restarts, a 30 s grace period, an embedded store on a loopback port, a
+// random job ID and secret.
+func DefaultConfig() Config {
+	return Config{
+		Workers:     1,
+		MaxWorkers:  DefaultMaxWorkers,
+		MaxRestarts: 3,
+		GracePeriod: 30 * time.Second,
+		StoreListen: "127.0.0.1:0",
+	}
+}
+
+// ErrInvalidConfig is wrapped by every error of Config.Validate and
+// Spec.Validate.
+var ErrInvalidConfig = errors.New("launch: invalid config")
+
+// Validate reports the first setting out of range, wrapping
+// ErrInvalidConfig. Zero values are errors here (start from DefaultConfig).
+func (c Config) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrInvalidConfig, fmt.Sprintf(format, a...))
+	}
+	switch {
+	case c.Workers < 1:
+		return bad("Workers %d: want at least 1", c.Workers)
+	case c.MaxWorkers < c.Workers:
+		return bad("MaxWorkers %d is below Workers %d", c.MaxWorkers, c.Workers)
+	case c.MaxRestarts < 0:
+		return bad("MaxRestarts %d: want 0 or more", c.MaxRestarts)
+	case c.GracePeriod <= 0:
+		return bad("GracePeriod %v: want more than 0", c.GracePeriod)
+	case c.Redis == "" && c.StoreListen == "":
+		return bad("StoreListen is empty: the embedded store needs an address (default 127.0.0.1:0)")
+	case c.Secret != nil && len(c.Secret) < 16:
+		return bad("Secret of %d bytes: want at least 16", len(c.Secret))
+	case c.GOMAXPROCS < -1:
+		return bad("GOMAXPROCS %d: want -1 (unset), 0 (cores / Workers) or a count", c.GOMAXPROCS)
+	}
+	if c.JobID != "" {
+		if err := elastic.ValidateJobID(c.JobID); err != nil {
+			return bad("JobID: %v", err)
+		}
+	}
+	return nil
+}
+
+// Validate reports a Spec that cannot start a worker: an empty Command, or
+// a program that is not found (exec.LookPath), wrapping ErrInvalidConfig.
+// Programs named by Wrap are looked up when each worker starts.
+func (s Spec) Validate() error {
+	if len(s.Command) == 0 || s.Command[0] == "" {
+		return fmt.Errorf("%w: Spec.Command is empty: want the worker's program and its arguments", ErrInvalidConfig)
+	}
+	if _, err := exec.LookPath(s.Command[0]); err != nil {
+		return fmt.Errorf("%w: worker command: %w", ErrInvalidConfig, err)
+	}
+	return nil
+}
+
+// Hooks are callbacks on the life of the worker processes, for programs
+// that present a job (progress lines, fault injection) or hand each worker
+// something more than its environment. Every field may be nil. The hooks
+// of a Job are called one at a time, never concurrently: from Start for the
+// first workers, then from the job's own goroutine. They must not block for
+// long and must not call Add, Signal or Wait (which wait for that
+// goroutine); Stop and Kill are safe in them.
+type Hooks struct {
+	// Prepare is called before each worker process starts (restarts too)
+	// with the command about to start: Path, Args, Env, Dir, Stdout and
+	// Stderr are set. It may add ExtraFiles, replace Stdout or Stderr, or
+	// append to Env; it must not start the command or set SysProcAttr (the
+	// launcher's process group and parent-death signal replace it). An
+	// error counts as a failed start of that worker: the worker does not
+	// start, and Start (or Add) returns the error.
+	Prepare func(w Process, cmd *exec.Cmd) error
+	// OnStart is called after a worker process started.
+	OnStart func(Process)
+	// OnExit is called after a worker process exited and was reaped,
+	// before the launcher restarts its worker (Exit.Restart says whether
+	// it will).
+	OnExit func(Exit)
+}
+
+// Option configures a Job beyond its Config: a logger or hooks.
+type Option func(*options)
+
+type options struct {
+	log   *slog.Logger
+	hooks Hooks
+}
+
+// WithLogger sends the launcher's own lines (workers started, exited,
+// restarted; signals forwarded; workers killed after the grace period) to
+// l. Default: discard.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l != nil {
+			o.log = l
+		}
+	}
+}
+
+// WithHooks sets the Hooks of the job; a second WithHooks replaces the
+// first.
+func WithHooks(h Hooks) Option { return func(o *options) { o.hooks = h } }

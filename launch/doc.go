@@ -1,0 +1,101 @@
+// Package launch runs the worker processes of an elastic job on one host,
+// like torchrun, horovodrun or dlrover-run: N processes of any command (your
+// own worker binary), a Redis-protocol store for their rendezvous (an
+// embedded one by default), the job ID and secret handed to them in their
+// environment, crashed workers restarted up to a limit, SIGTERM and SIGINT
+// forwarded with a grace period, and the job's exit status. The command
+// github.com/elastictrain/elastictrain/cmd/etrun is a thin layer over it.
+//
+// # The launcher side
+//
+//	cfg := launch.DefaultConfig() // 1 worker, 3 restarts, 30 s grace, embedded store
+//	cfg.Workers = 4
+//	res, err := launch.Run(ctx, launch.Spec{
+//		Command: []string{"./worker", "-epochs", "3"},
+//		Stdout:  os.Stdout, Stderr: os.Stderr,
+//	}, cfg, launch.WithLogger(slog.Default()))
+//	os.Exit(launch.ExitStatus(err))
+//
+// Run is Start followed by Job.Wait; a Job also adds workers (Add), sends
+// a worker a signal (Signal), stops (Stop) or kills (Kill) the job, and
+// calls Hooks as its processes start and exit.
+//
+// # The worker side
+//
+// A worker reads what the launcher told it with WorkerEnv, never by parsing
+// the variables itself, and ends with the exit status of its trainer's Run:
+//
+//	w, err := launch.WorkerEnv()  // Store, JobID, Secret, Index, Restart, ...
+//	cfg := trainer.DefaultConfig()
+//	w.Configure(&cfg)             // JobID, Sync.Secret, GracePeriod
+//	store := elastic.NewRedisStore(redis.NewClient(&redis.Options{Addr: w.Store}))
+//	t, err := trainer.New(params, opt, loader, step, store, cfg)
+//	// on SIGTERM or SIGINT: t.Preempt()
+//	_, err = t.Run(ctx)
+//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 1 failed
+//
+// The variables are EnvStore (ELASTICTRAIN_STORE, host:port), EnvJobID
+// (ELASTICTRAIN_JOB_ID), EnvSecret (ELASTICTRAIN_SECRET, hex), EnvWorker
+// (ELASTICTRAIN_WORKER, the worker's index, not its rank), EnvWorkers
+// (ELASTICTRAIN_WORKERS), EnvRestart (ELASTICTRAIN_RESTART) and
+// EnvGracePeriod (ELASTICTRAIN_GRACE_PERIOD, e.g. "30s").
+//
+// # Restarts
+//
+// A worker process that crashes (exits with a status other than 0, 143 or
+// 130, or dies of a signal other than SIGTERM or SIGINT) is started again
+// under the same index, with EnvRestart one higher, as long as the job has
+// restarts left (Config.MaxRestarts, 3 by default, counted over the whole
+// job), the launcher is not stopping and no worker has finished the job.
+// The new process is a new member of the job: its trainer joins at the
+// next step boundary and receives the current state from a peer, while the
+// others train on without it in between (given Elastic.MinWorkers allows).
+// A worker that left as preempted, or finished, is not restarted.
+//
+// # Signals and the grace period
+//
+// Every worker runs in a process group of its own, so a terminal's Ctrl-C
+// reaches the launcher only. Job.Stop (etrun on SIGTERM or SIGINT, and
+// Start's context when it is done, as SIGTERM) forwards the signal to
+// every worker's process group, restarts nothing more, and SIGKILLs the
+// groups still running Config.GracePeriod later; a trainer that calls
+// Preempt on that signal commits, checkpoints and leaves within the part of
+// the grace period Worker.Configure gives it. Job.Kill (etrun on a second
+// signal) SIGKILLs every group at once.
+//
+// # No child left behind
+//
+// When a worker exits, what is left of its process group is SIGKILLed (on
+// Linux, while the worker is still a zombie, so its group ID cannot have
+// been reused). On Linux every worker also has the kernel's parent-death
+// signal set to SIGKILL, so even a SIGKILLed launcher takes its workers
+// with it; processes that a worker moved to a group or session of their own
+// are outside the launcher's reach. Wait returns only after every worker
+// was reaped.
+//
+// # Exit status
+//
+// Result.Outcome, Result.ExitStatus and Wait's error follow one rule, over
+// the exits of every worker process:
+//
+//   - 0 (Finished, nil error) when any worker exited with status 0. A
+//     worker exits 0 only when its trainer's Run returned nil, that is, the
+//     job finished (launch.ExitStatus gives that). Crashes the job survived
+//     do not change it; they are logged and in Result.Exits.
+//   - 143 (Preempted, ErrPreempted) when the launcher forwarded a stop and
+//     every worker running then left as preempted (status 143 or 130, or a
+//     SIGTERM or SIGINT ended it) within the grace period; or, without a
+//     stop, when the last process of every worker left so.
+//   - 1 (Failed, ErrFailed naming the workers) otherwise: a worker that
+//     crashed with no restarts left while no other finished, one killed
+//     after the grace period, a Kill.
+//
+// # Concurrency
+//
+// A Job owns one goroutine that handles exits, restarts, Add and stops,
+// and one per worker process that waits for it; Wait returns after all of
+// them ended. Every method of Job is safe for concurrent use.
+//
+// Unix only; the parent-death signal and the safe kill of a dead worker's
+// leftovers need Linux.
+package launch

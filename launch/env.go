@@ -1,0 +1,182 @@
+package launch
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/elastictrain/elastictrain/trainer"
+)
+
+// The environment variables the launcher sets in every worker. Read them
+// with WorkerEnv rather than by hand.
+const (
+	// EnvStore holds the host:port of the Redis-protocol store the job
+	// rendezvous through.
+	EnvStore = "ELASTICTRAIN_STORE"
+	// EnvJobID holds the job ID (a valid elastic.Config.JobID).
+	EnvJobID = "ELASTICTRAIN_JOB_ID"
+	// EnvSecret holds the job secret, hex-encoded (at least 16 bytes). The
+	// command etrun also reads it from its own environment, so launchers
+	// on several hosts can share one job's secret.
+	EnvSecret = "ELASTICTRAIN_SECRET"
+	// EnvWorker holds the worker's index: 0..Workers-1 for the workers
+	// started at once, then upward for those Job.Add starts. A restarted
+	// worker keeps the index of the one it replaces. It is not the rank:
+	// ranks come from the rendezvous and change from round to round.
+	EnvWorker = "ELASTICTRAIN_WORKER"
+	// EnvWorkers holds Config.Workers, the workers started at once.
+	EnvWorkers = "ELASTICTRAIN_WORKERS"
+	// EnvRestart holds how many times this worker's index was restarted
+	// before this process: 0 for its first start.
+	EnvRestart = "ELASTICTRAIN_RESTART"
+	// EnvGracePeriod holds the launcher's Config.GracePeriod as a Go
+	// duration ("30s"): how long after a stop signal the launcher waits
+	// before it SIGKILLs the worker.
+	EnvGracePeriod = "ELASTICTRAIN_GRACE_PERIOD"
+)
+
+// Exit statuses of a job (the launcher's) and of a worker (see ExitStatus).
+const (
+	// StatusFinished: the job finished.
+	StatusFinished = 0
+	// StatusFailed: the job, or the worker, failed.
+	StatusFailed = 1
+	// StatusPreempted is 128+SIGTERM, what a shell reports for a process
+	// that a SIGTERM ended, and what batch systems read as "stopped from
+	// outside, restart me": the job, or the worker, left gracefully after
+	// a stop signal, its state committed and checkpointed.
+	StatusPreempted = 143
+)
+
+// ErrNotLaunched is WorkerEnv's error when the process was not started by
+// a launcher (EnvJobID is unset).
+var ErrNotLaunched = errors.New("launch: not started by a launcher (" + EnvJobID + " is not set)")
+
+// Worker is what the launcher tells a worker process through its
+// environment. A plain value, safe to copy.
+type Worker struct {
+	// Store is the host:port of the job's Redis-protocol store: pass it to
+	// redis.Options.Addr.
+	Store string
+	// JobID is the job's ID.
+	JobID string
+	// Secret is the job secret (at least 16 bytes).
+	Secret []byte
+	// Index is the worker's index (EnvWorker): not its rank.
+	Index int
+	// Workers is how many workers the launcher started at once.
+	Workers int
+	// Restart is how many times this index was restarted before this
+	// process (0: its first start).
+	Restart int
+	// GracePeriod is the launcher's grace period after a stop signal.
+	GracePeriod time.Duration
+}
+
+// Launched reports whether this process was started by a launcher (the
+// job ID variable is set), without checking the other variables.
+func Launched() bool { return os.Getenv(EnvJobID) != "" }
+
+// WorkerEnv returns what the launcher told this worker. Errors:
+// ErrNotLaunched when EnvJobID is unset; otherwise an error naming the
+// first variable that is missing or malformed.
+func WorkerEnv() (Worker, error) {
+	return workerFrom(os.Getenv)
+}
+
+func workerFrom(getenv func(string) string) (Worker, error) {
+	var w Worker
+	w.JobID = getenv(EnvJobID)
+	if w.JobID == "" {
+		return Worker{}, ErrNotLaunched
+	}
+	bad := func(name, why string) error {
+		return fmt.Errorf("launch: %s=%q: %s", name, getenv(name), why)
+	}
+	if w.Store = getenv(EnvStore); w.Store == "" {
+		return Worker{}, bad(EnvStore, "want the store's host:port")
+	}
+	secret, err := hex.DecodeString(getenv(EnvSecret))
+	if err != nil || len(secret) < 16 {
+		return Worker{}, fmt.Errorf("launch: %s must hold the job secret (hex, at least 16 bytes)", EnvSecret) // never echo a secret
+	}
+	w.Secret = secret
+	num := func(name string, min int) (int, error) {
+		n, err := strconv.Atoi(getenv(name))
+		if err != nil || n < min {
+			return 0, bad(name, fmt.Sprintf("want a whole number >= %d", min))
+		}
+		return n, nil
+	}
+	if w.Index, err = num(EnvWorker, 0); err != nil {
+		return Worker{}, err
+	}
+	if w.Workers, err = num(EnvWorkers, 1); err != nil {
+		return Worker{}, err
+	}
+	if w.Restart, err = num(EnvRestart, 0); err != nil {
+		return Worker{}, err
+	}
+	if w.GracePeriod, err = time.ParseDuration(getenv(EnvGracePeriod)); err != nil || w.GracePeriod <= 0 {
+		return Worker{}, bad(EnvGracePeriod, "want a duration above 0, e.g. 30s")
+	}
+	return w, nil
+}
+
+// environ returns the launch variables of worker index's restart-th start.
+func (w Worker) environ() []string {
+	return []string{
+		EnvStore + "=" + w.Store,
+		EnvJobID + "=" + w.JobID,
+		EnvSecret + "=" + hex.EncodeToString(w.Secret),
+		EnvWorker + "=" + strconv.Itoa(w.Index),
+		EnvWorkers + "=" + strconv.Itoa(w.Workers),
+		EnvRestart + "=" + strconv.Itoa(w.Restart),
+		EnvGracePeriod + "=" + w.GracePeriod.String(),
+	}
+}
+
+// TrainerGracePeriod is the part of the launcher's grace period g that
+// Configure leaves to the trainer: g minus a fifth of it, at most 5 s, so
+// that a worker whose trainer used all of its grace still has time to exit
+// by itself (flush logs and telemetry) before the launcher SIGKILLs it.
+func TrainerGracePeriod(g time.Duration) time.Duration {
+	return g - min(g/5, 5*time.Second)
+}
+
+// Configure sets the job's part of a trainer.Config: JobID, Sync.Secret
+// (a copy), and GracePeriod lowered to TrainerGracePeriod(w.GracePeriod)
+// when it is longer (a shorter one is kept). Everything else (world size
+// bounds, epochs, checkpoints) stays the caller's.
+func (w Worker) Configure(cfg *trainer.Config) {
+	cfg.JobID = w.JobID
+	cfg.Sync.Secret = append([]byte(nil), w.Secret...)
+	if g := TrainerGracePeriod(w.GracePeriod); cfg.GracePeriod <= 0 || cfg.GracePeriod > g {
+		cfg.GracePeriod = g
+	}
+}
+
+// ExitStatus is the process exit status for an error: StatusFinished for
+// nil, StatusPreempted when err wraps trainer.ErrPreempted (a worker that
+// left on SIGTERM) or ErrPreempted (a job the launcher stopped and whose
+// workers all left gracefully), StatusFailed otherwise, and also when err
+// wraps trainer.ErrCheckpoint (a preempted worker whose checkpoint was not
+// written did not leave cleanly). A worker ends
+// with os.Exit(launch.ExitStatus(err)) on the error of its trainer's Run,
+// and the launcher reads that status: a worker's status 0 means the job
+// finished, so a worker must not exit 0 unless Run returned nil.
+func ExitStatus(err error) int {
+	switch {
+	case err == nil:
+		return StatusFinished
+	case errors.Is(err, trainer.ErrCheckpoint):
+		return StatusFailed
+	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted):
+		return StatusPreempted
+	}
+	return StatusFailed
+}

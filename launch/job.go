@@ -1,0 +1,622 @@
+package launch
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic/standalone"
+)
+
+// Result is what the launcher saw of a job.
+type Result struct {
+	// JobID is the job's ID (Config.JobID, or the one drawn).
+	JobID string
+	// Store is the host:port the workers were given (EnvStore).
+	Store string
+	// Outcome is the job's outcome by the exit status rule (package doc).
+	Outcome Outcome
+	// Exits holds every worker process's exit, in the order the launcher
+	// saw them (restarted workers have several).
+	Exits []Exit
+	// Restarts counts the restarts of crashed workers (at most
+	// Config.MaxRestarts).
+	Restarts int
+	// Stopped is true when the launcher forwarded a stop signal (Job.Stop,
+	// Job.Kill or the Start context done).
+	Stopped bool
+	// Wall is the time from Start to the last exit.
+	Wall time.Duration
+}
+
+// ExitStatus is the job's exit status: StatusFinished, StatusPreempted or
+// StatusFailed, by the rule in the package doc.
+func (r Result) ExitStatus() int { return r.Outcome.ExitStatus() }
+
+// Last returns the last exit of each worker index, by index.
+func (r Result) Last() []Exit { return lastExits(r.Exits) }
+
+// Job is a running job: its worker processes and, unless Config.Redis is
+// set, its embedded store. Start one with Start, end it with Wait. Its
+// methods are safe for concurrent use.
+type Job struct {
+	spec       Spec
+	cfg        Config
+	hooks      Hooks
+	log        *slog.Logger
+	jobID      string
+	store      string
+	secret     []byte
+	srv        *standalone.Server
+	env        []string // every worker's environment before its launch variables
+	gomaxprocs string   // "GOMAXPROCS=n", or "" to leave it unset
+	stdout     io.Writer
+	stderr     io.Writer
+	start      time.Time
+
+	// The supervisor goroutine's state (Start's before it runs).
+	next      int              // the next new worker index
+	running   map[*proc]bool   // processes whose exit is not handled yet
+	restarts  int              //
+	finished  bool             // a worker exited 0
+	stopping  bool             // a stop signal was forwarded (or Kill)
+	stopCause error            // the Start context's error, when that was the stop
+	exits     []Exit           //
+	exitc     chan procExit    // from the waiter goroutines
+	addc      chan addRequest  // from Add
+	stopc     chan os.Signal   // from Stop (one pending at most)
+	killc     chan struct{}    // from Kill (one pending at most)
+	waiters   sync.WaitGroup   // one per process
+	done      chan struct{}    // closed when the job is over and res, err are set
+	res       Result           //
+	err       error            //
+	mu        sync.Mutex       // guards procs and every proc's gone
+	procs     map[int]*proc    // the newest process of each worker index
+	graceTime <-chan time.Time // set while a grace period runs
+}
+
+// proc is one worker process.
+type proc struct {
+	Process
+	cmd    *exec.Cmd
+	gone   bool // exited: it and its group get no more signals (Job.mu)
+	atStop bool // running when the stop signal was forwarded (supervisor)
+	killed bool // the launcher SIGKILLed it (supervisor)
+}
+
+type procExit struct {
+	p   *proc
+	err error // cmd.Wait's
+}
+
+type addRequest struct {
+	n     int
+	reply chan addReply
+}
+
+type addReply struct {
+	workers []int
+	err     error
+}
+
+// Run starts a job (Start) and waits for it (Wait). When ctx is done the
+// launcher forwards SIGTERM to every worker and SIGKILLs what is left
+// after Config.GracePeriod; Run then returns within about that time.
+func Run(ctx context.Context, spec Spec, cfg Config, opts ...Option) (Result, error) {
+	j, err := Start(ctx, spec, cfg, opts...)
+	if err != nil {
+		return Result{}, err
+	}
+	return j.Wait()
+}
+
+// Start checks spec and cfg, opens the store (checks that Config.Redis
+// answers PING within 3 s, or starts the embedded one), starts
+// Config.Workers worker processes and returns the running job. ctx is the
+// job's life: when it is done the launcher stops the job as Stop(SIGTERM)
+// does. Errors: ErrInvalidConfig wrapped, the store's error, a worker that
+// cannot start (then every worker started is killed and reaped, and the
+// embedded store closed, before Start returns), or ctx's error.
+func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("launch: %w", err)
+	}
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	j := &Job{
+		spec: spec, cfg: cfg, hooks: o.hooks, log: o.log, jobID: cfg.JobID, start: time.Now(),
+		running: map[*proc]bool{}, procs: map[int]*proc{},
+		exitc: make(chan procExit), addc: make(chan addRequest), stopc: make(chan os.Signal, 1),
+		killc: make(chan struct{}, 1), done: make(chan struct{}),
+	}
+	if j.log == nil {
+		j.log = slog.New(slog.DiscardHandler)
+	}
+	if j.jobID == "" {
+		j.jobID = "job-" + randomHex(6)
+	}
+	j.secret = append([]byte(nil), cfg.Secret...)
+	if cfg.Secret == nil {
+		j.secret = make([]byte, 32)
+		rand.Read(j.secret)
+	}
+	j.stdout, j.stderr = outputs(spec.Stdout, spec.Stderr)
+	j.env = append(os.Environ(), spec.Env...)
+	if n := cfg.GOMAXPROCS; n != -1 && !hasVar(j.env, "GOMAXPROCS") {
+		if n == 0 {
+			n = max(1, runtime.NumCPU()/cfg.Workers)
+		}
+		j.gomaxprocs = "GOMAXPROCS=" + strconv.Itoa(n)
+	}
+
+	if cfg.Redis != "" {
+		if err := ping(ctx, cfg.Redis); err != nil {
+			return nil, err
+		}
+		j.store = cfg.Redis
+	} else {
+		srv, err := standalone.Start(ctx, cfg.StoreListen)
+		if err != nil {
+			return nil, fmt.Errorf("launch: embedded store: %w", err)
+		}
+		j.srv, j.store = srv, srv.Addr()
+	}
+	j.log.Info("job starting", "job", j.jobID, "workers", cfg.Workers, "store", j.describeStore(),
+		"max_restarts", cfg.MaxRestarts, "grace_period", cfg.GracePeriod)
+	for range cfg.Workers {
+		if err := j.spawn(j.next, 0); err != nil {
+			j.abort()
+			return nil, err
+		}
+		j.next++
+	}
+	go j.supervise(ctx)
+	return j, nil
+}
+
+// JobID returns the job's ID.
+func (j *Job) JobID() string { return j.jobID }
+
+// Store returns the host:port of the job's store, as given to the workers.
+func (j *Job) Store() string { return j.store }
+
+// Done is closed when the job is over (Wait then returns at once).
+func (j *Job) Done() <-chan struct{} { return j.done }
+
+// Wait waits until every worker process has exited and been reaped and the
+// embedded store is closed, and returns the Result. Its error is nil when
+// the job finished, wraps ErrPreempted when it was preempted and ErrFailed
+// when it failed (naming the worker processes that decided it), and also
+// wraps the Start context's error when that stopped it. Wait returns at
+// most about Config.GracePeriod after a stop; a job that is not stopped
+// runs as long as its workers do. Safe to call several times and from
+// several goroutines; every call returns the same.
+func (j *Job) Wait() (Result, error) {
+	<-j.done
+	return j.res, j.err
+}
+
+// Add starts n more workers (the next indices, returned) and returns once
+// they started. Errors: ErrJobOver once every worker exited; a stop in
+// progress; more than Config.MaxWorkers workers over the job (nothing
+// starts); a worker that cannot start (the ones before it run); ctx's
+// error. Must not be called from a hook.
+func (j *Job) Add(ctx context.Context, n int) ([]int, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("launch: Add(%d): want at least 1", n)
+	}
+	r := addRequest{n: n, reply: make(chan addReply, 1)}
+	select {
+	case j.addc <- r:
+	case <-j.done:
+		return nil, ErrJobOver
+	case <-ctx.Done():
+		return nil, fmt.Errorf("launch: add: %w", ctx.Err())
+	}
+	rep := <-r.reply // the supervisor answers at once
+	return rep.workers, rep.err
+}
+
+// Signal sends sig to worker's process group (the worker and whatever it
+// started): a fault to inject, or a signal of the caller's own. The
+// launcher does not treat the exit that follows differently from any
+// other (a SIGKILLed worker is restarted when restarts are left). Errors:
+// ErrNoWorker when the index has no running process. Safe in hooks.
+func (j *Job) Signal(worker int, sig syscall.Signal) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	p := j.procs[worker]
+	if p == nil || p.gone {
+		return fmt.Errorf("%w: worker %d", ErrNoWorker, worker)
+	}
+	if err := signalGroup(p.PID, sig); err != nil {
+		return fmt.Errorf("launch: signal worker %d (pid %d): %w", worker, p.PID, err)
+	}
+	return nil
+}
+
+// Stop stops the job gracefully: the launcher forwards sig (SIGTERM when
+// nil or not a syscall.Signal) to every worker's process group, restarts
+// nothing more, and SIGKILLs what is left after Config.GracePeriod. Only
+// the first Stop counts. It does not wait: Wait does. Safe in hooks.
+func (j *Job) Stop(sig os.Signal) {
+	if sig == nil {
+		sig = syscall.SIGTERM
+	}
+	select {
+	case j.stopc <- sig:
+	default: // a stop is pending already
+	}
+}
+
+// Kill SIGKILLs every worker's process group now and restarts nothing
+// more (a second Ctrl-C). It does not wait: Wait does. Safe in hooks.
+func (j *Job) Kill() {
+	select {
+	case j.killc <- struct{}{}:
+	default:
+	}
+}
+
+// supervise is the job's goroutine: it handles exits, restarts, Add, the
+// stop and the grace period until no process is left, then closes the
+// store and publishes the result.
+func (j *Job) supervise(ctx context.Context) {
+	ctxDone := ctx.Done()
+	var grace *time.Timer
+	for len(j.running) > 0 {
+		select {
+		case e := <-j.exitc:
+			j.handleExit(e)
+		case r := <-j.addc:
+			ws, err := j.add(r.n)
+			r.reply <- addReply{ws, err}
+		case sig := <-j.stopc:
+			grace = j.stop(sig, nil, grace)
+		case <-ctxDone:
+			ctxDone = nil
+			cause := ctx.Err()
+			if c := context.Cause(ctx); c != nil && c != cause {
+				cause = fmt.Errorf("%w (%v)", cause, c) // e.g. signal.NotifyContext's signal
+			}
+			grace = j.stop(syscall.SIGTERM, cause, grace)
+		case <-j.killc:
+			// A stop without a grace period: every worker counts as
+			// running at the stop, and none leaves gracefully.
+			j.stopping = true
+			for p := range j.running {
+				p.atStop = true
+			}
+			j.killAll("kill requested")
+		case <-j.graceTime:
+			j.graceTime = nil
+			j.killAll(fmt.Sprintf("grace period of %v over", j.cfg.GracePeriod))
+		}
+	}
+	if grace != nil {
+		grace.Stop()
+	}
+	j.finish()
+}
+
+// finish reaps, closes the store and publishes the result.
+func (j *Job) finish() {
+	j.waiters.Wait()
+	if j.srv != nil {
+		j.srv.Close()
+	}
+	o := jobOutcome(j.exits, j.stopping)
+	j.res = Result{JobID: j.jobID, Store: j.store, Outcome: o, Exits: j.exits, Restarts: j.restarts,
+		Stopped: j.stopping, Wall: time.Since(j.start)}
+	j.err = jobError(o, j.exits, j.stopping, j.stopCause)
+	level := slog.LevelInfo
+	if o == Failed {
+		level = slog.LevelError
+	}
+	attrs := []any{"job", j.jobID, "outcome", o.String(), "exit_status", o.ExitStatus(), "restarts", j.restarts,
+		"wall", j.res.Wall.Round(time.Millisecond)}
+	if j.err != nil && o == Failed {
+		attrs = append(attrs, "err", j.err)
+	}
+	j.log.Log(context.Background(), level, "job over", attrs...)
+	close(j.done)
+}
+
+// abort ends a Start that failed part way: it kills and reaps the workers
+// started so far and closes the store.
+func (j *Job) abort() {
+	j.stopping = true
+	j.killAll("start failed")
+	for len(j.running) > 0 {
+		e := <-j.exitc
+		delete(j.running, e.p)
+	}
+	j.waiters.Wait()
+	if j.srv != nil {
+		j.srv.Close()
+	}
+}
+
+// spawn starts the restart-th process of worker index i.
+func (j *Job) spawn(i, restart int) error {
+	p := &proc{Process: Process{Worker: i, Restart: restart}}
+	w := Worker{Store: j.store, JobID: j.jobID, Secret: j.secret, Index: i, Workers: j.cfg.Workers,
+		Restart: restart, GracePeriod: j.cfg.GracePeriod}
+	var argv []string
+	if j.spec.Wrap != nil {
+		argv = append(argv, j.spec.Wrap(i)...)
+	}
+	argv = append(argv, j.spec.Command...)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	if cmd.Err != nil {
+		return fmt.Errorf("launch: worker %d: %w", i, cmd.Err)
+	}
+	cmd.Env = append([]string(nil), j.env...)
+	if j.gomaxprocs != "" {
+		cmd.Env = append(cmd.Env, j.gomaxprocs)
+	}
+	cmd.Env = append(cmd.Env, w.environ()...)
+	cmd.Dir = j.spec.Dir
+	cmd.Stdout, cmd.Stderr = j.stdout, j.stderr
+	// Output a worker's children still write after it exited is cut off
+	// after this long rather than holding up the exit (they are killed
+	// with its process group anyway).
+	cmd.WaitDelay = 2 * time.Second
+	if j.hooks.Prepare != nil {
+		if err := j.hooks.Prepare(p.Process, cmd); err != nil {
+			return fmt.Errorf("launch: worker %d: prepare: %w", i, err)
+		}
+	}
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("launch: start worker %d: %w", i, err)
+	}
+	p.cmd, p.PID = cmd, cmd.Process.Pid
+	j.mu.Lock()
+	j.procs[i] = p
+	j.mu.Unlock()
+	j.running[p] = true
+	j.waiters.Add(1)
+	go j.wait(p)
+	j.log.Info("worker started", "worker", i, "restart", restart, "pid", p.PID)
+	if j.hooks.OnStart != nil {
+		j.hooks.OnStart(p.Process)
+	}
+	return nil
+}
+
+// wait is a process's waiter goroutine, owned by the Job (waiters): it
+// waits for the exit, kills what the worker left in its process group,
+// reaps it and hands the exit to the supervisor.
+func (j *Job) wait(p *proc) {
+	defer j.waiters.Done()
+	zombie := waitExited(p.PID)
+	j.mu.Lock()
+	p.gone = true
+	j.mu.Unlock()
+	if zombie {
+		// The group's ID stays reserved while its leader is a zombie:
+		// nothing else can be hit. ESRCH (nothing left) is the usual case.
+		_ = signalGroup(p.PID, syscall.SIGKILL)
+	}
+	err := p.cmd.Wait()
+	j.exitc <- procExit{p: p, err: err}
+}
+
+// handleExit records an exit and restarts its worker when the policy says
+// so.
+func (j *Job) handleExit(e procExit) {
+	p := e.p
+	delete(j.running, p)
+	st := p.cmd.ProcessState
+	x := Exit{Process: p.Process, Code: st.ExitCode(), Killed: p.killed, AtStop: p.atStop, At: time.Now(), Err: e.err}
+	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		x.Signal = ws.Signal()
+	}
+	if errors.Is(e.err, exec.ErrWaitDelay) {
+		x.Err = nil // the status is known; only the output of a child was cut
+		if x.Code != 0 {
+			x.Err = &exec.ExitError{ProcessState: st}
+		}
+	}
+	x.Outcome = classify(x.Code, x.Signal)
+	if x.Outcome == Finished {
+		j.finished = true
+	}
+	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, j.restarts, j.cfg.MaxRestarts)
+	j.exits = append(j.exits, x)
+	attrs := exitAttrs(x)
+	switch {
+	case x.Outcome == Finished:
+		j.log.Info("worker finished", attrs...)
+	case x.Outcome == Preempted:
+		j.log.Info("worker left as preempted", attrs...)
+	case x.Restarting:
+		j.log.Warn("worker crashed; restarting it as a new member",
+			append(attrs, "restart", j.restarts+1, "max_restarts", j.cfg.MaxRestarts)...)
+	case j.stopping || j.finished:
+		j.log.Warn("worker failed", attrs...)
+	default:
+		j.log.Error("worker crashed; not restarting it: the job's restarts are used up",
+			append(attrs, "restarts", j.restarts, "max_restarts", j.cfg.MaxRestarts)...)
+	}
+	if j.hooks.OnExit != nil {
+		j.hooks.OnExit(x)
+	}
+	if !x.Restarting {
+		return
+	}
+	j.restarts++
+	if err := j.spawn(x.Worker, x.Restart+1); err != nil {
+		j.log.Error("worker restart failed", "worker", x.Worker, "err", err)
+		j.exits = append(j.exits, Exit{Process: Process{Worker: x.Worker, Restart: x.Restart + 1}, Code: -1,
+			Outcome: Failed, At: time.Now(), Err: err})
+	}
+}
+
+// add starts n more workers for Add.
+func (j *Job) add(n int) ([]int, error) {
+	if j.stopping {
+		return nil, errors.New("launch: add: the job is stopping")
+	}
+	if n > j.cfg.MaxWorkers-j.next {
+		return nil, fmt.Errorf("launch: add %d: %d workers started already, and Config.MaxWorkers is %d", n, j.next, j.cfg.MaxWorkers)
+	}
+	var ws []int
+	for range n {
+		if err := j.spawn(j.next, 0); err != nil {
+			return ws, err
+		}
+		ws = append(ws, j.next)
+		j.next++
+	}
+	return ws, nil
+}
+
+// stop forwards sig to every running worker and arms the grace timer; a
+// second stop does nothing.
+func (j *Job) stop(sig os.Signal, cause error, grace *time.Timer) *time.Timer {
+	if j.stopping {
+		return grace
+	}
+	s, ok := sig.(syscall.Signal)
+	if !ok {
+		s = syscall.SIGTERM
+	}
+	j.stopping, j.stopCause = true, cause
+	j.log.Info("stopping the job: forwarding the signal to every worker", "signal", sigName(s),
+		"workers", len(j.running), "grace_period", j.cfg.GracePeriod)
+	for p := range j.running {
+		p.atStop = true
+		j.signal(p, s)
+	}
+	grace = time.NewTimer(j.cfg.GracePeriod)
+	j.graceTime = grace.C
+	return grace
+}
+
+// killAll SIGKILLs every running worker's process group.
+func (j *Job) killAll(why string) {
+	for p := range j.running {
+		if j.signal(p, syscall.SIGKILL) {
+			p.killed = true
+			j.log.Warn("killing worker", "worker", p.Worker, "pid", p.PID, "why", why)
+		}
+	}
+}
+
+// signal sends sig to p's process group unless p exited; it reports
+// whether it sent it.
+func (j *Job) signal(p *proc, sig syscall.Signal) bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if p.gone {
+		return false
+	}
+	if err := signalGroup(p.PID, sig); err != nil {
+		j.log.Warn("signal failed", "worker", p.Worker, "pid", p.PID, "signal", sigName(sig), "err", err)
+		return false
+	}
+	return true
+}
+
+func (j *Job) describeStore() string {
+	if j.srv != nil {
+		return "embedded " + j.store
+	}
+	return j.store
+}
+
+// ping checks that the Redis at addr answers within 3 s.
+func ping(ctx context.Context, addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, MaxRetries: -1})
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("launch: the store at %s does not answer: %w", addr, err)
+	}
+	return nil
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// hasVar reports whether env sets name.
+func hasVar(env []string, name string) bool {
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); ok && k == name {
+			return true
+		}
+	}
+	return false
+}
+
+func sigName(s syscall.Signal) string { return s.String() }
+
+// exitAttrs are the log attributes of an exit.
+func exitAttrs(x Exit) []any {
+	a := []any{"worker", x.Worker, "pid", x.PID}
+	if x.Restart > 0 {
+		a = append(a, "restart", x.Restart)
+	}
+	if x.Signal != 0 {
+		a = append(a, "signal", sigName(x.Signal))
+	} else {
+		a = append(a, "status", x.Code)
+	}
+	if x.Killed {
+		a = append(a, "killed", true)
+	}
+	return a
+}
+
+// outputs returns the writers the workers get: *os.File and nil as they
+// are, anything else behind one lock shared by both.
+func outputs(o, e io.Writer) (io.Writer, io.Writer) {
+	mu := new(sync.Mutex)
+	wrap := func(w io.Writer) io.Writer {
+		switch w.(type) {
+		case nil, *os.File:
+			return w
+		}
+		return &lockedWriter{mu: mu, w: w}
+	}
+	return wrap(o), wrap(e)
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}

@@ -1,0 +1,601 @@
+package trainer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// round runs one round: connect, agree on state, train until the round ends.
+func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elastic.World,
+	prevSize int, recovered bool, failedAt time.Time, ck *checkpointer) (roundEnd, error) {
+	rctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	// Watched like a collective: a member lost before it connected (killed,
+	// hung) ends the wait as soon as the rendezvous moves on, not after
+	// the Backend's own timeout.
+	watch := watchCollectives(agent, cancel)
+	defer watch.close()
+	watch.enter()
+	comm, err := t.backend.Connect(rctx, sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Endpoints(EndpointSync)})
+	watch.leave()
+	if err != nil {
+		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
+	}
+	defer comm.Close()
+
+	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
+	if err != nil {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
+			// Every rank took this decision from the same collective.
+			t.goodbye(rctx, comm)
+			return endFatal, err
+		}
+		if errors.Is(err, ErrShapeMismatch) {
+			return endFatal, err
+		}
+		return t.classify(ctx, rctx, err)
+	}
+	info.PrevWorldSize = prevSize
+	if world.Rank == 0 && len(t.parts) == 0 {
+		t.catchUpCheckpoint(rctx, ck)
+	}
+	if t.o.hooks.OnRound != nil {
+		t.o.hooks.OnRound(info)
+	}
+	if prevSize != 0 && prevSize != world.Size && t.o.hooks.OnRescale != nil {
+		t.o.hooks.OnRescale(prevSize, world.Size)
+	}
+	t.strag.factor, t.strag.steps = t.cfg.StragglerFactor, t.cfg.StragglerSteps
+	t.strag.reset(world.Size)
+	end, err := t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
+	switch {
+	case end == endFinished, end == endRejoin, end == endPreempted, end == endEvicted,
+		end == endFatal && (errors.Is(err, ErrDiverged) || errors.Is(err, ErrStepFailed)):
+		// Every rank ends the round by the same decision.
+		if perr := t.endRound(rctx, watch); perr != nil {
+			t.log.Warn("a partition failed to end its round", "round", world.Round, "err", perr)
+			if end == endRejoin {
+				end, err = t.classify(ctx, rctx, perr)
+			}
+		}
+		t.goodbye(rctx, comm)
+	}
+	return end, err
+}
+
+// endRound tells every partition that the round ends by a decision every
+// rank took.
+func (t *Trainer[B]) endRound(ctx context.Context, watch *collectiveWatch) error {
+	for _, p := range t.parts {
+		watch.enter()
+		err := p.EndRound(ctx)
+		watch.leave()
+		if err != nil {
+			return fmt.Errorf("trainer: partition %q: end of round: %w", p.Name(), err)
+		}
+	}
+	return nil
+}
+
+// catchUpDue reports whether the store lacks the checkpoint last due
+// (every CheckpointEvery steps) before the live state's step: the rank 0
+// that was writing it may have died before it landed, and a whole-job
+// crash must not fall back further than one interval. Rank 0 only.
+func (t *Trainer[B]) catchUpDue(ctx context.Context) bool {
+	every := int64(t.cfg.CheckpointEvery)
+	if t.o.ckpt == nil || every <= 0 || t.latest == nil || t.step < every {
+		return false
+	}
+	due := t.step - t.step%every
+	steps, err := t.o.ckpt.List(ctx)
+	if err != nil {
+		t.log.Warn("cannot list checkpoints", "err", err)
+		return false
+	}
+	for _, s := range steps { // newest first
+		if s <= t.step { // later steps are another history's
+			if s >= due {
+				return false
+			}
+			break
+		}
+	}
+	t.log.Info("writing the checkpoint a lost rank 0 did not", "due", due, "step", t.step)
+	return true
+}
+
+// catchUpCheckpoint writes a checkpoint of the round's starting state when
+// catchUpDue says so (jobs without partitions; rank 0, asynchronously).
+func (t *Trainer[B]) catchUpCheckpoint(ctx context.Context, ck *checkpointer) {
+	if t.catchUpDue(ctx) {
+		ck.submit(t.step, t.latest.encode(nil, t.params))
+	}
+}
+
+// goodbye ends a round that every rank leaves by the same decision, taken
+// after the same collective. A rank that completed that collective may
+// close its connections while a slower peer is still receiving the end of
+// it, which would abort the collective there and turn the decision into a
+// failure. So all ranks first meet in one more barrier: leaving it proves
+// that every rank has entered it, hence has completed the deciding
+// collective. The barrier itself may be cut short on a slow rank by a fast
+// rank's close; that is harmless, its error is ignored.
+func (t *Trainer[B]) goodbye(ctx context.Context, comm sync.Synchronizer) {
+	ctx, cancel := context.WithTimeout(ctx, goodbyeTimeout)
+	defer cancel()
+	_ = comm.Barrier(ctx)
+}
+
+// goodbyeTimeout bounds the round-end barrier; a peer that died meanwhile
+// fails it at once, a hung one costs at most this.
+const goodbyeTimeout = 2 * time.Second
+
+// classify turns an error inside a round into how the round ends: the end
+// of Run when ctx (Run's) is done, when the loader can never go on
+// (loaderFatal) or a partition's state is lost (ErrPartitionLost); a
+// failure of the round otherwise.
+func (t *Trainer[B]) classify(ctx, rctx context.Context, err error) (roundEnd, error) {
+	if ctx.Err() != nil {
+		return endFatal, fmt.Errorf("trainer: %w", ctx.Err())
+	}
+	if errors.Is(err, ErrPartitionLost) || loaderFatal(err) {
+		return endFatal, err
+	}
+	if errors.Is(context.Cause(rctx), errAbortChange) {
+		return endFailure, fmt.Errorf("%w: %w", errAbortChange, err)
+	}
+	return endFailure, err
+}
+
+// syncState makes every rank of the round hold the same state: the newest
+// commit that every survivor holds, sent by broadcast from the lowest rank
+// that has it; or, when no rank has live state (a new job or a whole-job
+// restart), rank 0's latest good durable checkpoint or its initial values.
+// Then it restores the partitions and the loader from it (restoreData).
+func (t *Trainer[B]) syncState(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool,
+	watch *collectiveWatch, ck *checkpointer) (RoundInfo, error) {
+	ctx, span := t.tel.tracer.Start(ctx, SpanStateSync, trace.WithAttributes(
+		AttrRound.Int64(int64(world.Round)), AttrRank.Int(world.Rank), AttrWorldSize.Int(world.Size)))
+	info, err := t.syncStateInner(ctx, comm, world, recovered, watch)
+	if err == nil {
+		err = t.restoreData(ctx, comm, world, info.Source, watch, ck)
+	}
+	info.Step, info.Epoch, info.EpochStep = t.step, t.epoch, t.epochStep
+	span.SetAttributes(AttrStep.Int64(info.Step), AttrSource.String(info.Source))
+	endSpan(span, err)
+	return info, err
+}
+
+func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer, world elastic.World, recovered bool, watch *collectiveWatch) (RoundInfo, error) {
+	info := RoundInfo{Round: world.Round, Rank: world.Rank, WorldSize: world.Size, Recovery: recovered}
+	// Phase 1: same model everywhere? Who holds the freshest state (the
+	// highest round in which a rank last installed state)? A member that
+	// was fenced keeps its state but, having missed rounds, defers to
+	// fresher holders; if every member was fenced at once they all hold the
+	// same round and nothing is lost.
+	claim := stateClaim{fingerprint: t.fp, holds: t.latest != nil, stateRound: t.stateRound,
+		recovered: recovered, owed: t.countRecovery}
+	if t.latest != nil {
+		claim.latestSeq = t.latest.seq
+	}
+	v := agreementPhase1(claim)
+	watch.enter()
+	err := comm.AllReduceFloat64(ctx, v, sync.OpMax)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state agreement: %w", err)
+	}
+	p1 := decidePhase1(v, t.fp)
+	if p1.mismatch {
+		return info, fmt.Errorf("%w: parameter names, shapes or optimizer differ between ranks of round %d", ErrModelMismatch, world.Round)
+	}
+	counted := p1.counted
+	info.Recovery = p1.recovered
+	root := 0
+	var sn *snapshot
+	if p1.held {
+		// Phase 2: among the freshest holders, the newest commit that all
+		// of them hold (invariant 2), and the lowest rank holding it.
+		w := agreementPhase2(claim, p1, world.Rank, world.Size)
+		watch.enter()
+		err := comm.AllReduceFloat64(ctx, w, sync.OpMax)
+		watch.leave()
+		if err != nil {
+			return info, fmt.Errorf("trainer: state agreement: %w", err)
+		}
+		var agreed uint64
+		root, agreed = decidePhase2(w)
+		info.Source = "commit"
+		if world.Rank == root {
+			if sn = pickCommit(agreed, t.latest, t.prev); sn == nil {
+				return info, fmt.Errorf("%w: rank %d lacks the agreed commit number %d", ErrCorruptState, root, agreed)
+			}
+		}
+	} else {
+		info.Source = "init"
+		if world.Rank == 0 {
+			var err error
+			sn, info.Source, err = t.initialState(ctx)
+			if err != nil {
+				return info, err
+			}
+		}
+	}
+
+	// Broadcast the root's snapshot: its length and where it came from
+	// (only rank 0 knows whether a fresh start found a checkpoint), then
+	// its bytes.
+	var blob []byte
+	lenBuf := make([]byte, 9)
+	if world.Rank == root {
+		if counted {
+			sn = sn.clone()
+			sn.recoveries = append(sn.recoveries, t.o.now().UnixMilli())
+		}
+		blob = sn.encode(nil, t.params)
+		binary.LittleEndian.PutUint64(lenBuf, uint64(len(blob)))
+		lenBuf[8] = byte(slices.Index(stateSources, info.Source))
+	}
+	watch.enter()
+	err = comm.Broadcast(ctx, lenBuf, root)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state broadcast: %w", err)
+	}
+	if i := int(lenBuf[8]); i < len(stateSources) {
+		info.Source = stateSources[i]
+	}
+	n := binary.LittleEndian.Uint64(lenBuf)
+	if n > 1<<40 {
+		return info, fmt.Errorf("%w: state of %d bytes announced", ErrCorruptState, n)
+	}
+	if world.Rank != root {
+		blob = make([]byte, n)
+	}
+	watch.enter()
+	err = comm.Broadcast(ctx, blob, root)
+	watch.leave()
+	if err != nil {
+		return info, fmt.Errorf("trainer: state broadcast: %w", err)
+	}
+	got, err := decodeSnapshot(blob, t.params)
+	if err != nil {
+		return info, err
+	}
+	if t.latest != nil && p1.held {
+		info.RolledBack = t.step - got.step
+	}
+	if err := t.install(got, world); err != nil {
+		return info, err
+	}
+	t.countRecovery = false // recorded (when owed) in the state just installed
+	t.restored = info.Source != "commit"
+	// The failure budget, counted per job from the committed state.
+	if counted {
+		t.tel.recoveries.Add(ctx, 1, t.tel.commonAttrs)
+	}
+	if within := recoveriesWithin(t.recoveries, t.o.now(), t.cfg.RecoveryWindow); within > t.cfg.MaxRecoveries {
+		return info, &BudgetError{Recoveries: within, Last: slices.Clone(t.failures)}
+	}
+	return info, nil
+}
+
+// stateSources are the values of RoundInfo.Source, by their code in the
+// state broadcast.
+var stateSources = []string{"commit", "init", "checkpoint"}
+
+// initialState returns rank 0's state for a round in which nobody holds
+// live state: the newest durable checkpoint that loads, else the current
+// parameter values with a fresh optimizer and loader state.
+func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error) {
+	if st := t.o.ckpt; st != nil {
+		steps, err := st.List(ctx)
+		if err != nil {
+			t.log.Warn("cannot list checkpoints", "err", err)
+		}
+		for _, s := range steps {
+			data, err := st.Load(ctx, s)
+			if err == nil {
+				var sn *snapshot
+				sn, err = decodeSnapshot(data, t.params)
+				if err == nil {
+					t.log.Info("restoring durable checkpoint", "step", s)
+					sn.gen, sn.base = newGen(), sn.step
+					return sn, "checkpoint", nil
+				}
+			}
+			t.log.Warn("skipping unreadable checkpoint", "step", s, "err", err)
+		}
+	}
+	var state []byte
+	if c, ok := t.loader.(interface{ freshState() ([]byte, error) }); ok {
+		// A Loader's fresh cursor, so that every rank starts from rank 0's
+		// (a rank whose loader was set up differently fails its Reset).
+		var err error
+		if state, err = c.freshState(); err != nil {
+			return nil, "", err
+		}
+	}
+	var user []byte
+	if t.o.state != nil {
+		user = t.o.state.AppendState(nil)
+	}
+	sn := &snapshot{}
+	sn.take(0, newGen(), 0, t.params, t.opt, state, nil, user)
+	return sn, "init", nil
+}
+
+// install makes sn the live replicated state and the latest commit; the
+// partitions and the loader follow in restoreData.
+func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
+	if err := sn.restoreInto(t.params, t.opt); err != nil {
+		return err
+	}
+	if t.o.state != nil {
+		if err := t.o.state.LoadState(sn.user); err != nil {
+			return fmt.Errorf("trainer: user state: %w", err)
+		}
+	}
+	t.step, t.gen, t.base = sn.step, sn.gen, sn.base
+	t.epoch, t.epochStep = int(sn.epoch), int(sn.epochStep)
+	t.stateRound = world.Round
+	t.recoveries = slices.Clone(sn.recoveries)
+	t.latest, t.prev = sn, nil
+	t.pendingUseful = 0
+	t.uncommitted = false
+	return nil
+}
+
+// restoreData brings the partitions, then the loader, to the installed
+// state (t.latest), on every rank. With partitions and a CheckpointStore,
+// rank 0 first tells everyone the newest published checkpoint (which the
+// partitions keep) and whether the one last due is missing; it is then
+// written (collectively) once the round's state is restored.
+func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, world elastic.World, source string,
+	watch *collectiveWatch, ck *checkpointer) error {
+	sn := t.latest
+	catchUp := false
+	t.published = -1
+	if len(t.parts) > 0 {
+		published := int64(-1)
+		if t.o.ckpt != nil {
+			buf := make([]byte, 9)
+			if world.Rank == 0 {
+				binary.LittleEndian.PutUint64(buf, uint64(t.newestCheckpoint(ctx)))
+				if t.catchUpDue(ctx) {
+					buf[8] = 1
+				}
+			}
+			watch.enter()
+			err := comm.Broadcast(ctx, buf, 0)
+			watch.leave()
+			if err != nil {
+				return fmt.Errorf("trainer: checkpoint agreement: %w", err)
+			}
+			published, catchUp = int64(binary.LittleEndian.Uint64(buf)), buf[8] == 1
+		}
+		t.published = published
+		pr := PartitionRound{Step: t.step, Source: source, Published: published, Comm: comm}
+		for _, p := range t.parts {
+			pr.World = sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Endpoints(p.Name())}
+			pr.Manifests = nil
+			if source == "checkpoint" {
+				pr.Manifests = sn.manifests(p.Name())
+			}
+			watch.enter()
+			err := p.Restore(ctx, pr)
+			watch.leave()
+			if err != nil {
+				return fmt.Errorf("trainer: partition %q: restore of step %d: %w", p.Name(), t.step, err)
+			}
+		}
+	}
+	state := sn.cursor
+	if len(state) == 0 {
+		state = nil // a fresh start
+	}
+	if l, ok := t.loader.(LineageSetter); ok {
+		l.SetLineage(t.gen) // the installed state's, the same on every rank
+	}
+	watch.enter()
+	err := t.loader.Restore(ctx, state, world.Rank, world.Size)
+	watch.leave()
+	if err != nil {
+		return fmt.Errorf("trainer: loader: restore: %w", err)
+	}
+	if p, ok := t.loader.(positioner); ok {
+		t.epoch, t.epochStep = p.position()
+	}
+	if t.userLoader {
+		// Nobody reads before every rank's Restore did the work that
+		// must precede reads (revoking leases taken after the commit).
+		watch.enter()
+		err := comm.Barrier(ctx)
+		watch.leave()
+		if err != nil {
+			return fmt.Errorf("trainer: waiting for every rank's loader restore: %w", err)
+		}
+	}
+	if catchUp {
+		published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+		if err != nil {
+			return err
+		}
+		if !published {
+			return fmt.Errorf("%w: the catch-up checkpoint of step %d was not published", ErrCheckpoint, t.step)
+		}
+	}
+	return nil
+}
+
+// newestCheckpoint returns the step of the newest checkpoint in the store,
+// or -1 (none, or the store cannot be listed).
+func (t *Trainer[B]) newestCheckpoint(ctx context.Context) int64 {
+	steps, err := t.o.ckpt.List(ctx)
+	if err != nil {
+		t.log.Warn("cannot list checkpoints", "err", err)
+		return -1
+	}
+	if len(steps) == 0 {
+		return -1
+	}
+	return steps[0]
+}
+
+// commit snapshots the live state as the latest commit, keeping the previous
+// one (a rank may be one commit ahead of another when a round fails). The
+// loader's state comes first (gathered from every rank and merged with a
+// StateMerger), then every partition commits, then the trainer takes its
+// snapshot; with a CommitListener, every rank passes a barrier and the
+// loader is told the commit is held everywhere.
+func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *collectiveWatch) error {
+	state, err := t.loader.State(ctx)
+	if err != nil {
+		return fmt.Errorf("trainer: loader: state: %w", err)
+	}
+	if t.merger != nil {
+		watch.enter()
+		parts, err := gatherBytes(ctx, comm, state)
+		watch.leave()
+		if err != nil {
+			return fmt.Errorf("trainer: gathering the loader states: %w", err)
+		}
+		if state, err = t.merger.MergeStates(parts); err != nil {
+			return fmt.Errorf("trainer: loader: merging the ranks' states: %w", err)
+		}
+	}
+	for _, p := range t.parts {
+		watch.enter()
+		err := p.Commit(ctx, t.step)
+		watch.leave()
+		if err != nil {
+			return fmt.Errorf("trainer: partition %q: commit of step %d: %w", p.Name(), t.step, err)
+		}
+	}
+	var user []byte
+	if t.o.state != nil {
+		user = t.o.state.AppendState(nil)
+	}
+	seq := t.latest.seq + 1
+	sn := t.spare
+	if sn == nil || sn == t.latest {
+		sn = &snapshot{}
+	}
+	sn.take(t.step, t.gen, t.base, t.params, t.opt, state, t.recoveries, user)
+	sn.seq, sn.epoch, sn.epochStep, sn.parts = seq, int64(t.epoch), int64(t.epochStep), nil
+	t.spare, t.prev, t.latest = t.prev, t.latest, sn
+	t.uncommitted = false
+	t.useful += t.pendingUseful
+	t.pendingUseful = 0
+	if t.o.hooks.OnCommit != nil {
+		t.o.hooks.OnCommit(t.step)
+	}
+	if t.listener != nil {
+		watch.enter()
+		err := comm.Barrier(ctx)
+		watch.leave()
+		if err != nil {
+			return fmt.Errorf("trainer: waiting for every rank's commit: %w", err)
+		}
+		if err := t.listener.Committed(ctx); err != nil {
+			return fmt.Errorf("trainer: loader: committed: %w", err)
+		}
+	}
+	return nil
+}
+
+// checkpointParts writes the durable checkpoint of the latest commit in a
+// job with partitions (collective: every rank calls it at the same step
+// boundary): every rank makes its part of every partition durable and
+// returns its manifests (Partition.Checkpoint), the manifests travel to
+// every rank (gatherBytes), rank 0 publishes one checkpoint holding the
+// replicated state and all manifests (synchronously: one atomic write of
+// the CheckpointStore), and tells every rank whether it did. So nothing is
+// published before every rank's Checkpoint returned, and a crash at any
+// point leaves the previous checkpoint whole.
+//
+// published is false when rank 0's write failed (it was logged and
+// reported to Hooks.OnCheckpoint there); err reports a failed Checkpoint
+// or collective, which fails the round.
+func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer, world elastic.World,
+	watch *collectiveWatch, ck *checkpointer) (published bool, err error) {
+	step := t.latest.step
+	mine := binary.LittleEndian.AppendUint32(nil, uint32(len(t.parts)))
+	for _, p := range t.parts {
+		watch.enter()
+		m, err := p.Checkpoint(ctx, step)
+		watch.leave()
+		if err != nil {
+			return false, fmt.Errorf("trainer: partition %q: checkpoint of step %d: %w", p.Name(), step, err)
+		}
+		mine = appendBytes(mine, m)
+	}
+	watch.enter()
+	all, err := gatherBytes(ctx, comm, mine)
+	watch.leave()
+	if err != nil {
+		return false, fmt.Errorf("trainer: gathering the partitions' checkpoint manifests: %w", err)
+	}
+	outcome := []byte{0}
+	if world.Rank == 0 {
+		sn := *t.latest // shallow: encoded, never changed
+		sn.parts, err = t.decodeManifests(all)
+		if err != nil {
+			t.log.Error("checkpoint not published", "step", step, "err", err)
+		} else if err := ck.saveNow(ctx, step, sn.encode(nil, t.params)); err == nil {
+			outcome[0] = 1
+		}
+	}
+	watch.enter()
+	err = comm.Broadcast(ctx, outcome, 0)
+	watch.leave()
+	if err != nil {
+		return false, fmt.Errorf("trainer: checkpoint of step %d: %w", step, err)
+	}
+	if outcome[0] == 1 {
+		t.published = step
+	}
+	return outcome[0] == 1, nil
+}
+
+// decodeManifests turns every rank's gathered manifests (a count, then one
+// length-prefixed manifest per partition) into the snapshot's form.
+func (t *Trainer[B]) decodeManifests(all [][]byte) ([]partManifests, error) {
+	out := make([]partManifests, len(t.parts))
+	for i, p := range t.parts {
+		out[i] = partManifests{name: p.Name(), manifests: make([][]byte, len(all))}
+	}
+	for r, b := range all {
+		rd := reader{b: b}
+		if n := int(rd.u32()); rd.err == nil && n != len(t.parts) {
+			return nil, fmt.Errorf("%w: rank %d sent %d partition manifests, want %d", ErrCorruptState, r, n, len(t.parts))
+		}
+		for i := range t.parts {
+			out[i].manifests[r] = rd.bytes()
+		}
+		if err := rd.done(); err != nil {
+			return nil, fmt.Errorf("%w: rank %d's partition manifests: %v", ErrCorruptState, r, err)
+		}
+	}
+	return out, nil
+}
+
+// manifests returns the manifests of the partition name in a checkpoint,
+// or nil when it holds none (it was written without that partition).
+func (s *snapshot) manifests(name string) [][]byte {
+	for _, p := range s.parts {
+		if p.name == name {
+			return p.manifests
+		}
+	}
+	return nil
+}

@@ -1,0 +1,330 @@
+package trainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/sync"
+)
+
+// Control slots carried in each step's first allreduce, reduced by max, so
+// every rank takes the same decision after the same step. Flags are 0 or 1;
+// per-rank values sit in their rank's slots (the others send 0), so the max
+// hands every rank every rank's value.
+const (
+	ctlChange  = iota // a membership change is pending somewhere
+	ctlStepErr        // a StepFunc failed somewhere
+	ctlGradMax        // largest |gradient| of any micro-batch (deterministic mode)
+	ctlFixed          // then ctlPerRank slots for each rank:
+)
+
+const (
+	ctlLoss      = iota // loss sum (fixed point in deterministic mode)
+	ctlSamples          // samples in this rank's share
+	ctlCompute          // StepFunc seconds
+	ctlStop             // preempted
+	ctlEpochDone        // the loader found no sample of the epoch left (Batch.EpochDone)
+	ctlPerRank
+)
+
+// lossScale is the fixed-point scale of loss sums in deterministic mode.
+const lossScale = 1 << 24
+
+// train runs steps until the round ends: the I/O around the core's
+// decisions (putControl, readControl, decideBoundary, stragglers).
+func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
+	recovered bool, failedAt time.Time, watch *collectiveWatch, ck *checkpointer, pending func() bool) (roundEnd, error) {
+	W, rank := world.Size, world.Rank
+	ctl := make([]float64, controlLen(W))
+	o := &t.outcome
+	pos, tracked := t.loader.(positioner)
+	var agreement *AuditEntry
+	if t.o.audit != nil && rank == 0 {
+		agreement = &AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
+	}
+	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
+	for {
+		b, err := t.loader.Next(ctx)
+		if err != nil {
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: data: %w", err))
+		}
+		if b.Epoch >= t.cfg.Epochs {
+			if !tracked {
+				t.epoch, t.epochStep = b.Epoch, 0
+			}
+			return t.finish(ctx, runCtx, comm, world, watch, ck)
+		}
+		stepStart := time.Now()
+		var span trace.Span
+		sctx := ctx
+		if t.cfg.StepSpanEvery > 0 && (t.step+1)%int64(t.cfg.StepSpanEvery) == 0 {
+			sctx, span = t.tel.tracer.Start(ctx, SpanStep, trace.WithAttributes(append(roundAttrs,
+				AttrStep.Int64(t.step+1), AttrEpoch.Int(b.Epoch))...))
+		}
+		if a := t.o.audit; a != nil && len(b.Indices) > 0 {
+			if err := a.RecordStep(AuditEntry{Gen: t.gen, Round: world.Round, Rank: rank, Step: t.step + 1, Epoch: b.Epoch, Indices: b.Indices}); err != nil {
+				return endFatal, err
+			}
+		}
+		loss, gmax, stepErr := t.compute(sctx, b)
+		t.microCount = len(b.Micro)
+		compute := time.Since(stepStart)
+
+		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
+			samples: len(b.Indices), compute: compute.Seconds(), stop: t.preempted(), epochDone: b.EpochDone})
+		syncStart := time.Now()
+		actx, aspan := sctx, trace.Span(nil)
+		if span != nil {
+			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
+		}
+		watch.enter()
+		err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
+		if err == nil {
+			readControl(ctl, W, t.cfg.Deterministic, o)
+			switch {
+			case o.diverged:
+				// Every rank saw the same largest gradient: all stop here, together.
+				err = fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
+			case !o.stepFailed && o.samples > 0: // a global batch without samples is no step: nothing to reduce
+				err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
+				if err == nil && t.afterReduce != nil {
+					err = t.afterReduce(rank, t.step+1)
+				}
+			}
+		}
+		watch.leave()
+		if aspan != nil {
+			endSpan(aspan, err)
+		}
+		if err != nil {
+			if span != nil {
+				endSpan(span, err)
+			}
+			if errors.Is(err, ErrDiverged) {
+				return endFatal, fmt.Errorf("trainer: step %d: %w", t.step+1, err)
+			}
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
+		}
+		if agreement != nil {
+			// Every rank has installed the round's state (it took part in
+			// this allreduce), so the agreement is final: record it once.
+			if err := t.o.audit.RecordAgreed(*agreement); err != nil {
+				return endFatal, err
+			}
+			agreement = nil
+		}
+		if o.stepFailed {
+			if span != nil {
+				endSpan(span, stepErr)
+			}
+			if stepErr != nil {
+				return endFatal, fmt.Errorf("%w: step %d: %w", ErrStepFailed, t.step+1, stepErr)
+			}
+			return endRejoin, nil // another rank's step failed; it leaves, we go on without it
+		}
+		syncDur := time.Since(syncStart)
+		empty := o.samples == 0
+		var stepDur time.Duration
+		if !empty {
+			if !t.cfg.Deterministic {
+				inv := float32(1 / o.samples)
+				for _, p := range t.params {
+					for i := range p.Grad {
+						p.Grad[i] *= inv
+					}
+				}
+			}
+			if err := t.opt.Step(t.params); err != nil {
+				return endFatal, err
+			}
+			t.step++
+			t.trained++
+			t.lastLoss = o.lossSum / o.samples
+			if !tracked {
+				t.epoch, t.epochStep = b.Epoch, b.Step+1
+			}
+			stepDur = time.Since(stepStart)
+			t.pendingUseful += stepDur
+		}
+		ls := LoaderStep{Step: t.step, Samples: o.perSamples, ComputeSeconds: o.perCompute, EpochDone: o.epochDone}
+		t.uncommitted = true
+		commitAsked, err := t.loader.Stepped(ctx, ls)
+		if err != nil {
+			if span != nil {
+				endSpan(span, err)
+			}
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: loader: stepped: %w", err))
+		}
+		if tracked {
+			t.epoch, t.epochStep = pos.position()
+		}
+		evict := -1
+		if !empty {
+			evict = t.strag.observe(o.perCompute, t.cfg.EvictStragglers, func(r int, ratio float64) {
+				t.straggler(ctx, world, r, ratio)
+			})
+		}
+		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
+			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted()})
+		if bd.commit {
+			var cspan trace.Span
+			if span != nil || bd.end != endNone {
+				_, cspan = t.tel.tracer.Start(sctx, SpanCommit, trace.WithAttributes(AttrStep.Int64(t.step)))
+			}
+			err := t.commit(ctx, comm, watch)
+			if cspan != nil {
+				endSpan(cspan, err)
+			}
+			if err != nil {
+				if span != nil {
+					endSpan(span, err)
+				}
+				return t.classify(runCtx, ctx, err)
+			}
+		}
+		if bd.checkpoint {
+			if len(t.parts) == 0 {
+				if rank == 0 {
+					ck.submit(t.step, t.latest.encode(nil, t.params))
+				}
+			} else if t.o.ckpt != nil {
+				published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+				if err == nil && !published {
+					// A partition takes its next Checkpoint call to mean this
+					// one was published; a new round tells it the truth
+					// (PartitionRound.Published).
+					err = fmt.Errorf("%w: step %d was not published", ErrCheckpoint, t.step)
+				}
+				if err != nil {
+					if span != nil {
+						endSpan(span, err)
+					}
+					return t.classify(runCtx, ctx, err)
+				}
+			}
+		}
+		if empty {
+			if span != nil {
+				span.End()
+			}
+		} else {
+			t.tel.stepDur.Record(ctx, stepDur.Seconds(), t.tel.commonAttrs)
+			if t.step%goodputEvery == 0 {
+				t.tel.goodput.Record(ctx, t.goodput(t.runStart), t.tel.commonAttrs)
+			}
+			if rank == 0 {
+				t.tel.samples.Add(ctx, int64(o.samples), t.tel.commonAttrs)
+			}
+			if span != nil {
+				span.End()
+			}
+			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
+				Loss: t.lastLoss, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+			if recovered {
+				rec := t.o.now().Sub(failedAt).Seconds()
+				si.RecoverySeconds = rec
+				t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
+				_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
+				rs.End()
+				recovered = false
+			}
+			if t.o.hooks.OnStep != nil {
+				t.o.hooks.OnStep(si)
+			}
+		}
+		switch bd.end {
+		case endPreempted, endRejoin:
+			if o.stop {
+				return t.leavePreempted(ctx, runCtx, comm, world, o.firstStop, watch, ck)
+			}
+			return endRejoin, nil
+		case endEvicted:
+			return endEvicted, nil
+		}
+	}
+}
+
+// leavePreempted ends the round after a step at which some rank was
+// preempted (every rank committed): the lowest preempted rank writes a
+// durable checkpoint (with partitions: every rank takes part, rank 0
+// publishes), the preempted ranks leave, the others rejoin.
+func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
+	first int, watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
+	var saveErr error
+	if len(t.parts) == 0 {
+		if first == world.Rank && t.preempted() {
+			saveErr = ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+		}
+	} else if t.o.ckpt != nil {
+		published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+		switch {
+		case err != nil && !t.preempted():
+			return t.classify(runCtx, ctx, err)
+		case err != nil:
+			saveErr = fmt.Errorf("%w: step %d: %w", ErrCheckpoint, t.step, err)
+		case !published:
+			saveErr = fmt.Errorf("%w: step %d was not published", ErrCheckpoint, t.step)
+		}
+	}
+	if !t.preempted() {
+		return endRejoin, nil
+	}
+	if first != world.Rank {
+		saveErr = nil // the lowest preempted rank reports the checkpoint
+	}
+	return endPreempted, saveErr
+}
+
+// straggler reports rank r, found slow by the core's stragglers tracker
+// at this step with compute time ratio times the median: log, metric,
+// Hooks.OnStraggler.
+func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64) {
+	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers}
+	t.log.Warn("straggler", "rank", r, "ratio", math.Round(ratio*100)/100, "steps", t.cfg.StragglerSteps)
+	t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
+	if t.o.hooks.OnStraggler != nil {
+		t.o.hooks.OnStraggler(info)
+	}
+}
+
+// finish ends the job at the end of the last epoch: a commit (unless the
+// last step boundary took one) and a final checkpoint by rank 0 (with partitions: by every rank, published by rank
+// 0); round then says goodbye. A failed collective fails the round (the
+// next one finds the end at once and tries again); a failed publication
+// is rank 0's ErrCheckpoint.
+func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
+	watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
+	// The batch that ended the job was never Stepped: when the last step
+	// boundary committed (every step with CommitEvery 1, an epoch end of a
+	// leased loader), that commit is the final one, and the loader is not
+	// asked for its state with a batch outstanding.
+	if t.uncommitted {
+		if err := t.commit(ctx, comm, watch); err != nil {
+			return t.classify(runCtx, ctx, err)
+		}
+	}
+	if len(t.parts) == 0 {
+		if world.Rank == 0 {
+			return endFinished, ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+		}
+		return endFinished, nil
+	}
+	if t.o.ckpt == nil || t.published == t.step {
+		return endFinished, nil // no store, or the last step's checkpoint is published
+	}
+	published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+	if err != nil {
+		return t.classify(runCtx, ctx, err)
+	}
+	if !published && world.Rank == 0 {
+		return endFinished, fmt.Errorf("%w: the final checkpoint of step %d was not published", ErrCheckpoint, t.step)
+	}
+	return endFinished, nil
+}
