@@ -19,9 +19,10 @@ const (
 	// round spans at least two hosts and some host holds at least two
 	// ranks, else the flat ring: HierarchyStriped when every host holds as
 	// many ranks, else HierarchyLeaders. (Measured between hosts on links
-	// of 1 Gbit/s, examples/allreduce-bench -hosts: striped reached 91 % of
-	// the links' bound at 64 MiB, leaders 85 %; striped spreads the work
-	// between hosts, TCP and reductions, over every rank of a host.)
+	// of 1 Gbit/s, examples/allreduce-bench -hosts, 2 hosts of 2 ranks, 64
+	// MiB: striped at 85-91 % of the links' bound, leaders at 74-87 %, in
+	// the same runs; striped spreads the work between hosts, TCP and
+	// reductions, over every rank of a host.)
 	HierarchyAuto Hierarchy = iota
 	// HierarchyOff always runs the flat ring over all ranks in rank order.
 	HierarchyOff
