@@ -25,9 +25,10 @@ import (
 // left with the fewest workers); the job must reach the accuracy of a
 // single-host run with every sample trained exactly once.
 
-// hostsRun is the flags of both runs: two epochs of the MLP, a kill of rank
-// 1 in the first epoch and a join in the second.
-var hostsRun = []string{"-epochs", "2", "-batch", "64", "-min", "2", "-kill", "1@400", "-join", "1@1100",
+// hostsRun is the flags of both runs: three epochs of the MLP (two end at
+// 0.970-0.972, too close to the mark to hold every time), a kill of rank 1
+// in the first epoch and a join in the second.
+var hostsRun = []string{"-epochs", "3", "-batch", "64", "-min", "2", "-kill", "1@600", "-join", "1@1500",
 	"-listen", "0.0.0.0:0", "-json", "-quiet"}
 
 func runOnHosts(t *testing.T, placement []string) {
@@ -77,7 +78,7 @@ func runOnHosts(t *testing.T, placement []string) {
 	require.GreaterOrEqual(t, res.Recoveries, 1)
 	require.Zero(t, res.AuditMissing, "audit: samples never trained")
 	require.Zero(t, res.AuditDuplicates, "audit: samples trained twice")
-	require.Equal(t, 2*(60000/64)*64, res.SamplesApplied, "every sample of both epochs (whole global batches) exactly once")
+	require.Equal(t, 3*(60000/64)*64, res.SamplesApplied, "every sample of every epoch (whole global batches) exactly once")
 	require.GreaterOrEqual(t, res.TestAccuracy, 0.97, fmt.Sprintf("test accuracy %.4f", res.TestAccuracy))
 }
 

@@ -72,6 +72,12 @@ type Net struct {
 	prefix  netip.Prefix
 	gateway netip.Addr
 
+	// life ends when Close starts: every Cmd made by Host.Command is
+	// killed then (exec.CommandContext), even one that had not yet entered
+	// its namespace when Close looked for the processes inside.
+	life    context.Context
+	endLife context.CancelFunc
+
 	mu     sync.Mutex
 	hosts  []*Host
 	closed bool
@@ -183,6 +189,7 @@ func New(ctx context.Context, hosts ...string) (*Net, error) {
 	id := idOf(os.Getpid(), seq.Add(1))
 	base := prefix.Addr().As4()
 	n := &Net{id: id, bridge: "etb-" + id, prefix: prefix}
+	n.life, n.endLife = context.WithCancel(context.Background())
 	n.gateway = netip.AddrFrom4([4]byte{base[0], base[1], base[2], 254})
 	fail := func(err error) (*Net, error) {
 		n.Close()
@@ -373,6 +380,7 @@ func (n *Net) Close() error {
 	n.closed = true
 	hosts, made := n.hosts, n.hosts != nil
 	n.mu.Unlock()
+	n.endLife()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var first error
@@ -443,8 +451,10 @@ func (h *Host) Addr(port int) string { return net.JoinHostPort(h.ip.String(), st
 
 // Command returns a Cmd that runs name with args inside the host's
 // namespace (ip netns exec), killed with SIGKILL when the calling process
-// dies. ctx kills it as exec.CommandContext does.
+// dies or the Net closes. ctx kills it as exec.CommandContext does.
 func (h *Host) Command(ctx context.Context, name string, args ...string) *exec.Cmd {
+	ctx, cancel := context.WithCancel(ctx)
+	context.AfterFunc(h.net.life, cancel)
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.ns, name}, args...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	return cmd
