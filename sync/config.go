@@ -10,7 +10,7 @@ import (
 
 // Config holds the settings of a Transport and the Rings it connects.
 // Start from DefaultConfig; Listen calls Validate. JobID, Secret,
-// ChunkBytes, DirectBytes and Streams must be equal on every rank of a job
+// ChunkBytes, DirectBytes, Streams and Hierarchy must be equal on every rank of a job
 // (they shape the wire traffic); a disagreement fails Connect or the
 // operations (at worst after OpTimeout) rather than hanging.
 type Config struct {
@@ -62,18 +62,33 @@ type Config struct {
 	// of loopback TCP; links between hosts stay TCP. Default true.
 	LocalSockets bool
 	// SharedMemory lets ring lanes between ranks on the same host (over
-	// LocalSockets, without TLS) carry their payloads through shared memory
+	// LocalSockets) carry their payloads through shared memory
 	// (a sealed memfd passed over the socket) instead of the socket; headers
 	// and credits stay on the socket. Linux amd64/arm64. Default true.
 	SharedMemory bool
-	// AdvertiseAddr overrides the address returned by Transport.Addr. Empty
-	// (the default) means the listener's address, with an unspecified host
-	// replaced by the first non-loopback IPv4 address of the host.
+	// Hierarchy selects the allreduce of large buffers in rounds whose
+	// ranks share hosts (see Hierarchy; hosts are told apart by the host
+	// part of the advertised addresses). Default HierarchyAuto.
+	Hierarchy Hierarchy
+	// AdvertiseAddr is the address peers dial, returned by Transport.Addr
+	// and advertised through the rendezvous: host:port, or a host alone
+	// (or host:0), which takes the listener's port. Empty (the default)
+	// means the listener's address, with an unspecified host (0.0.0.0,
+	// ::) replaced by this host's address: the IPv4 address of the
+	// interface that holds the default route, else the first IPv4 address
+	// of an interface that is up and not loopback (link-local addresses
+	// last), else such an IPv6 address, else 127.0.0.1. On a host with
+	// several networks, set it (on Kubernetes: the pod IP, from
+	// status.podIP).
 	AdvertiseAddr string
-	// ServerTLS, when set, wraps every accepted connection in TLS; ClientTLS,
-	// when set, wraps every dialed one (its ServerName defaults to the
-	// peer's host). Set both or neither. Default nil (plain TCP; the secret
-	// still authenticates but does not encrypt).
+	// ServerTLS, when set, wraps every accepted TCP connection in TLS;
+	// ClientTLS, when set, wraps every dialed one (its ServerName defaults
+	// to the peer's host: set it to the name in the job's certificate when
+	// peers' addresses change, as pod IPs do). Set both or neither.
+	// Connections over Unix sockets (LocalSockets: ranks on this host) are
+	// not wrapped: they never leave the host, the secret's handshake
+	// authenticates them, and they keep shared memory. Default nil (plain
+	// TCP; the secret still authenticates but does not encrypt).
 	ServerTLS, ClientTLS *tls.Config
 	// Logger receives warnings (refused handshakes) and debug messages.
 	// Default: discard.
@@ -125,6 +140,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.Streams %d, want 1..64", ErrInvalid, c.Streams)
 	case (c.ServerTLS == nil) != (c.ClientTLS == nil):
 		return fmt.Errorf("%w: set both Config.ServerTLS and Config.ClientTLS, or neither", ErrInvalid)
+	case c.Hierarchy > maxHierarchy:
+		return fmt.Errorf("%w: unknown Config.Hierarchy %v", ErrInvalid, c.Hierarchy)
 	}
 	return nil
 }

@@ -32,8 +32,31 @@
 //     doubling instead (log2(n) steps of one message; Thakur, Rabenseifner &
 //     Gropp, "Optimization of collective communication operations in
 //     MPICH", IJHPCA 2005).
+//   - AllReduce of more than DirectBytes in a round whose ranks share
+//     hosts (several ranks advertise the same host, and there are several
+//     hosts): the hierarchical allreduce (Config.Hierarchy). With as many
+//     ranks on every host (HierarchyStriped, the default then), the ranks
+//     of each host reduce-scatter the buffer over shared memory, the q-th
+//     ranks of all hosts allreduce stripe q over a ring of their own, and
+//     each host allgathers; otherwise (HierarchyLeaders) the ranks of each
+//     host reduce to the host's leader, the leaders allreduce over a ring
+//     between hosts, and each leader broadcasts back within its host. The
+//     buffer is cut into pieces so that the phases of successive pieces
+//     overlap. Each host link carries 2(H-1)/H of the buffer each way for
+//     H hosts, where the flat ring over N ranks carries 2(N-1)/N.
 //   - Broadcast: pipelined chain root -> root+1 -> ... (direct for small).
 //   - AllGather: ring allgather (direct for small). Barrier: direct exchange.
+//
+// # Layers
+//
+// The Transport gives a round its mesh of authenticated streams: a control
+// and a mesh connection between every pair of ranks, and Config.Streams
+// lanes along each ring the round needs (the ring of all ranks, and for
+// the hierarchical allreduce the ring of each host and the ring between
+// hosts, chosen from World.Addrs by the same rule on every rank). The
+// ring algorithms (reduce-scatter, allgather, chain) run on any of those
+// rings; the hierarchical allreduce composes them; the parameter server
+// (ParamServer) runs its own protocol on the mesh connections.
 //
 // Between ranks on one host (Config.LocalSockets, Linux), connections use
 // Unix domain sockets, and the ring lanes carry their payloads through
@@ -44,7 +67,13 @@
 // per ring link.
 //
 // Results are bit-identical on every rank. The reduction order is fixed by
-// the buffer length and the Config, so float64 results are reproducible.
+// the buffer length, the Config and the round's layout (which ranks share
+// a host), never by timing, so results are reproducible. Rounds of other
+// layouts add in other orders: float32 and general float64 sums then
+// differ in their last bits, but sums of integer-valued float64 (the
+// fixed-point gradients of the trainer's deterministic mode) are exact in
+// any order while they stay within 2^53, so they are bit-identical across
+// every layout, flat or hierarchical.
 // Element values travel as little-endian IEEE 754, as they lie in memory
 // (little-endian hosts only).
 //
@@ -66,8 +95,9 @@
 // the connection is closed; Transport.Stats counts refusals. Connections for
 // a round this rank has not reached yet are held (Config.HoldTimeout), since
 // ranks reach Connect at slightly different times. TLS (crypto/tls) can wrap
-// every connection (Config.ServerTLS and ClientTLS) for links that leave the
-// host.
+// every TCP connection (Config.ServerTLS and ClientTLS) for links that
+// leave the host; connections over Unix sockets stay on the host and are
+// not wrapped.
 //
 // A peer that does not prove the secret dooms the round, but Connect goes on
 // for up to a second forming the other connections and returns an

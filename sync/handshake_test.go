@@ -329,9 +329,17 @@ func TestTLS(t *testing.T) {
 		w := newTestWorld(t, 3, cfg)
 		checkAllReduce(t, w, nil2rng(), 5003, OpSum)
 		checkAllReduce(t, w, nil2rng(), 10, OpAvg)
+		// TLS is for links between hosts: Unix sockets (same host) are
+		// not wrapped and keep their shared memory; TCP ones are wrapped.
+		l := w.rings[0].lanes[0]
+		if _, isTLS := l.right.(*tls.Conn); isTLS == local || (l.tx != nil) != local {
+			t.Fatalf("LocalSockets %v: lane 0 is %T, shared memory %v", local, l.right, l.tx != nil)
+		}
 	}
-	// A client that does not trust the server's certificate is refused.
+	// A client that does not trust the server's certificate is refused
+	// (over TCP: the link TLS protects).
 	cfg := testConfig(t)
+	cfg.LocalSockets = false
 	cfg.DialTimeout = 2 * time.Second
 	cfg.ServerTLS, cfg.ClientTLS = selfSignedTLS(t)
 	other := cfg

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	gosync "sync"
 	"sync/atomic"
 	"time"
@@ -62,8 +63,16 @@ type lane struct {
 	wake      [1]byte
 }
 
+// Lane algorithms.
+const (
+	algoRing   = iota // ring reduce-scatter and/or allgather steps s0..s1-1 (allreduce)
+	algoChain         // pipelined chain from root: copy (broadcast) or reduce (red set) at every hop
+	algoGather        // ring allgather of per-rank blocks
+)
+
 type laneJob struct {
-	kind  wire.Kind
+	kind  wire.Kind // of the frame headers
+	algo  uint8
 	opb   uint8 // op byte of the frame header
 	op    Op
 	elem  int // element size in bytes (1 for byte collectives)
@@ -71,20 +80,72 @@ type laneJob struct {
 	lo    int // lane's range: elements for allreduce, bytes otherwise
 	hi    int
 	block int // allgather: bytes per rank block
-	root  int
+	root  int // chain: the group position that starts the chain
+	aux   uint64
 	seq   uint64
 	total uint64
-	red   reduceFunc
+	red   reduceFunc // ring: reduction; chain: nil copies, else reduces at every hop
 	scale scaleFunc
+	// ring steps s0 <= s < s1 of 2(n-1): [0, n-1) reduce-scatter, [n-1,
+	// 2(n-1)) allgather.
+	s0, s1 int
+	div    int // OpAvg: divide by div at the last reduce-scatter step; 0 = no division
+	// segMajor: [lo, hi) is the whole extent, split into n segments first
+	// and each segment into the lanes' parts (li of nl), so that after a
+	// reduce-scatter position q holds one contiguous segment (q+1) mod n.
+	// Otherwise the lane's part [lo, hi) splits into n segments.
+	segMajor bool
+	li, nl   int
 }
+
+// segment returns the element (or byte) range of segment seg of n of the
+// lane's job.
+func (j *laneJob) segment(seg, n int) (int, int) {
+	lo, hi := span(j.lo, j.hi, seg, n)
+	if j.segMajor {
+		return span(lo, hi, j.li, j.nl)
+	}
+	return lo, hi
+}
+
+// Lane groups of a round: the ring over every rank and, when the round's
+// ranks share hosts, the rings of the hierarchical allreduce.
+const (
+	groupFlat  = 0 // all ranks in rank order
+	groupHost  = 1 // the ranks of this rank's host
+	groupCross = 2 // one rank of every host
+	numGroups  = 3
+)
+
+// group is one ring over some ranks of the round, with its lanes: lane l
+// sends to the next member and receives from the previous one. A group
+// runs one job at a time (start, then wait), from the operation's
+// goroutine; several groups may run jobs at once.
+type group struct {
+	id      int
+	members []int // ranks, in ring order
+	pos     int   // this rank's index in members
+	lanes   []*lane
+	done    chan struct{} // signalled by the lane half that finishes last
+	pending atomic.Int32  // lane halves still running the current job
+	errMu   gosync.Mutex
+	err     error // first error of the current job's lane halves
+	started int   // lane halves dispatched by the current start
+	used    int   // lanes of the current job
+}
+
+func (g *group) n() int     { return len(g.members) }
+func (g *group) right() int { return g.members[(g.pos+1)%len(g.members)] }
+func (g *group) left() int  { return g.members[(g.pos-1+len(g.members))%len(g.members)] }
 
 // Ring is the communicator of one round: the bandwidth-optimal ring
 // allreduce (reduce-scatter then allgather, Patarasuk & Yuan, "Bandwidth
 // optimal all-reduce algorithms for clusters of workstations", JPDC 2009),
 // split over Config.Streams lanes and pipelined in chunks of
 // Config.ChunkBytes, with a direct-exchange latency path for buffers of at
-// most Config.DirectBytes; pipelined chain broadcast; ring allgather;
-// barrier.
+// most Config.DirectBytes, and in rounds whose ranks share hosts the
+// hierarchical allreduce (Config.Hierarchy); pipelined chain broadcast;
+// ring allgather; barrier.
 //
 // Ring implements Synchronizer. Operations are called from one goroutine;
 // Close may be called from any goroutine. After any error the Ring is broken
@@ -106,16 +167,19 @@ type Ring struct {
 	rank  int
 	size  int
 	peers []*peerLink // by rank; nil for self
-	lanes []*lane
+
+	// groups: [groupFlat] always (when size > 1); [groupHost] and
+	// [groupCross] when the hierarchical allreduce runs and this rank is in
+	// such a ring of at least two ranks.
+	groups [numGroups]*group
+	lanes  []*lane // the flat ring's lanes
+	all    []*lane // every lane of every group
+	layout layout
 
 	seq         uint64
 	ctxDeadline bool // the current op's deadline is the context's
 	watched     bool
-	scratch     [][]byte      // by rank: DirectBytes each, 8-byte aligned
-	laneDone    chan struct{} // signalled by the lane half that finishes last
-	lanePending atomic.Int32  // lane halves still running the current job
-	laneErrMu   gosync.Mutex
-	laneErr     error // first error of the current job's lane halves
+	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
 	watchCh     chan context.Context
 	unwatchCh   chan struct{}
 
@@ -138,11 +202,11 @@ func alignedBytes(n int) []byte {
 	return f64Bytes(make([]float64, (n+7)/8))[:n]
 }
 
-func newRing(t *Transport, w World, rc *ringConns, tx, rx [][]byte) *Ring {
+func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups][][]byte) *Ring {
 	cfg := t.cfg
 	n := w.Size()
 	r := &Ring{
-		t: t, cfg: cfg, round: w.Round, rank: w.Rank, size: n,
+		t: t, cfg: cfg, round: w.Round, rank: w.Rank, size: n, layout: lay,
 		peers:     make([]*peerLink, n),
 		dead:      make(chan struct{}),
 		quit:      make(chan struct{}),
@@ -168,36 +232,50 @@ func newRing(t *Transport, w World, rc *ringConns, tx, rx [][]byte) *Ring {
 			meshW: make([]byte, wire.HeaderSize+cfg.DirectBytes),
 		}
 	}
-	r.lanes = make([]*lane, len(rc.right))
-	r.laneDone = make(chan struct{}, 1)
-	for i := range r.lanes {
-		r.lanes[i] = &lane{
-			idx:       i,
-			right:     rc.right[i],
-			left:      rc.left[i],
-			leftR:     bufio.NewReaderSize(rc.left[i], readerBytes),
-			scratch:   alignedBytes(cfg.chunkBytes()),
-			sendJobs:  make(chan laneJob),
-			recvJobs:  make(chan laneJob),
-			sendNote:  make(chan struct{}, 1),
-			recvNote:  make(chan struct{}, 1),
-			slotBytes: cfg.chunkBytes(),
-			wake:      [1]byte{1},
+	for gi, members := range lay.groups(w.Rank) {
+		if len(members) < 2 {
+			continue
 		}
-		if tx != nil {
-			r.lanes[i].tx, r.lanes[i].rx = tx[i], rx[i]
+		g := &group{id: gi, members: members, pos: slices.Index(members, w.Rank), done: make(chan struct{}, 1),
+			lanes: make([]*lane, len(rc.right[gi]))}
+		for i := range g.lanes {
+			l := &lane{
+				idx:       i,
+				right:     rc.right[gi][i],
+				left:      rc.left[gi][i],
+				leftR:     bufio.NewReaderSize(rc.left[gi][i], readerBytes),
+				scratch:   alignedBytes(cfg.chunkBytes()),
+				sendJobs:  make(chan laneJob),
+				recvJobs:  make(chan laneJob),
+				sendNote:  make(chan struct{}, 1),
+				recvNote:  make(chan struct{}, 1),
+				slotBytes: cfg.chunkBytes(),
+				wake:      [1]byte{1},
+			}
+			if tx[gi] != nil {
+				l.tx, l.rx = tx[gi][i], rx[gi][i]
+			}
+			g.lanes[i] = l
+			r.all = append(r.all, l)
 		}
+		r.groups[gi] = g
 	}
+	r.lanes = r.groups[groupFlat].lanes
 	for _, p := range r.peers {
 		if p != nil {
 			r.wg.Add(1)
 			go r.ctrlLoop(p)
 		}
 	}
-	for _, l := range r.lanes {
-		r.wg.Add(2)
-		go r.sendLoop(l)
-		go r.recvLoop(l)
+	for _, g := range r.groups {
+		if g == nil {
+			continue
+		}
+		for _, l := range g.lanes {
+			r.wg.Add(2)
+			go r.sendLoop(g, l)
+			go r.recvLoop(g, l)
+		}
 	}
 	r.wg.Add(1)
 	go r.watchLoop()
@@ -209,6 +287,17 @@ func (r *Ring) Rank() int { return r.rank }
 
 // Size returns the world size.
 func (r *Ring) Size() int { return r.size }
+
+// Hierarchical reports whether this round's AllReduce of more than
+// Config.DirectBytes runs the hierarchical algorithm (Config.Hierarchy:
+// the round spans several hosts and some host holds several ranks), and
+// which (HierarchyLeaders or HierarchyStriped; HierarchyOff for the flat
+// ring). The same on every rank of the round.
+func (r *Ring) Hierarchical() bool { return r.layout.mode != HierarchyOff }
+
+// Hierarchy returns the allreduce this round runs for large buffers:
+// HierarchyOff (the flat ring), HierarchyLeaders or HierarchyStriped.
+func (r *Ring) Hierarchy() Hierarchy { return r.layout.mode }
 
 // Round returns the round this Ring belongs to.
 func (r *Ring) Round() uint64 { return r.round }
@@ -256,12 +345,12 @@ func (r *Ring) Close() error {
 				p.mesh.Close()
 			}
 		}
-		for _, l := range r.lanes {
+		for _, l := range r.all {
 			l.right.Close()
 			l.left.Close()
 		}
 		r.wg.Wait()
-		for _, l := range r.lanes {
+		for _, l := range r.all {
 			shmUnmap(l.tx)
 			shmUnmap(l.rx)
 			l.tx, l.rx = nil, nil
@@ -295,7 +384,7 @@ func (r *Ring) fail(cause error, reason uint8, blamed int) error {
 			p.mesh.Close()
 		}
 	}
-	for _, l := range r.lanes {
+	for _, l := range r.all {
 		l.right.Close()
 		l.left.Close()
 	}
@@ -438,7 +527,7 @@ func (r *Ring) begin(ctx context.Context) error {
 			p.mesh.SetDeadline(dl)
 		}
 	}
-	for _, l := range r.lanes {
+	for _, l := range r.all {
 		l.right.SetDeadline(dl) // writes; reads of shared-memory credits
 		l.left.SetDeadline(dl)  // reads; writes of credits
 	}
@@ -591,54 +680,54 @@ func span(lo, hi, i, parts int) (int, int) {
 	return lo + int(int64(m)*int64(i)/int64(parts)), lo + int(int64(m)*int64(i+1)/int64(parts))
 }
 
-func (r *Ring) sendLoop(l *lane) {
+func (r *Ring) sendLoop(g *group, l *lane) {
 	defer r.wg.Done()
 	for {
 		select {
 		case <-r.quit:
 			return
 		case j := <-l.sendJobs:
-			r.laneFinished(r.laneSend(l, &j))
+			r.laneFinished(g, r.laneSend(g, l, &j))
 		}
 	}
 }
 
-func (r *Ring) recvLoop(l *lane) {
+func (r *Ring) recvLoop(g *group, l *lane) {
 	defer r.wg.Done()
 	for {
 		select {
 		case <-r.quit:
 			return
 		case j := <-l.recvJobs:
-			r.laneFinished(r.laneRecv(l, &j))
+			r.laneFinished(g, r.laneRecv(g, l, &j))
 		}
 	}
 }
 
 func (r *Ring) header(j *laneJob) wire.Header {
-	return wire.Header{Kind: j.kind, Op: j.opb, Round: r.round, Seq: j.seq, Total: j.total, Aux: uint64(j.root)}
+	return wire.Header{Kind: j.kind, Op: j.opb, Round: r.round, Seq: j.seq, Total: j.total, Aux: j.aux}
 }
 
-// laneSend is the sending half of lane l's part of an operation.
-func (r *Ring) laneSend(l *lane, j *laneJob) error {
-	n, rank := r.size, r.rank
-	right := (rank + 1) % n
+// laneSend is the sending half of lane l's part of a job of group g.
+func (r *Ring) laneSend(g *group, l *lane, j *laneJob) error {
+	n, rank := g.n(), g.pos
+	right := g.right()
 	h := r.header(j)
 	chunk := r.cfg.chunkBytes() / j.elem
-	switch j.kind {
-	case wire.KindAllReduce:
+	switch j.algo {
+	case algoRing:
 		// Step s < n-1 (reduce-scatter) sends segment rank-s, which this
 		// rank reduced at step s-1; step s >= n-1 (allgather) sends segment
 		// rank+1-(s-n+1), final.
-		for s := 0; s < 2*(n-1); s++ {
+		for s := j.s0; s < j.s1; s++ {
 			seg := mod(rank-s, n)
 			if s >= n-1 {
 				seg = mod(rank+1-(s-n+1), n)
 			}
-			lo, hi := span(j.lo, j.hi, seg, n)
+			lo, hi := j.segment(seg, n)
 			for k, c := 0, lo; c < hi; k, c = k+1, c+chunk {
 				e := min(c+chunk, hi)
-				if s > 0 {
+				if s > j.s0 {
 					if err := r.waitProg(&l.recvProg, l.recvNote, prog(s-1, k)); err != nil {
 						return err
 					}
@@ -650,7 +739,7 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 				notify(l.sendNote)
 			}
 		}
-	case wire.KindBroadcast:
+	case algoChain:
 		pos := mod(rank-j.root, n)
 		if pos == n-1 {
 			return nil
@@ -662,11 +751,11 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 					return err
 				}
 			}
-			if err := r.laneWrite(l, &h, j.buf[c:e], right); err != nil {
+			if err := r.laneWrite(l, &h, j.buf[c*j.elem:e*j.elem], right); err != nil {
 				return err
 			}
 		}
-	case wire.KindAllGather:
+	case algoGather:
 		for s := 0; s < n-1; s++ {
 			base := mod(rank-s, n) * j.block
 			for k, c := 0, base+j.lo; c < base+j.hi; k, c = k+1, c+chunk {
@@ -685,20 +774,20 @@ func (r *Ring) laneSend(l *lane, j *laneJob) error {
 	return nil
 }
 
-// laneRecv is the receiving half of lane l's part of an operation.
-func (r *Ring) laneRecv(l *lane, j *laneJob) error {
-	n, rank := r.size, r.rank
-	left := (rank - 1 + n) % n
+// laneRecv is the receiving half of lane l's part of a job of group g.
+func (r *Ring) laneRecv(g *group, l *lane, j *laneJob) error {
+	n, rank := g.n(), g.pos
+	left := g.left()
 	h := r.header(j)
 	chunk := r.cfg.chunkBytes() / j.elem
-	switch j.kind {
-	case wire.KindAllReduce:
-		for s := 0; s < 2*(n-1); s++ {
+	switch j.algo {
+	case algoRing:
+		for s := j.s0; s < j.s1; s++ {
 			seg := mod(rank-s-1, n)
 			if s >= n-1 {
 				seg = mod(rank-(s-n+1), n)
 			}
-			lo, hi := span(j.lo, j.hi, seg, n)
+			lo, hi := j.segment(seg, n)
 			for k, c := 0, lo; c < hi; k, c = k+1, c+chunk {
 				e := min(c+chunk, hi)
 				dst := j.buf[c*j.elem : e*j.elem]
@@ -706,14 +795,17 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 					if err := r.laneRecvInto(l, &h, dst, j.red, left); err != nil {
 						return err
 					}
-					if s == n-2 && j.op == OpAvg {
-						j.scale(dst, n)
+					if s == n-2 && j.div > 0 {
+						j.scale(dst, j.div)
 					}
 				} else {
 					// Allgather step t overwrites the segment this rank sent
-					// at reduce-scatter step t: wait until that send is done.
-					if err := r.waitProg(&l.sendProg, l.sendNote, prog(s-n+1, k)); err != nil {
-						return err
+					// at reduce-scatter step t: wait until that send is done
+					// (when this job sent it; an earlier job has finished).
+					if j.s0 == 0 {
+						if err := r.waitProg(&l.sendProg, l.sendNote, prog(s-n+1, k)); err != nil {
+							return err
+						}
 					}
 					if err := r.laneRecvInto(l, &h, dst, nil, left); err != nil {
 						return err
@@ -723,19 +815,19 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 				notify(l.recvNote)
 			}
 		}
-	case wire.KindBroadcast:
+	case algoChain:
 		if mod(rank-j.root, n) == 0 {
 			return nil
 		}
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)
-			if err := r.laneRecvInto(l, &h, j.buf[c:e], nil, left); err != nil {
+			if err := r.laneRecvInto(l, &h, j.buf[c*j.elem:e*j.elem], j.red, left); err != nil {
 				return err
 			}
 			l.recvProg.Store(prog(0, k))
 			notify(l.recvNote)
 		}
-	case wire.KindAllGather:
+	case algoGather:
 		for s := 0; s < n-1; s++ {
 			base := mod(rank-s-1, n) * j.block
 			for k, c := 0, base+j.lo; c < base+j.hi; k, c = k+1, c+chunk {
@@ -751,58 +843,78 @@ func (r *Ring) laneRecv(l *lane, j *laneJob) error {
 	return nil
 }
 
-// runLanes runs job on `used` lanes, lane i taking the i-th balanced part of
-// [0, extent), and waits for all of them.
-func (r *Ring) runLanes(j laneJob, extent, used int) error {
-	r.laneErr = nil // no lane half runs between jobs
-	r.lanePending.Store(int32(2 * used))
-	dispatched := 0
+// runLanes runs job on `used` lanes of g and waits for all of them.
+func (r *Ring) runLanes(g *group, j laneJob, extent, used int) error {
+	r.startLanes(g, j, extent, used)
+	return r.waitLanes(g)
+}
+
+// startLanes dispatches job to `used` lanes of g, lane i taking the i-th
+// balanced part of [0, extent) (with j.segMajor: the whole extent, and the
+// i-th part of each segment). The group must be idle; waitLanes waits.
+func (r *Ring) startLanes(g *group, j laneJob, extent, used int) {
+	g.err = nil // no lane half of g runs between jobs
+	g.used = used
+	g.pending.Store(int32(2 * used))
+	g.started = 0
+	j.nl = used
 dispatch:
 	for i := 0; i < used; i++ {
-		l := r.lanes[i]
+		l := g.lanes[i]
 		l.sendProg.Store(0)
 		l.recvProg.Store(0)
-		j.lo, j.hi = span(0, extent, i, used)
+		if j.segMajor {
+			j.lo, j.hi, j.li = 0, extent, i
+		} else {
+			j.lo, j.hi = span(0, extent, i, used)
+		}
 		for _, c := range [2]chan laneJob{l.sendJobs, l.recvJobs} {
 			select {
 			case c <- j:
-				dispatched++
+				g.started++
 			case <-r.dead:
 				break dispatch
 			}
 		}
 	}
+}
+
+// waitLanes waits for the job startLanes dispatched on g and returns its
+// first error.
+func (r *Ring) waitLanes(g *group) error {
 	// One wake-up for the caller: the last lane half to finish signals.
-	if rest := int32(2*used - dispatched); rest == 0 || r.lanePending.Add(-rest) != 0 {
-		<-r.laneDone
+	if rest := int32(2*g.used - g.started); rest == 0 || g.pending.Add(-rest) != 0 {
+		<-g.done
 	}
-	r.laneErrMu.Lock()
-	first := r.laneErr
-	r.laneErrMu.Unlock()
-	if dispatched < 2*used && first == nil {
+	g.errMu.Lock()
+	first := g.err
+	g.errMu.Unlock()
+	if g.started < 2*g.used && first == nil {
 		first = r.causeNow()
 	}
 	return first
 }
 
-// laneFinished records the result of one lane half of the current job.
-func (r *Ring) laneFinished(err error) {
+// laneFinished records the result of one lane half of g's current job.
+func (r *Ring) laneFinished(g *group, err error) {
 	if err != nil {
-		r.laneErrMu.Lock()
-		if r.laneErr == nil {
-			r.laneErr = err
+		g.errMu.Lock()
+		if g.err == nil {
+			g.err = err
 		}
-		r.laneErrMu.Unlock()
+		g.errMu.Unlock()
 	}
-	if r.lanePending.Add(-1) == 0 {
-		r.laneDone <- struct{}{}
+	if g.pending.Add(-1) == 0 {
+		g.done <- struct{}{}
 	}
 }
 
 // lanesFor picks how many lanes to use for an operation of the given bytes.
-func (r *Ring) lanesFor(bytes int) int {
+func (r *Ring) lanesFor(bytes int) int { return r.groupLanesFor(r.groups[groupFlat], bytes) }
+
+func (r *Ring) groupLanesFor(g *group, bytes int) int {
 	per := max(r.cfg.chunkBytes(), 64<<10)
-	return max(1, min(len(r.lanes), bytes/per))
+	return max(1, min(len(g.lanes), bytes/per))
 }
 
 // exchange sends payload to every other rank over the mesh connections, then
@@ -834,9 +946,12 @@ func always(int) bool { return true }
 // Config.DirectBytes use the direct exchange (each rank reduces all inputs
 // in rank order 0..n-1); larger ones the pipelined ring, where the element
 // at index i of lane part p, segment s is reduced in ring order starting at
-// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. Small buffers in worlds of
-// more than 8 ranks use recursive doubling (see the package doc). OpAvg
-// divides the sum by the world size. It does not allocate. Errors: see Ring.
+// rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. In a hierarchical round
+// (Hierarchical) large buffers follow the rings of the hierarchy instead,
+// in an order fixed by the layout, the length and the Config. Small
+// buffers in worlds of more than 8 ranks use recursive doubling (see the
+// package doc). OpAvg divides the sum by the world size. It does not
+// allocate. Errors: see Ring.
 func (r *Ring) AllReduceFloat32(ctx context.Context, buf []float32, op Op) error {
 	return r.allReduce(ctx, f32Bytes(buf), 4, op)
 }
@@ -881,8 +996,15 @@ func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
 		}
 		return nil
 	}
-	j := laneJob{kind: wire.KindAllReduce, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(len(b)), red: red, scale: scale}
-	return r.runLanes(j, len(b)/elem, r.lanesFor(len(b)))
+	if r.layout.mode != HierarchyOff {
+		return r.hierAllReduce(h, b, elem, op, red, scale)
+	}
+	j := laneJob{kind: wire.KindAllReduce, algo: algoRing, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(len(b)),
+		red: red, scale: scale, s0: 0, s1: 2 * (r.size - 1)}
+	if op == OpAvg {
+		j.div = r.size
+	}
+	return r.runLanes(r.groups[groupFlat], j, len(b)/elem, r.lanesFor(len(b)))
 }
 
 // directMaxWorld is the largest world size whose small allreduces use the
@@ -979,8 +1101,8 @@ func (r *Ring) broadcastIn(buf []byte, root int) error {
 		}
 		return r.exchange(h, nil, func(int) bool { return false }, func(p int) ([]byte, bool) { return buf, p == root })
 	}
-	j := laneJob{kind: wire.KindBroadcast, elem: 1, buf: buf, root: root, seq: r.seq, total: uint64(len(buf))}
-	return r.runLanes(j, len(buf), r.lanesFor(len(buf)))
+	j := laneJob{kind: wire.KindBroadcast, algo: algoChain, elem: 1, buf: buf, root: root, aux: uint64(root), seq: r.seq, total: uint64(len(buf))}
+	return r.runLanes(r.groups[groupFlat], j, len(buf), r.lanesFor(len(buf)))
 }
 
 // AllGather concatenates every rank's send buffer in rank order into recv
@@ -1007,8 +1129,8 @@ func (r *Ring) allGatherIn(send, recv []byte) error {
 	if b <= r.cfg.DirectBytes {
 		return r.exchange(h, send, always, func(p int) ([]byte, bool) { return recv[p*b : (p+1)*b], true })
 	}
-	j := laneJob{kind: wire.KindAllGather, elem: 1, buf: recv, block: b, seq: r.seq, total: uint64(b)}
-	return r.runLanes(j, b, r.lanesFor(b))
+	j := laneJob{kind: wire.KindAllGather, algo: algoGather, elem: 1, buf: recv, block: b, seq: r.seq, total: uint64(b)}
+	return r.runLanes(r.groups[groupFlat], j, b, r.lanesFor(b))
 }
 
 // Barrier returns once every rank of the round has entered it (a direct

@@ -39,23 +39,29 @@ const shmOfferSize = 12
 
 var shmMagic = [4]byte{'E', 'T', 'S', 'M'}
 
-// negotiateShm runs the offer/answer exchange on every lane that runs over
-// a Unix socket and returns the mappings by lane (nil where not shared).
-// The exchange happens on every Unix lane, whatever the Config, so both
-// ends always agree on it; a side that does not want or cannot map shared
-// memory declines.
-func negotiateShm(ctx context.Context, cfg Config, rc *ringConns) (tx, rx [][]byte, err error) {
-	tx = make([][]byte, len(rc.right))
-	rx = make([][]byte, len(rc.left))
+// negotiateShm runs the offer/answer exchange on every lane (of every
+// group) that runs over a Unix socket and returns the mappings by group and
+// lane (nil where not shared). The exchange happens on every Unix lane,
+// whatever the Config, so both ends always agree on it; a side that does
+// not want or cannot map shared memory declines. Offers are written on
+// every lane before any is read, so the order of the groups cannot
+// deadlock.
+func negotiateShm(ctx context.Context, cfg Config, rc *ringConns) (tx, rx [numGroups][][]byte, err error) {
+	for g := range numGroups {
+		tx[g] = make([][]byte, len(rc.right[g]))
+		rx[g] = make([][]byte, len(rc.left[g]))
+	}
 	want := cfg.SharedMemory && shmSupported
 	slotBytes := cfg.chunkBytes()
 	size := shmHeader + shmSlots*slotBytes
 	defer func() {
 		if err != nil {
-			for _, m := range append(tx, rx...) {
-				shmUnmap(m)
+			for g := range numGroups {
+				for _, m := range append(tx[g], rx[g]...) {
+					shmUnmap(m)
+				}
 			}
-			tx, rx = nil, nil
+			tx, rx = [numGroups][][]byte{}, [numGroups][][]byte{}
 		}
 	}()
 	deadline, ok := ctx.Deadline()
@@ -63,69 +69,77 @@ func negotiateShm(ctx context.Context, cfg Config, rc *ringConns) (tx, rx [][]by
 		deadline = time.Now().Add(cfg.DialTimeout)
 	}
 	// 1. Offer on every lane this rank sends on.
-	for l, c := range rc.right {
-		uc, ok := c.(*net.UnixConn)
-		if !ok {
-			continue
-		}
-		uc.SetDeadline(deadline)
-		var msg [shmOfferSize]byte
-		copy(msg[:], shmMagic[:])
-		var oob []byte
-		if want {
-			fd, mem, err := shmCreate(size)
-			if err == nil {
-				tx[l] = mem
-				binary.LittleEndian.PutUint32(msg[4:], shmSlots)
-				binary.LittleEndian.PutUint32(msg[8:], uint32(slotBytes))
-				oob = syscall.UnixRights(fd)
-				defer closeFD(fd)
-			} else {
-				cfg.logger().Debug("sync: no shared memory for lane", "lane", l, "err", err)
+	for g := range numGroups {
+		for l, c := range rc.right[g] {
+			uc, ok := c.(*net.UnixConn)
+			if !ok {
+				continue
 			}
-		}
-		if _, _, err := uc.WriteMsgUnix(msg[:], oob, nil); err != nil {
-			return nil, nil, fmt.Errorf("%w: shared-memory offer on lane %d: %v", ErrPeerLost, l, err)
+			uc.SetDeadline(deadline)
+			var msg [shmOfferSize]byte
+			copy(msg[:], shmMagic[:])
+			var oob []byte
+			if want {
+				fd, mem, err := shmCreate(size)
+				if err == nil {
+					tx[g][l] = mem
+					binary.LittleEndian.PutUint32(msg[4:], shmSlots)
+					binary.LittleEndian.PutUint32(msg[8:], uint32(slotBytes))
+					oob = syscall.UnixRights(fd)
+					defer closeFD(fd)
+				} else {
+					cfg.logger().Debug("sync: no shared memory for lane", "lane", l, "err", err)
+				}
+			}
+			if _, _, err := uc.WriteMsgUnix(msg[:], oob, nil); err != nil {
+				return tx, rx, fmt.Errorf("%w: shared-memory offer on lane %d: %v", ErrPeerLost, l, err)
+			}
 		}
 	}
 	// 2. Answer every lane this rank receives on.
-	for l, c := range rc.left {
-		uc, ok := c.(*net.UnixConn)
-		if !ok {
-			continue
-		}
-		uc.SetDeadline(deadline)
-		mem, err := readOffer(uc, size, want)
-		if err != nil {
-			return nil, nil, fmt.Errorf("shared-memory offer on lane %d: %w", l, err)
-		}
-		rx[l] = mem
-		answer := []byte{0}
-		if mem != nil {
-			answer[0] = 1
-		}
-		if _, err := uc.Write(answer); err != nil {
-			return nil, nil, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
+	for g := range numGroups {
+		for l, c := range rc.left[g] {
+			uc, ok := c.(*net.UnixConn)
+			if !ok {
+				continue
+			}
+			uc.SetDeadline(deadline)
+			mem, err := readOffer(uc, size, want)
+			if err != nil {
+				return tx, rx, fmt.Errorf("shared-memory offer on lane %d: %w", l, err)
+			}
+			rx[g][l] = mem
+			answer := []byte{0}
+			if mem != nil {
+				answer[0] = 1
+			}
+			if _, err := uc.Write(answer); err != nil {
+				return tx, rx, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
+			}
 		}
 	}
 	// 3. Read the answers to this rank's offers.
-	for l, c := range rc.right {
-		uc, ok := c.(*net.UnixConn)
-		if !ok {
-			continue
-		}
-		var answer [1]byte
-		if _, err := uc.Read(answer[:]); err != nil {
-			return nil, nil, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
-		}
-		if answer[0] != 1 {
-			shmUnmap(tx[l])
-			tx[l] = nil
+	for g := range numGroups {
+		for l, c := range rc.right[g] {
+			uc, ok := c.(*net.UnixConn)
+			if !ok {
+				continue
+			}
+			var answer [1]byte
+			if _, err := uc.Read(answer[:]); err != nil {
+				return tx, rx, fmt.Errorf("%w: shared-memory answer on lane %d: %v", ErrPeerLost, l, err)
+			}
+			if answer[0] != 1 {
+				shmUnmap(tx[g][l])
+				tx[g][l] = nil
+			}
 		}
 	}
-	for _, c := range append(rc.right, rc.left...) {
-		if c != nil {
-			c.SetDeadline(time.Time{})
+	for g := range numGroups {
+		for _, c := range append(rc.right[g], rc.left[g]...) {
+			if c != nil {
+				c.SetDeadline(time.Time{})
+			}
 		}
 	}
 	return tx, rx, nil

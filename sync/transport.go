@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	gosync "sync"
@@ -109,7 +110,13 @@ func (k connKey) String() string {
 	case wire.ConnMesh:
 		kind = "mesh"
 	case wire.ConnLane:
-		kind = fmt.Sprintf("lane %d", k.lane)
+		kind = fmt.Sprintf("lane %d", k.lane&0xff)
+		switch k.lane >> 8 {
+		case groupHost:
+			kind += " of the host ring"
+		case groupCross:
+			kind += " of the ring between hosts"
+		}
 	}
 	return fmt.Sprintf("%s connection from rank %d to rank %d", kind, k.from, k.to)
 }
@@ -186,8 +193,10 @@ func (t *Transport) noteProved(st *connectState, rank int) {
 	t.mu.Unlock()
 }
 
-// Listen starts listening on addr (host:port; port 0 picks a free port) for
-// the whole life of the process and returns the Transport. With
+// Listen starts listening on addr (host:port; port 0 picks a free port;
+// host 0.0.0.0 or empty listens on every address of the host) for the
+// whole life of the process and returns the Transport, whose Addr is what
+// peers dial (see Config.AdvertiseAddr). With
 // cfg.LocalSockets on Linux it also listens on an abstract Unix socket named
 // after the advertised address, for peers on the same host. The context
 // bounds only the listen call. Errors: cfg.Validate errors (ErrInvalid),
@@ -214,9 +223,9 @@ func Listen(ctx context.Context, addr string, cfg Config) (*Transport, error) {
 		now:    time.Now,
 		rings:  make(map[*Ring]struct{}),
 	}
-	t.addr = cfg.AdvertiseAddr
-	if t.addr == "" {
-		t.addr = advertised(ln.Addr().(*net.TCPAddr))
+	if t.addr, err = advertisedAddr(cfg.AdvertiseAddr, ln.Addr().(*net.TCPAddr)); err != nil {
+		ln.Close()
+		return nil, err
 	}
 	if cfg.LocalSockets && runtime.GOOS == "linux" {
 		uln, err := lc.Listen(ctx, "unix", localSocketName(t.addr))
@@ -237,22 +246,6 @@ func Listen(ctx context.Context, addr string, cfg Config) (*Transport, error) {
 
 // localSocketName is the abstract Unix socket of the transport advertising addr.
 func localSocketName(addr string) string { return "@elastictrain-sync/" + addr }
-
-func advertised(a *net.TCPAddr) string {
-	ip := a.IP
-	if ip == nil || ip.IsUnspecified() {
-		ip = net.IPv4(127, 0, 0, 1)
-		if ifs, err := net.InterfaceAddrs(); err == nil {
-			for _, ia := range ifs {
-				if n, ok := ia.(*net.IPNet); ok && !n.IP.IsLoopback() && n.IP.To4() != nil {
-					ip = n.IP
-					break
-				}
-			}
-		}
-	}
-	return net.JoinHostPort(ip.String(), fmt.Sprint(a.Port))
-}
 
 // Addr returns the address peers should dial (host:port), to be advertised
 // through the rendezvous.
@@ -421,7 +414,10 @@ func (t *Transport) serveConn(e *inConn) {
 	t.mu.Unlock()
 	raw.SetDeadline(e.deadline) // a park may have moved the read deadline
 	var c net.Conn = &prefixConn{Conn: raw, p: first[:n]}
-	if t.cfg.ServerTLS != nil {
+	// TLS protects links between hosts; a Unix socket never leaves this
+	// host (and keeps shared memory), so it is authenticated by the
+	// handshake alone.
+	if _, local := raw.(*net.UnixConn); t.cfg.ServerTLS != nil && !local {
 		tc := tls.Server(c, t.cfg.ServerTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
@@ -733,7 +729,7 @@ func retryable(err error) bool {
 }
 
 // dialOnce opens a raw connection to addr: the peer's Unix socket if it is on
-// this host and LocalSockets is on, else TCP; then TLS if configured.
+// this host and LocalSockets is on, else TCP and then TLS if configured.
 func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error) {
 	d := net.Dialer{KeepAliveConfig: keepAlive}
 	var c net.Conn
@@ -747,7 +743,7 @@ func (t *Transport) dialOnce(ctx context.Context, addr string) (net.Conn, error)
 			return nil, fmt.Errorf("%w: %v", errRetry, err)
 		}
 	}
-	if t.cfg.ClientTLS == nil {
+	if _, local := c.(*net.UnixConn); t.cfg.ClientTLS == nil || local {
 		return c, nil
 	}
 	cfg := t.cfg.ClientTLS.Clone()
@@ -820,12 +816,18 @@ func (t *Transport) dialPeer(ctx context.Context, st *connectState, peer int, ki
 // ringConns are the connections of one round, by role.
 type ringConns struct {
 	ctrl, mesh []net.Conn // by peer rank; nil for self
-	right      []net.Conn // by lane: to the right neighbour (this rank sends)
-	left       []net.Conn // by lane: from the left neighbour (this rank receives)
+	// by group, then lane: to the group's next member (this rank sends) and
+	// from its previous one (this rank receives); nil for groups this rank
+	// is not in.
+	right, left [numGroups][]net.Conn
 }
 
 func (rc *ringConns) closeAll() {
-	for _, s := range [][]net.Conn{rc.ctrl, rc.mesh, rc.right, rc.left} {
+	all := [][]net.Conn{rc.ctrl, rc.mesh}
+	for g := range numGroups {
+		all = append(all, rc.right[g], rc.left[g])
+	}
+	for _, s := range all {
 		for _, c := range s {
 			if c != nil {
 				c.Close()
@@ -834,6 +836,10 @@ func (rc *ringConns) closeAll() {
 	}
 }
 
+// laneID is the Lane field of a lane connection's Hello: the group in the
+// high byte, the lane in the low one.
+func laneID(group, lane int) int { return group<<8 | lane }
+
 func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 	switch key.kind {
 	case wire.ConnControl:
@@ -841,10 +847,11 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 	case wire.ConnMesh:
 		rc.mesh[peer] = c
 	case wire.ConnLane:
+		g, l := key.lane>>8, key.lane&0xff
 		if dialed {
-			rc.right[key.lane] = c
+			rc.right[g][l] = c
 		} else {
-			rc.left[key.lane] = c
+			rc.left[g][l] = c
 		}
 	}
 }
@@ -852,7 +859,10 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 // Connect forms the connections of round w.Round and returns its Ring:
 // a control and a mesh connection to every other rank (the lower rank
 // dials), and Config.Streams lane connections to the right neighbour
-// (rank+1 mod size) and from the left one. Every connection is authenticated
+// (rank+1 mod size) and from the left one; when the round's allreduce is
+// hierarchical (Config.Hierarchy, decided from w.Addrs), also
+// Config.Streams lanes to and from the neighbours in the ring of this
+// rank's host and in the ring between hosts. Every connection is authenticated
 // (job ID, round, rank, HMAC of the secret over fresh nonces). It waits up
 // to Config.DialTimeout for peers that reach Connect later.
 //
@@ -875,6 +885,10 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	w.Addrs = append([]string(nil), w.Addrs...)
 	n, rank := w.Size(), w.Rank
 	streams := t.cfg.Streams
+	lay := newLayout(w.Addrs, t.cfg.Hierarchy)
+	if n > 1 {
+		t.warnLoopback(w)
+	}
 	st := newConnectState(w)
 	type target struct {
 		peer int
@@ -892,10 +906,15 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 				dials = append(dials, target{p, wire.ConnControl, 0}, target{p, wire.ConnMesh, 0})
 			}
 		}
-		left, right := (rank-1+n)%n, (rank+1)%n
-		for l := 0; l < streams; l++ {
-			st.expect[connKey{w.Round, left, rank, wire.ConnLane, l}] = false
-			dials = append(dials, target{right, wire.ConnLane, l})
+		for gi, members := range lay.groups(rank) {
+			if len(members) < 2 {
+				continue
+			}
+			g := group{members: members, pos: slices.Index(members, rank)}
+			for l := 0; l < streams; l++ {
+				st.expect[connKey{w.Round, g.left(), rank, wire.ConnLane, laneID(gi, l)}] = false
+				dials = append(dials, target{g.right(), wire.ConnLane, laneID(gi, l)})
+			}
 		}
 	}
 	nAccept := len(st.expect)
@@ -954,9 +973,11 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			results <- dialResult{d, c, err}
 		}()
 	}
-	rc := &ringConns{
-		ctrl: make([]net.Conn, n), mesh: make([]net.Conn, n),
-		right: make([]net.Conn, streams), left: make([]net.Conn, streams),
+	rc := &ringConns{ctrl: make([]net.Conn, n), mesh: make([]net.Conn, n)}
+	for gi, members := range lay.groups(rank) {
+		if n > 1 && len(members) >= 2 {
+			rc.right[gi], rc.left[gi] = make([]net.Conn, streams), make([]net.Conn, streams)
+		}
 	}
 	remaining := len(dials) + nAccept
 	dialing := len(dials)
@@ -988,7 +1009,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			default:
 				firstErr = r.err
 				if cctx.Err() != nil {
-					firstErr = t.connectTimeout(ctx, w, rc)
+					firstErr = t.connectTimeout(ctx, w, lay, rc)
 				}
 			}
 		case a := <-st.got:
@@ -1004,7 +1025,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		case <-grace:
 			firstErr = t.authError(st, &auth)
 		case <-cctx.Done():
-			firstErr = t.connectTimeout(ctx, w, rc)
+			firstErr = t.connectTimeout(ctx, w, lay, rc)
 			if auth.first != nil {
 				firstErr = t.authError(st, &auth)
 			}
@@ -1053,7 +1074,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		rc.closeAll()
 		return nil, fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, err)
 	}
-	r := newRing(t, w, rc, tx, rx)
+	r := newRing(t, w, lay, rc, tx, rx)
 	t.mu.Lock()
 	if t.isClosed {
 		t.mu.Unlock()
@@ -1067,7 +1088,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 
 // connectTimeout builds the error for a Connect that ran out of time, naming
 // the connections still missing.
-func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) error {
+func (t *Transport) connectTimeout(ctx context.Context, w World, lay layout, rc *ringConns) error {
 	// One pass over what is missing: the descriptions for the message, and
 	// the peers involved. A single unreachable peer is named in a
 	// PeerError; a rank cut off from everyone names nobody, and neither
@@ -1095,10 +1116,16 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, rc *ringConns) 
 			peers[p] = true
 		}
 	}
-	for l, c := range rc.right {
-		if c == nil {
-			missing = append(missing, fmt.Sprintf("lane %d connection to rank %d", l, (w.Rank+1)%w.Size()))
-			peers[(w.Rank+1)%w.Size()] = true
+	for gi, members := range lay.groups(w.Rank) {
+		if len(members) < 2 {
+			continue
+		}
+		g := group{members: members, pos: slices.Index(members, w.Rank)}
+		for l, c := range rc.right[gi] {
+			if c == nil {
+				missing = append(missing, connKey{kind: wire.ConnLane, lane: laneID(gi, l), from: w.Rank, to: g.right()}.String())
+				peers[g.right()] = true
+			}
 		}
 	}
 	sort.Strings(missing)

@@ -57,6 +57,15 @@ type options struct {
 	sizesArg string
 	cpuprof  string
 	procs    int
+	// between hosts (hosts.go)
+	listen    string
+	hierarchy string
+	hostsArg  string
+	capArg    string
+	impls     string
+	rounds    int
+	gloo      string
+	python    string
 }
 
 func main() {
@@ -72,14 +81,26 @@ func main() {
 	flag.IntVar(&o.direct, "direct", def.DirectBytes, "largest buffer in bytes for the direct (latency) path (Config.DirectBytes)")
 	flag.BoolVar(&o.local, "local", def.LocalSockets, "use Unix domain sockets between ranks on this host (Config.LocalSockets)")
 	flag.BoolVar(&o.shm, "shm", def.SharedMemory, "carry ring payloads between ranks on this host through shared memory (Config.SharedMemory)")
-	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run")
+	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "wall-clock cap for the whole run (with -hosts: default 2h)")
 	flag.IntVar(&o.procs, "procs", -1, "GOMAXPROCS of each rank: -1 = max(1, NumCPU/np), the usual setting for several ranks per host (as torchrun sets OMP_NUM_THREADS=1); 0 = Go's default (NumCPU)")
 	flag.IntVar(&o.child, "child", -1, "internal: run as this rank")
 	flag.StringVar(&o.cpuprof, "cpuprofile", "", "write rank 0's CPU profile of the timed iterations to this file")
+	flag.StringVar(&o.listen, "listen", "127.0.0.1:0", "address each rank listens on (with -hosts: 0.0.0.0:0, each rank on its host's address)")
+	flag.StringVar(&o.hierarchy, "hierarchy", "auto", "allreduce for ranks sharing hosts (Config.Hierarchy): auto, off (flat ring), leaders, striped")
+	flag.StringVar(&o.hostsArg, "hosts", "", "run between hosts made of network namespaces (root, Linux): HxL = H hosts of L ranks each (np = H*L), e.g. 2x2; several comma-separated layouts run one after another")
+	flag.StringVar(&o.capArg, "cap", "1gbit", "with -hosts: cap each host's link to this rate each way (tc tbf; suffixes kbit, mbit, gbit; 0 = none)")
+	flag.StringVar(&o.impls, "impls", "leaders,striped,flat,gloo", "with -hosts: what to measure, in this order each round: leaders, striped, flat (this package with Config.Hierarchy), gloo (PyTorch)")
+	flag.IntVar(&o.rounds, "rounds", 3, "with -hosts: rounds; each measures every -impls entry once, and the table shows the median over rounds")
+	flag.StringVar(&o.gloo, "gloo", "examples/allreduce-bench/gloo_rank.py", "with -hosts: the Gloo rank script")
+	flag.StringVar(&o.python, "python", "/usr/bin/python3", "with -hosts: the Python with torch (Debian's python3-torch)")
 	flag.Parse()
 	sizes, err := parseSizes(o.sizesArg)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "allreduce-bench:", err)
+		os.Exit(2)
+	}
+	if hierarchyOf(o.hierarchy) > elsync.HierarchyStriped {
+		fmt.Fprintf(os.Stderr, "allreduce-bench: -hierarchy %q: want auto, off, leaders or striped\n", o.hierarchy)
 		os.Exit(2)
 	}
 	o.sizes = sizes
@@ -89,6 +110,18 @@ func main() {
 	if o.np < 1 {
 		fmt.Fprintln(os.Stderr, "allreduce-bench: -np must be at least 1")
 		os.Exit(2)
+	}
+	if o.hostsArg != "" && o.child < 0 {
+		set := false
+		flag.Visit(func(f *flag.Flag) { set = set || f.Name == "timeout" })
+		if !set {
+			o.timeout = 2 * time.Hour // rounds of every implementation at 1 Gbit/s take a while
+		}
+		if err := runHosts(o); err != nil {
+			fmt.Fprintln(os.Stderr, "allreduce-bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	if o.child >= 0 {
 		if err := runChild(o); err != nil {
@@ -156,6 +189,9 @@ func plan(o options, size int) (warm, iters int) {
 type sizeResult struct {
 	Size  int       `json:"size"`
 	Times []float64 `json:"times"`
+	// Hierarchy is the allreduce the round ran for large buffers (off =
+	// the flat ring).
+	Hierarchy string `json:"hierarchy"`
 }
 
 func config(o options) elsync.Config {
@@ -168,6 +204,7 @@ func config(o options) elsync.Config {
 	cfg.LocalSockets = o.local
 	cfg.SharedMemory = o.shm
 	cfg.OpTimeout = 60 * time.Second
+	cfg.Hierarchy = hierarchyOf(o.hierarchy)
 	return cfg
 }
 
@@ -176,7 +213,7 @@ func runChild(o options) error {
 		runtime.GOMAXPROCS(o.procs)
 	}
 	ctx := context.Background()
-	tr, err := elsync.Listen(ctx, "127.0.0.1:0", config(o))
+	tr, err := elsync.Listen(ctx, o.listen, config(o))
 	if err != nil {
 		return err
 	}
@@ -217,7 +254,7 @@ func runChild(o options) error {
 			}
 			times[i] = time.Since(t0).Seconds()
 		}
-		if err := enc.Encode(sizeResult{Size: size, Times: times}); err != nil {
+		if err := enc.Encode(sizeResult{Size: size, Times: times, Hierarchy: ring.Hierarchy().String()}); err != nil {
 			return err
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"github.com/elastictrain/elastictrain/internal/freeport"
+	"github.com/elastictrain/elastictrain/internal/netns"
 	"io"
 	"os"
 	"os/exec"
@@ -86,6 +87,13 @@ type Config struct {
 	// puts one in front of each worker's collective port (peers dial the
 	// proxy). Both default false.
 	ProxyRedis, ProxyPeers bool
+	// Hosts, when set, places worker i on Hosts[i % len(Hosts)]: a host of
+	// its own (a network namespace of internal/netns, with its own address
+	// and a link the HostCut fault cuts), where the worker listens on the
+	// host's address. RedisAddr must be reachable from the hosts (a
+	// redis-server on another host, or on the Net's gateway). It does not
+	// combine with ProxyPeers. Default nil (every worker on this host).
+	Hosts []*netns.Host
 	// Command is the worker executable and its arguments. Default: this
 	// binary with "-test.run=^$" (a test binary whose TestMain calls
 	// WorkerMain when IsWorker).
@@ -133,6 +141,8 @@ func (c Config) Validate() error {
 		return bad("Workers %d, MinWorkers %d, MaxWorkers %d", c.Workers, c.MinWorkers, c.MaxWorkers)
 	case c.Epochs < 1 || c.Samples < 1 || c.Dim < 1 || c.GlobalBatch < 1 || c.GlobalBatch > c.Samples:
 		return bad("problem: Epochs %d, Samples %d, Dim %d, GlobalBatch %d", c.Epochs, c.Samples, c.Dim, c.GlobalBatch)
+	case len(c.Hosts) > 0 && c.ProxyPeers:
+		return bad("Hosts and ProxyPeers do not combine")
 	case c.LeaseTTL <= 0 || c.HeartbeatInterval <= 0 || c.OutageBudget <= 0 || c.OpTimeout <= 0 ||
 		c.DialTimeout <= 0 || c.HoldTimeout <= 0 || c.GracePeriod <= 0 || c.RedisTimeout <= 0 || c.LastCall < 0:
 		return bad("every timing must be positive")
@@ -158,6 +168,8 @@ type Worker struct {
 	ListenAddr, Addr string
 	// LogPath is the file holding the worker's standard error.
 	LogPath string
+	// Host is the host the worker runs on (Config.Hosts), or nil.
+	Host *netns.Host
 	// RedisProxy and PeerProxy are the worker's proxies (nil when off).
 	RedisProxy, PeerProxy *Proxy
 
@@ -198,9 +210,32 @@ type Harness struct {
 }
 
 type stepMark struct {
-	at    time.Time
-	round uint64
-	step  int64
+	at     time.Time
+	round  uint64
+	step   int64
+	size   int
+	worker int
+}
+
+// StepMark is one step report as the harness read it: when, from which
+// worker, and the round, its world size and the step.
+type StepMark struct {
+	At     time.Time
+	Worker int
+	Round  uint64
+	Size   int
+	Step   int64
+}
+
+// Steps returns every step report read so far, in order of arrival.
+func (h *Harness) Steps() []StepMark {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]StepMark, len(h.steps))
+	for i, m := range h.steps {
+		out[i] = StepMark{At: m.at, Worker: m.worker, Round: m.round, Size: m.size, Step: m.step}
+	}
+	return out
 }
 
 // Start validates cfg, creates the working directory and launches
@@ -266,8 +301,12 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 		w.exitCode = -2
 		return nil, fmt.Errorf("faultinject: start worker %d: %w", w.Index, err)
 	}
-	listen, err := freePort()
-	if err != nil {
+	var listen string
+	var err error
+	if len(h.cfg.Hosts) > 0 {
+		w.Host = h.cfg.Hosts[w.Index%len(h.cfg.Hosts)]
+		listen = w.Host.Addr(0) // the port is the worker's to pick
+	} else if listen, err = freePort(); err != nil {
 		return fail(err)
 	}
 	w.ListenAddr, w.Addr = listen, ""
@@ -306,6 +345,9 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 	}
 	defer logf.Close()
 	cmd := exec.Command(h.command[0], h.command[1:]...)
+	if w.Host != nil {
+		cmd = w.Host.Command(context.Background(), h.command[0], h.command[1:]...)
+	}
 	cmd.Env = append(os.Environ(), EnvWorker+"="+string(js), EnvSecret+"="+hex.EncodeToString(h.cfg.Secret),
 		EnvRedisPassword+"="+h.cfg.RedisPassword)
 	cmd.Stderr = logf
@@ -375,7 +417,7 @@ func (h *Harness) record(w *Worker, r Report) {
 		w.round, w.rank, w.lastStep = r.Round, r.Rank, r.At
 		h.maxStep = max(h.maxStep, r.Step)
 		h.maxRound = max(h.maxRound, r.Round)
-		h.steps = append(h.steps, stepMark{at: r.At, round: r.Round, step: r.Step})
+		h.steps = append(h.steps, stepMark{at: r.At, round: r.Round, step: r.Step, size: r.Size, worker: w.Index})
 	case "final":
 		rr := r
 		w.final = &rr

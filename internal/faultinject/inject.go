@@ -76,6 +76,8 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 		return skip("no Redis proxies")
 	case f.Kind.needsPeerProxy() && !h.cfg.ProxyPeers:
 		return skip("no peer proxies")
+	case f.Kind.needsHosts() && len(h.cfg.Hosts) == 0:
+		return skip("no hosts")
 	}
 	var target *Worker
 	switch f.Kind {
@@ -154,6 +156,11 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 		p.Cut()
 		err = sleep(ctx, f.Duration)
 		p.Heal()
+	case HostCut:
+		if err = target.Host.Cut(ctx); err == nil {
+			serr := sleep(ctx, f.Duration)
+			err = errors.Join(serr, target.Host.Restore(context.WithoutCancel(ctx)))
+		}
 	default:
 		err = fmt.Errorf("faultinject: unknown fault kind %v", f.Kind)
 	}

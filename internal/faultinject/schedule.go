@@ -57,6 +57,11 @@ const (
 	// about 0.6 s): while it registers, waits as pending, or holds a rank
 	// of a round its peers are still connecting or sending state in.
 	JoinKill
+	// HostCut takes down the link of one worker's host (Config.Hosts, a
+	// network namespace) for Duration, then restores it: every worker on
+	// that host is cut off from Redis and its peers, in silence (no reset
+	// reaches anyone), as when a machine's cable is pulled.
+	HostCut
 	numKinds
 )
 
@@ -65,7 +70,7 @@ var kindNames = [...]string{
 	RedisRestart: "redis-restart", RedisOutage: "redis-outage", RedisLatency: "redis-latency",
 	RedisBlackhole: "redis-blackhole", RedisCut: "redis-cut",
 	PeerLatency: "peer-latency", PeerBandwidth: "peer-bandwidth", PeerBlackhole: "peer-blackhole", PeerCut: "peer-cut",
-	JoinKill: "join-kill",
+	JoinKill: "join-kill", HostCut: "host-cut",
 }
 
 // String returns the kind's name ("kill", "redis-outage", ...).
@@ -110,6 +115,7 @@ func ParseKinds(s string) ([]Kind, error) {
 func (k Kind) needsRedis() bool      { return k == RedisRestart || k == RedisOutage }
 func (k Kind) needsRedisProxy() bool { return k >= RedisLatency && k <= RedisCut }
 func (k Kind) needsPeerProxy() bool  { return k >= PeerLatency && k <= PeerCut }
+func (k Kind) needsHosts() bool      { return k == HostCut }
 
 // destructive reports whether k removes a worker for good.
 func (k Kind) destructive() bool { return k == Kill || k == Term }
@@ -238,6 +244,8 @@ func NewSchedule(seed uint64, cfg ScheduleConfig) []Fault {
 			f.Duration = time.Duration(rng.Int64N(int64(cfg.MaxDuration / 3)))
 		case JoinKill:
 			f.Duration = time.Duration(rng.Int64N(int64(600 * time.Millisecond)))
+		case HostCut:
+			f.Duration = dur(300 * time.Millisecond)
 		}
 		out = append(out, f)
 	}

@@ -49,7 +49,7 @@ func TestParseKinds(t *testing.T) {
 	require.Equal(t, []faultinject.Kind{faultinject.Kill, faultinject.PeerCut}, k)
 	all, err := faultinject.ParseKinds("all")
 	require.NoError(t, err)
-	require.Len(t, all, 15)
+	require.Len(t, all, 16)
 	_, err = faultinject.ParseKinds("meteor")
 	require.Error(t, err)
 }

@@ -143,6 +143,28 @@ type Server struct {
 	cmd      *exec.Cmd
 	embedded *standalone.Server
 	running  bool
+	// command builds the redis-server process (StartOn); nil: exec.Command.
+	command func(name string, args ...string) *exec.Cmd
+}
+
+// StartOn launches a private redis-server listening on host:6379, for a
+// host of its own (a network namespace of internal/netns: pass its
+// Command, so that the server runs inside it; host is its address), and
+// waits until it answers from here. It needs the redis-server binary (t
+// fails without it: a test of hosts must run against a real server).
+// t.Cleanup stops it; Stop and Restart work as for Start.
+func StartOn(t testing.TB, host string, command func(name string, args ...string) *exec.Cmd) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("testredis: redis-server not on PATH: %v", err)
+	}
+	s := &Server{addr: net.JoinHostPort(host, "6379"), command: command}
+	if err := s.startProcess(bin); err != nil {
+		t.Fatalf("testredis: %v", err)
+	}
+	t.Cleanup(s.Stop)
+	return s
 }
 
 // Start launches a private Redis on a free loopback port for a test that
@@ -186,14 +208,21 @@ func startServer() (*Server, error) {
 func freeAddr() (string, error) { return freeport.Addr() }
 
 func (s *Server) startProcess(bin string) error {
-	_, port, _ := net.SplitHostPort(s.addr)
-	cmd := exec.Command(bin,
-		"--bind", "127.0.0.1", "--port", port,
+	host, port, _ := net.SplitHostPort(s.addr)
+	command := s.command
+	if command == nil {
+		command = exec.Command
+	}
+	cmd := command(bin,
+		"--bind", host, "--port", port,
 		"--save", "", "--appendonly", "no",
 		"--protected-mode", "no", "--loglevel", "warning",
 		"--dir", os.TempDir(), "--dbfilename", "testredis-"+port+".rdb")
 	// The server dies with the test binary even if Stop is never called.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("run %s: %w", bin, err)
 	}

@@ -316,6 +316,13 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	// hooks run on launch's goroutine and never block: a reader goroutine
 	// per worker queues its events, and an exit is queued only after every
 	// event its worker wrote.
+	wrap := spec.Wrap
+	place := newPlacement(os.Getenv(EnvNetns), logw)
+	if wrap == nil && place != nil {
+		wrap = place.wrap
+	} else {
+		place = nil
+	}
 	events := make(chan Event, 1024)
 	exits := make(chan exit, limit+1)
 	var readers sync.WaitGroup
@@ -365,6 +372,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			}(p.Worker, rw[0])
 		},
 		OnExit: func(x launch.Exit) {
+			if place != nil {
+				place.exited(x.Worker)
+			}
 			hookMu.Lock()
 			done := readDone[x.Worker]
 			hookMu.Unlock()
@@ -383,7 +393,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		cfg.GracePeriod = spec.GracePeriod
 	}
 	job, err := launch.Start(ctx, launch.Spec{Command: append([]string{self}, spec.Args...), Env: spec.Env,
-		Stdout: logw, Stderr: logw, Wrap: spec.Wrap}, cfg, launch.WithHooks(hooks))
+		Stdout: logw, Stderr: logw, Wrap: wrap}, cfg, launch.WithHooks(hooks))
 	if err != nil {
 		// launch reaped whatever it started; let the readers of their
 		// pipes finish.

@@ -52,6 +52,16 @@ type rank struct {
 // sends all of them the "WORLD" line. ctx bounds the children's lives. On
 // error the children already started are killed.
 func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, error) {
+	return StartWith(ctx, np, envPrefix, jobPrefix, nil, func(_ int, name string, args ...string) *exec.Cmd {
+		return exec.CommandContext(ctx, name, args...)
+	})
+}
+
+// StartWith is Start with extra arguments after this process' own (later
+// flags win) and with command building each rank's process (for example
+// inside a network namespace of its own: netns.Host.Command); the Cmd's
+// environment and stdio are set by StartWith.
+func StartWith(ctx context.Context, np int, envPrefix, jobPrefix string, extra []string, command func(rank int, name string, args ...string) *exec.Cmd) (*Group, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -62,7 +72,8 @@ func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, er
 	env := append(os.Environ(), envPrefix+"_JOB="+jobPrefix+hex.EncodeToString(job), envPrefix+"_SECRET="+hex.EncodeToString(secret))
 	g := &Group{ranks: make([]*rank, np)}
 	for i := range g.ranks {
-		cmd := exec.CommandContext(ctx, exe, append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...)...)
+		args := append(append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...), extra...)
+		cmd := command(i, exe, args...)
 		cmd.Env = env
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()

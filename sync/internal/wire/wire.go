@@ -15,7 +15,8 @@
 //	8      8    round
 //	16     8    sequence number of the operation within the round
 //	24     8    total bytes of the operation's buffer
-//	32     8    aux (broadcast root, otherwise 0)
+//	32     8    aux (broadcast root; the phase and piece of a hierarchical
+//	            allreduce's frame; otherwise 0)
 //
 // # Handshake messages
 //
@@ -198,8 +199,13 @@ const ProtocolVersion = 1
 const (
 	ConnControl = 1 // control messages (abort, close) between a pair of ranks
 	ConnMesh    = 2 // small direct collectives between a pair of ranks
-	ConnLane    = 3 // one stream of the ring, from a rank to its right neighbour
+	ConnLane    = 3 // one stream of a ring, from a rank to the next rank of that ring
 )
+
+// A ConnLane Hello's Lane names the stream: the low byte is its index
+// (0..Streams-1), the high byte the ring of the round it belongs to (0 the
+// ring of all ranks, 1 the ring of the dialer's host, 2 the ring between
+// hosts of the hierarchical allreduce).
 
 // MaxJobIDBytes bounds the job ID carried in a Hello.
 const MaxJobIDBytes = 255
