@@ -119,12 +119,14 @@ func runWorker(c *config, stderr io.Writer) int {
 		w.Configure(&tcfg)
 	}
 	opts := []trainer.Option{trainer.WithLogger(logger)}
-	audit, err := trainer.OpenFileAudit(c.audit)
-	if err != nil {
-		return fail(err)
+	if c.audit != "" {
+		audit, err := trainer.OpenFileAudit(c.audit)
+		if err != nil {
+			return fail(err)
+		}
+		defer audit.Close()
+		opts = append(opts, trainer.WithAudit(audit))
 	}
-	defer audit.Close()
-	opts = append(opts, trainer.WithAudit(audit))
 	tel, err := newTelemetry(ctx, c.otlp, c.metrics, workerIndex(), c.job)
 	if err != nil {
 		return fail(err)
