@@ -50,11 +50,6 @@ const (
 	// outside, restart me": the job, or the worker, left gracefully after
 	// a stop signal, its state committed and checkpointed.
 	StatusPreempted = 143
-	// StatusUsage: a bad command line. The command etrun exits with it for
-	// its own flags, and the launcher's job has it when its workers'
-	// command line was refused (ErrUsage: every worker that decided the
-	// failure exited 2 at its first start, see Exit.Usage).
-	StatusUsage = 2
 )
 
 // ErrNotLaunched is WorkerEnv's error when the process was not started by
@@ -170,11 +165,12 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // left on SIGTERM) or ErrPreempted (a job the launcher stopped and whose
 // workers all left gracefully), StatusFailed otherwise, and also when err
 // wraps trainer.ErrCheckpoint (a preempted worker whose checkpoint was not
-// written did not leave cleanly), and StatusUsage when err wraps ErrUsage
-// (a job whose workers' command line was refused). A worker ends
+// written did not leave cleanly). A worker ends
 // with os.Exit(launch.ExitStatus(err)) on the error of its trainer's Run,
 // and the launcher reads that status: a worker's status 0 means the job
-// finished, so a worker must not exit 0 unless Run returned nil.
+// finished, so a worker must not exit 0 unless Run returned nil. For a
+// launcher's error it is also StatusUsage when err wraps ErrUsage (a job
+// whose workers' command line was refused).
 func ExitStatus(err error) int {
 	switch {
 	case err == nil:

@@ -264,8 +264,8 @@ type keyRecord struct {
 }
 
 func (h *keyChecker) Enabled(context.Context, slog.Level) bool { return true }
-func (h *keyChecker) WithAttrs([]slog.Attr) slog.Handler      { return h }
-func (h *keyChecker) WithGroup(string) slog.Handler           { return h }
+func (h *keyChecker) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *keyChecker) WithGroup(string) slog.Handler            { return h }
 
 func (h *keyChecker) Handle(_ context.Context, r slog.Record) error {
 	rec := keyRecord{msg: r.Message}

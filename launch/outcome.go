@@ -273,6 +273,12 @@ var ErrJobOver = errors.New("launch: the job is over")
 // process.
 var ErrNoWorker = errors.New("launch: no such worker running")
 
+// StatusUsage: a bad command line. The command etrun exits with it for its
+// own flags, and a job has it when its workers' command line was refused
+// (ErrUsage: every worker that decided the failure exited 2 at its first
+// start, see Exit.Usage).
+const StatusUsage = 2
+
 // ErrUsage is wrapped, next to ErrFailed, by Job.Wait's (and Run's) error
 // when the job failed because its workers' command line was refused: every
 // worker process that decided the failure exited with status 2 at its
@@ -280,9 +286,10 @@ var ErrNoWorker = errors.New("launch: no such worker running")
 // a bad command line.
 var ErrUsage = errors.New("launch: the workers' command line was refused")
 
-// decisive returns the exits that decided a failed job: after a stop, the
-// processes running then that did not leave gracefully; otherwise the last
-// process of every worker index that did not.
+// decisive returns the exits that decided a failed job (those jobError
+// names): after a stop, the processes running then that did not leave
+// gracefully; otherwise the last process of every worker index that did
+// not.
 func decisive(exits []Exit, stopped bool) []Exit {
 	cands := exits
 	if !stopped {
@@ -330,17 +337,24 @@ func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 	case Preempted:
 		err = ErrPreempted
 	default:
+		cands := exits
+		if !stopped {
+			cands = lastExits(exits)
+		}
 		var bad []string
-		for _, e := range decisive(exits, stopped) {
-			bad = append(bad, e.String())
+		for _, e := range cands {
+			if (!stopped || e.AtStop) && (e.Outcome != Preempted || e.Killed) {
+				bad = append(bad, e.String())
+			}
 		}
 		if len(bad) == 0 {
 			bad = append(bad, "no worker ran")
 		}
 		err = fmt.Errorf("%w: %s", ErrFailed, strings.Join(bad, "; "))
-		if usageFailure(exits, stopped) {
-			err = &multiError{msg: err.Error(), errs: []error{ErrFailed, ErrUsage}}
-		}
+	}
+
+	if o == Failed && usageFailure(exits, stopped) {
+		err = &multiError{msg: err.Error(), errs: []error{err, ErrUsage}}
 	}
 	if cause != nil {
 		return fmt.Errorf("%w: %w", err, cause)

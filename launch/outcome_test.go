@@ -35,7 +35,7 @@ func TestClassifyAProcessEnd(t *testing.T) {
 
 func TestRestartPolicy(t *testing.T) {
 	cases := []struct {
-		name               string
+		name                       string
 		o                          Outcome
 		stopping, finished, doomed bool
 		restarts, max              int
