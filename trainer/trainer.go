@@ -107,13 +107,17 @@ type Trainer[B any] struct {
 // parameter names or parameters whose Value, Grad and Shape disagree, a
 // loader that is neither a Loader nor a StatefulLoader, a StatefulLoader
 // with a StateMerger in Deterministic mode (which samples a rank trains
-// would depend on timing), partitions without or with duplicate names.
+// would depend on timing), Deterministic with a loader that reports no
+// micro-batches (MicroBatcher), partitions without or with duplicate names.
 func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
 	}
 	if err := cfg.validate(o.backend == nil); err != nil {
+		return nil, err
+	}
+	if err := checkDeterministic(cfg, loader); err != nil {
 		return nil, err
 	}
 	switch {
