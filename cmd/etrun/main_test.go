@@ -423,3 +423,34 @@ func TestEtrunReportsAWorkerKilledBySIGTERMAsNotPreempted(t *testing.T) {
 	require.NotContains(t, p.stderr.String(), "left as preempted")
 	require.Contains(t, p.stderr.String(), "outcome=failed exit_status=1")
 }
+
+func TestEtrunEndsAJobWhoseStoppedWorkerTheOthersFinishedWithout(t *testing.T) {
+	// The user's report: 3 trainers, one SIGSTOPped mid-training, the two
+	// others re-form without it, finish and exit 0; etrun waited on the
+	// stopped one until it was continued. Now it kills it -grace later.
+	etrun, worker := build(t, t.TempDir())
+	p := startEtrun(t, etrun, "-workers", "3", "-grace", "2s", "--", worker, "-epochs", "3", "-delay", "20ms")
+	pids := map[int]int{}
+	p.until(t, func(e workerEvent) bool {
+		if e.Ev == "start" {
+			pids[e.Worker] = e.PID
+		}
+		return e.Ev == "step" && e.WorldSize == 3 && e.Step >= 5
+	})
+	require.Len(t, pids, 3)
+	require.NoError(t, syscall.Kill(pids[2], syscall.SIGSTOP))
+	// A deadline, not a synchronisation: past it, end the test's own
+	// processes and fail.
+	late := time.AfterFunc(time.Minute, func() {
+		syscall.Kill(pids[2], syscall.SIGKILL)
+		p.cmd.Process.Kill()
+	})
+	code, _ := p.wait(t)
+	require.True(t, late.Stop(), "etrun still waited for the stopped worker a minute later; stderr:\n%s", &p.stderr)
+	require.Equal(t, 0, code, "the job finished; stderr:\n%s", &p.stderr)
+	require.Contains(t, p.stderr.String(), "worker killed: it was still running a grace period after the job finished")
+	require.Contains(t, p.stderr.String(), "killed_after_finish=1")
+	for i, pid := range pids {
+		require.True(t, gone(pid), "worker %d (pid %d) left behind", i, pid)
+	}
+}
