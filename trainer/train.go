@@ -182,6 +182,24 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				t.straggler(ctx, world, r, ratio)
 			})
 		}
+		if !empty {
+			// OnStep runs before this step's commit and checkpoint, so what
+			// it changes (WithState's state, the learning rate) is part of
+			// them: a round that restores this step restores it too.
+			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
+				Loss: t.lastLoss, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+			if recovered {
+				rec := t.o.now().Sub(failedAt).Seconds()
+				si.RecoverySeconds = rec
+				t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
+				_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
+				rs.End()
+				recovered = false
+			}
+			if t.o.hooks.OnStep != nil {
+				t.o.hooks.OnStep(si)
+			}
+		}
 		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
 			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted()})
 		if bd.commit {
@@ -235,19 +253,6 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			if span != nil {
 				span.End()
-			}
-			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
-			if recovered {
-				rec := t.o.now().Sub(failedAt).Seconds()
-				si.RecoverySeconds = rec
-				t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
-				_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
-				rs.End()
-				recovered = false
-			}
-			if t.o.hooks.OnStep != nil {
-				t.o.hooks.OnStep(si)
 			}
 		}
 		switch bd.end {
