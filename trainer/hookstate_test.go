@@ -1,6 +1,7 @@
 package trainer_test
 
 import (
+	"context"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -209,4 +210,28 @@ func TestHookStateIsPartOfItsStepsCommit(t *testing.T) {
 		require.Equal(t, math.Float32bits(want.W[i]), math.Float32bits(got.W[i]), "w[%d]: undisturbed %v, disturbed %v", i, want.W[i], got.W[i])
 	}
 	require.Equal(t, math.Float32bits(want.B[0]), math.Float32bits(got.B[0]), "b")
+}
+
+// A final checkpoint that cannot be written is ErrCheckpoint on every rank
+// of the last round, not on rank 0 only: the job finished, but every
+// worker's Run says its durability was lost.
+func TestFailedFinalCheckpointFailsEveryRank(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	store := &flakyStore{CheckpointStore: dir, fail: func(step int64) bool { return step == 90 }} // the last step
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 3
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers, c.CheckpointEvery = 3, 20 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	ws := []*inproc{j.start(), j.start(), j.start()}
+	j.wait()
+	for _, w := range ws {
+		require.ErrorIs(t, w.err, ErrCheckpoint, "worker %d (rank %d)", w.idx, w.res.Rank)
+		require.True(t, w.res.Finished, "worker %d", w.idx)
+		require.EqualValues(t, 90, w.res.Step)
+	}
+	steps, err := dir.List(context.Background())
+	require.NoError(t, err)
+	require.NotContains(t, steps, int64(90))
+	require.Contains(t, steps, int64(80), "the periodic checkpoints were written")
 }

@@ -313,8 +313,8 @@ func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, 
 // finish ends the job at the end of the last epoch: a commit (unless the
 // last step boundary took one) and a final checkpoint by rank 0 (with partitions: by every rank, published by rank
 // 0); round then says goodbye. A failed collective fails the round (the
-// next one finds the end at once and tries again); a failed publication
-// is rank 0's ErrCheckpoint.
+// next one finds the end at once and tries again); a failed write or
+// publication is ErrCheckpoint on every rank (rank 0 tells the others).
 func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
 	watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
 	// The batch that ended the job was never Stepped: when the last step
@@ -327,8 +327,29 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 		}
 	}
 	if len(t.parts) == 0 {
+		var saveErr error
 		if world.Rank == 0 {
-			return endFinished, ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+			saveErr = ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+		}
+		if world.Size == 1 {
+			return endFinished, saveErr
+		}
+		// Every rank returns the outcome of the final checkpoint: rank 0
+		// tells the others with one small max-allreduce.
+		failed := []float64{0}
+		if saveErr != nil {
+			failed[0] = 1
+		}
+		watch.enter()
+		err := comm.AllReduceFloat64(ctx, failed, sync.OpMax)
+		watch.leave()
+		switch {
+		case err != nil:
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: the final checkpoint's outcome: %w", err))
+		case saveErr != nil:
+			return endFinished, saveErr
+		case failed[0] != 0:
+			return endFinished, fmt.Errorf("%w: rank 0 could not write the final checkpoint of step %d", ErrCheckpoint, t.step)
 		}
 		return endFinished, nil
 	}
@@ -339,7 +360,7 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return t.classify(runCtx, ctx, err)
 	}
-	if !published && world.Rank == 0 {
+	if !published { // every rank learned it from checkpointParts
 		return endFinished, fmt.Errorf("%w: the final checkpoint of step %d was not published", ErrCheckpoint, t.step)
 	}
 	return endFinished, nil

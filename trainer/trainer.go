@@ -262,7 +262,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // Run trains until every epoch is done, the job is finished by others, ctx
 // is cancelled, the worker is preempted or evicted, or an unrecoverable
 // error occurs. It returns nil when the job finished (Result.Finished),
-// or ErrCheckpoint when it finished but its final checkpoint failed.
+// or ErrCheckpoint when it finished but its final checkpoint failed (on
+// every rank of the last round, not only on the rank that wrote it).
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
 // worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
