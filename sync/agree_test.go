@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 )
@@ -86,5 +87,28 @@ func TestAnnounceAgreesOnSlowOps(t *testing.T) {
 	a.mu.Unlock()
 	if announced == 0 {
 		t.Fatal("rank 1 never announced a waiting operation")
+	}
+}
+
+// TestCancelledConnectIsNotALoss: the notice a rank sends on its control
+// connections when its Connect is cancelled (abortConnect) makes a peer
+// whose Ring already formed fail with a *PeerError naming that rank and
+// wrapping ErrAborted (alive, gave up on purpose: not to be reported), not
+// with a lost connection.
+func TestCancelledConnectIsNotALoss(t *testing.T) {
+	w := newTestWorld(t, 3, smallConfig(t))
+	rc := &ringConns{ctrl: make([]net.Conn, 3)}
+	for p, pl := range w.rings[1].peers {
+		if pl != nil {
+			rc.ctrl[p] = pl.ctrl
+		}
+	}
+	abortConnect(rc, World{Round: 1, Rank: 1, Addrs: make([]string, 3)})
+	for _, rank := range []int{0, 2} {
+		err := w.rings[rank].Barrier(context.Background())
+		var pe *PeerError
+		if !errors.As(err, &pe) || pe.Rank != 1 || !errors.Is(err, ErrAborted) {
+			t.Errorf("rank %d: %v, want a PeerError naming rank 1 wrapping ErrAborted", rank, err)
+		}
 	}
 }
