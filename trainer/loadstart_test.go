@@ -146,25 +146,40 @@ func TestFaultFreeStartsUnderLoad(t *testing.T) {
 	t.Logf("%d fault-free starts of 4 workers under a CPU hog on %d cores: %d with a failed round or an eviction", starts, runtime.NumCPU(), bad)
 }
 
-// A worker that arrives while a round is inside a slow collective (a
-// loaded machine: one rank takes 500 ms to enter each operation) does not
-// abort it: a waiting joiner is a planned change, taken at the next step
-// boundary. Only a round the rendezvous has superseded (a member lost,
-// evicted or gone) is aborted mid-collective. So the job grows without a
-// failed round, a recovery or an eviction.
+// A worker that arrives while a round is inside a slow collective or a
+// slow Connect (a loaded machine: one rank takes 500 ms to enter each
+// operation of the round, or to reach its Connect) does not abort it: a
+// waiting joiner is a planned change, taken at the next step boundary.
+// Only a round the rendezvous has superseded (a member lost, evicted or
+// gone) is aborted mid-collective. So the job grows without a failed
+// round, a recovery or an eviction.
 func TestJoinerDoesNotAbortASlowRound(t *testing.T) {
-	connected := make(chan struct{})
+	for _, slow := range []string{"collective", "connect"} {
+		t.Run(slow, func(t *testing.T) { testJoinerDuringSlowRound(t, slow) })
+	}
+}
+
+func testJoinerDuringSlowRound(t *testing.T, slow string) {
+	arrived := make(chan struct{}) // the round of three is connecting (connect) or connected (collective)
 	var once stdsync.Once
 	j := newMemJob(t, 480, 4, 1)
 	j.cfg.Elastic.MinWorkers = 3
 	j.c = trainertest.NewCluster(t, trainertest.ClusterConfig{Network: trainertest.NetworkConfig{
 		OnGroup: func(w sync.World, g *synctest.Group) {
-			if g.Size() == 3 {
+			if slow == "collective" && g.Size() == 3 {
 				g.Delay(2, 500*time.Millisecond)
-				once.Do(func() { close(connected) })
+				once.Do(func() { close(arrived) })
 			}
 		},
 	}})
+	if slow == "connect" {
+		j.backend = func(w *trainertest.Worker) []Option {
+			if w.Index != 2 {
+				return w.Options()
+			}
+			return []Option{WithBackend(&lateConnect{Backend: w.Backend, first: func() { once.Do(func() { close(arrived) }) }})}
+		}
+	}
 	var logMu stdsync.Mutex
 	var warnings []string
 	j.opts = func(w *trainertest.Worker) []Option {
@@ -176,11 +191,11 @@ func TestJoinerDoesNotAbortASlowRound(t *testing.T) {
 	}
 	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
 	select {
-	case <-connected:
+	case <-arrived:
 	case <-time.After(30 * time.Second):
-		t.Fatal("the round of three never connected")
+		t.Fatal("the round of three never began")
 	}
-	ws = append(ws, j.start()) // arrives during the slow round's collectives
+	ws = append(ws, j.start()) // arrives while the slow round connects or is in a collective
 	j.c.Wait()
 	for _, w := range ws {
 		res, err := w.Result()
@@ -188,13 +203,36 @@ func TestJoinerDoesNotAbortASlowRound(t *testing.T) {
 		require.True(t, res.Finished, "%v", w)
 		require.Zero(t, res.Recoveries, "%v: a failure recovery in a fault-free job", w)
 	}
-	require.Equal(t, 1, ws[3].Backend.Connects(), "the joiner connected once: no round failed")
 	logMu.Lock()
 	defer logMu.Unlock()
 	require.Empty(t, warnings, "no round failed, nobody was fenced")
+	require.Equal(t, 1, ws[3].Backend.Connects(), "the joiner connected once: no round failed")
 	rep := VerifyAudit(j.audit.Entries(), j.cfg.Epochs, j.expected)
 	require.Zero(t, rep.Missing)
 	require.Zero(t, rep.Duplicates)
+}
+
+// lateConnect is a Backend whose first Connect starts 500 ms late (a rank
+// of a loaded machine), calling first when it is called.
+type lateConnect struct {
+	*trainertest.Backend
+	first func()
+	late  bool
+}
+
+func (b *lateConnect) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
+	if !b.late {
+		b.late = true
+		b.first()
+		tm := time.NewTimer(500 * time.Millisecond)
+		select {
+		case <-tm.C:
+		case <-ctx.Done():
+			tm.Stop()
+			return nil, ctx.Err()
+		}
+	}
+	return b.Backend.Connect(ctx, w)
 }
 
 // recordHandler is a slog.Handler that passes records at min or above to rec.
