@@ -17,6 +17,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/synctest"
 	. "github.com/elastictrain/elastictrain/trainer"
@@ -29,11 +30,47 @@ import (
 //	ELASTICTRAIN_LOAD_STARTS=50 go test -count=1 -run TestFaultFreeStartsUnderLoad -v ./trainer
 const envLoadStarts = "ELASTICTRAIN_LOAD_STARTS"
 
+// envSlowSteps ("N:duration") makes a worker process's first N StepFunc
+// calls take at least that long: a rank that a loaded machine slows down,
+// so its peers wait inside the control allreduce.
+const envSlowSteps = "ELASTICTRAIN_TRAINER_TEST_SLOW_STEPS"
+
+// slowSteps wraps a worker's StepFunc as envSlowSteps says.
+func slowSteps(f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch] {
+	n, d, ok := strings.Cut(os.Getenv(envSlowSteps), ":")
+	left, err1 := strconv.Atoi(n)
+	delay, err2 := time.ParseDuration(d)
+	if !ok || err1 != nil || err2 != nil {
+		return f
+	}
+	return func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+		if left > 0 {
+			left--
+			if err := sleepCtxTest(ctx, delay); err != nil {
+				return 0, err
+			}
+		}
+		return f(ctx, b)
+	}
+}
+
+// sleepCtxTest waits d or until ctx ends (the slow rank's compute).
+func sleepCtxTest(ctx context.Context, d time.Duration) error {
+	tm := time.NewTimer(d)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 // startLogged is procJob.start with the worker's log (stderr, level Warn)
 // sent to lines instead of the test's stderr.
-func (j *procJob) startLogged(lines chan<- string) *proc {
+func (j *procJob) startLogged(lines chan<- string, env ...string) *proc {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = j.env
+	cmd.Env = append(append([]string(nil), j.env...), env...)
 	out, err := cmd.StdoutPipe()
 	require.NoError(j.t, err)
 	errOut, err := cmd.StderrPipe()
@@ -92,8 +129,9 @@ func hogCPU() (stop func()) {
 }
 
 // Fault-free starts of four worker processes on a loaded machine (a CPU
-// hog on every core): no member is fenced and no round fails, however late
-// a worker arrives or however slowly a round connects. (A worker arriving
+// hog on every core, and one rank slowed down for its first steps): no
+// member is fenced and no round fails, however late a worker arrives or
+// however slowly a round connects or steps. (A worker arriving
 // while the first round connected once made the others' collective watch
 // cancel that Connect on purpose, and the peers, seeing a broken
 // connection, reported the healthy rank as lost.)
@@ -110,13 +148,17 @@ func TestFaultFreeStartsUnderLoad(t *testing.T) {
 	for s := range starts {
 		j := newProcJob(t, 2, 1, t.TempDir())
 		lines := make(chan string, 1<<16)
-		for range 3 {
-			j.startLogged(lines)
-		}
-		// The fourth arrives late, as a slow process start does: at
-		// another moment of the first round's forming, connecting or
-		// first steps in each start (the scenario's input, not a wait).
-		time.Sleep(time.Duration(s%8) * 100 * time.Millisecond)
+		// The second worker's first 10 steps take 350 ms each (a rank
+		// the load slows down): its peers wait that long in each step's
+		// control allreduce, as the fourth arrives.
+		j.startLogged(lines)
+		j.startLogged(lines, envSlowSteps+"=10:350ms")
+		j.startLogged(lines)
+		// The fourth arrives late, as a slow process start does: after
+		// the first round closed (LastCall 300 ms), at another moment
+		// of its connecting or first steps in each start (the
+		// scenario's input, not a wait).
+		time.Sleep(400*time.Millisecond + time.Duration(s%6)*150*time.Millisecond)
 		j.startLogged(lines)
 		j.waitAll()
 		close(lines)
