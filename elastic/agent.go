@@ -44,7 +44,8 @@ type Agent struct {
 	joining     bool
 	started     bool
 
-	lease    leaseClock // when the lease ends in the store, on our clock
+	lease    leaseClock    // when the lease ends in the store, on our clock
+	prog     progressWatch // the worker loop's progress (Config.ProgressTimeout)
 	pending  atomic.Bool
 	changes  chan struct{}
 	joinWake chan Hint // hints for a waiting Join (capacity 1, newest wins)
@@ -400,6 +401,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	a.joining = true
 	a.mu.Unlock()
 	defer func() {
+		a.restProgress() // waiting for a round is not a hang
 		a.mu.Lock()
 		a.joining = false
 		a.mu.Unlock()
@@ -702,6 +704,10 @@ func (a *Agent) run(w Watcher) {
 				return
 			}
 		case <-timer.C:
+			if a.checkProgress() {
+				<-a.stop // terminal, as below
+				return
+			}
 			if w == nil {
 				if nw, err := a.watch(context.Background()); err == nil {
 					w = nw

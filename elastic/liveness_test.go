@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,4 +200,101 @@ func loadavg() string {
 		return fmt.Sprint(err)
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// stepper calls Progress every few ms, as a training loop does at every
+// step, until stop.
+type stepper struct {
+	stop chan struct{}
+	done chan struct{}
+	last atomic.Int64 // unix ns of the last Progress
+}
+
+func startStepper(a *elastic.Agent) *stepper {
+	s := &stepper{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+				a.Progress()
+				s.last.Store(time.Now().UnixNano())
+			}
+		}
+	}()
+	return s
+}
+
+// hang stops the steps (the step function blocks; the process and its
+// heartbeats live on) and returns when the last step was.
+func (s *stepper) hang() time.Time {
+	close(s.stop)
+	<-s.done
+	return time.Unix(0, s.last.Load())
+}
+
+// TestHungWorkerIsLeftBehind (issue 14, Must show 2 at the Agent): a worker
+// whose loop stops making progress while its process and heartbeats live
+// on is counted as hung after ProgressTimeout: its Agent leaves the job, the
+// other member holds a round without it within ProgressTimeout + 1 s of the
+// last step, and the hung worker meets ErrFenced (wrapping ErrNoProgress)
+// when it wakes. A marked phase three times as long as the timeout, and a
+// Join, are no hang.
+func TestHungWorkerIsLeftBehind(t *testing.T) {
+	for _, k := range []storeKind{memoryKind(), redisKind()} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			s := k.make(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+			cfg.ProgressTimeout = 500 * time.Millisecond
+			A, B := newAgent(t, s, cfg), newAgent(t, s, cfg)
+			ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
+			checkRound(t, ws, []*elastic.Agent{A, B})
+			sa, sb := startStepper(A), startStepper(B)
+			defer sa.hang()
+
+			// B runs a long marked phase (an evaluation): nothing changes.
+			sb.hang()
+			done := B.Busy("evaluation")
+			phaseEnd := time.Now().Add(3 * cfg.ProgressTimeout)
+			for time.Now().Before(phaseEnd) {
+				if A.ChangePending() || B.ChangePending() {
+					t.Fatalf("change pending during a marked phase: A %v, B %v", A.Err(), B.Err())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			done()
+			sb = startStepper(B)
+
+			// Now B's step function blocks forever.
+			waitFor(t, 5*time.Second, "B to step again", func() bool { return sb.last.Load() != 0 })
+			hungAt := sb.hang()
+			bound := cfg.ProgressTimeout + time.Second
+			waitFor(t, bound, "A sees the change", A.ChangePending)
+			jctx, cancel := context.WithTimeout(context.Background(), bound-time.Since(hungAt))
+			defer cancel()
+			w, err := A.Join(jctx)
+			if err != nil {
+				t.Fatalf("A's Join %v after B hung: %v", time.Since(hungAt), err)
+			}
+			took := time.Since(hungAt)
+			if w.Size != 1 || w.Members[0].ID != A.Member().ID {
+				t.Fatalf("round %d holds %v, want A alone", w.Round, w.MemberIDs())
+			}
+			// B wakes.
+			if !B.ChangePending() {
+				t.Fatal("hung B sees no change when it wakes")
+			}
+			_, err = B.Join(context.Background())
+			if !errors.Is(err, elastic.ErrFenced) || !errors.Is(err, elastic.ErrNoProgress) {
+				t.Fatalf("hung B's Join: %v, want ErrFenced and ErrNoProgress", err)
+			}
+			t.Logf("A trains alone %v after B's last step (bound %v); B woke to: %v; load %s", took, bound, err, loadavg())
+		})
+	}
 }
