@@ -28,6 +28,7 @@ type memJob struct {
 	backend func(w *trainertest.Worker) []Option // default: w.Options(), the in-memory Backend
 	models  map[*trainertest.Worker]*trainertest.Model
 	opt     func() Optimizer
+	step    func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch] // wraps the model's step; nil: none
 	maxStep atomic.Int64
 	steps   chan StepInfo
 }
@@ -75,7 +76,11 @@ func (j *memJob) start() *trainertest.Worker {
 		if j.wrap != nil {
 			src = j.wrap(w, loader)
 		}
-		return New(m.Params(), j.opt(), src, m.Step, w.Store, j.cfg, opts...)
+		var step StepFunc[trainertest.Batch] = m.Step
+		if j.step != nil {
+			step = j.step(w, step)
+		}
+		return New(m.Params(), j.opt(), src, step, w.Store, j.cfg, opts...)
 	})
 	j.models[w] = m
 	return w

@@ -19,6 +19,8 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	prevSize int, recovered bool, failedAt time.Time, ck *checkpointer) (roundEnd, error) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	rctx = t.live.enterRound(rctx, agent)
+	defer t.live.leaveRound(agent)
 	// Watched like a collective: a member lost before it connected (killed,
 	// hung) ends the wait as soon as the rendezvous moves on, not after
 	// the Backend's own timeout.

@@ -51,7 +51,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	}
 	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
 	for {
+		fetched := t.live.busy("data fetch")
 		b, err := t.loader.Next(ctx)
+		fetched()
 		if err != nil {
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: data: %w", err))
 		}

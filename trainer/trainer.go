@@ -94,6 +94,9 @@ type Trainer[B any] struct {
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
 	afterReduce func(rank int, step int64) error
+
+	// live is the current round's Agent, for marked phases (progress.go).
+	live liveness
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -330,6 +333,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return m
 	}
 	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
+	ck.mark = t.live.busy
 	defer ck.close()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
@@ -527,6 +531,8 @@ func endSpan(span trace.Span, err error) {
 // detection time rather than after the operation timeout.
 type collectiveWatch struct {
 	since atomic.Int64 // unix nanos when the current collective began; 0 outside
+	agent *elastic.Agent
+	busy  func() // ends the Agent's "collective" phase (loop goroutine only)
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -540,7 +546,7 @@ const goodputEvery = 50
 const abortGrace = 250 * time.Millisecond
 
 func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *collectiveWatch {
-	w := &collectiveWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	w := &collectiveWatch{agent: agent, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		tick := time.NewTicker(50 * time.Millisecond)
@@ -562,8 +568,20 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 	return w
 }
 
-func (w *collectiveWatch) enter() { w.since.Store(time.Now().UnixNano()) }
-func (w *collectiveWatch) leave() { w.since.Store(0) }
+// enter and leave bracket a collective (or a connect): waiting for peers is
+// a marked phase for the progress watch (elastic.Agent.Busy), not a hang,
+// and its end is progress.
+func (w *collectiveWatch) enter() {
+	w.since.Store(time.Now().UnixNano())
+	w.busy = w.agent.Busy("collective")
+}
+func (w *collectiveWatch) leave() {
+	w.since.Store(0)
+	if w.busy != nil {
+		w.busy()
+		w.busy = nil
+	}
+}
 func (w *collectiveWatch) close() {
 	close(w.stop)
 	<-w.done
