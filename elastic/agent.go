@@ -455,6 +455,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			a.mu.Lock()
 			if !a.hasWorld || v.Round != a.world.Round {
 				w := World{JobID: a.cfg.JobID, Round: v.Round, Rank: v.Rank, Size: v.Size, Members: v.Members}
+				a.noteGone(a.world, a.hasWorld, w)
 				a.world, a.hasWorld = w, true
 				a.updatePendingLocked()
 				a.mu.Unlock()
@@ -521,6 +522,7 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
 	a.viewAt = time.Now()
 	a.maxRound = max(a.maxRound, h.Round)
+	a.noteGone(a.world, a.hasWorld, w)
 	a.world, a.hasWorld = w, true
 	a.updatePendingLocked()
 	a.log.Debug("joined (from hint)", "round", w.Round, "rank", w.Rank, "size", w.Size)

@@ -252,7 +252,10 @@ func TestHungWorkerIsLeftBehind(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
 			cfg.ProgressTimeout = 500 * time.Millisecond
-			A, B := newAgent(t, s, cfg), newAgent(t, s, cfg)
+			logA := &warnLog{}
+			cfgA := cfg
+			cfgA.Logger = slog.New(logA)
+			A, B := newAgent(t, s, cfgA), newAgent(t, s, cfg)
 			ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
 			checkRound(t, ws, []*elastic.Agent{A, B})
 			sa, sb := startStepper(A), startStepper(B)
@@ -286,6 +289,9 @@ func TestHungWorkerIsLeftBehind(t *testing.T) {
 			if w.Size != 1 || w.Members[0].ID != A.Member().ID {
 				t.Fatalf("round %d holds %v, want A alone", w.Round, w.MemberIDs())
 			}
+			if !logA.has("gone_member=" + B.Member().ID) {
+				t.Fatalf("A's WARNs do not name the hung member %s: %q", B.Member().ID, logA.all())
+			}
 			// B wakes.
 			if !B.ChangePending() {
 				t.Fatal("hung B sees no change when it wakes")
@@ -297,4 +303,39 @@ func TestHungWorkerIsLeftBehind(t *testing.T) {
 			t.Logf("A trains alone %v after B's last step (bound %v); B woke to: %v; load %s", took, bound, err, loadavg())
 		})
 	}
+}
+
+// warnLog is a slog.Handler that keeps every WARN with its attributes.
+type warnLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *warnLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *warnLog) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		return true
+	})
+	h.mu.Lock()
+	h.msgs = append(h.msgs, b.String())
+	h.mu.Unlock()
+	return nil
+}
+func (h *warnLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnLog) WithGroup(string) slog.Handler      { return h }
+func (h *warnLog) all() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.msgs...)
+}
+func (h *warnLog) has(sub string) bool {
+	for _, m := range h.all() {
+		if strings.Contains(m, sub) {
+			return true
+		}
+	}
+	return false
 }

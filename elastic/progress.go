@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -23,10 +23,6 @@ type progressWatch struct {
 	armed atomic.Bool  // Progress or Busy was called at least once
 	last  atomic.Int64 // local ns since the Agent's start: last progress
 	open  atomic.Int64 // phases marked busy and not yet done
-
-	mu     sync.Mutex
-	phases map[uint64]string // open phases, for the logs
-	next   uint64
 }
 
 // Progress records that the worker's loop made progress (a step, a phase
@@ -42,30 +38,24 @@ func (a *Agent) Progress() {
 // hang (a data load, an evaluation, a checkpoint write, a collective waiting
 // for peers): while at least one phase is open, the Agent does not count
 // the worker as hung. Call the returned done when the phase ends (more than
-// once is harmless); ending a phase counts as progress. phase names it in
-// the logs. A phase that never ends is never judged: mark only code that
+// once is harmless); ending a phase counts as progress. phase names the
+// phase in the log record of one that outlasted the progress timeout. A phase that never ends is never judged: mark only code that
 // returns. Safe for concurrent use; no I/O.
 func (a *Agent) Busy(phase string) (done func()) {
 	p := &a.prog
-	p.mu.Lock()
-	if p.phases == nil {
-		p.phases = map[uint64]string{}
-	}
-	p.next++
-	id := p.next
-	p.phases[id] = phase
-	p.mu.Unlock()
 	p.open.Add(1)
 	p.armed.Store(true)
-	var once sync.Once
+	start := time.Now()
+	var ended atomic.Bool
 	return func() {
-		once.Do(func() {
-			p.mu.Lock()
-			delete(p.phases, id)
-			p.mu.Unlock()
+		if ended.CompareAndSwap(false, true) {
 			a.Progress()
 			p.open.Add(-1)
-		})
+			if d := time.Since(start); a.cfg.ProgressTimeout > 0 && d > a.cfg.ProgressTimeout {
+				a.log.Info("a marked phase outlasted the progress timeout (busy, not hung)",
+					"phase", phase, "took", d, "progress_timeout", a.cfg.ProgressTimeout)
+			}
+		}
 	}
 }
 
@@ -106,4 +96,22 @@ func (a *Agent) checkProgress() bool {
 	a.fail(fmt.Errorf("%w: %w (no step and no marked phase for %v; job %q, member %s)",
 		ErrFenced, ErrNoProgress, idle.Round(time.Millisecond), a.cfg.JobID, a.self.ID))
 	return true
+}
+
+// noteGone logs, on a member that formed round w after prev, one WARN per
+// member of prev that is not in w (evicted: its lease lapsed, a peer
+// reported it, it left, or its own Agent counted it as hung), naming its
+// member ID, address and rank in prev: the survivors of a hang or a crash
+// can tell from their own logs which rank it was.
+func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
+	if !hadPrev || prev.Round == w.Round {
+		return
+	}
+	for rank, m := range prev.Members {
+		if m.ID == a.self.ID || slices.ContainsFunc(w.Members, func(n Member) bool { return n.ID == m.ID }) {
+			continue
+		}
+		a.log.Warn("a member of the last round is gone (evicted: crashed, hung, left, or reported)",
+			"gone_member", m.ID, "gone_addr", m.Addr, "gone_rank", rank, "last_round", prev.Round, "round", w.Round)
+	}
 }
