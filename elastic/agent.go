@@ -624,9 +624,11 @@ func (a *Agent) Finish(ctx context.Context) error {
 }
 
 // Close stops the background goroutine and the change subscription and waits
-// for them, and for store calls the Agent gave up on at its own deadline
-// whose client has not returned yet (with go-redis and
-// ContextTimeoutEnabled off, up to its ReadTimeout). It does not leave the job (call Leave first for a graceful exit;
+// for them. Store calls the Agent gave up on at its own deadline but whose
+// client has not returned yet (go-redis with ContextTimeoutEnabled off
+// returns at its ReadTimeout) get at most LeaseTTL/2 more: a worker cut off
+// from the store stops promptly, and such a call ends on its own within the
+// client's timeout, holding nothing of the Agent. It does not leave the job (call Leave first for a graceful exit;
 // without it the member's lease lapses after LeaseTTL). Later calls return
 // ErrClosed; Close itself is idempotent and returns nil.
 func (a *Agent) Close() error {
@@ -643,7 +645,7 @@ func (a *Agent) Close() error {
 		a.mu.Lock()
 		a.callsClosed = true
 		a.mu.Unlock()
-		a.calls.Wait() // store calls past the Agent's deadline, until the client gives up
+		a.waitCalls(a.opTimeout())
 	})
 	return nil
 }

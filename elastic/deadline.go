@@ -118,3 +118,19 @@ func (a *Agent) warm() {
 		a.log.Debug("warming the store's connection pool failed", "err", err)
 	}
 }
+
+// waitCalls waits until the store calls in flight returned, or d passed.
+func (a *Agent) waitCalls(d time.Duration) {
+	done := make(chan struct{})
+	go func() {
+		a.calls.Wait()
+		close(done)
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		a.log.Debug("closing with store calls in flight; they end at the client's own timeout")
+	}
+}
