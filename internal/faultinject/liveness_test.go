@@ -48,7 +48,7 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 	cfg.ProxyRedis = true
 	cfg.RedisTimeout = 5 * time.Second // go-redis' own timeouts above the link's round trip
 	periods := 3
-	cfg.Epochs = 40
+	cfg.Epochs = 25
 	if livenessFull() {
 		periods, cfg.Epochs = 10, 80
 	}
@@ -169,4 +169,63 @@ func TestLivenessStoreBlackholedForGood(t *testing.T) {
 			t.Errorf("violation: %s", v)
 		}
 	}
+}
+
+// TestLivenessHungStepFunction (Must show 2, and 4 with the default
+// progress timeout under ELASTICTRAIN_LIVENESS_FULL=1): one worker's step
+// function blocks for good, ignoring its context, while its process and
+// heartbeats live on. Within ProgressTimeout + 1 s the others step in a
+// round without it, and each names it (its address) in a WARN; when it
+// wakes it is fenced, rejoins as a new member, and the job finishes with
+// every invariant (audit exact, identical parameters).
+func TestLivenessHungStepFunction(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.Hangs = true
+	cfg.ProgressTimeout = 2 * time.Second
+	bound := cfg.ProgressTimeout + time.Second
+	cfg.OpTimeout = 10 * time.Second // above the progress timeout: the hang, not the collective's timeout, ends the round
+	cfg.Epochs = 12
+	if livenessFull() {
+		cfg.ProgressTimeout = 0 // the default, 15 s: the survivors must train within 20 s
+		cfg.OpTimeout = 20 * time.Second
+		bound = 20 * time.Second
+		cfg.Epochs = 80
+	}
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+	hung := h.Workers()[1]
+	require.NoError(t, h.Hang(hung, true))
+	at := time.Now()
+	var took time.Duration
+	_, err = h.WaitFor(ctx, func(faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(at) && m.Size == 2 && m.Worker != hung.Index {
+				took = m.At.Sub(at)
+				return true
+			}
+		}
+		return time.Since(at) > bound+10*time.Second
+	})
+	require.NoError(t, err)
+	require.NotZero(t, took, "the others never stepped without the hung worker")
+	t.Logf("the others step without the hung worker %v after its step function blocked (bound %v); load %s", took, bound, loadavg())
+	require.Less(t, took, bound)
+	require.Zero(t, h.Status().Finished, "the job finished before the measurement ended; raise Epochs")
+	for _, w := range h.Workers() {
+		if w == hung {
+			continue
+		}
+		log, err := os.ReadFile(w.LogPath)
+		require.NoError(t, err)
+		require.Contains(t, string(log), `"gone_addr":"`+hung.Addr+`"`, "worker %d names the hung worker", w.Index)
+	}
+	require.NoError(t, h.Hang(hung, false))
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+	log, err := os.ReadFile(hung.LogPath)
+	require.NoError(t, err)
+	require.Contains(t, string(log), "no progress", "the hung worker was fenced for it when it woke")
 }
