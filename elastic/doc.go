@@ -108,11 +108,26 @@
 // its lease cannot be told apart from a paused one; the trainer rejoins with
 // new Members and a fresh round forms.
 //
+// # Progress: hung is not alive
+//
+// The heartbeat shows the process lives, not that its training loop does.
+// A worker's loop reports progress (Agent.Progress at every step) and marks
+// long phases that make no steps but are not hangs (Agent.Busy: a data
+// load, an evaluation, a checkpoint write, a collective waiting for peers).
+// Once it made no progress for Config.ProgressTimeout outside any marked
+// phase and outside Join, the Agent counts it as hung: it leaves the job (the
+// store evicts it at once, so the survivors re-form within a heartbeat) and
+// fails with ErrFenced wrapping ErrNoProgress, which the loop meets when it
+// wakes. The watch starts with the first Progress or Busy call, so an Agent
+// whose user never calls them is judged by its lease alone. When a round
+// forms, each survivor logs a WARN naming every member of its previous
+// round that is gone (member ID, address, rank).
+//
 // # Defaults
 //
 // MinWorkers 1, MaxWorkers 1024, LastCall 500 ms, JoinTimeout 10 min,
 // LeaseTTL 3 s, HeartbeatInterval 500 ms, PollInterval 200 ms, OutageBudget
-// 30 s, StateTTL 1 h (see Config).
+// 30 s, StateTTL 1 h, ProgressTimeout 15 s (see Config).
 //
 // # Figures
 //
