@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -101,4 +102,59 @@ wait:
 	require.True(t, spy.has("fenced; rejoining as a new member"), "the hung worker was fenced when it woke")
 	require.True(t, spy.has("no progress"), "the hung worker's fence names the cause")
 	j.check(ws)
+}
+
+// slowReports is a store whose failure reports take reportDelay (a slow
+// link to Redis, or a backlog ahead of the report).
+type slowReports struct {
+	elastic.Store
+	delay time.Duration
+	n     atomic.Int32
+}
+
+func (s *slowReports) Report(ctx context.Context, r elastic.ReportRequest) (elastic.View, error) {
+	s.n.Add(1)
+	t := time.NewTimer(s.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+		return elastic.View{}, ctx.Err()
+	}
+	return s.Store.Report(ctx, r)
+}
+
+// TestSlowFailureReportDoesNotDelayRecovery (issue 14, a smaller point): a
+// failure report used to be sent before rejoining, so a report that took 3 s
+// held the recovery for 3 s. Now it travels beside the rejoin: after a kill
+// the survivors step again within the lease (1 s) plus a margin, well before
+// the report lands.
+func TestSlowFailureReportDoesNotDelayRecovery(t *testing.T) {
+	j := newMemJob(t, 1600, 8, 2)
+	j.cfg.Elastic.MinWorkers = 2
+	store := &slowReports{Store: elastic.NewMemoryStore(), delay: 3 * time.Second}
+	j.c = trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store})
+	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+	j.waitStep(20)
+	j.c.Kill(ws[2])
+	killed := time.Now()
+	deadline := time.After(30 * time.Second)
+	var took time.Duration
+wait:
+	for {
+		select {
+		case s := <-j.steps:
+			if s.WorldSize == 2 {
+				took = time.Since(killed)
+				break wait
+			}
+		case <-deadline:
+			t.Fatal("no step after the kill")
+		}
+	}
+	t.Logf("survivors step again %v after the kill, with reports taking %v (%d sent)", took, store.delay, store.n.Load())
+	require.Positive(t, store.n.Load(), "the survivors reported the killed rank")
+	require.Less(t, took, store.delay-500*time.Millisecond, "the recovery waited for the report")
+	j.c.Wait()
+	j.check(ws[:2])
 }

@@ -97,6 +97,8 @@ type Trainer[B any] struct {
 
 	// live is the current round's Agent, for marked phases (progress.go).
 	live liveness
+	// reports counts failure reports in flight (report.go).
+	reports stdsync.WaitGroup
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -341,6 +343,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("trainer: rendezvous: %w", err)
 	}
 	defer func() { agent.Close() }()
+	defer t.reports.Wait() // failure reports in flight (report.go), before the Agent closes
 
 	leave := func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -447,13 +450,14 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			reported := av.reported
 			shutOut = av.shutOut
 			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 && !av.auth {
-				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if err := agent.ReportFailure(rctx, world.Round, world.Members[r].ID); err != nil {
-					t.log.Warn("failure report failed", "err", err)
+				// Sent beside the rejoin (report.go): a slow store must
+				// not hold the recovery back.
+				delivered := t.reportAsync(ctx, agent, world.Round, world.Members[r].ID)
+				if !trainedHere {
+					reported = delivered() // the unformed-rounds budget needs the answer
 				} else {
 					reported = true
 				}
-				cancel()
 			}
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
