@@ -158,3 +158,95 @@ wait:
 	j.c.Wait()
 	j.check(ws[:2])
 }
+
+// slowGet is a dataset whose first Get takes delay (a fetch from remote
+// storage before the first step).
+type slowGet struct {
+	dataloader.Dataset[trainertest.Sample]
+	delay time.Duration
+	once  atomic.Bool
+}
+
+func (d *slowGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
+	if d.once.CompareAndSwap(false, true) {
+		time.Sleep(d.delay) // the slow fetch itself
+	}
+	return d.Dataset.Get(ctx, i)
+}
+
+// slowSave is a CheckpointStore whose Save takes delay.
+type slowSave struct {
+	CheckpointStore
+	delay time.Duration
+	n     atomic.Int32
+}
+
+func (s *slowSave) Save(ctx context.Context, step int64, data []byte) error {
+	s.n.Add(1)
+	time.Sleep(s.delay) // the slow write itself
+	return s.CheckpointStore.Save(ctx, step, data)
+}
+
+// TestLongMarkedPhasesAreNoHang (issue 14, Must show 3, scaled down: a
+// progress timeout of 1 s and phases of 2.5 s on one rank, with the
+// collectives' timeout, 10 s here, above the phase): a slow fetch in the
+// dataset's Get before the first step, a slow CheckpointStore.Save, and a
+// phase of the user's own marked with Busy inside the StepFunc change no
+// round: every worker finishes in its first round. The SDK marks the fetch
+// and the write itself; only the user's phase needs the call.
+func TestLongMarkedPhasesAreNoHang(t *testing.T) {
+	const phase = 2500 * time.Millisecond
+	for _, tc := range []string{"fetch", "save", "user"} {
+		t.Run(tc, func(t *testing.T) {
+			j := newMemJob(t, 960, 8, 2)
+			j.cfg.Elastic.MinWorkers = 3
+			j.cfg.Elastic.ProgressTimeout = time.Second
+			var saves *slowSave
+			spy := &logSpy{}
+			j.opts = func(*trainertest.Worker) []Option {
+				opts := []Option{WithLogger(slog.New(spy))}
+				if saves != nil {
+					opts = append(opts, WithCheckpointStore(saves))
+				}
+				return opts
+			}
+			switch tc {
+			case "fetch":
+				j.data = func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample] {
+					if w.Index == 1 {
+						return &slowGet{Dataset: d, delay: phase}
+					}
+					return d
+				}
+			case "save":
+				j.cfg.CheckpointEvery = 40
+				dir, err := NewLocalDir(t.TempDir(), 2)
+				require.NoError(t, err)
+				saves = &slowSave{CheckpointStore: dir, delay: phase}
+			case "user":
+				var once atomic.Bool
+				j.step = func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch] {
+					return func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+						if w.Index == 1 && once.CompareAndSwap(false, true) {
+							done := Busy(ctx, "evaluation")
+							time.Sleep(phase) // the user's long phase
+							done()
+						}
+						return f(ctx, b)
+					}
+				}
+			}
+			ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+			j.c.Wait()
+			j.check(ws)
+			for _, w := range ws {
+				res, _ := w.Result()
+				require.Equal(t, 1, res.Rounds, "%v: a round change", w)
+			}
+			if saves != nil {
+				require.Positive(t, saves.n.Load(), "no checkpoint was written")
+			}
+			require.False(t, spy.has("no progress"), "a worker was counted as hung")
+		})
+	}
+}
