@@ -250,3 +250,59 @@ func TestLongMarkedPhasesAreNoHang(t *testing.T) {
 		})
 	}
 }
+
+// TestPreemptedCheckpointDoesNotHoldPeers (issue 14, a smaller point): the
+// preempted worker's checkpoint used to be written before the round-end
+// barrier and before its leave, so its peers waited in the barrier (up to
+// 2 s) and then for its leave while it wrote. Now it says goodbye and
+// leaves first: with a Save that takes 3 s, the others step again in a
+// round without it well before the write ends, and the checkpoint is still
+// written.
+func TestPreemptedCheckpointDoesNotHoldPeers(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	saves := &slowSave{CheckpointStore: dir, delay: 3 * time.Second}
+	j := newJob(t, stores(t)["memory"])
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.opts = func(idx int) []Option {
+		if idx == 1 {
+			return []Option{WithCheckpointStore(saves)}
+		}
+		return nil
+	}
+	a, b, c := j.start(), j.start(), j.start()
+	deadline := time.After(30 * time.Second)
+	var full uint64 // the round of all three
+	for full == 0 {
+		select {
+		case s := <-a.steps:
+			if s.WorldSize == 3 {
+				full = s.Round
+			}
+		case <-deadline:
+			t.Fatal("no round of three")
+		}
+	}
+	b.tr.Preempt()
+	preempted := time.Now()
+	var took time.Duration
+wait:
+	for {
+		select {
+		case s := <-a.steps:
+			if s.WorldSize == 2 && s.Round > full {
+				took = time.Since(preempted)
+				break wait
+			}
+		case <-deadline:
+			t.Fatal("no step without the preempted worker")
+		}
+	}
+	t.Logf("the others step again %v after the preemption, with a Save taking %v", took, saves.delay)
+	require.Less(t, took, 1500*time.Millisecond, "the peers waited for the preempted worker's checkpoint")
+	j.wait()
+	require.ErrorIs(t, b.err, ErrPreempted)
+	require.NotErrorIs(t, b.err, ErrCheckpoint)
+	require.Positive(t, saves.n.Load(), "the preempted worker wrote its checkpoint")
+	j.checkFinished([]*inproc{a, c})
+}

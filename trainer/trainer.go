@@ -99,6 +99,9 @@ type Trainer[B any] struct {
 	live liveness
 	// reports counts failure reports in flight (report.go).
 	reports stdsync.WaitGroup
+	// preemptSave, when set, writes the preempted worker's checkpoint once
+	// it said goodbye to its round and left (leavePreempted).
+	preemptSave func(ctx context.Context) error
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -471,6 +474,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 		case endPreempted:
 			leave()
+			if save := t.preemptSave; save != nil {
+				// Written after the goodbye and the leave (train.go,
+				// leavePreempted): the others re-form meanwhile.
+				t.preemptSave = nil
+				rerr = save(ctx)
+			}
 			if rerr != nil {
 				return res, fmt.Errorf("%w, but its checkpoint was not written: %w", ErrPreempted, rerr)
 			}
