@@ -15,6 +15,8 @@ import (
 //
 //   - every collective and connect (waiting for peers is not a hang), whose
 //     end at every step is the step's progress;
+//   - the state transfer at the start of a round (a checkpoint load, the
+//     broadcast of the newest commit, the loader's and partitions' restore);
 //   - every data fetch (the loader's Next, so a slow Get in a dataset);
 //   - every checkpoint write (CheckpointStore.Save, also asynchronous ones);
 //   - the time between rounds (failure reports, pauses) up to the next Join,

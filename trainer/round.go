@@ -34,7 +34,9 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	}
 	defer comm.Close()
 
+	transfer := t.live.busy("state transfer") // a checkpoint load, a broadcast, the loader's restore
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
+	transfer()
 	if err != nil {
 		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
 			// Every rank took this decision from the same collective.
