@@ -44,10 +44,15 @@ type Agent struct {
 	joining     bool
 	started     bool
 
-	leaseAt  atomic.Int64 // ns since start: when the last lease renewal was sent (0 = never)
+	lease    leaseClock    // when the lease ends in the store, on our clock
+	prog     progressWatch // the worker loop's progress (Config.ProgressTimeout)
 	pending  atomic.Bool
 	changes  chan struct{}
 	joinWake chan Hint // hints for a waiting Join (capacity 1, newest wins)
+
+	calls       sync.WaitGroup // store calls in flight (bounded); Close waits for them
+	callsClosed bool           // under mu: Close began, no new store call starts
+	beatSlots   chan struct{}  // one token per heartbeat in flight (maxBeatsInFlight)
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -83,6 +88,7 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
+	a.beatSlots = make(chan struct{}, maxBeatsInFlight(cfg))
 	a.pending.Store(true)
 	return a, nil
 }
@@ -133,15 +139,21 @@ func (a *Agent) Err() error {
 // leave the current round at the next step boundary and call Join again: the
 // round is superseded (a member was evicted or left, or a peer called Join),
 // joiners wait to be admitted, the store lost its state, this member's lease
-// may have lapsed (no renewal acknowledged within LeaseTTL), or the Agent
-// hit a terminal error (Join then returns it). It is true before the first
-// Join.
+// may have lapsed in the store, or the Agent hit a terminal error (Join then
+// returns it). It is true before the first Join.
+//
+// The lease is judged from the store's view: each heartbeat reply carries
+// the store's clock, which the Agent maps to its own (see Beat.StoreTime), so
+// the lease counts as lapsed only once the last renewal the store
+// acknowledged is older than LeaseTTL on the store's clock. Latency on the
+// store link, or a backlog ahead of the heartbeats, does not turn it on as
+// long as renewals reach the store within the lease; the Agent keeps several
+// heartbeats in flight for that.
 func (a *Agent) ChangePending() bool {
 	if a.pending.Load() {
 		return true
 	}
-	at := a.leaseAt.Load()
-	return time.Duration(int64(time.Since(a.start))-at) > a.cfg.LeaseTTL
+	return a.lease.expired(int64(time.Since(a.start)), a.cfg.LeaseTTL)
 }
 
 // Changes returns a channel (capacity 1) that receives a value when
@@ -215,7 +227,7 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	if !v.Open {
 		a.maxRound = max(a.maxRound, v.Round)
 	}
-	a.leaseAt.Store(int64(sent.Sub(a.start)))
+	a.lease.extend(int64(sent.Sub(a.start) + a.cfg.LeaseTTL))
 	// Calls run concurrently (Join, the background refresh): keep the newest
 	// view; versions only grow within an incarnation, so a reply with a
 	// lower version to a call sent before the held view arrived is an
@@ -282,15 +294,19 @@ func (a *Agent) memberRequest() MemberRequest {
 // opTimeout bounds one store call.
 func (a *Agent) opTimeout() time.Duration { return max(a.cfg.LeaseTTL/2, 100*time.Millisecond) }
 
-// noteOutage records a failed store call; it returns the terminal
-// ErrStoreUnavailable once the outage lasted longer than OutageBudget.
-func (a *Agent) noteOutage(err error) error {
+// noteOutage records a failed store call that started at started; it
+// returns the terminal ErrStoreUnavailable once the outage lasted longer than
+// OutageBudget. The outage clock starts at the start of the first failed
+// call, not at its end (a call may take its whole timeout to fail).
+func (a *Agent) noteOutage(err error, started time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := time.Now()
-	if a.outageSince.IsZero() {
-		a.outageSince = now
-		a.log.Warn("store unreachable", "err", err)
+	if a.outageSince.IsZero() || started.Before(a.outageSince) {
+		if a.outageSince.IsZero() {
+			a.log.Warn("store unreachable", "err", err)
+		}
+		a.outageSince = started
 	}
 	if now.Sub(a.outageSince) > a.cfg.OutageBudget {
 		a.failLocked(fmt.Errorf("%w: %v", ErrStoreUnavailable, err))
@@ -310,13 +326,14 @@ func (a *Agent) noteOK() {
 // call runs one store operation, retrying with exponential backoff (10 ms to
 // 1 s) while the store is unreachable, within the outage budget. It records
 // the view and returns it.
-func (a *Agent) call(ctx context.Context, f func(context.Context) (View, error)) (View, error) {
+func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (View, error)) (View, error) {
 	backoff := 10 * time.Millisecond
 	for {
 		sent := time.Now()
-		octx, cancel := context.WithTimeout(ctx, a.opTimeout())
-		v, err := f(octx)
-		cancel()
+		v, err := bounded(a, ctx, op, a.opTimeout(), f, nil, nil)
+		if errors.Is(err, ErrClosed) {
+			return View{}, err
+		}
 		if err == nil {
 			a.noteOK()
 			a.mu.Lock()
@@ -327,7 +344,7 @@ func (a *Agent) call(ctx context.Context, f func(context.Context) (View, error))
 		if ctx.Err() != nil {
 			return View{}, ctx.Err()
 		}
-		if terr := a.noteOutage(err); terr != nil {
+		if terr := a.noteOutage(err, sent); terr != nil {
 			return View{}, terr
 		}
 		t := time.NewTimer(backoff)
@@ -354,9 +371,7 @@ func (a *Agent) ensureStarted(ctx context.Context) {
 	}
 	a.started = true
 	a.mu.Unlock()
-	wctx, cancel := context.WithTimeout(ctx, a.opTimeout())
-	w, err := a.store.Watch(wctx, a.cfg.JobID)
-	cancel()
+	w, err := a.watch(ctx)
 	if err != nil {
 		a.log.Warn("watch failed; relying on polling until it succeeds", "err", err)
 		w = nil
@@ -386,6 +401,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	a.joining = true
 	a.mu.Unlock()
 	defer func() {
+		a.restProgress() // waiting for a round is not a hang
 		a.mu.Lock()
 		a.joining = false
 		a.mu.Unlock()
@@ -413,7 +429,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	join := func(c context.Context) (View, error) { return a.store.Join(c, a.joinRequest(true)) }
 	check := func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) }
 
-	v, err := a.call(jctx, join)
+	v, err := a.call(jctx, "join", join)
 	immediate := false // the previous call was an immediate re-arrival (at most one per wait)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
@@ -431,7 +447,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			// arrive again at once, keeping our order.
 			if !immediate {
 				immediate = true
-				v, err = a.call(jctx, join)
+				v, err = a.call(jctx, "join", join)
 				continue
 			}
 			arrive = true
@@ -439,6 +455,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			a.mu.Lock()
 			if !a.hasWorld || v.Round != a.world.Round {
 				w := World{JobID: a.cfg.JobID, Round: v.Round, Rank: v.Rank, Size: v.Size, Members: v.Members}
+				a.noteGone(a.world, a.hasWorld, w)
 				a.world, a.hasWorld = w, true
 				a.updatePendingLocked()
 				a.mu.Unlock()
@@ -453,7 +470,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			// us): arrive in the forming round at once.
 			if !immediate {
 				immediate = true
-				v, err = a.call(jctx, join)
+				v, err = a.call(jctx, "join", join)
 				continue
 			}
 			arrive = true
@@ -478,9 +495,9 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		case <-timer.C:
 		}
 		if arrive {
-			v, err = a.call(jctx, join)
+			v, err = a.call(jctx, "join", join)
 		} else {
-			v, err = a.call(jctx, check)
+			v, err = a.call(jctx, "check", check)
 		}
 	}
 }
@@ -505,6 +522,7 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
 	a.viewAt = time.Now()
 	a.maxRound = max(a.maxRound, h.Round)
+	a.noteGone(a.world, a.hasWorld, w)
 	a.world, a.hasWorld = w, true
 	a.updatePendingLocked()
 	a.log.Debug("joined (from hint)", "round", w.Round, "rank", w.Rank, "size", w.Size)
@@ -535,7 +553,7 @@ func (a *Agent) ReportFailure(ctx context.Context, round uint64, memberID string
 		return errors.New("elastic: ReportFailure before Join")
 	}
 	req := ReportRequest{MemberRequest: a.memberRequest(), Round: round, Target: memberID}
-	v, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Report(c, req) })
+	v, err := a.call(ctx, "report", func(c context.Context) (View, error) { return a.store.Report(c, req) })
 	if err != nil {
 		return fmt.Errorf("elastic: report failure of %s in round %d: %w", memberID, round, err)
 	}
@@ -559,7 +577,7 @@ func (a *Agent) Leave(ctx context.Context) error {
 	}
 	if inc != "" && err == nil {
 		req := a.memberRequest()
-		if _, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Leave(c, req) }); err != nil {
+		if _, err := a.call(ctx, "leave", func(c context.Context) (View, error) { return a.store.Leave(c, req) }); err != nil {
 			return fmt.Errorf("elastic: leave: %w", err)
 		}
 	}
@@ -588,7 +606,7 @@ func (a *Agent) Finish(ctx context.Context) error {
 		return errors.New("elastic: Finish before Join")
 	}
 	req := a.memberRequest()
-	v, err := a.call(ctx, func(c context.Context) (View, error) { return a.store.Finish(c, req) })
+	v, err := a.call(ctx, "finish", func(c context.Context) (View, error) { return a.store.Finish(c, req) })
 	if err != nil {
 		return fmt.Errorf("elastic: finish: %w", err)
 	}
@@ -606,7 +624,11 @@ func (a *Agent) Finish(ctx context.Context) error {
 }
 
 // Close stops the background goroutine and the change subscription and waits
-// for them. It does not leave the job (call Leave first for a graceful exit;
+// for them. Store calls the Agent gave up on at its own deadline but whose
+// client has not returned yet (go-redis with ContextTimeoutEnabled off
+// returns at its ReadTimeout) get at most LeaseTTL/2 more: a worker cut off
+// from the store stops promptly, and such a call ends on its own within the
+// client's timeout, holding nothing of the Agent. It does not leave the job (call Leave first for a graceful exit;
 // without it the member's lease lapses after LeaseTTL). Later calls return
 // ErrClosed; Close itself is idempotent and returns nil.
 func (a *Agent) Close() error {
@@ -620,13 +642,21 @@ func (a *Agent) Close() error {
 		if started {
 			<-a.done
 		}
+		a.mu.Lock()
+		a.callsClosed = true
+		a.mu.Unlock()
+		a.waitCalls(a.opTimeout())
 	})
 	return nil
 }
 
 // run is the background goroutine: lease renewal every HeartbeatInterval
 // (which also polls the job's version), and a state refresh on every change
-// hint. It exits on Close or on a terminal error other than a finished job.
+// hint. Heartbeats do not wait for each other: a new one starts every
+// HeartbeatInterval while fewer than maxBeatsInFlight are in flight, so a
+// slow link delays renewals by its latency but does not space them out by
+// its round trip. It exits on Close or on a terminal error other than a
+// finished job, after the heartbeats it started returned.
 func (a *Agent) run(w Watcher) {
 	defer close(a.done)
 	defer func() {
@@ -634,8 +664,22 @@ func (a *Agent) run(w Watcher) {
 			_ = w.Close()
 		}
 	}()
+	results := make(chan bool, cap(a.beatSlots))
+	var beats sync.WaitGroup
+	defer beats.Wait()
+	inFlight := 0
 	timer := time.NewTimer(a.cfg.HeartbeatInterval)
 	defer timer.Stop()
+	warmTick := time.NewTicker(warmEvery)
+	defer warmTick.Stop()
+	warm := func() {
+		beats.Add(1)
+		go func() {
+			defer beats.Done()
+			a.warm()
+		}()
+	}
+	warm()
 	backoff := 10 * time.Millisecond
 	for {
 		var hints <-chan Hint
@@ -647,19 +691,15 @@ func (a *Agent) run(w Watcher) {
 			return
 		case h := <-hints:
 			a.onHint(h)
-		case <-timer.C:
-			if w == nil {
-				wctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
-				if nw, err := a.store.Watch(wctx, a.cfg.JobID); err == nil {
-					w = nw
-				}
-				cancel()
-			}
-			next := a.cfg.HeartbeatInterval
-			if !a.beat() {
-				next = min(backoff, a.cfg.HeartbeatInterval)
+		case <-warmTick.C:
+			warm()
+		case ok := <-results:
+			inFlight--
+			if !ok && inFlight == 0 {
+				// Retry soon (the store may be back), backing off.
+				timer.Reset(min(backoff, a.cfg.HeartbeatInterval))
 				backoff = min(2*backoff, time.Second)
-			} else {
+			} else if ok {
 				backoff = 10 * time.Millisecond
 			}
 			if err := a.Err(); err != nil {
@@ -667,7 +707,27 @@ func (a *Agent) run(w Watcher) {
 				<-a.stop
 				return
 			}
-			timer.Reset(next)
+		case <-timer.C:
+			if a.checkProgress() {
+				<-a.stop // terminal, as below
+				return
+			}
+			if w == nil {
+				if nw, err := a.watch(context.Background()); err == nil {
+					w = nw
+				}
+			}
+			select {
+			case a.beatSlots <- struct{}{}: // released when the store call returns
+				inFlight++
+				beats.Add(1)
+				go func() {
+					defer beats.Done()
+					results <- a.beat()
+				}()
+			default: // maxBeatsInFlight renewals still on the way
+			}
+			timer.Reset(a.cfg.HeartbeatInterval)
 		}
 	}
 }
@@ -689,12 +749,14 @@ func (a *Agent) onHint(h Hint) {
 
 // refresh re-reads the caller's view (a Check); errors count as outage.
 func (a *Agent) refresh() {
-	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
-	defer cancel()
 	sent := time.Now()
-	v, err := a.store.Check(ctx, a.memberRequest())
+	req := a.memberRequest()
+	v, err := bounded(a, context.Background(), "check", a.opTimeout(),
+		func(c context.Context) (View, error) { return a.store.Check(c, req) }, nil, nil)
 	if err != nil {
-		_ = a.noteOutage(err)
+		if !errors.Is(err, ErrClosed) {
+			_ = a.noteOutage(err, sent)
+		}
 		return
 	}
 	a.noteOK()
@@ -707,24 +769,41 @@ func (a *Agent) refresh() {
 	}
 }
 
-// beat renews the lease once; it reports whether the store answered.
+// beat renews the lease once, holding a slot of beatSlots until the store
+// call returns; it reports whether the store answered.
 func (a *Agent) beat() bool {
+	release := func() { <-a.beatSlots }
 	req := a.memberRequest()
 	if req.Incarnation == "" {
+		release()
 		return true // not registered yet (first Join in flight)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
-	defer cancel()
 	sent := time.Now()
-	b, err := a.store.Heartbeat(ctx, req)
+	sentNs := int64(sent.Sub(a.start))
+	a.lease.sending(sentNs)
+	b, err := bounded(a, context.Background(), "heartbeat", a.beatTimeout(),
+		func(c context.Context) (Beat, error) { return a.store.Heartbeat(c, req) }, nil, release)
+	if err != nil || b.Code != CodeOK {
+		a.lease.answered(sentNs) // a renewal below moves the lease end first
+	}
 	if err != nil {
-		_ = a.noteOutage(err)
+		if !errors.Is(err, ErrClosed) {
+			_ = a.noteOutage(err, sent)
+		}
 		return false
 	}
+	recv := time.Now()
 	a.noteOK()
 	switch b.Code {
 	case CodeOK:
-		a.leaseAt.Store(int64(sent.Sub(a.start)))
+		if b.StoreTime > 0 {
+			if _, jumped := a.lease.observe(sentNs, int64(recv.Sub(a.start)), b.StoreTime, a.cfg.LeaseTTL); jumped {
+				a.log.Info("the store's clock jumped (failover?); lease estimate restarted")
+			}
+		} else {
+			a.lease.extend(sentNs + int64(a.cfg.LeaseTTL))
+		}
+		a.lease.answered(sentNs)
 		a.mu.Lock()
 		stale := b.Version != a.view.Version || a.lost
 		joining := a.joining
@@ -754,12 +833,14 @@ func (a *Agent) beat() bool {
 // (Redis restarted empty), keeping its order and asking the store to wait
 // for its old peers; the trainer's next Join then arrives.
 func (a *Agent) reregister() {
-	ctx, cancel := context.WithTimeout(context.Background(), a.opTimeout())
-	defer cancel()
 	sent := time.Now()
-	v, err := a.store.Join(ctx, a.joinRequest(false))
+	req := a.joinRequest(false)
+	v, err := bounded(a, context.Background(), "join", a.opTimeout(),
+		func(c context.Context) (View, error) { return a.store.Join(c, req) }, nil, nil)
 	if err != nil {
-		_ = a.noteOutage(err)
+		if !errors.Is(err, ErrClosed) {
+			_ = a.noteOutage(err, sent)
+		}
 		return
 	}
 	a.noteOK()

@@ -18,6 +18,7 @@ const (
 	DefaultHeartbeatInterval = 500 * time.Millisecond
 	DefaultPollInterval      = 200 * time.Millisecond
 	DefaultOutageBudget      = 30 * time.Second
+	DefaultProgressTimeout   = 15 * time.Second
 	DefaultStateTTL          = time.Hour
 	// MaxJobIDLen is the longest accepted job ID, in bytes.
 	MaxJobIDLen = 128
@@ -74,6 +75,17 @@ type Config struct {
 	// Must be at least LeaseTTL. Default 1 h.
 	StateTTL time.Duration
 
+	// ProgressTimeout is how long the worker's loop may go without progress
+	// (Agent.Progress) while no phase is marked (Agent.Busy) before the
+	// Agent counts it as hung: it leaves the job at once, so the others
+	// re-form without it, and fails with ErrFenced wrapping ErrNoProgress,
+	// which the worker's loop meets when it wakes. The watch starts with the
+	// first Progress or Busy call (an Agent whose user never calls them is
+	// never judged by progress) and rests while Join runs; it is checked at
+	// every heartbeat, so it acts within ProgressTimeout + HeartbeatInterval.
+	// 0 turns it off. Default 15 s.
+	ProgressTimeout time.Duration
+
 	// Logger receives debug and warning records. Default: discard.
 	Logger *slog.Logger
 }
@@ -91,6 +103,7 @@ func DefaultConfig() Config {
 		PollInterval:      DefaultPollInterval,
 		OutageBudget:      DefaultOutageBudget,
 		StateTTL:          DefaultStateTTL,
+		ProgressTimeout:   DefaultProgressTimeout,
 	}
 }
 
@@ -124,6 +137,8 @@ func (c Config) Validate() error {
 		return bad("OutageBudget %v <= 0", c.OutageBudget)
 	case c.StateTTL < c.LeaseTTL:
 		return bad("StateTTL %v < LeaseTTL %v", c.StateTTL, c.LeaseTTL)
+	case c.ProgressTimeout < 0:
+		return bad("ProgressTimeout %v < 0", c.ProgressTimeout)
 	}
 	return nil
 }

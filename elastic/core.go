@@ -387,6 +387,7 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 		return b, c
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
+	b.StoreTime = now
 	return b, c
 }
 

@@ -60,8 +60,18 @@
 // ErrFenced (the member must come back as a new Member with a new Agent),
 // and it can never act under its old rank. A member that was paused (SIGSTOP)
 // past its lease finds itself fenced when it resumes; ChangePending turns
-// true on its own as soon as no lease renewal was acknowledged within
-// LeaseTTL. A failure report names its round: a report about an older round,
+// true on its own once the lease may have lapsed on the store's clock: each
+// heartbeat reply carries the store's time (Beat.StoreTime), which the Agent
+// maps to its own clock (offset bounds from the fastest round trip seen, as
+// NTP does), so the lease is judged by when the store renewed it, not by how
+// long the answer took to come back. Heartbeats do not wait for each other
+// (up to about a lease's worth are in flight, each on its own pooled
+// connection; RedisStore.Warm opens them ahead of need), and a heartbeat
+// sent while the lease held keeps the verdict open until it is answered or
+// its deadline (2 x LeaseTTL) passes. Latency on one member's store link
+// below the lease therefore ends no round; a link that stops delivering
+// renewals for longer than LeaseTTL lets the lease lapse in the store and
+// the others re-form without that member. A failure report names its round: a report about an older round,
 // or about a member that already arrived in the next round, is ignored.
 //
 // # Store and outages
@@ -84,20 +94,40 @@
 // members see their incarnation gone, re-register with their old arrival
 // order and ask the store to wait (one grace lease each) for their old
 // peers: the job re-forms with the same ranks and nobody is declared dead
-// because keys vanished. While the store is unreachable, calls retry with
-// exponential backoff (10 ms to 1 s); past OutageBudget every member gets
-// ErrStoreUnavailable. An outage shorter than LeaseTTL is invisible to the
+// because keys vanished. Every store call runs under a deadline the Agent
+// enforces itself (LeaseTTL/2, at least 100 ms; a heartbeat 2 x LeaseTTL),
+// whatever the client does with context deadlines: go-redis applies them
+// only with Options.ContextTimeoutEnabled, and without it a call through a
+// blackholed link would wait for ReadTimeout (3 s). While the store is
+// unreachable, calls retry with exponential backoff (10 ms to 1 s); past
+// OutageBudget, counted from the start of the first failed call, every
+// member gets ErrStoreUnavailable ("store unavailable"). An outage shorter than LeaseTTL is invisible to the
 // job. An outage longer than LeaseTTL while Redis keeps its data (a network
 // partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew
 // its lease cannot be told apart from a paused one; the trainer rejoins with
 // new Members and a fresh round forms.
 //
+// # Progress: hung is not alive
+//
+// The heartbeat shows the process lives, not that its training loop does.
+// A worker's loop reports progress (Agent.Progress at every step) and marks
+// long phases that make no steps but are not hangs (Agent.Busy: a data
+// load, an evaluation, a checkpoint write, a collective waiting for peers).
+// Once it made no progress for Config.ProgressTimeout outside any marked
+// phase and outside Join, the Agent counts it as hung: it leaves the job (the
+// store evicts it at once, so the survivors re-form within a heartbeat) and
+// fails with ErrFenced wrapping ErrNoProgress, which the loop meets when it
+// wakes. The watch starts with the first Progress or Busy call, so an Agent
+// whose user never calls them is judged by its lease alone. When a round
+// forms, each survivor logs a WARN naming every member of its previous
+// round that is gone (member ID, address, rank).
+//
 // # Defaults
 //
 // MinWorkers 1, MaxWorkers 1024, LastCall 500 ms, JoinTimeout 10 min,
 // LeaseTTL 3 s, HeartbeatInterval 500 ms, PollInterval 200 ms, OutageBudget
-// 30 s, StateTTL 1 h (see Config).
+// 30 s, StateTTL 1 h, ProgressTimeout 15 s (see Config).
 //
 // # Figures
 //

@@ -120,16 +120,21 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err != nil {
 		return fail(err)
 	}
-	if len(res) != 3 {
+	if len(res) != 3 && len(res) != 4 {
 		return fail(fmt.Errorf("%w: heartbeat reply has %d elements", ErrBadState, len(res)))
 	}
 	code, e1 := replyInt(res[0])
 	inc, e2 := replyString(res[1])
 	ver, e3 := replyInt(res[2])
-	if err := errors.Join(e1, e2, e3); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 {
+	var now int64
+	var e4 error
+	if len(res) == 4 {
+		now, e4 = replyInt(res[3])
+	}
+	if err := errors.Join(e1, e2, e3, e4); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 || now < 0 {
 		return fail(fmt.Errorf("%w: heartbeat reply %v", ErrBadState, res))
 	}
-	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver)}, nil
+	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now}, nil
 }
 
 func replyInt(v any) (int64, error) {

@@ -14,7 +14,8 @@ package elastic
 // 8 caller incarnation; then the script's own arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
-// wait_ms, order, record...}; heartbeat = {code, inc, ver}.
+// wait_ms, order, record...}; heartbeat = {code, inc, ver} or, on a renewal,
+// {code, inc, ver, now_ms} (the store's clock; Beat.StoreTime).
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<record>\n<record>..." (records in rank
@@ -333,5 +334,5 @@ redis.call('PEXPIRE', K_MEMBERS, P.ttl)
 redis.call('PEXPIRE', K_LEASES, P.ttl)
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
 redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
-return {OK, inc, ver}
+return {OK, inc, ver, NOW}
 `

@@ -84,6 +84,13 @@ type Beat struct {
 	Code        Code
 	Incarnation string
 	Version     uint64
+	// StoreTime is the store's clock when it renewed the lease (Code
+	// CodeOK), in ms since the Unix epoch (Redis TIME); the lease then
+	// expires at StoreTime + Params.LeaseTTL on that clock. 0 when the
+	// store did not say (an older script, or no renewal). The Agent maps it
+	// to its own clock to judge its lease from the store's view rather than
+	// from round-trip times.
+	StoreTime int64
 }
 
 // JoinRequest registers a member (if needed) and, with Arrive, makes it take

@@ -37,6 +37,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no poll", func(c *elastic.Config) { c.PollInterval = 0 }},
 		{"no outage budget", func(c *elastic.Config) { c.OutageBudget = 0 }},
 		{"state ttl < lease", func(c *elastic.Config) { c.StateTTL = time.Second }},
+		{"negative progress timeout", func(c *elastic.Config) { c.ProgressTimeout = -1 }},
 	}
 	for _, tc := range cases {
 		c := base

@@ -16,6 +16,7 @@ import (
 type checkpointer struct {
 	store  CheckpointStore
 	hook   func(step int64, err error)
+	mark   func(phase string) (done func()) // marks the write busy for the progress watch; nil: none
 	log    *slog.Logger
 	tel    *telemetry
 	mu     stdsync.Mutex
@@ -68,6 +69,9 @@ func (c *checkpointer) loop() {
 func (c *checkpointer) write(ctx context.Context, job *ckptJob) error {
 	ctx, span := c.tel.tracer.Start(ctx, SpanCheckpoint, trace.WithAttributes(AttrStep.Int64(job.step), AttrBytes.Int(len(job.data))))
 	start := time.Now()
+	if c.mark != nil {
+		defer c.mark("checkpoint save")()
+	}
 	err := c.store.Save(ctx, job.step, job.data)
 	endSpan(span, err)
 	if err != nil {

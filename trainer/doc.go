@@ -128,6 +128,14 @@
 // Config.MaxRecoveries within Config.RecoveryWindow end Run with a
 // *BudgetError. Growth and graceful leaves do not count.
 //
+// A worker whose loop makes no progress for elastic.Config.ProgressTimeout
+// (15 s by default) is counted as hung and left behind (see package
+// elastic); when it wakes it is fenced and rejoins as a new member. The
+// loop marks the phases it drives itself (collectives and connects, data
+// fetches, checkpoint writes, the time between rounds), so only the
+// StepFunc and hooks are judged: mark a long phase of your own with Busy
+// (inside a StepFunc) or Trainer.Busy.
+//
 // # Telemetry
 //
 // With the OpenTelemetry API only (pass providers with WithTracerProvider and

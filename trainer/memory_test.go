@@ -28,6 +28,9 @@ type memJob struct {
 	backend func(w *trainertest.Worker) []Option // default: w.Options(), the in-memory Backend
 	models  map[*trainertest.Worker]*trainertest.Model
 	opt     func() Optimizer
+	// step and data, when set, wrap the model's step and the dataset.
+	step    func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch]
+	data    func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample]
 	maxStep atomic.Int64
 	steps   chan StepInfo
 }
@@ -47,7 +50,11 @@ func (j *memJob) start() *trainertest.Worker {
 		m.StepDelay = time.Millisecond
 		dcfg := dataloader.DefaultConfig()
 		dcfg.GlobalBatch, dcfg.Seed = j.batch, j.seed
-		loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
+		ds := j.prob.Dataset()
+		if j.data != nil {
+			ds = j.data(w, ds)
+		}
+		loader, err := dataloader.New(ds, j.prob.Collate, dcfg)
 		if err != nil {
 			return nil, err
 		}
@@ -75,7 +82,11 @@ func (j *memJob) start() *trainertest.Worker {
 		if j.wrap != nil {
 			src = j.wrap(w, loader)
 		}
-		return New(m.Params(), j.opt(), src, m.Step, w.Store, j.cfg, opts...)
+		var step StepFunc[trainertest.Batch] = m.Step
+		if j.step != nil {
+			step = j.step(w, step)
+		}
+		return New(m.Params(), j.opt(), src, step, w.Store, j.cfg, opts...)
 	})
 	j.models[w] = m
 	return w

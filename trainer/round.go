@@ -19,6 +19,8 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	prevSize int, recovered bool, failedAt time.Time, ck *checkpointer) (roundEnd, error) {
 	rctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
+	rctx = t.live.enterRound(rctx, agent)
+	defer t.live.leaveRound(agent)
 	// Watched like a collective: a member lost before it connected (killed,
 	// hung) ends the wait as soon as the rendezvous moves on, not after
 	// the Backend's own timeout.
@@ -32,7 +34,9 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	}
 	defer comm.Close()
 
+	transfer := t.live.busy("state transfer") // a checkpoint load, a broadcast, the loader's restore
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
+	transfer()
 	if err != nil {
 		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
 			// Every rank took this decision from the same collective.

@@ -51,7 +51,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	}
 	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
 	for {
+		fetched := t.live.busy("data fetch")
 		b, err := t.loader.Next(ctx)
+		fetched()
 		if err != nil {
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: data: %w", err))
 		}
@@ -276,7 +278,11 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 	var saveErr error
 	if len(t.parts) == 0 {
 		if first == world.Rank && t.preempted() {
-			saveErr = ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+			// Written once this rank said goodbye and left (Run): its
+			// peers would otherwise wait in the round-end barrier and
+			// for its leave while it writes.
+			step, data := t.step, t.latest.encode(nil, t.params)
+			t.preemptSave = func(ctx context.Context) error { return ck.saveNow(ctx, step, data) }
 		}
 	} else if t.o.ckpt != nil {
 		published, err := t.checkpointParts(ctx, comm, world, watch, ck)

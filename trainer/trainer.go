@@ -94,6 +94,14 @@ type Trainer[B any] struct {
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
 	afterReduce func(rank int, step int64) error
+
+	// live is the current round's Agent, for marked phases (progress.go).
+	live liveness
+	// reports counts failure reports in flight (report.go).
+	reports stdsync.WaitGroup
+	// preemptSave, when set, writes the preempted worker's checkpoint once
+	// it said goodbye to its round and left (leavePreempted).
+	preemptSave func(ctx context.Context) error
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -335,6 +343,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return m
 	}
 	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
+	ck.mark = t.live.busy
 	defer ck.close()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
@@ -342,6 +351,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return res, fmt.Errorf("trainer: rendezvous: %w", err)
 	}
 	defer func() { agent.Close() }()
+	defer t.reports.Wait() // failure reports in flight (report.go), before the Agent closes
 
 	leave := func() {
 		lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -448,13 +458,14 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			reported := av.reported
 			shutOut = av.shutOut
 			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 && !av.auth {
-				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				if err := agent.ReportFailure(rctx, world.Round, world.Members[r].ID); err != nil {
-					t.log.Warn("failure report failed", "err", err)
+				// Sent beside the rejoin (report.go): a slow store must
+				// not hold the recovery back.
+				delivered := t.reportAsync(ctx, agent, world.Round, world.Members[r].ID)
+				if !trainedHere {
+					reported = delivered() // the unformed-rounds budget needs the answer
 				} else {
 					reported = true
 				}
-				cancel()
 			}
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
@@ -468,6 +479,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 		case endPreempted:
 			leave()
+			if save := t.preemptSave; save != nil {
+				// Written after the goodbye and the leave (train.go,
+				// leavePreempted): the others re-form meanwhile.
+				t.preemptSave = nil
+				rerr = save(ctx)
+			}
 			if rerr != nil {
 				return res, fmt.Errorf("%w, but its checkpoint was not written: %w", ErrPreempted, rerr)
 			}
@@ -533,6 +550,8 @@ func endSpan(span trace.Span, err error) {
 // after the operation timeout. A waiting joiner does not abort anything.
 type collectiveWatch struct {
 	since atomic.Int64 // unix nanos when the current collective began; 0 outside
+	agent *elastic.Agent
+	busy  func() // ends the Agent's "collective" phase (loop goroutine only)
 	stop  chan struct{}
 	done  chan struct{}
 }
@@ -545,7 +564,7 @@ const goodputEvery = 50
 const abortGrace = 250 * time.Millisecond
 
 func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *collectiveWatch {
-	w := &collectiveWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	w := &collectiveWatch{agent: agent, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(w.done)
 		tick := time.NewTicker(50 * time.Millisecond)
@@ -571,8 +590,20 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 	return w
 }
 
-func (w *collectiveWatch) enter() { w.since.Store(time.Now().UnixNano()) }
-func (w *collectiveWatch) leave() { w.since.Store(0) }
+// enter and leave bracket a collective (or a connect): waiting for peers is
+// a marked phase for the progress watch (elastic.Agent.Busy), not a hang,
+// and its end is progress.
+func (w *collectiveWatch) enter() {
+	w.since.Store(time.Now().UnixNano())
+	w.busy = w.agent.Busy("collective")
+}
+func (w *collectiveWatch) leave() {
+	w.since.Store(0)
+	if w.busy != nil {
+		w.busy()
+		w.busy = nil
+	}
+}
 func (w *collectiveWatch) close() {
 	close(w.stop)
 	<-w.done

@@ -83,6 +83,12 @@ type Config struct {
 	MaxRecoveries int
 	// CheckpointEvery is the steps between durable checkpoints. Default 20.
 	CheckpointEvery int
+	// ProgressTimeout is the workers' elastic.Config.ProgressTimeout.
+	// Default 0: the trainer's default (15 s).
+	ProgressTimeout time.Duration
+	// Hangs lets the test hang a worker's step function (Harness.Hang).
+	// Default false.
+	Hangs bool
 	// ProxyRedis puts a Proxy between each worker and Redis; ProxyPeers
 	// puts one in front of each worker's collective port (peers dial the
 	// proxy). Both default false.
@@ -333,6 +339,10 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 		LeaseTTL: h.cfg.LeaseTTL, HeartbeatInterval: h.cfg.HeartbeatInterval, OutageBudget: h.cfg.OutageBudget,
 		OpTimeout: h.cfg.OpTimeout, DialTimeout: h.cfg.DialTimeout, HoldTimeout: h.cfg.HoldTimeout,
 		MaxRecoveries: h.cfg.MaxRecoveries, GracePeriod: h.cfg.GracePeriod, RedisTimeout: h.cfg.RedisTimeout,
+		ProgressTimeout: h.cfg.ProgressTimeout,
+	}
+	if h.cfg.Hangs {
+		wc.HangFile = h.hangFile(w)
 	}
 	if w.Addr == "" {
 		w.Addr = listen
@@ -638,6 +648,28 @@ func (h *Harness) Close() error {
 		if w.PeerProxy != nil {
 			w.PeerProxy.Close()
 		}
+	}
+	return nil
+}
+
+func (h *Harness) hangFile(w *Worker) string {
+	return filepath.Join(h.cfg.Dir, fmt.Sprintf("hang-%02d", w.Index))
+}
+
+// Hang makes worker w's step function block (on) from its next step,
+// ignoring its context as a true hang does, while the process and its
+// heartbeats live on; Hang(w, false) wakes it. Needs Config.Hangs.
+func (h *Harness) Hang(w *Worker, on bool) error {
+	if !h.cfg.Hangs {
+		return errors.New("faultinject: Hang without Config.Hangs")
+	}
+	if on {
+		h.logf("hang worker %d's step function", w.Index)
+		return os.WriteFile(h.hangFile(w), nil, 0o600)
+	}
+	h.logf("wake worker %d's step function", w.Index)
+	if err := os.Remove(h.hangFile(w)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
 	}
 	return nil
 }

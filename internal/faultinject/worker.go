@@ -92,6 +92,11 @@ type WorkerConfig struct {
 	GracePeriod       time.Duration `json:"grace_period"`
 	// RedisTimeout is the go-redis dial, read and write timeout.
 	RedisTimeout time.Duration `json:"redis_timeout"`
+	// ProgressTimeout is elastic.Config.ProgressTimeout (0: the default).
+	ProgressTimeout time.Duration `json:"progress_timeout,omitempty"`
+	// HangFile, when set, makes the step function block, ignoring its
+	// context (a true hang), while this file exists (Harness.Hang).
+	HangFile string `json:"hang_file,omitempty"`
 }
 
 // Report is one JSON line a worker writes on its standard output.
@@ -233,6 +238,9 @@ func WorkerMain() int {
 	cfg.Elastic.LastCall = wc.LastCall
 	cfg.Elastic.LeaseTTL, cfg.Elastic.HeartbeatInterval = wc.LeaseTTL, wc.HeartbeatInterval
 	cfg.Elastic.OutageBudget = wc.OutageBudget
+	if wc.ProgressTimeout > 0 {
+		cfg.Elastic.ProgressTimeout = wc.ProgressTimeout
+	}
 	cfg.Elastic.Logger = logger
 	cfg.Sync.Secret = secret
 	cfg.Sync.OpTimeout, cfg.Sync.DialTimeout, cfg.Sync.HoldTimeout = wc.OpTimeout, wc.DialTimeout, wc.HoldTimeout
@@ -262,7 +270,24 @@ func WorkerMain() int {
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
 	opt := trainer.NewMomentum(0.02, 0.9)
-	tr, err := trainer.New(m.Params(), opt, loader, m.Step, elastic.NewRedisStore(client), cfg, opts...)
+	step := m.Step
+	if wc.HangFile != "" {
+		step = func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			for hung := false; ; hung = true {
+				if _, err := os.Stat(wc.HangFile); err != nil {
+					if hung {
+						logger.Info("step function woke from its hang")
+					}
+					return m.Step(ctx, b)
+				}
+				if !hung {
+					logger.Info("step function hangs (faultinject)")
+				}
+				time.Sleep(10 * time.Millisecond) // a hang that ignores ctx, polling for its end
+			}
+		}
+	}
+	tr, err := trainer.New(m.Params(), opt, loader, step, elastic.NewRedisStore(client), cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

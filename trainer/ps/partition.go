@@ -337,6 +337,7 @@ func (p *Partition) Pull(ctx context.Context, batches ...sync.Rows) error {
 	if p.round == nil {
 		return ErrNoRound
 	}
+	defer trainer.Busy(ctx, "parameter server pull")() // waiting for shards is no hang
 	return p.round.Pull(ctx, batches...)
 }
 
@@ -350,6 +351,7 @@ func (p *Partition) Push(ctx context.Context, grads ...sync.Rows) error {
 	if p.round == nil {
 		return ErrNoRound
 	}
+	defer trainer.Busy(ctx, "parameter server push")() // waiting for shards is no hang
 	err := p.round.Push(ctx, grads...)
 	if err == nil || (p.cfg.PS.Mode == sync.PSAsync && errors.Is(err, sync.ErrStale) && p.round.Err() == nil) {
 		p.step++

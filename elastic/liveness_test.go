@@ -1,0 +1,341 @@
+package elastic_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/faultinject"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// livenessFull runs the long acceptance variants of issue 14:
+//
+//	ELASTICTRAIN_LIVENESS_FULL=1 go test -count=1 -run 'Liveness|SlowStore|Blackholed' ./elastic
+func livenessFull() bool { return os.Getenv("ELASTICTRAIN_LIVENESS_FULL") == "1" }
+
+// plainAgent makes an Agent over a plain redis.NewClient (the README's
+// client: ContextTimeoutEnabled off) to addr.
+func plainAgent(t *testing.T, addr string, cfg elastic.Config, name string) *elastic.Agent {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	a, err := elastic.NewAgent(elastic.NewRedisStore(c), elastic.NewMember("127.0.0.1:"+name), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = a.Close()
+		_ = c.Close()
+	})
+	return a
+}
+
+func newProxy(t *testing.T, upstream string) *faultinject.Proxy {
+	t.Helper()
+	p, err := faultinject.NewProxy("127.0.0.1:0", upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// TestSlowStoreLinkKeepsRound (issue 14, Must show 1): one member's link to
+// Redis gets 0.7 x LeaseTTL of latency in each direction (a round trip of
+// 1.4 leases). Its lease never lapses in Redis (heartbeats overlap), so
+// nothing changes: no member sees ChangePending and the round stays. Then,
+// from a healed link, the latency jumps to 1.5 x LeaseTTL: no renewal
+// reaches Redis for longer than a lease, its lease lapses on Redis' clock,
+// and the other member holds a round without it within LeaseTTL + 1 s.
+func TestSlowStoreLinkKeepsRound(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, 100*time.Millisecond
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+	addr := testredis.Addr(t)
+	p := newProxy(t, addr)
+	fast := plainAgent(t, addr, cfg, "1")
+	slow := plainAgent(t, p.Addr(), cfg, "2")
+	ctx := context.Background()
+	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
+	checkRound(t, ws, []*elastic.Agent{fast, slow})
+	round := ws[0].Round
+	settle := time.Now().Add(3 * cfg.HeartbeatInterval) // let the slow member's heartbeats overlap once
+	for time.Now().Before(settle) {
+		time.Sleep(cfg.HeartbeatInterval)
+	}
+
+	periods := 3
+	if livenessFull() {
+		periods = 10
+	}
+	p.SetLatency(cfg.LeaseTTL * 7 / 10)
+	end := time.Now().Add(time.Duration(periods) * cfg.LeaseTTL)
+	samples := 0
+	for time.Now().Before(end) {
+		for i, a := range []*elastic.Agent{fast, slow} {
+			if a.ChangePending() {
+				t.Fatalf("agent %d: ChangePending with 0.7 x LeaseTTL latency on the slow link (after %d samples; err %v)",
+					i, samples, a.Err())
+			}
+		}
+		samples++
+		time.Sleep(5 * time.Millisecond)
+	}
+	if r := fast.LastRound(); r != round {
+		t.Fatalf("round moved from %d to %d", round, r)
+	}
+	t.Logf("%d lease periods with 0.7 x LeaseTTL latency: no change (%d samples)", periods, samples)
+
+	// From a healthy link, the latency jumps to 1.5 x LeaseTTL: no renewal
+	// reaches Redis for longer than a lease.
+	p.SetLatency(0)
+	waitFor(t, 5*time.Second, "the slow link's backlog to drain", func() bool { return !slow.ChangePending() })
+	healthy := time.Now().Add(2 * cfg.HeartbeatInterval)
+	for time.Now().Before(healthy) {
+		time.Sleep(cfg.HeartbeatInterval)
+	}
+	p.SetLatency(cfg.LeaseTTL * 3 / 2)
+	cut := time.Now()
+	for !fast.ChangePending() {
+		if time.Since(cut) > cfg.LeaseTTL+time.Second {
+			t.Fatalf("fast member saw no change %v after 1.5 x LeaseTTL latency began", time.Since(cut))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	jctx, cancel := context.WithTimeout(ctx, cfg.LeaseTTL+time.Second-time.Since(cut))
+	defer cancel()
+	w, err := fast.Join(jctx)
+	if err != nil {
+		t.Fatalf("fast member's Join %v after the latency grew: %v", time.Since(cut), err)
+	}
+	took := time.Since(cut)
+	if w.Size != 1 || w.Members[0].ID != fast.Member().ID {
+		t.Fatalf("round %d holds %v, want the fast member alone", w.Round, w.MemberIDs())
+	}
+	t.Logf("1.5 x LeaseTTL latency: the slow member was left behind after %v (bound %v); load %s",
+		took, cfg.LeaseTTL+time.Second, loadavg())
+}
+
+// TestBlackholedStoreLink (issue 14, Must show 5): with a plain
+// redis.NewClient (ContextTimeoutEnabled off, ReadTimeout 3 s), a store call
+// through a blackholed link fails within the Agent's own deadline, and an
+// Agent whose link stays blackholed stops within OutageBudget + 2 s of the
+// cut (the outage clock starts when the first failed call started) with one
+// error that says "store unavailable".
+func TestBlackholedStoreLink(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 500*time.Millisecond, 100*time.Millisecond
+	cfg.OutageBudget = 1500 * time.Millisecond
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 1, time.Hour
+	logs := &firstWarn{}
+	cfg.Logger = slog.New(logs)
+	p := newProxy(t, testredis.Addr(t))
+	a := plainAgent(t, p.Addr(), cfg, "1")
+	if _, err := a.Join(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	p.SetBlackhole(true)
+	cut := time.Now()
+	defer p.SetBlackhole(false)
+	for a.Err() == nil {
+		if time.Since(cut) > cfg.OutageBudget+2*time.Second {
+			t.Fatalf("agent still running %v after the cut", time.Since(cut))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	stopped := time.Since(cut)
+	err := a.Err()
+	if !errors.Is(err, elastic.ErrStoreUnavailable) || !strings.Contains(err.Error(), "store unavailable") {
+		t.Fatalf("error %v, want ErrStoreUnavailable", err)
+	}
+	first := logs.at().Sub(cut)
+	// The heartbeat's own deadline is 2 x LeaseTTL = 1 s, go-redis' read
+	// timeout 3 s.
+	if first <= 0 || first > 2*cfg.LeaseTTL+500*time.Millisecond {
+		t.Fatalf("first failed store call reported %v after the cut, want within the agent's deadline (%v)", first, 2*cfg.LeaseTTL)
+	}
+	if _, jerr := a.Join(context.Background()); !errors.Is(jerr, elastic.ErrStoreUnavailable) {
+		t.Fatalf("Join after the outage: %v", jerr)
+	}
+	t.Logf("first failure noticed %v after the cut; stopped after %v (bound %v): %v; load %s",
+		first, stopped, cfg.OutageBudget+2*time.Second, err, loadavg())
+}
+
+// firstWarn is a slog.Handler that records when the first WARN arrived.
+type firstWarn struct {
+	mu    sync.Mutex
+	first time.Time
+}
+
+func (h *firstWarn) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *firstWarn) Handle(_ context.Context, r slog.Record) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.first.IsZero() && strings.Contains(r.Message, "store unreachable") {
+		h.first = time.Now()
+	}
+	return nil
+}
+func (h *firstWarn) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *firstWarn) WithGroup(string) slog.Handler      { return h }
+func (h *firstWarn) at() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.first
+}
+
+func loadavg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return fmt.Sprint(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+// stepper calls Progress every few ms, as a training loop does at every
+// step, until stop.
+type stepper struct {
+	stop chan struct{}
+	done chan struct{}
+	last atomic.Int64 // unix ns of the last Progress
+}
+
+func startStepper(a *elastic.Agent) *stepper {
+	s := &stepper{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+				a.Progress()
+				s.last.Store(time.Now().UnixNano())
+			}
+		}
+	}()
+	return s
+}
+
+// hang stops the steps (the step function blocks; the process and its
+// heartbeats live on) and returns when the last step was.
+func (s *stepper) hang() time.Time {
+	close(s.stop)
+	<-s.done
+	return time.Unix(0, s.last.Load())
+}
+
+// TestHungWorkerIsLeftBehind (issue 14, Must show 2 at the Agent): a worker
+// whose loop stops making progress while its process and heartbeats live
+// on is counted as hung after ProgressTimeout: its Agent leaves the job, the
+// other member holds a round without it within ProgressTimeout + 1 s of the
+// last step, and the hung worker meets ErrFenced (wrapping ErrNoProgress)
+// when it wakes. A marked phase three times as long as the timeout, and a
+// Join, are no hang.
+func TestHungWorkerIsLeftBehind(t *testing.T) {
+	for _, k := range []storeKind{memoryKind(), redisKind()} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			s := k.make(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+			cfg.ProgressTimeout = 500 * time.Millisecond
+			logA := &warnLog{}
+			cfgA := cfg
+			cfgA.Logger = slog.New(logA)
+			A, B := newAgent(t, s, cfgA), newAgent(t, s, cfg)
+			ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
+			checkRound(t, ws, []*elastic.Agent{A, B})
+			sa, sb := startStepper(A), startStepper(B)
+			defer sa.hang()
+
+			// B runs a long marked phase (an evaluation): nothing changes.
+			sb.hang()
+			done := B.Busy("evaluation")
+			phaseEnd := time.Now().Add(3 * cfg.ProgressTimeout)
+			for time.Now().Before(phaseEnd) {
+				if A.ChangePending() || B.ChangePending() {
+					t.Fatalf("change pending during a marked phase: A %v, B %v", A.Err(), B.Err())
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			done()
+			sb = startStepper(B)
+
+			// Now B's step function blocks forever.
+			waitFor(t, 5*time.Second, "B to step again", func() bool { return sb.last.Load() != 0 })
+			hungAt := sb.hang()
+			bound := cfg.ProgressTimeout + time.Second
+			waitFor(t, bound, "A sees the change", A.ChangePending)
+			jctx, cancel := context.WithTimeout(context.Background(), bound-time.Since(hungAt))
+			defer cancel()
+			w, err := A.Join(jctx)
+			if err != nil {
+				t.Fatalf("A's Join %v after B hung: %v", time.Since(hungAt), err)
+			}
+			took := time.Since(hungAt)
+			if w.Size != 1 || w.Members[0].ID != A.Member().ID {
+				t.Fatalf("round %d holds %v, want A alone", w.Round, w.MemberIDs())
+			}
+			if !logA.has("gone_member=" + B.Member().ID) {
+				t.Fatalf("A's WARNs do not name the hung member %s: %q", B.Member().ID, logA.all())
+			}
+			// B wakes.
+			if !B.ChangePending() {
+				t.Fatal("hung B sees no change when it wakes")
+			}
+			_, err = B.Join(context.Background())
+			if !errors.Is(err, elastic.ErrFenced) || !errors.Is(err, elastic.ErrNoProgress) {
+				t.Fatalf("hung B's Join: %v, want ErrFenced and ErrNoProgress", err)
+			}
+			t.Logf("A trains alone %v after B's last step (bound %v); B woke to: %v; load %s", took, bound, err, loadavg())
+		})
+	}
+}
+
+// warnLog is a slog.Handler that keeps every WARN with its attributes.
+type warnLog struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (h *warnLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h *warnLog) Handle(_ context.Context, r slog.Record) error {
+	var b strings.Builder
+	b.WriteString(r.Message)
+	r.Attrs(func(a slog.Attr) bool {
+		b.WriteString(" " + a.String())
+		return true
+	})
+	h.mu.Lock()
+	h.msgs = append(h.msgs, b.String())
+	h.mu.Unlock()
+	return nil
+}
+func (h *warnLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h *warnLog) WithGroup(string) slog.Handler      { return h }
+func (h *warnLog) all() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.msgs...)
+}
+func (h *warnLog) has(sub string) bool {
+	for _, m := range h.all() {
+		if strings.Contains(m, sub) {
+			return true
+		}
+	}
+	return false
+}

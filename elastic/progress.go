@@ -1,0 +1,117 @@
+package elastic
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+)
+
+// ErrNoProgress is wrapped, together with ErrFenced, by the terminal error
+// of an Agent whose worker made no progress for Config.ProgressTimeout
+// while no phase was marked: the Agent counted the worker as hung and left
+// the job for it. Like any fenced member, the worker must join again as a
+// new Member.
+var ErrNoProgress = errors.New("elastic: no progress within the progress timeout (hung)")
+
+// progressWatch is the Agent's record of its worker's progress: liveness of
+// the training loop, not of the process (the heartbeat goroutine keeps
+// running while a step function is blocked forever).
+type progressWatch struct {
+	armed atomic.Bool  // Progress or Busy was called at least once
+	last  atomic.Int64 // local ns since the Agent's start: last progress
+	open  atomic.Int64 // phases marked busy and not yet done
+}
+
+// Progress records that the worker's loop made progress (a step, a phase
+// boundary) now. The trainer calls it at every step; a user of the Agent
+// without the trainer calls it from its own loop. The first call starts the
+// progress watch (Config.ProgressTimeout). Safe for concurrent use; no I/O.
+func (a *Agent) Progress() {
+	a.prog.last.Store(int64(time.Since(a.start)))
+	a.prog.armed.Store(true)
+}
+
+// Busy marks the start of a long phase that makes no steps but is not a
+// hang (a data load, an evaluation, a checkpoint write, a collective waiting
+// for peers): while at least one phase is open, the Agent does not count
+// the worker as hung. Call the returned done when the phase ends (more than
+// once is harmless); ending a phase counts as progress. phase names the
+// phase in the log record of one that outlasted the progress timeout. A phase that never ends is never judged: mark only code that
+// returns. Safe for concurrent use; no I/O.
+func (a *Agent) Busy(phase string) (done func()) {
+	p := &a.prog
+	p.open.Add(1)
+	p.armed.Store(true)
+	start := time.Now()
+	var ended atomic.Bool
+	return func() {
+		if ended.CompareAndSwap(false, true) {
+			a.Progress()
+			p.open.Add(-1)
+			if d := time.Since(start); a.cfg.ProgressTimeout > 0 && d > a.cfg.ProgressTimeout {
+				a.log.Info("a marked phase outlasted the progress timeout (busy, not hung)",
+					"phase", phase, "took", d, "progress_timeout", a.cfg.ProgressTimeout)
+			}
+		}
+	}
+}
+
+// restProgress restarts the progress clock (Join returned: waiting for a
+// round is not a hang).
+func (a *Agent) restProgress() { a.prog.last.Store(int64(time.Since(a.start))) }
+
+// checkProgress runs on the background goroutine at every heartbeat tick:
+// once the worker made no progress for ProgressTimeout outside any marked
+// phase and outside Join, the Agent leaves the job for it (the store evicts
+// it at once, so the survivors re-form within a heartbeat) and fails with
+// ErrFenced wrapping ErrNoProgress. It reports whether it did.
+func (a *Agent) checkProgress() bool {
+	p := &a.prog
+	if a.cfg.ProgressTimeout <= 0 || !p.armed.Load() || p.open.Load() > 0 {
+		return false
+	}
+	idle := time.Duration(int64(time.Since(a.start)) - p.last.Load())
+	if idle <= a.cfg.ProgressTimeout {
+		return false
+	}
+	a.mu.Lock()
+	skip := a.joining || a.inc == "" || a.err != nil
+	a.mu.Unlock()
+	if skip || p.open.Load() > 0 {
+		return false
+	}
+	a.log.Warn("no progress: no step and no marked phase; leaving the job as hung",
+		"idle", idle, "progress_timeout", a.cfg.ProgressTimeout)
+	req := a.memberRequest()
+	sent := time.Now()
+	if _, err := bounded(a, context.Background(), "leave", a.opTimeout(),
+		func(c context.Context) (View, error) { return a.store.Leave(c, req) }, nil, nil); err != nil && !errors.Is(err, ErrClosed) {
+		// The lease still lapses once the Agent stops renewing it.
+		_ = a.noteOutage(err, sent)
+		a.log.Warn("could not leave the job; the lease will lapse", "err", err)
+	}
+	a.fail(fmt.Errorf("%w: %w (no step and no marked phase for %v; job %q, member %s)",
+		ErrFenced, ErrNoProgress, idle.Round(time.Millisecond), a.cfg.JobID, a.self.ID))
+	return true
+}
+
+// noteGone logs, on a member that formed round w after prev, one WARN per
+// member of prev that is not in w (evicted: its lease lapsed, a peer
+// reported it, it left, or its own Agent counted it as hung), naming its
+// member ID, address and rank in prev: the survivors of a hang or a crash
+// can tell from their own logs which rank it was.
+func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
+	if !hadPrev || prev.Round == w.Round {
+		return
+	}
+	for rank, m := range prev.Members {
+		if m.ID == a.self.ID || slices.ContainsFunc(w.Members, func(n Member) bool { return n.ID == m.ID }) {
+			continue
+		}
+		a.log.Warn("a member of the last round is gone (evicted: crashed, hung, left, or reported)",
+			"gone_member", m.ID, "gone_addr", m.Addr, "gone_rank", rank, "last_round", prev.Round, "round", w.Round)
+	}
+}

@@ -1,0 +1,231 @@
+package faultinject_test
+
+import (
+	"context"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/internal/faultinject"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// Issue 14 (liveness that tells slow from dead from hung) with real worker
+// processes, a real Redis and a proxy on each worker's store link. The long
+// variants (10 lease periods of latency) run with
+//
+//	ELASTICTRAIN_LIVENESS_FULL=1 go test -count=1 -run 'TestLiveness' ./internal/faultinject
+func livenessFull() bool { return os.Getenv("ELASTICTRAIN_LIVENESS_FULL") == "1" }
+
+func loadavg() string {
+	b, _ := os.ReadFile("/proc/loadavg")
+	return strings.TrimSpace(string(b))
+}
+
+// stepsIn returns the highest global step reported at or before t.
+func stepAt(h *faultinject.Harness, t time.Time) int64 {
+	var s int64
+	for _, m := range h.Steps() {
+		if !m.At.After(t) {
+			s = max(s, m.Step)
+		}
+	}
+	return s
+}
+
+// TestLivenessSlowStoreLink (Must show 1): one worker's Redis link gets
+// 0.7 x LeaseTTL of latency each way for several lease periods: no round
+// changes, and the job steps at least half as fast as undisturbed. From a
+// healed link, 1.5 x LeaseTTL of latency leaves that worker behind: the
+// others step in a round without it within LeaseTTL + 1 s. The job then
+// finishes with every invariant.
+func TestLivenessSlowStoreLink(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.ProxyRedis = true
+	cfg.RedisTimeout = 5 * time.Second // go-redis' own timeouts above the link's round trip
+	periods := 3
+	cfg.Epochs = 25
+	if livenessFull() {
+		periods, cfg.Epochs = 10, 80
+	}
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+
+	t0 := time.Now()
+	time.Sleep(2 * time.Second) // measuring the undisturbed rate over a fixed window
+	t1 := time.Now()
+	base := float64(stepAt(h, t1)-stepAt(h, t0)) / t1.Sub(t0).Seconds()
+	round := h.Status().MaxRound
+
+	slow := h.Workers()[0]
+	slow.RedisProxy.SetLatency(cfg.LeaseTTL * 7 / 10)
+	time.Sleep(time.Duration(periods) * cfg.LeaseTTL) // the fault's duration
+	t2 := time.Now()
+	during := float64(stepAt(h, t2)-stepAt(h, t1)) / t2.Sub(t1).Seconds()
+	st := h.Status()
+	require.Zero(t, st.Finished, "the job finished before the measurement ended; raise Epochs")
+	require.Equal(t, round, st.MaxRound, "round changes under 0.7 x LeaseTTL latency")
+	require.GreaterOrEqual(t, during, base/2, "steps per second: %.1f undisturbed, %.1f with latency", base, during)
+	t.Logf("%d lease periods with 0.7 x LeaseTTL latency: %.1f steps/s (undisturbed %.1f), no round change; load %s",
+		periods, during, base, loadavg())
+
+	slow.RedisProxy.SetLatency(0)
+	time.Sleep(time.Second) // the backlog drains (heartbeats overlap; nothing to wait on)
+	require.Equal(t, round, h.Status().MaxRound, "round change when the latency lifted")
+	slow.RedisProxy.SetLatency(cfg.LeaseTTL * 3 / 2)
+	cut := time.Now()
+	st, err = h.WaitFor(ctx, func(faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(cut) && m.Size == 2 && m.Worker != slow.Index {
+				return true
+			}
+		}
+		return time.Since(cut) > 20*time.Second
+	})
+	require.NoError(t, err)
+	var left time.Duration
+	for _, m := range h.Steps() {
+		if m.At.After(cut) && m.Size == 2 && m.Worker != slow.Index {
+			left = m.At.Sub(cut)
+			break
+		}
+	}
+	require.NotZero(t, left, "the others never stepped without the slow worker")
+	t.Logf("1.5 x LeaseTTL latency: the others step without the slow worker %v after it began (bound %v); load %s",
+		left, cfg.LeaseTTL+time.Second, loadavg())
+	require.Less(t, left, cfg.LeaseTTL+time.Second)
+	slow.RedisProxy.SetLatency(0)
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+}
+
+// TestLivenessShortPause (Must show 4, last point): with the default lease
+// (3 s) a 700 ms SIGSTOP/SIGCONT pause of one worker changes nothing: no
+// round change, and the job finishes with every invariant.
+func TestLivenessShortPause(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 3*time.Second, 500*time.Millisecond
+	cfg.Epochs = 6
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+	round := h.Status().MaxRound
+	w := h.Workers()[1]
+	require.NoError(t, h.Signal(w, syscall.SIGSTOP))
+	time.Sleep(700 * time.Millisecond) // the pause itself
+	require.NoError(t, h.Signal(w, syscall.SIGCONT))
+	resumed := time.Now()
+	at := stepAt(h, resumed)
+	_, err = h.WaitFor(ctx, func(s faultinject.Status) bool { return s.MaxStep >= at+100 || s.Finished > 0 })
+	require.NoError(t, err)
+	require.Equal(t, round, h.Status().MaxRound, "a 700 ms pause changed the round")
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+	t.Logf("700 ms pause: round %d throughout; load %s", round, loadavg())
+}
+
+// TestLivenessStoreBlackholedForGood (Must show 5, processes): one worker's
+// Redis link is blackholed for good. With the workers' plain
+// redis.NewClient, that worker stops within OutageBudget + 2 s of the cut
+// with one error that says "store unavailable"; the others finish.
+func TestLivenessStoreBlackholedForGood(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.ProxyRedis = true
+	cfg.OutageBudget = 3 * time.Second
+	cfg.RedisTimeout = 3 * time.Second // go-redis' default ReadTimeout: the Agent's own deadlines must hold
+	cfg.Epochs = 12
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+	cutOff := h.Workers()[2]
+	cutOff.RedisProxy.SetBlackhole(true)
+	cut := time.Now()
+	_, err = h.WaitFor(ctx, func(faultinject.Status) bool {
+		return h.Result(cutOff).Exited || time.Since(cut) > cfg.OutageBudget+10*time.Second
+	})
+	require.NoError(t, err)
+	took := time.Since(cut)
+	r := h.Result(cutOff)
+	require.True(t, r.Exited, "still running %v after the cut", took)
+	t.Logf("blackholed worker exited %v after the cut (bound %v) with %q; load %s", took, cfg.OutageBudget+2*time.Second, r.Err, loadavg())
+	require.Less(t, took, cfg.OutageBudget+2*time.Second)
+	require.Contains(t, r.Err, "store unavailable")
+	require.Equal(t, faultinject.ExitError, r.ExitCode)
+	cutOff.RedisProxy.SetBlackhole(false)
+	res := h.Finish(ctx, faultinject.Bounds{})
+	for _, v := range res.Violations {
+		if !strings.Contains(v, "store unavailable") {
+			t.Errorf("violation: %s", v)
+		}
+	}
+}
+
+// TestLivenessHungStepFunction (Must show 2, and 4 with the default
+// progress timeout under ELASTICTRAIN_LIVENESS_FULL=1): one worker's step
+// function blocks for good, ignoring its context, while its process and
+// heartbeats live on. Within ProgressTimeout + 1 s the others step in a
+// round without it, and each names it (its address) in a WARN; when it
+// wakes it is fenced, rejoins as a new member, and the job finishes with
+// every invariant (audit exact, identical parameters).
+func TestLivenessHungStepFunction(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.Hangs = true
+	cfg.ProgressTimeout = 2 * time.Second
+	bound := cfg.ProgressTimeout + time.Second
+	cfg.OpTimeout = 10 * time.Second // above the progress timeout: the hang, not the collective's timeout, ends the round
+	cfg.Epochs = 12
+	if livenessFull() {
+		cfg.ProgressTimeout = 0 // the default, 15 s: the survivors must train within 20 s
+		cfg.OpTimeout = 20 * time.Second
+		bound = 20 * time.Second
+		cfg.Epochs = 80
+	}
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+	hung := h.Workers()[1]
+	require.NoError(t, h.Hang(hung, true))
+	at := time.Now()
+	var took time.Duration
+	_, err = h.WaitFor(ctx, func(faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(at) && m.Size == 2 && m.Worker != hung.Index {
+				took = m.At.Sub(at)
+				return true
+			}
+		}
+		return time.Since(at) > bound+10*time.Second
+	})
+	require.NoError(t, err)
+	require.NotZero(t, took, "the others never stepped without the hung worker")
+	t.Logf("the others step without the hung worker %v after its step function blocked (bound %v); load %s", took, bound, loadavg())
+	require.Less(t, took, bound)
+	require.Zero(t, h.Status().Finished, "the job finished before the measurement ended; raise Epochs")
+	for _, w := range h.Workers() {
+		if w == hung {
+			continue
+		}
+		log, err := os.ReadFile(w.LogPath)
+		require.NoError(t, err)
+		require.Contains(t, string(log), `"gone_addr":"`+hung.Addr+`"`, "worker %d names the hung worker", w.Index)
+	}
+	require.NoError(t, h.Hang(hung, false))
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+	log, err := os.ReadFile(hung.LogPath)
+	require.NoError(t, err)
+	require.Contains(t, string(log), "no progress", "the hung worker was fenced for it when it woke")
+}
