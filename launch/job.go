@@ -442,8 +442,9 @@ func (j *Job) handleExit(e procExit) {
 		}
 	}
 	x.Outcome = classify(x.Code, x.Signal)
-	if x.Outcome == Finished {
-		j.finished = true
+	x.JobFinished = x.Signal == 0 && x.Code == StatusJobFinished
+	if x.Outcome == Finished || x.JobFinished {
+		j.finished = true // a new member would find the job over
 	}
 	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, j.restarts, j.cfg.MaxRestarts)
 	j.exits = append(j.exits, x)

@@ -34,7 +34,7 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	if err != nil {
-		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrForeignCheckpoint) {
 			// Every rank took this decision from the same collective.
 			t.goodbye(rctx, comm)
 			return endFatal, err
@@ -225,6 +225,10 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		if world.Rank == 0 {
 			var err error
 			sn, info.Source, err = t.initialState(ctx)
+			if errors.Is(err, ErrForeignCheckpoint) {
+				// Every rank refuses with it, not only this one.
+				return info, t.broadcastRefusal(ctx, comm, watch, err)
+			}
 			if err != nil {
 				return info, err
 			}
@@ -267,6 +271,9 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return info, fmt.Errorf("trainer: state broadcast: %w", err)
 	}
+	if lenBuf[8] == refusedSource {
+		return info, refusal(blob)
+	}
 	got, err := decodeSnapshot(blob, t.params)
 	if err != nil {
 		return info, err
@@ -307,7 +314,14 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 			if err == nil {
 				var sn *snapshot
 				sn, err = decodeSnapshot(data, t.params)
+				if err == nil && sn.optName != t.opt.Name() {
+					err = fmt.Errorf("%w: optimizer %q in the checkpoint, %q configured", ErrShapeMismatch, sn.optName, t.opt.Name())
+				}
+				if errors.Is(err, ErrShapeMismatch) {
+					return nil, "", t.foreignCheckpoint(s, err)
+				}
 				if err == nil {
+					t.cleanLeftovers(ctx)
 					t.log.Info("restoring durable checkpoint", "step", s)
 					sn.gen, sn.base = newGen(), sn.step
 					return sn, "checkpoint", nil
@@ -315,6 +329,7 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 			}
 			t.log.Warn("skipping unreadable checkpoint", "step", s, "err", err)
 		}
+		t.cleanLeftovers(ctx)
 	}
 	var state []byte
 	if c, ok := t.loader.(interface{ freshState() ([]byte, error) }); ok {

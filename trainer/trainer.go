@@ -35,7 +35,8 @@ type Result struct {
 	// Loss is the mean loss of the last applied step.
 	Loss float64
 	// Finished is true when the job completed all epochs (also when this
-	// worker joined after it had).
+	// worker joined after it had: then Run's error wraps
+	// elastic.ErrJobFinished).
 	Finished bool
 }
 
@@ -263,11 +264,15 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // is cancelled, the worker is preempted or evicted, or an unrecoverable
 // error occurs. It returns nil when the job finished (Result.Finished),
 // or ErrCheckpoint when it finished but its final checkpoint failed.
+// A job ID that the store remembers as finished (an earlier run of it, or
+// the others finished it before this worker trained a step) is an error
+// wrapping elastic.ErrJobFinished, never success: this Run trained nothing.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
 // worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
 // also ErrStranger when the job shut this worker out for a wrong secret),
-// ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
+// ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
+// elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	var res Result
@@ -385,6 +390,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			continue
 		case errors.Is(err, elastic.ErrJobFinished):
 			res.Finished = true
+			if t.trained == 0 {
+				// Success would be a lie: this Run trained nothing, and
+				// its parameters are whatever they were before it.
+				return res, t.finishedBeforeJoin(err)
+			}
 			return res, nil
 		case err != nil:
 			if ctx.Err() != nil {
