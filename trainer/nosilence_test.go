@@ -1,15 +1,19 @@
 package trainer_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -112,4 +116,96 @@ func TestACheckpointDirectoryOfAnotherModelIsRefusedUntouched(t *testing.T) {
 	require.NoError(t, w.err)
 	_, err := os.Stat(leftover)
 	require.ErrorIs(t, err, os.ErrNotExist, "the leftover temporary file was removed once the model matched")
+}
+
+// worker is one setting of a worker for TestWorkersThatDisagree...: its
+// loader's global batch and dataset length, its epochs and learning rate.
+type workerSettings struct {
+	batch, samples, epochs int
+	lr                     float64
+}
+
+// startWith starts a worker of j with its own settings s.
+func startWith(t *testing.T, j *job, s workerSettings) *inproc {
+	prob := trainertest.NewProblem(s.samples, 4, 0.05, 7)
+	m := trainertest.NewModel(4)
+	m.StepDelay = 2 * time.Millisecond
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = s.batch, 3
+	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+	require.NoError(t, err)
+	cfg := j.config()
+	cfg.Epochs = s.epochs
+	cfg.Elastic.MinWorkers = 2
+	w := &inproc{model: m, done: make(chan struct{})}
+	tr, err := New(m.Params(), NewSGD(s.lr), loader, m.Step, j.store(), cfg, WithLogger(testLogger(t, 0)))
+	require.NoError(t, err)
+	w.tr = tr
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	w.cancel = cancel
+	go func() {
+		defer close(w.done)
+		defer loader.Close()
+		w.res, w.err = tr.Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-w.done })
+	return w
+}
+
+// Workers that disagree on the global batch or the dataset length once
+// failed round after round (~20 retries, 15 s) with a cursor error; on the
+// epochs, one worker's job was silently cut short; on the learning rate,
+// one silently won. Now the round they meet in fails at once on every
+// member with ErrSettingsMismatch naming the setting and the members, and
+// Run returns after that one round.
+func TestWorkersThatDisagreeOnSettingsStopInTheirFirstRound(t *testing.T) {
+	good := workerSettings{batch: 16, samples: 480, epochs: 2, lr: 0.3}
+	for _, c := range []struct {
+		setting string
+		other   func(workerSettings) workerSettings
+		values  [2]string
+	}{
+		{"global batch", func(s workerSettings) workerSettings { s.batch = 32; return s }, [2]string{"16", "32"}},
+		{"dataset length", func(s workerSettings) workerSettings { s.samples = 400; return s }, [2]string{"480", "400"}},
+		{"epochs", func(s workerSettings) workerSettings { s.epochs = 3; return s }, [2]string{"2", "3"}},
+		{"learning rate", func(s workerSettings) workerSettings { s.lr = 0.1; return s }, [2]string{"0.3", "0.1"}},
+	} {
+		t.Run(c.setting, func(t *testing.T) {
+			j := newJob(t, stores(t)["redis"])
+			ws := []*inproc{startWith(t, j, good), startWith(t, j, c.other(good))}
+			for _, w := range ws {
+				<-w.done
+			}
+			for i, w := range ws {
+				require.ErrorIs(t, w.err, ErrSettingsMismatch, "worker %d", i)
+				var se *SettingsError
+				require.ErrorAs(t, w.err, &se)
+				require.Len(t, se.Diffs, 1, "%v", w.err)
+				d := se.Diffs[0]
+				require.Equal(t, c.setting, d.Setting)
+				require.ErrorContains(t, w.err, c.setting, "named in words")
+				require.Len(t, d.Members, 2)
+				require.NotEqual(t, d.Members[0], d.Members[1])
+				require.ElementsMatch(t, c.values[:], d.Values)
+				require.Equal(t, 1, w.res.Rounds, "not retried")
+				require.Zero(t, w.res.Step, "nothing trained")
+			}
+			require.Equal(t, ws[0].err.Error(), ws[1].err.Error(), "every member says the same")
+		})
+	}
+}
+
+// A base learning rate that cannot train is refused by New.
+func TestABaseLearningRateThatCannotTrainIsRefused(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	for _, lr := range []float64{math.NaN(), math.Inf(1), math.Inf(-1), 0, -0.1} {
+		prob := trainertest.NewProblem(64, 4, 0.05, 7)
+		m := trainertest.NewModel(4)
+		loader, err := dataloader.New(prob.Dataset(), prob.Collate, dataloader.DefaultConfig())
+		require.NoError(t, err)
+		_, err = New(m.Params(), NewSGD(lr), loader, m.Step, j.store(), j.config())
+		require.ErrorIs(t, err, ErrInvalidConfig, "lr %v", lr)
+		require.ErrorContains(t, err, "learning rate")
+		loader.Close()
+	}
 }

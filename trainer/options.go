@@ -53,7 +53,10 @@ func WithAudit(a Audit) Option { return func(o *options) { o.audit = a } }
 // checkpoints, rescales and stragglers.
 func WithHooks(h Hooks) Option { return func(o *options) { o.hooks = h } }
 
-// WithLogger sets the structured logger; default: discard.
+// WithLogger sets the structured logger; default: discard. It also
+// becomes Config.Elastic.Logger and Config.Sync.Logger where those are
+// nil, so the rendezvous' waits (fewer than MinWorkers arrived) and store
+// outages are logged as they begin and then every 2 s, with their cause.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider; default: the global one.

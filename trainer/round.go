@@ -32,6 +32,14 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	}
 	defer comm.Close()
 
+	if err := t.agreeSettings(rctx, comm, world, watch); err != nil {
+		if errors.Is(err, ErrSettingsMismatch) {
+			// Every rank took this decision from the same collective.
+			t.goodbye(rctx, comm)
+			return endFatal, err
+		}
+		return t.classify(ctx, rctx, err)
+	}
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	if err != nil {
 		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrForeignCheckpoint) {

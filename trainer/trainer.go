@@ -61,6 +61,7 @@ type Trainer[B any] struct {
 	grads      *sync.Buckets
 	gradList   [][]float32 // every Param.Grad, in model order (GradientReducer)
 	fp         float64
+	baseLR     float64 // the optimizer's learning rate at New: the configured base rate
 	ran        atomic.Bool
 	preempt    chan struct{}
 	once       stdsync.Once
@@ -159,6 +160,15 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
 	}
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
+	// WithLogger reaches the rendezvous and the transport too, unless
+	// they were given loggers of their own: their waits and outages are
+	// what a user most needs to see.
+	if t.o.logger != nil && t.cfg.Elastic.Logger == nil {
+		t.cfg.Elastic.Logger = t.o.logger.With("part", "rendezvous")
+	}
+	if t.o.logger != nil && t.cfg.Sync.Logger == nil {
+		t.cfg.Sync.Logger = t.o.logger.With("part", "transport")
+	}
 	if t.o.now == nil {
 		t.o.now = time.Now
 	}
@@ -198,6 +208,10 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		t.nvalues += len(g)
 	}
 	t.fp = fingerprint(params, opt)
+	t.baseLR = opt.LearningRate()
+	if err := checkBaseLR(t.baseLR); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
