@@ -15,6 +15,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -207,5 +208,43 @@ func TestABaseLearningRateThatCannotTrainIsRefused(t *testing.T) {
 		require.ErrorIs(t, err, ErrInvalidConfig, "lr %v", lr)
 		require.ErrorContains(t, err, "learning rate")
 		loader.Close()
+	}
+}
+
+// A NaN loss in the default (non-deterministic) mode once trained on and
+// ended with a nil error. Now every rank stops at that step with
+// ErrDiverged.
+func TestANaNLossStopsEveryRankWithErrDiverged(t *testing.T) {
+	c := trainertest.NewCluster(t, trainertest.ClusterConfig{})
+	prob := trainertest.NewProblem(480, 4, 0.05, 7)
+	job := testredis.JobID(t)
+	build := func(w *trainertest.Worker) (trainertest.Runner, error) {
+		m := trainertest.NewModel(4)
+		dcfg := dataloader.DefaultConfig()
+		dcfg.GlobalBatch = 16
+		loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { loader.Close() })
+		n := 0
+		step := func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			loss, err := m.Step(ctx, b)
+			if n++; w.Index == 1 && n == 5 {
+				return math.NaN(), err
+			}
+			return loss, err
+		}
+		cfg := trainertest.Config(job)
+		cfg.Elastic.MinWorkers = 2
+		return New(m.Params(), NewSGD(0.1), loader, step, w.Store, cfg, w.Options()...)
+	}
+	ws := []*trainertest.Worker{c.Start(build), c.Start(build)}
+	c.Wait()
+	for _, w := range ws {
+		res, err := w.Result()
+		require.ErrorIs(t, err, ErrDiverged, "worker %d", w.Index)
+		require.ErrorContains(t, err, "step 5")
+		require.Equal(t, int64(4), res.Step)
 	}
 }

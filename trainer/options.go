@@ -22,6 +22,7 @@ type options struct {
 	now     func() time.Time
 	backend Backend
 	parts   []Partition
+	sched   Schedule
 }
 
 // WithBackend makes every round communicate through b (see Backend)
@@ -131,6 +132,9 @@ type StepInfo struct {
 	EpochStep int
 	// Loss is the mean per-sample loss over the global batch.
 	Loss float64
+	// LearningRate is the optimizer's learning rate of this step (with
+	// WithSchedule: the Schedule's LR(Step-1)).
+	LearningRate float64
 	// Samples is the global batch size of this step.
 	Samples int
 	// ComputeSeconds is this rank's StepFunc time; SyncSeconds the time in

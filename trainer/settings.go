@@ -106,7 +106,7 @@ var jobSettings = []jobSetting{
 	{"parameter tensors", formatInt},
 	{"parameter values", formatInt},
 	{"epochs", formatInt},
-	{"learning rate", func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }},
+	{"learning rate", func(v float64) string { return strconv.FormatFloat(v, 'g', -1, 64) }}, // or its schedule's probe (WithSchedule)
 	{"global batch", formatInt},
 	{"dataset length", formatInt},
 	{"shuffle seed", formatInt},

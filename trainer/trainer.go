@@ -82,6 +82,7 @@ type Trainer[B any] struct {
 	recoveries          []int64
 	failures            []string
 	lastLoss            float64
+	stepLR              float64 // the learning rate of the last applied step
 	useful              time.Duration
 	pendingUseful       time.Duration
 	strag               stragglers  // slow-step counters of the round's ranks
@@ -209,7 +210,12 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	}
 	t.fp = fingerprint(params, opt)
 	t.baseLR = opt.LearningRate()
-	if err := checkBaseLR(t.baseLR); err != nil {
+	if s := t.o.sched; s != nil {
+		if err := checkSchedule(s); err != nil {
+			return nil, err
+		}
+		t.baseLR = scheduleProbe(s)
+	} else if err := checkBaseLR(t.baseLR); err != nil {
 		return nil, err
 	}
 	return t, nil
