@@ -248,3 +248,39 @@ func TestANaNLossStopsEveryRankWithErrDiverged(t *testing.T) {
 		require.Equal(t, int64(4), res.Step)
 	}
 }
+
+// ErrModelMismatch once said only that the models differ. It names the
+// first parameter that differs, with every rank's name and shape, and the
+// members.
+func TestAModelMismatchNamesTheTensorAndTheRanks(t *testing.T) {
+	c := trainertest.NewCluster(t, trainertest.ClusterConfig{})
+	job := testredis.JobID(t)
+	build := func(dim int) func(w *trainertest.Worker) (trainertest.Runner, error) {
+		return func(w *trainertest.Worker) (trainertest.Runner, error) {
+			prob := trainertest.NewProblem(480, dim, 0.05, 7)
+			m := trainertest.NewModel(dim)
+			loader, err := dataloader.New(prob.Dataset(), prob.Collate, dataloader.DefaultConfig())
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { loader.Close() })
+			cfg := trainertest.Config(job)
+			cfg.Elastic.MinWorkers = 2
+			return New(m.Params(), NewSGD(0.1), loader, m.Step, w.Store, cfg, w.Options()...)
+		}
+	}
+	ws := []*trainertest.Worker{c.Start(build(4)), c.Start(build(5))}
+	c.Wait()
+	for _, w := range ws {
+		_, err := w.Result()
+		require.ErrorIs(t, err, ErrModelMismatch)
+		var se *SettingsError
+		require.ErrorAs(t, err, &se)
+		d := se.Diffs[0]
+		require.Equal(t, "parameter 0 (name and shape)", d.Setting)
+		require.ElementsMatch(t, []string{`"w" [4]`, `"w" [5]`}, d.Values)
+		require.Len(t, d.Members, 2)
+		require.ErrorContains(t, err, `"w" [5] on rank`)
+		require.ErrorContains(t, err, "ranks hold different models")
+	}
+}

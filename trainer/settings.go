@@ -38,8 +38,10 @@ type SettingsError struct {
 
 // SettingDiff is one setting on which a round's members disagree.
 type SettingDiff struct {
-	// Setting names it in words: "model fingerprint (parameter names,
-	// shapes and optimizer)", "parameter tensors", "parameter values",
+	// Setting names it in words: "parameter <i> (name and shape)" (the
+	// first parameter that differs) or "optimizer" when the models differ,
+	// "model fingerprint (parameter names, shapes and optimizer)",
+	// "parameter tensors", "parameter values",
 	// "epochs", "learning rate", "global batch", "dataset length",
 	// "shuffle seed", "commit interval", "deterministic mode".
 	Setting string
@@ -51,6 +53,9 @@ type SettingDiff struct {
 
 func (e *SettingsError) Error() string {
 	var b strings.Builder
+	if e.Model() {
+		b.WriteString("trainer: ranks hold different models; ")
+	}
 	fmt.Fprintf(&b, "trainer: workers disagree on the job's settings in round %d (every worker of a job must be configured the same):", e.Round)
 	for i, d := range e.Diffs {
 		if i > 0 {
@@ -80,7 +85,8 @@ func (e *SettingsError) Is(target error) bool {
 // names, shapes or optimizer differ.
 func (e *SettingsError) Model() bool {
 	for _, d := range e.Diffs {
-		if d.Setting == jobSettings[0].name || d.Setting == jobSettings[1].name || d.Setting == jobSettings[2].name {
+		if d.Setting == jobSettings[0].name || d.Setting == jobSettings[1].name || d.Setting == jobSettings[2].name ||
+			d.Setting == "optimizer" || strings.HasPrefix(d.Setting, "parameter ") {
 			return true
 		}
 	}
@@ -162,7 +168,61 @@ func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, 
 	for r, mb := range world.Members {
 		ids[r] = mb.ID
 	}
-	return decideSettings(world.Round, m, ids)
+	err = decideSettings(world.Round, m, ids)
+	var se *SettingsError
+	if errors.As(err, &se) && se.Model() {
+		// Every rank took this branch: learn which tensor differs.
+		watch.enter()
+		descs, gerr := gatherBytes(ctx, comm, modelDesc(t.params, t.opt))
+		watch.leave()
+		if gerr == nil {
+			se.Diffs = append(modelDiffs(descs, ids), se.Diffs...)
+		}
+	}
+	return err
+}
+
+// modelDesc describes a model for modelDiffs: each parameter's name and
+// shape, then the optimizer's name, separated by record separators.
+func modelDesc(params []Param, opt Optimizer) []byte {
+	var b []byte
+	for _, p := range params {
+		b = fmt.Appendf(b, "%q %v\x1e", p.Name, p.Shape)
+	}
+	return append(b, opt.Name()...)
+}
+
+// modelDiffs names the first parameter (in model order) whose name or
+// shape differs between the ranks' descriptions, or the optimizer.
+func modelDiffs(descs [][]byte, members []string) []SettingDiff {
+	parts := make([][]string, len(descs))
+	longest := 0
+	for r, d := range descs {
+		parts[r] = strings.Split(string(d), "\x1e")
+		longest = max(longest, len(parts[r]))
+	}
+	at := func(r, i int) string {
+		if i < len(parts[r])-1 {
+			return parts[r][i]
+		}
+		return "none"
+	}
+	for i := 0; i < longest-1; i++ {
+		for r := 1; r < len(parts); r++ {
+			if at(r, i) != at(0, i) {
+				d := SettingDiff{Setting: fmt.Sprintf("parameter %d (name and shape)", i), Members: members}
+				for r := range parts {
+					d.Values = append(d.Values, at(r, i))
+				}
+				return []SettingDiff{d}
+			}
+		}
+	}
+	d := SettingDiff{Setting: "optimizer", Members: members}
+	for r := range parts {
+		d.Values = append(d.Values, parts[r][len(parts[r])-1])
+	}
+	return []SettingDiff{d}
 }
 
 // decideSettings compares the rows of m (one per rank, len(jobSettings)
