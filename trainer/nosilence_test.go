@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -283,4 +284,46 @@ func TestAModelMismatchNamesTheTensorAndTheRanks(t *testing.T) {
 		require.ErrorContains(t, err, `"w" [5] on rank`)
 		require.ErrorContains(t, err, "ranks hold different models")
 	}
+}
+
+// When one rank's StepFunc failed, the others went on without it and
+// never learned why. Now they log the peer's error.
+func TestSurvivorsAreToldWhyAPeersStepFailed(t *testing.T) {
+	c := trainertest.NewCluster(t, trainertest.ClusterConfig{})
+	job := testredis.JobID(t)
+	lines := make(chan logLine, 4096)
+	build := func(w *trainertest.Worker) (trainertest.Runner, error) {
+		prob := trainertest.NewProblem(480, 4, 0.05, 7)
+		m := trainertest.NewModel(4)
+		loader, err := dataloader.New(prob.Dataset(), prob.Collate, dataloader.DefaultConfig())
+		if err != nil {
+			return nil, err
+		}
+		t.Cleanup(func() { loader.Close() })
+		n := 0
+		step := func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			if n++; w.Index == 1 && n == 5 {
+				return 0, fmt.Errorf("cuda: out of memory on purpose")
+			}
+			return m.Step(ctx, b)
+		}
+		cfg := trainertest.Config(job)
+		cfg.Elastic.MinWorkers = 1
+		opts := w.Options()
+		if w.Index == 0 {
+			opts = append(opts, WithLogger(slog.New(&recorder{lines: lines})))
+		}
+		return New(m.Params(), NewSGD(0.1), loader, step, w.Store, cfg, opts...)
+	}
+	// Worker 0 waits for worker 1 in its first round (last call), so both train.
+	a, b := c.Start(build), c.Start(build)
+	c.Wait()
+	_, err := b.Result()
+	require.ErrorIs(t, err, ErrStepFailed)
+	res, err := a.Result()
+	require.NoError(t, err, "the survivor finishes the job")
+	require.True(t, res.Finished)
+	got := waitLines(t, lines, "a peer's step function failed", 1)
+	require.Contains(t, got[0].text, "cuda: out of memory on purpose")
+	require.Contains(t, got[0].text, "peer_rank=")
 }

@@ -135,6 +135,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if span != nil {
 				endSpan(span, stepErr)
 			}
+			t.shareStepFailure(ctx, comm, world, watch, stepErr)
 			if stepErr != nil {
 				return endFatal, fmt.Errorf("%w: step %d: %w", ErrStepFailed, t.step+1, stepErr)
 			}
