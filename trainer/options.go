@@ -23,6 +23,7 @@ type options struct {
 	backend Backend
 	parts   []Partition
 	sched   Schedule
+	eval    *Evaluation
 }
 
 // WithBackend makes every round communicate through b (see Backend)

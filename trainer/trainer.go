@@ -62,6 +62,7 @@ type Trainer[B any] struct {
 	gradList   [][]float32 // every Param.Grad, in model order (GradientReducer)
 	fp         float64
 	baseLR     float64 // the optimizer's learning rate at New: the configured base rate
+	eval       *evaluator
 	ran        atomic.Bool
 	preempt    chan struct{}
 	once       stdsync.Once
@@ -209,6 +210,27 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		t.nvalues += len(g)
 	}
 	t.fp = fingerprint(params, opt)
+	if e := t.o.eval; e != nil {
+		if t.eval, err = newEvaluator(*e, params); err != nil {
+			return nil, err
+		}
+		// Composed with the user's hooks: the evaluator learns the rank
+		// at every round and sees every commit.
+		h := &t.o.hooks
+		userRound, userCommit := h.OnRound, h.OnCommit
+		h.OnRound = func(r RoundInfo) {
+			t.eval.rank.Store(int64(r.Rank))
+			if userRound != nil {
+				userRound(r)
+			}
+		}
+		h.OnCommit = func(step int64) {
+			if userCommit != nil {
+				userCommit(step)
+			}
+			t.eval.committed(step, t.params)
+		}
+	}
 	t.baseLR = opt.LearningRate()
 	if s := t.o.sched; s != nil {
 		if err := checkSchedule(s); err != nil {
@@ -327,6 +349,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
 	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
 
+	if t.eval != nil {
+		defer t.eval.close()
+	}
 	// The Backend and every partition are closed once when Run returns,
 	// whatever happened (the contracts' last call).
 	defer t.closeParts()
