@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	stdsync "sync"
 	"testing"
 	"time"
 
@@ -326,4 +327,52 @@ func TestSurvivorsAreToldWhyAPeersStepFailed(t *testing.T) {
 	got := waitLines(t, lines, "a peer's step function failed", 1)
 	require.Contains(t, got[0].text, "cuda: out of memory on purpose")
 	require.Contains(t, got[0].text, "peer_rank=")
+}
+
+// Gradient accumulation outside deterministic mode: with the loader's
+// MicroBatch, the StepFunc never sees more than MicroBatch samples, and
+// the model trained with 2 ranks is the one trained without micro-batches
+// (up to float32 rounding of the sums).
+func TestMicroBatchesAccumulateGradientsInTheDefaultMode(t *testing.T) {
+	train := func(micro int) ([]float32, int) {
+		c := trainertest.NewCluster(t, trainertest.ClusterConfig{})
+		job := testredis.JobID(t)
+		prob := trainertest.NewProblem(480, 4, 0.05, 7)
+		var mu stdsync.Mutex
+		largest := 0
+		models := make([]*trainertest.Model, 2)
+		build := func(w *trainertest.Worker) (trainertest.Runner, error) {
+			m := trainertest.NewModel(4)
+			models[w.Index] = m
+			dcfg := dataloader.DefaultConfig()
+			dcfg.GlobalBatch, dcfg.Seed, dcfg.MicroBatch = 32, 3, micro
+			loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { loader.Close() })
+			step := func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+				mu.Lock()
+				largest = max(largest, len(b.Indices))
+				mu.Unlock()
+				return m.Step(ctx, b)
+			}
+			cfg := trainertest.Config(job)
+			cfg.Elastic.MinWorkers = 2
+			return New(m.Params(), NewSGD(0.2), loader, step, w.Store, cfg, w.Options()...)
+		}
+		ws := []*trainertest.Worker{c.Start(build), c.Start(build)}
+		c.Wait()
+		for _, w := range ws {
+			_, err := w.Result()
+			require.NoError(t, err)
+		}
+		require.Equal(t, models[0].W, models[1].W)
+		return models[0].W, largest
+	}
+	whole, big := train(0)
+	accumulated, small := train(4)
+	require.Equal(t, 16, big, "each rank's share of 32")
+	require.Equal(t, 4, small, "the StepFunc saw at most MicroBatch samples")
+	require.InDeltaSlice(t, whole, accumulated, 1e-4)
 }
