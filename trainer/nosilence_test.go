@@ -376,3 +376,8 @@ func TestMicroBatchesAccumulateGradientsInTheDefaultMode(t *testing.T) {
 	require.Equal(t, 4, small, "the StepFunc saw at most MicroBatch samples")
 	require.InDeltaSlice(t, whole, accumulated, 1e-4)
 }
+
+// A leased loader reports its settings too, so its workers are compared.
+func TestALeasedLoaderReportsItsDataSettings(t *testing.T) {
+	var _ DataSettings = (*dataloader.LeasedLoader[trainertest.Sample, trainertest.Batch])(nil)
+}
