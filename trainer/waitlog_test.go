@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	stdsync "sync"
 	"testing"
@@ -85,7 +86,7 @@ func requireEvery3s(t *testing.T, ls []logLine) {
 }
 
 // loggedWorker starts one worker whose only logger is WithLogger's.
-func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan logLine) (cancel func(), done <-chan error) {
+func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan logLine, mutate ...func(*Config)) (cancel func(), done <-chan error) {
 	prob := trainertest.NewProblem(480, 4, 0.05, 7)
 	m := trainertest.NewModel(4)
 	m.StepDelay = 2 * time.Millisecond
@@ -101,18 +102,22 @@ func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan
 	cfg.Elastic.LeaseTTL = time.Second
 	cfg.Elastic.HeartbeatInterval = 100 * time.Millisecond
 	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
+	for _, f := range mutate {
+		f(&cfg)
+	}
 	require.Nil(t, cfg.Elastic.Logger)
 	tr, err := New(m.Params(), NewSGD(0.1), loader, m.Step, store, cfg, WithLogger(slog.New(&recorder{lines: lines})))
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())
-	ch := make(chan error, 1)
+	ch, fin := make(chan error, 1), make(chan struct{})
 	go func() {
+		defer close(fin)
 		defer loader.Close()
 		_, err := tr.Run(ctx)
 		ch <- err
 	}()
 	var once stdsync.Once
-	cancel = func() { once.Do(func() { stop(); <-ch }) }
+	cancel = func() { once.Do(func() { stop(); <-fin }) }
 	t.Cleanup(cancel)
 	return cancel, ch
 }
@@ -159,5 +164,45 @@ func TestARedisOutageIsLoggedWithItsCause(t *testing.T) {
 	// the server refuses connections, and the lines say so.
 	for _, l := range got[1:] {
 		require.Contains(t, l.text, "connection refused", "the real cause: %s", l.text)
+	}
+}
+
+// A store error that cannot heal (a name that does not resolve, a server
+// that speaks another protocol) is logged as it happens with its cause,
+// again while it lasts, and once more when the outage budget runs out;
+// Run returns elastic.ErrStoreUnavailable.
+func TestAStoreThatCannotHealSaysSoWithItsCause(t *testing.T) {
+	// A server that answers every connection with something other than
+	// the Redis protocol.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Write([]byte("HTTP/1.1 400 Bad Request\r\n\r\n"))
+			c.Close()
+		}
+	}()
+	for _, c := range []struct{ name, addr, cause string }{
+		{"a name that does not resolve", "no-such-host.invalid:6379", "no such host"},
+		{"a server of another protocol", ln.Addr().String(), "HTTP/1.1 400"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			client := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+			t.Cleanup(func() { client.Close() })
+			lines := make(chan logLine, 1024)
+			_, done := loggedWorker(t, elastic.NewRedisStore(client), 1, 1, lines, func(cfg *Config) { cfg.Elastic.OutageBudget = 2500 * time.Millisecond })
+			got := waitLines(t, lines, "store ", 3)
+			requireEvery3s(t, got)
+			for _, l := range got {
+				require.Contains(t, l.text, c.cause, "the real cause: %s", l.text)
+			}
+			require.Contains(t, waitLines(t, lines, "giving up", 1)[0].text, c.cause)
+			require.ErrorIs(t, <-done, elastic.ErrStoreUnavailable)
+		})
 	}
 }
