@@ -56,12 +56,25 @@ type Config struct {
 	// preempted one, or was killed by a signal other than SIGTERM or
 	// SIGINT). A restarted worker keeps its index and joins the job as a
 	// new member. Counted per job, like torchrun's --max-restarts.
-	// Default 3; 0 turns restarts off; not negative.
+	// Default 3; 0 turns restarts off; not negative. A crash that a
+	// restart would only repeat is not restarted (see StartupWindow).
 	MaxRestarts int
+	// StartupWindow is how soon after its start a worker process that
+	// fails counts as failing at start (Exit.AtStart). Such a failure is
+	// not restarted when a restart would repeat it: status 2 (a usage
+	// error: the command line was refused) on the first start of a worker
+	// index, or a failure at start with the same status or signal as the
+	// previous process of the same index had, also at its start. When every worker's failure was such a status 2,
+	// the job's exit status is StatusUsage. Default 3 s; 0 turns the rule
+	// off (every crash is restarted while restarts are left); not negative.
+	StartupWindow time.Duration
 	// GracePeriod is how long the workers may take to leave after the
 	// launcher forwarded a stop signal (Job.Stop, or the Start context
 	// done) before it SIGKILLs what is left. Workers see it as
 	// EnvGracePeriod; Worker.Configure leaves them part of it to exit.
+	// It also bounds how long the workers may run on after the job
+	// finished (a worker exited 0): what is still running one grace period
+	// later is hung or stopped, and is SIGKILLed (Exit.AfterFinish).
 	// Default 30 s (trainer.Config's default GracePeriod); above 0.
 	GracePeriod time.Duration
 	// Redis is the host:port of the Redis the workers rendezvous through.
@@ -94,16 +107,20 @@ type Config struct {
 // default MaxWorkers, the largest world size a job accepts by default.
 const DefaultMaxWorkers = 1024
 
+// DefaultStartupWindow is Config.StartupWindow's default.
+const DefaultStartupWindow = 3 * time.Second
+
 // DefaultConfig returns the defaults: 1 worker, at most 1024 over the job,
-// 3 restarts, a 30 s grace period, an embedded store on a loopback port, a
+// 3 restarts, a 3 s start-up window, a 30 s grace period, an embedded store on a loopback port, a
 // random job ID and secret.
 func DefaultConfig() Config {
 	return Config{
-		Workers:     1,
-		MaxWorkers:  DefaultMaxWorkers,
-		MaxRestarts: 3,
-		GracePeriod: 30 * time.Second,
-		StoreListen: "127.0.0.1:0",
+		Workers:       1,
+		MaxWorkers:    DefaultMaxWorkers,
+		MaxRestarts:   3,
+		StartupWindow: DefaultStartupWindow,
+		GracePeriod:   30 * time.Second,
+		StoreListen:   "127.0.0.1:0",
 	}
 }
 
@@ -124,6 +141,8 @@ func (c Config) Validate() error {
 		return bad("MaxWorkers %d is below Workers %d", c.MaxWorkers, c.Workers)
 	case c.MaxRestarts < 0:
 		return bad("MaxRestarts %d: want 0 or more", c.MaxRestarts)
+	case c.StartupWindow < 0:
+		return bad("StartupWindow %v: want 0 (off) or more", c.StartupWindow)
 	case c.GracePeriod <= 0:
 		return bad("GracePeriod %v: want more than 0", c.GracePeriod)
 	case c.Redis == "" && c.StoreListen == "":

@@ -43,10 +43,15 @@
 // # Restarts
 //
 // A worker process that crashes (exits with a status other than 0, 143 or
-// 130, or dies of a signal other than SIGTERM or SIGINT) is started again
-// under the same index, with EnvRestart one higher, as long as the job has
-// restarts left (Config.MaxRestarts, 3 by default, counted over the whole
-// job), the launcher is not stopping and no worker has finished the job.
+// 130, or dies of any signal) is started again under the same index, with
+// EnvRestart one higher, as long as the job has restarts left
+// (Config.MaxRestarts, 3 by default, counted over the whole job), the
+// launcher is not stopping, no worker has finished the job, and the crash
+// is not one that a restart repeats. Within Config.StartupWindow (3 s) of
+// its start, these are not restarted: status 2 on the first start of an
+// index (its command line was refused: Go's flag package exits 2 on a bad
+// flag, and so does a Go panic), and a failure with the same status or
+// signal as the index's previous process had at its start.
 // The new process is a new member of the job: its trainer joins at the
 // next step boundary and receives the current state from a peer, while the
 // others train on without it in between (given Elastic.MinWorkers allows).
@@ -60,8 +65,18 @@
 // every worker's process group, restarts nothing more, and SIGKILLs the
 // groups still running Config.GracePeriod later; a trainer that calls
 // Preempt on that signal commits, checkpoints and leaves within the part of
-// the grace period Worker.Configure gives it. Job.Kill (etrun on a second
-// signal) SIGKILLs every group at once.
+// the grace period Worker.Configure gives it, and exits with
+// StatusPreempted (launch.ExitStatus of trainer.ErrPreempted): that is
+// leaving as preempted. A worker that the signal itself kills (it has no
+// handler) committed nothing: its exit is Failed, and it is reported as
+// "killed by SIGTERM: it does not handle preemption". Job.Kill (etrun on a
+// second signal) SIGKILLs every group at once.
+//
+// Once the job finished (a worker exited 0), the other workers get
+// Config.GracePeriod to exit; one still running then is hung or stopped
+// (a SIGSTOPped process does not even see a SIGTERM) and is SIGKILLed
+// (Exit.AfterFinish), so Wait never waits for it forever. The job still
+// finished.
 //
 // # No child left behind
 //
@@ -83,9 +98,12 @@
 //     job finished (launch.ExitStatus gives that). Crashes the job survived
 //     do not change it; they are logged and in Result.Exits.
 //   - 143 (Preempted, ErrPreempted) when the launcher forwarded a stop and
-//     every worker running then left as preempted (status 143 or 130, or a
-//     SIGTERM or SIGINT ended it) within the grace period; or, without a
-//     stop, when the last process of every worker left so.
+//     every worker running then left as preempted (exited by itself with
+//     status 143 or 130; not killed by the signal) within the grace period;
+//     or, without a stop, when the last process of every worker left so.
+//   - 2 (Failed, ErrFailed and ErrUsage; StatusUsage) when every worker
+//     process that decided the failure exited 2 at its first start: the
+//     workers' command line was refused.
 //   - 1 (Failed, ErrFailed naming the workers) otherwise: a worker that
 //     crashed with no restarts left while no other finished, one killed
 //     after the grace period, a Kill. When a worker exited with

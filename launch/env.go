@@ -178,15 +178,21 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // trained, which is not success). A worker ends
 // with os.Exit(launch.ExitStatus(err)) on the error of its trainer's Run,
 // and the launcher reads that status: a worker's status 0 means the job
-// finished, so a worker must not exit 0 unless Run returned nil.
+// finished, so a worker must not exit 0 unless Run returned nil. For a
+// launcher's error it is also StatusUsage when err wraps ErrUsage (a job
+// whose workers' command line was refused).
 func ExitStatus(err error) int {
 	switch {
 	case err == nil:
 		return StatusFinished
 	case errors.Is(err, trainer.ErrCheckpoint):
 		return StatusFailed
+	case errors.Is(err, ErrUsage):
+		return StatusUsage
 	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted):
 		return StatusPreempted
+	case errors.Is(err, ErrFailed):
+		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
 	case errors.Is(err, elastic.ErrJobFinished):
 		return StatusJobFinished
 	}

@@ -31,6 +31,7 @@ func TestRelaunchingAFinishedJobIsAnError(t *testing.T) {
 	require.ErrorIs(t, err, ErrFailed)
 	require.Equal(t, Failed, res.Outcome)
 	require.Equal(t, StatusFailed, res.ExitStatus())
+	require.Equal(t, StatusFailed, ExitStatus(err), "the launcher's status is the job's")
 	require.Zero(t, res.Restarts, "a worker that found the job over is not restarted")
 	require.Len(t, res.Exits, 2)
 	for _, x := range res.Exits {

@@ -43,9 +43,9 @@ type Result struct {
 	Wall time.Duration
 }
 
-// ExitStatus is the job's exit status: StatusFinished, StatusPreempted or
-// StatusFailed, by the rule in the package doc.
-func (r Result) ExitStatus() int { return r.Outcome.ExitStatus() }
+// ExitStatus is the job's exit status: StatusFinished, StatusPreempted,
+// StatusFailed or StatusUsage, by the rule in the package doc.
+func (r Result) ExitStatus() int { return jobStatus(r.Outcome, r.Exits, r.Stopped) }
 
 // Last returns the last exit of each worker index, by index.
 func (r Result) Last() []Exit { return lastExits(r.Exits) }
@@ -87,15 +87,21 @@ type Job struct {
 	mu        sync.Mutex       // guards procs and every proc's gone
 	procs     map[int]*proc    // the newest process of each worker index
 	graceTime <-chan time.Time // set while a grace period runs
+	// Set once the job finished while workers still run: what runs one
+	// grace period later is killed (Exit.AfterFinish).
+	finishTime <-chan time.Time
 }
 
 // proc is one worker process.
 type proc struct {
 	Process
-	cmd    *exec.Cmd
-	gone   bool // exited: it and its group get no more signals (Job.mu)
-	atStop bool // running when the stop signal was forwarded (supervisor)
-	killed bool // the launcher SIGKILLed it (supervisor)
+	cmd     *exec.Cmd
+	started time.Time
+	gone    bool // exited: it and its group get no more signals (Job.mu)
+	atStop  bool // running when the stop signal was forwarded (supervisor)
+	killed  bool // the launcher SIGKILLed it (supervisor)
+	// afterFinish: killed because it outstayed the finished job (supervisor)
+	afterFinish bool
 }
 
 type procExit struct {
@@ -285,8 +291,11 @@ func (j *Job) Kill() {
 // store and publishes the result.
 func (j *Job) supervise(ctx context.Context) {
 	ctxDone := ctx.Done()
-	var grace *time.Timer
+	var grace, finished *time.Timer
 	for len(j.running) > 0 {
+		if j.finished && finished == nil && !j.stopping {
+			finished = j.armFinish()
+		}
 		select {
 		case e := <-j.exitc:
 			j.handleExit(e)
@@ -313,12 +322,33 @@ func (j *Job) supervise(ctx context.Context) {
 		case <-j.graceTime:
 			j.graceTime = nil
 			j.killAll(fmt.Sprintf("grace period of %v over", j.cfg.GracePeriod))
+		case <-j.finishTime:
+			j.finishTime = nil
+			for p := range j.running {
+				p.afterFinish = true
+			}
+			j.killAll(fmt.Sprintf("still running %v after the job finished: hung or stopped", j.cfg.GracePeriod))
 		}
 	}
-	if grace != nil {
-		grace.Stop()
+	for _, t := range []*time.Timer{grace, finished} {
+		if t != nil {
+			t.Stop()
+		}
 	}
 	j.finish()
+}
+
+// armFinish starts the grace period of the workers still running after the
+// job finished: a worker exited 0, so the others have nothing left to
+// train; they normally exit at the same step boundary, and one that does
+// not within the grace period is hung (or stopped) and is killed, so that
+// the launcher never waits for it forever.
+func (j *Job) armFinish() *time.Timer {
+	j.log.Info("the job finished; waiting for the other workers to exit", "workers", len(j.running),
+		"kill_after", j.cfg.GracePeriod)
+	t := time.NewTimer(j.cfg.GracePeriod)
+	j.finishTime = t.C
+	return t
 }
 
 // finish reaps, closes the store and publishes the result.
@@ -335,8 +365,12 @@ func (j *Job) finish() {
 	if o == Failed {
 		level = slog.LevelError
 	}
-	attrs := []any{"job", j.jobID, "outcome", o.String(), "exit_status", o.ExitStatus(), "restarts", j.restarts,
+	attrs := []any{"job", j.jobID, "outcome", o.String(), "exit_status", j.res.ExitStatus(), "restarts", j.restarts,
 		"wall", j.res.Wall.Round(time.Millisecond)}
+	if n := countAfterFinish(j.exits); n > 0 {
+		attrs = append(attrs, "killed_after_finish", n)
+		level = max(level, slog.LevelWarn)
+	}
 	if j.err != nil && o == Failed {
 		attrs = append(attrs, "err", j.err)
 	}
@@ -393,7 +427,7 @@ func (j *Job) spawn(i, restart int) error {
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("launch: start worker %d: %w", i, err)
 	}
-	p.cmd, p.PID = cmd, cmd.Process.Pid
+	p.cmd, p.PID, p.started = cmd, cmd.Process.Pid, time.Now()
 	j.mu.Lock()
 	j.procs[i] = p
 	j.mu.Unlock()
@@ -431,7 +465,9 @@ func (j *Job) handleExit(e procExit) {
 	p := e.p
 	delete(j.running, p)
 	st := p.cmd.ProcessState
-	x := Exit{Process: p.Process, Code: st.ExitCode(), Killed: p.killed, AtStop: p.atStop, At: time.Now(), Err: e.err}
+	x := Exit{Process: p.Process, Code: st.ExitCode(), Killed: p.killed, AtStop: p.atStop, AfterFinish: p.afterFinish,
+		At: time.Now(), Err: e.err}
+	x.Ran = x.At.Sub(p.started)
 	if ws, ok := st.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		x.Signal = ws.Signal()
 	}
@@ -446,22 +482,40 @@ func (j *Job) handleExit(e procExit) {
 	if x.Outcome == Finished || x.JobFinished {
 		j.finished = true // a new member would find the job over
 	}
-	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, j.restarts, j.cfg.MaxRestarts)
+	var doomed string
+	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)
+	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, doomed != "", j.restarts, j.cfg.MaxRestarts)
 	j.exits = append(j.exits, x)
 	attrs := exitAttrs(x)
+	killedBy := x.Signal == syscall.SIGTERM || x.Signal == syscall.SIGINT
 	switch {
 	case x.Outcome == Finished:
 		j.log.Info("worker finished", attrs...)
 	case x.Outcome == Preempted:
 		j.log.Info("worker left as preempted", attrs...)
+	case x.AfterFinish:
+		j.log.Warn("worker killed: it was still running a grace period after the job finished (hung or stopped)",
+			append(attrs, "grace_period", j.cfg.GracePeriod)...)
+	case killedBy && !x.Killed:
+		// Not Preempted: the signal's default action ended it, so it
+		// committed and checkpointed nothing (a trainer that handles the
+		// signal with Preempt exits with StatusPreempted instead).
+		j.log.Warn(fmt.Sprintf("worker killed by %s: it does not handle preemption, nothing was committed "+
+			"(call trainer.Preempt on the signal and exit with launch.ExitStatus)", sigName(x.Signal)), attrs...)
+		if x.Restarting {
+			j.log.Warn("restarting the worker as a new member", "worker", x.Worker,
+				"job_restarts", j.restarts+1, "max_restarts", j.cfg.MaxRestarts)
+		}
 	case x.Restarting:
 		j.log.Warn("worker crashed; restarting it as a new member",
-			append(attrs, "restart", j.restarts+1, "max_restarts", j.cfg.MaxRestarts)...)
+			append(attrs, "job_restarts", j.restarts+1, "max_restarts", j.cfg.MaxRestarts)...)
 	case j.stopping || j.finished:
 		j.log.Warn("worker failed", attrs...)
+	case doomed != "":
+		j.log.Error("worker failed at start; not restarting it: "+doomed, attrs...)
 	default:
 		j.log.Error("worker crashed; not restarting it: the job's restarts are used up",
-			append(attrs, "restarts", j.restarts, "max_restarts", j.cfg.MaxRestarts)...)
+			append(attrs, "job_restarts", j.restarts, "max_restarts", j.cfg.MaxRestarts)...)
 	}
 	if j.hooks.OnExit != nil {
 		j.hooks.OnExit(x)
@@ -578,7 +632,33 @@ func hasVar(env []string, name string) bool {
 	return false
 }
 
-func sigName(s syscall.Signal) string { return s.String() }
+// sigName is a signal's name ("SIGTERM"); syscall.Signal's String is its
+// description ("terminated").
+func sigName(s syscall.Signal) string {
+	if n, ok := sigNames[s]; ok {
+		return n
+	}
+	return s.String()
+}
+
+var sigNames = map[syscall.Signal]string{
+	syscall.SIGHUP: "SIGHUP", syscall.SIGINT: "SIGINT", syscall.SIGQUIT: "SIGQUIT", syscall.SIGILL: "SIGILL",
+	syscall.SIGABRT: "SIGABRT", syscall.SIGBUS: "SIGBUS", syscall.SIGFPE: "SIGFPE", syscall.SIGKILL: "SIGKILL",
+	syscall.SIGSEGV: "SIGSEGV", syscall.SIGPIPE: "SIGPIPE", syscall.SIGTERM: "SIGTERM", syscall.SIGUSR1: "SIGUSR1",
+	syscall.SIGUSR2: "SIGUSR2", syscall.SIGSTOP: "SIGSTOP", syscall.SIGCONT: "SIGCONT",
+}
+
+// countAfterFinish counts the processes killed because they outstayed the
+// finished job.
+func countAfterFinish(exits []Exit) int {
+	n := 0
+	for _, e := range exits {
+		if e.AfterFinish {
+			n++
+		}
+	}
+	return n
+}
 
 // exitAttrs are the log attributes of an exit.
 func exitAttrs(x Exit) []any {
@@ -594,6 +674,7 @@ func exitAttrs(x Exit) []any {
 	if x.Killed {
 		a = append(a, "killed", true)
 	}
+	a = append(a, "ran", x.Ran.Round(time.Millisecond))
 	return a
 }
 

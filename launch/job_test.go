@@ -42,11 +42,18 @@ func TestMain(m *testing.M) {
 //	env          write what WorkerEnv returned (and GOMAXPROCS, WRAPPED,
 //	             PREPARED, EXTRA) to DIR/env-INDEX-RESTART.json, exit 0
 //	crash-once   exit 3 on the first start of an index, 0 on its restart
+//	             once DIR/exited-I exists for every first index I
 //	wait         print "ready INDEX PID" once SIGTERM and SIGINT are
 //	             caught, then exit 143 on either
 //	ignore-term  ignore SIGTERM, print "ready INDEX PID", wait for ever
 //	grandchild   start a sleep in its own process group, print
 //	             "child PID", exit 3
+//	finish-on-usr1  print "ready INDEX PID", exit 0 on SIGUSR1 (the job
+//	             finished)
+//	stop-self    print "ready INDEX PID", then SIGSTOP itself (a hung
+//	             worker); exit 0 if ever continued
+//	no-handler   print "ready INDEX PID", then sleep without handling any
+//	             signal: a SIGTERM kills it
 func fakeWorker(mode string) int {
 	w, err := WorkerEnv()
 	if err != nil {
@@ -77,6 +84,17 @@ func fakeWorker(mode string) int {
 		if w.Restart == 0 {
 			return 3
 		}
+		// Finish only once the launcher handled the crash of every first
+		// process (the test's OnExit writes DIR/exited-INDEX): a restart
+		// that finished sooner would end the restarts of the others.
+		for i := range w.Workers {
+			for {
+				if _, err := os.Stat(filepath.Join(os.Getenv(envDir), fmt.Sprintf("exited-%d", i))); err == nil {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}
 		return 0
 	case "wait":
 		sigs := make(chan os.Signal, 1)
@@ -88,6 +106,20 @@ func fakeWorker(mode string) int {
 		signal.Ignore(syscall.SIGTERM)
 		ready()
 		select {}
+	case "finish-on-usr1":
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1)
+		ready()
+		<-sigs
+		return 0
+	case "stop-self":
+		ready()
+		syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		return 0
+	case "no-handler":
+		ready()
+		time.Sleep(time.Hour)
+		return 0
 	case "grandchild":
 		cmd := exec.Command("sleep", "1000")
 		if err := cmd.Start(); err != nil {
@@ -253,6 +285,10 @@ func TestGOMAXPROCSOfTheEnvironmentIsKept(t *testing.T) {
 func TestACrashedWorkerIsRestartedUpToTheLimit(t *testing.T) {
 	cfg := testConfig(1)
 	cfg.MaxRestarts = 2
+	// The fake worker crashes at once, every time: with the start-up rule
+	// on, its second crash would end the restarts (see
+	// TestAStartThatFailsTheSameWayIsRestartedOnce).
+	cfg.StartupWindow = 0
 	res, err := Run(context.Background(), fakeSpec(t, "exit 3"), cfg)
 	require.ErrorIs(t, err, ErrFailed)
 	require.EqualError(t, err, fmt.Sprintf("launch: job failed: worker 0 (restart 2, pid %d) exited with status 3", res.Exits[2].PID))
@@ -271,7 +307,13 @@ func TestACrashedWorkerIsRestartedUpToTheLimit(t *testing.T) {
 }
 
 func TestARestartedWorkerThatSucceedsFinishesTheJob(t *testing.T) {
-	res, err := Run(context.Background(), fakeSpec(t, "crash-once"), testConfig(2))
+	spec := fakeSpec(t, "crash-once")
+	dir := strings.TrimPrefix(spec.Env[1], envDir+"=")
+	res, err := Run(context.Background(), spec, testConfig(2), WithHooks(Hooks{OnExit: func(x Exit) {
+		if x.Restart == 0 {
+			os.WriteFile(filepath.Join(dir, fmt.Sprintf("exited-%d", x.Worker)), nil, 0o644)
+		}
+	}}))
 	require.NoError(t, err)
 	require.Equal(t, Finished, res.Outcome)
 	require.Equal(t, 2, res.Restarts)

@@ -18,9 +18,12 @@ const (
 	// Finished: a worker exited with status 0; for a job, the job
 	// finished (see the exit status rule in the package doc).
 	Finished Outcome = iota + 1
-	// Preempted: a worker left on a stop signal (status 143 or 130, or a
-	// SIGTERM or SIGINT ended it); for a job, every worker running when the
-	// launcher forwarded its stop signal left so within the grace period.
+	// Preempted: a worker left gracefully on a stop signal: it exited by
+	// itself with status 143 (StatusPreempted, what launch.ExitStatus gives
+	// for trainer.ErrPreempted) or 130. A worker that the signal itself
+	// killed (no handler) did not leave gracefully: that is Failed. For a
+	// job: every worker running when the launcher forwarded its stop
+	// signal left so within the grace period.
 	Preempted
 	// Failed: anything else.
 	Failed
@@ -70,10 +73,25 @@ type Exit struct {
 	// Signal is the signal that ended the process; 0 when it exited by
 	// itself.
 	Signal syscall.Signal
-	// Outcome is Finished (status 0), Preempted (status 143 or 130, or
-	// ended by SIGTERM or SIGINT) or Failed (anything else, including a
-	// failed start).
+	// Outcome is Finished (status 0), Preempted (status 143 or 130) or
+	// Failed (anything else: another status, death by any signal, SIGTERM
+	// and SIGINT included, a failed start).
 	Outcome Outcome
+	// Ran is how long the process ran, from its start to the launcher
+	// seeing its exit; 0 when it never started.
+	Ran time.Duration
+	// AtStart is true when the process failed (Outcome Failed, not killed
+	// by the launcher) within Config.StartupWindow of its start.
+	AtStart bool
+	// Usage is true when the process was the first of its worker index and
+	// exited with status 2 (StatusUsage) at start (AtStart): its command
+	// line was refused (Go's flag package exits 2; so does a Go panic).
+	// Such a worker is not restarted: the same command fails again.
+	Usage bool
+	// AfterFinish is true when the launcher killed the process because it
+	// was still running Config.GracePeriod after the job finished (another
+	// worker exited 0): a hung or stopped worker.
+	AfterFinish bool
 	// Killed is true when the launcher SIGKILLed the process: after the
 	// grace period of a stop, or on Job.Kill.
 	Killed bool
@@ -109,8 +127,15 @@ func (e Exit) String() string {
 	switch {
 	case e.PID == 0:
 		fmt.Fprintf(&b, " did not start: %v", e.Err)
+	case e.Killed && e.AfterFinish:
+		b.WriteString(" was killed by the launcher: it was still running a grace period after the job finished")
 	case e.Killed:
 		b.WriteString(" was killed by the launcher")
+	case e.Signal == syscall.SIGTERM || e.Signal == syscall.SIGINT:
+		fmt.Fprintf(&b, " was killed by %v: it does not handle preemption, nothing was committed", sigName(e.Signal))
+	case e.Usage:
+		fmt.Fprintf(&b, " exited with status %d %v after its first start: its command line was refused (a usage error; a Go panic also exits 2)",
+			e.Code, e.Ran.Round(time.Millisecond))
 	case e.Signal != 0:
 		fmt.Fprintf(&b, " was ended by signal %v", e.Signal)
 	default:
@@ -124,10 +149,13 @@ func (e Exit) String() string {
 
 // classify is the Outcome of a process that exited with status code, or
 // that signal sig ended (sig != 0).
+//
+// A process that a signal ended, SIGTERM and SIGINT included, failed: it
+// had no handler (or its handler re-raised the signal), so it committed and
+// checkpointed nothing on the way out. Only a process that exited by itself
+// with the preempted status left gracefully.
 func classify(code int, sig syscall.Signal) Outcome {
 	switch {
-	case sig == syscall.SIGTERM || sig == syscall.SIGINT:
-		return Preempted
 	case sig != 0:
 		return Failed
 	case code == StatusFinished:
@@ -140,10 +168,46 @@ func classify(code int, sig syscall.Signal) Outcome {
 
 // restartPolicy says whether a worker whose process ended with outcome o
 // starts again: it crashed, the launcher is not stopping, no worker has
-// finished the job (a new member would find it over), and the job's
-// restarts are not used up.
-func restartPolicy(o Outcome, stopping, finished bool, restarts, maxRestarts int) bool {
-	return o == Failed && !stopping && !finished && restarts < maxRestarts
+// finished the job (a new member would find it over), the job's restarts
+// are not used up, and the crash is not one that a restart repeats
+// (doomed, see startFailure).
+func restartPolicy(o Outcome, stopping, finished, doomed bool, restarts, maxRestarts int) bool {
+	return o == Failed && !stopping && !finished && !doomed && restarts < maxRestarts
+}
+
+// startFailure decides what a failed exit x says about a restart, given
+// every exit of the job before it (seen) and the start-up window (0: no
+// such rule): whether it failed at start (AtStart), whether that was a
+// refused command line (Usage), and why restarting it would only repeat
+// the failure ("" when a restart may help):
+//
+//   - status 2 within the window of the first start of its index: a usage
+//     error (Go's flag package, and most command-line tools, exit 2 on a
+//     bad command line; so does a Go panic), which the same command line
+//     repeats;
+//   - a failure within the window like the previous process of the same
+//     worker index had (also within the window of its start, with the
+//     same status or signal): the start fails the same way every time.
+func startFailure(x Exit, seen []Exit, window time.Duration) (atStart, usage bool, why string) {
+	if x.Outcome != Failed || x.Killed || x.PID == 0 || window <= 0 || x.Ran >= window {
+		return false, false, ""
+	}
+	if x.Code == StatusUsage && x.Signal == 0 && x.Restart == 0 {
+		return true, true, fmt.Sprintf("it exited with status %d %v after its first start, so its command line was refused "+
+			"(a usage error; a Go panic also exits 2), and the same command fails again", x.Code, x.Ran.Round(time.Millisecond))
+	}
+	for k := len(seen) - 1; k >= 0; k-- {
+		e := seen[k]
+		if e.Worker != x.Worker {
+			continue
+		}
+		if e.AtStart && e.Code == x.Code && e.Signal == x.Signal {
+			return true, false, fmt.Sprintf("it failed %v after its start the same way as %s, so a restart fails again",
+				x.Ran.Round(time.Millisecond), e.String())
+		}
+		break // only the worker's previous process counts
+	}
+	return true, false, ""
 }
 
 // jobOutcome applies the exit status rule to every process exit of a job
@@ -218,9 +282,62 @@ var ErrJobOver = errors.New("launch: the job is over")
 // process.
 var ErrNoWorker = errors.New("launch: no such worker running")
 
+// StatusUsage: a bad command line. The command etrun exits with it for its
+// own flags, and a job has it when its workers' command line was refused
+// (ErrUsage: every worker that decided the failure exited 2 at its first
+// start, see Exit.Usage).
+const StatusUsage = 2
+
+// ErrUsage is wrapped, next to ErrFailed, by Job.Wait's (and Run's) error
+// when the job failed because its workers' command line was refused: every
+// worker process that decided the failure exited with status 2 at its
+// first start (Exit.Usage). ExitStatus maps it to StatusUsage, the status of
+// a bad command line.
+var ErrUsage = errors.New("launch: the workers' command line was refused")
+
+// decisive returns the exits that decided a failed job (those jobError
+// names): after a stop, the processes running then that did not leave
+// gracefully; otherwise the last process of every worker index that did
+// not.
+func decisive(exits []Exit, stopped bool) []Exit {
+	cands := exits
+	if !stopped {
+		cands = lastExits(exits)
+	}
+	var bad []Exit
+	for _, e := range cands {
+		if (!stopped || e.AtStop) && (e.Outcome != Preempted || e.Killed) {
+			bad = append(bad, e)
+		}
+	}
+	return bad
+}
+
+// usageFailure reports whether a failed job failed because its workers'
+// command line was refused: every decisive exit is a Usage one.
+func usageFailure(exits []Exit, stopped bool) bool {
+	bad := decisive(exits, stopped)
+	for _, e := range bad {
+		if !e.Usage {
+			return false
+		}
+	}
+	return len(bad) > 0
+}
+
+// jobStatus is the exit status of a job with outcome o: o's, except
+// StatusUsage for a failure of refused command lines.
+func jobStatus(o Outcome, exits []Exit, stopped bool) int {
+	if o == Failed && usageFailure(exits, stopped) {
+		return StatusUsage
+	}
+	return o.ExitStatus()
+}
+
 // jobError is the error of a job that did not finish: ErrPreempted or
-// ErrFailed with the exits that decided it, and the Start context's error
-// when that was the stop.
+// ErrFailed with the exits that decided it (and ErrUsage when those were
+// refused command lines), and the Start context's error when that was the
+// stop.
 func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 	var err error
 	switch o {
@@ -250,8 +367,22 @@ func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 			}
 		}
 	}
+
+	if o == Failed && usageFailure(exits, stopped) {
+		err = &multiError{msg: err.Error(), errs: []error{err, ErrUsage}}
+	}
 	if cause != nil {
 		return fmt.Errorf("%w: %w", err, cause)
 	}
 	return err
 }
+
+// multiError is an error with its own message that wraps several
+// sentinels.
+type multiError struct {
+	msg  string
+	errs []error
+}
+
+func (e *multiError) Error() string   { return e.msg }
+func (e *multiError) Unwrap() []error { return e.errs }

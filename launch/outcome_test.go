@@ -21,8 +21,9 @@ func TestClassifyAProcessEnd(t *testing.T) {
 		{1, 0, Failed},
 		{2, 0, Failed},
 		{137, 0, Failed}, // a status, not a signal: the worker chose it
-		{-1, syscall.SIGTERM, Preempted},
-		{-1, syscall.SIGINT, Preempted},
+		// Killed by the stop signal itself: no handler, nothing committed.
+		{-1, syscall.SIGTERM, Failed},
+		{-1, syscall.SIGINT, Failed},
 		{-1, syscall.SIGKILL, Failed},
 		{-1, syscall.SIGSEGV, Failed},
 		{-1, syscall.SIGABRT, Failed},
@@ -34,23 +35,24 @@ func TestClassifyAProcessEnd(t *testing.T) {
 
 func TestRestartPolicy(t *testing.T) {
 	cases := []struct {
-		name               string
-		o                  Outcome
-		stopping, finished bool
-		restarts, max      int
-		want               bool
+		name                       string
+		o                          Outcome
+		stopping, finished, doomed bool
+		restarts, max              int
+		want                       bool
 	}{
-		{"a crash with restarts left", Failed, false, false, 0, 3, true},
-		{"the last restart", Failed, false, false, 2, 3, true},
-		{"restarts used up", Failed, false, false, 3, 3, false},
-		{"restarts off", Failed, false, false, 0, 0, false},
-		{"a crash while stopping", Failed, true, false, 0, 3, false},
-		{"a crash after the job finished", Failed, false, true, 0, 3, false},
-		{"a preempted worker", Preempted, false, false, 0, 3, false},
-		{"a finished worker", Finished, false, false, 0, 3, false},
+		{"a crash with restarts left", Failed, false, false, false, 0, 3, true},
+		{"the last restart", Failed, false, false, false, 2, 3, true},
+		{"restarts used up", Failed, false, false, false, 3, 3, false},
+		{"restarts off", Failed, false, false, false, 0, 0, false},
+		{"a crash while stopping", Failed, true, false, false, 0, 3, false},
+		{"a crash after the job finished", Failed, false, true, false, 0, 3, false},
+		{"a preempted worker", Preempted, false, false, false, 0, 3, false},
+		{"a finished worker", Finished, false, false, false, 0, 3, false},
+		{"a crash that a restart repeats", Failed, false, false, true, 0, 3, false},
 	}
 	for _, c := range cases {
-		require.Equal(t, c.want, restartPolicy(c.o, c.stopping, c.finished, c.restarts, c.max), c.name)
+		require.Equal(t, c.want, restartPolicy(c.o, c.stopping, c.finished, c.doomed, c.restarts, c.max), c.name)
 	}
 }
 

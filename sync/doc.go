@@ -84,7 +84,12 @@
 // most Config.MaxFrameBytes. A receiver checks every header against the
 // operation it is running: a disagreement between ranks (sequence, kind,
 // op, type, length, root) is ErrMismatch on every rank, never a hang;
-// undecodable bytes are ErrBadFrame and close the connection.
+// undecodable bytes are ErrBadFrame and close the connection. Ranks in
+// different operations may not read each other's connections at all (one
+// in a ring allreduce, one in a barrier): an operation still waiting after
+// 100 ms is announced on the control connections, which are read at all
+// times, so such a disagreement is ErrMismatch on every rank within about
+// that time, not ErrTimeout after OpTimeout.
 //
 // Every connection opens with a handshake: the dialer sends job ID, round,
 // its rank, the rank it wants and a nonce; the listener answers with its own

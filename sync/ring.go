@@ -31,7 +31,7 @@ type peerLink struct {
 	rank   int
 	ctrl   net.Conn
 	ctrlMu gosync.Mutex
-	ctrlW  [wire.HeaderSize + wire.AbortSize]byte
+	ctrlW  [2 * wire.HeaderSize]byte // a header and an Abort or announced header
 	mesh   net.Conn
 	meshR  *bufio.Reader
 	meshW  []byte // header + DirectBytes
@@ -183,6 +183,12 @@ type Ring struct {
 	watchCh     chan context.Context
 	unwatchCh   chan struct{}
 
+	// agree, opSeq and opStart (Unix ns) let announceLoop tell the peers
+	// of an operation that waits (agree.go).
+	agree   agreement
+	opSeq   atomic.Uint64
+	opStart atomic.Int64
+
 	mu        gosync.Mutex
 	cause     error
 	dead      chan struct{}
@@ -277,8 +283,10 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 			go r.recvLoop(g, l)
 		}
 	}
-	r.wg.Add(1)
+	r.agree.init(n)
+	r.wg.Add(2)
 	go r.watchLoop()
+	go r.announceLoop()
 	return r
 }
 
@@ -418,7 +426,7 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 	defer r.wg.Done()
 	br := bufio.NewReaderSize(p.ctrl, 256)
 	var hb [wire.HeaderSize]byte
-	var pb [wire.AbortSize]byte
+	var pb [wire.HeaderSize]byte
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			if r.closing.Load() || p.closed.Load() {
@@ -427,7 +435,7 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 			r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("control connection: %w", err)}, wire.ReasonPeerLost, p.rank)
 			return
 		}
-		h, err := wire.ParseHeader(hb[:], wire.AbortSize)
+		h, err := wire.ParseHeader(hb[:], len(pb))
 		if err == nil && h.Round != r.round {
 			err = fmt.Errorf("control frame of round %d in round %d", h.Round, r.round)
 		}
@@ -439,6 +447,17 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 					// link to the origin is slow still learns the cause.
 					r.fail(r.abortCause(p.rank, a), a.Reason, int(a.Blamed))
 					return
+				}
+			}
+		} else if err == nil && h.Kind == wire.KindAnnounce && h.Length == wire.HeaderSize {
+			if _, err = io.ReadFull(br, pb[:]); err == nil {
+				var op wire.Header
+				if op, err = wire.ParseHeader(pb[:], 0); err == nil && (op.Kind > wire.KindBarrier || op.Seq != h.Seq || op.Round != r.round) {
+					err = fmt.Errorf("announced %v #%d of round %d in an announcement of #%d", op.Kind, op.Seq, op.Round, h.Seq)
+				}
+				if err == nil {
+					r.announcedBy(p.rank, op)
+					continue
 				}
 			}
 		} else if err == nil && h.Kind == wire.KindClose && h.Length == 0 {
@@ -517,7 +536,14 @@ func (r *Ring) begin(ctx context.Context) error {
 	if r.size == 1 {
 		return nil
 	}
-	dl := time.Now().Add(r.cfg.OpTimeout)
+	now := time.Now()
+	r.opSeq.Store(r.seq)
+	r.opStart.Store(now.UnixNano())
+	select {
+	case r.agree.wake <- struct{}{}:
+	default:
+	}
+	dl := now.Add(r.cfg.OpTimeout)
 	r.ctxDeadline = false
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl, r.ctxDeadline = d, true
@@ -978,6 +1004,9 @@ func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
 	red, scale := kernels(elem, op)
 	opb := uint8(op) | uint8(elem)<<4
 	h := wire.Header{Kind: wire.KindAllReduce, Op: opb, Round: r.round, Seq: r.seq, Total: uint64(len(b))}
+	if err := r.note(h); err != nil {
+		return err
+	}
 	if len(b) <= r.cfg.DirectBytes && r.size > directMaxWorld {
 		return r.recursiveDoubling(h, b, red, scale, op)
 	}
@@ -1095,6 +1124,9 @@ func (r *Ring) broadcastIn(buf []byte, root int) error {
 		return nil
 	}
 	h := wire.Header{Kind: wire.KindBroadcast, Round: r.round, Seq: r.seq, Total: uint64(len(buf)), Aux: uint64(root)}
+	if err := r.note(h); err != nil {
+		return err
+	}
 	if len(buf) <= r.cfg.DirectBytes {
 		if r.rank == root {
 			return r.exchange(h, buf, always, func(int) ([]byte, bool) { return nil, false })
@@ -1126,6 +1158,9 @@ func (r *Ring) allGatherIn(send, recv []byte) error {
 		return nil
 	}
 	h := wire.Header{Kind: wire.KindAllGather, Round: r.round, Seq: r.seq, Total: uint64(b)}
+	if err := r.note(h); err != nil {
+		return err
+	}
 	if b <= r.cfg.DirectBytes {
 		return r.exchange(h, send, always, func(p int) ([]byte, bool) { return recv[p*b : (p+1)*b], true })
 	}
@@ -1142,7 +1177,9 @@ func (r *Ring) Barrier(ctx context.Context) error {
 	var err error
 	if r.size > 1 {
 		h := wire.Header{Kind: wire.KindBarrier, Round: r.round, Seq: r.seq}
-		err = r.exchange(h, nil, always, func(int) ([]byte, bool) { return nil, true })
+		if err = r.note(h); err == nil {
+			err = r.exchange(h, nil, always, func(int) ([]byte, bool) { return nil, true })
+		}
 	}
 	return r.end(err)
 }

@@ -1060,6 +1060,9 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			}
 			break
 		}
+		if ctx.Err() != nil {
+			abortConnect(rc, w)
+		}
 		rc.closeAll()
 		var ae *AuthError
 		if !errors.As(firstErr, &ae) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
@@ -1071,6 +1074,9 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	finish()
 	tx, rx, err := negotiateShm(cctx, t.cfg, rc)
 	if err != nil {
+		if ctx.Err() != nil {
+			abortConnect(rc, w)
+		}
 		rc.closeAll()
 		return nil, fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, err)
 	}

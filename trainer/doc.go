@@ -32,7 +32,8 @@
 //     from the committed loader state for the new world size.
 //  5. Train: batch, StepFunc, one small allreduce of control values, the
 //     gradient allreduce (fused buckets, or the round's GradientReducer),
-//     divide by the global batch size, optimizer step, commit every
+//     divide by the global batch size, optimizer step, Hooks.OnStep (so
+//     what it sets is part of this step's commit), commit every
 //     Config.CommitEvery steps, durable checkpoint every
 //     Config.CheckpointEvery steps (written asynchronously by rank 0; with
 //     partitions, by every rank together).

@@ -91,7 +91,12 @@ type Hooks struct {
 	// round's, before the first step; scale the learning rate here if that
 	// is the policy you prefer over a fixed global batch.
 	OnRescale func(oldSize, newSize int)
-	// OnStep is called after every applied step.
+	// OnStep is called after every applied step (the optimizer has
+	// stepped and the loader has Stepped), before that step's commit and
+	// durable checkpoint: what it changes (state carried by WithState, the
+	// optimizer's learning rate for the next step) is part of this step's
+	// commit, so a round that restores this step restores those values
+	// with it. Not called for a global batch without samples.
 	OnStep func(StepInfo)
 	// OnCommit is called after every in-memory commit with its global step.
 	OnCommit func(step int64)

@@ -137,7 +137,7 @@ func workerMain() int {
 		opts = append(opts, WithCheckpointStore(st))
 	}
 	opt := NewMomentum(0.02, 0.9)
-	tr, err := New(m.Params(), opt, loader, m.Step, elastic.NewRedisStore(client), cfg, opts...)
+	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), elastic.NewRedisStore(client), cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

@@ -372,6 +372,18 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 	t.epoch, t.epochStep = int(sn.epoch), int(sn.epochStep)
 	t.stateRound = world.Round
 	t.recoveries = slices.Clone(sn.recoveries)
+	// One replaced commit stays as the spare whose buffers the next commit
+	// reuses, whatever the previous round did (a round that failed after
+	// one commit had none), so every round starts holding the same memory.
+	if t.spare == nil || t.spare == sn {
+		t.spare = nil
+		for _, old := range []*snapshot{t.prev, t.latest} {
+			if old != nil && old != sn {
+				t.spare = old
+				break
+			}
+		}
+	}
 	t.latest, t.prev = sn, nil
 	t.pendingUseful = 0
 	t.uncommitted = false

@@ -157,8 +157,24 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
+// owned copies a decoded field out of its input, so a snapshot never keeps
+// the whole input alive: a received state broadcast or a read checkpoint is
+// several times the part a field is, and a snapshot lives on (and its
+// buffers are reused by later commits) long after. An empty field stays
+// empty but not nil, and points into nothing.
+func owned(b []byte) []byte {
+	if b == nil {
+		return nil
+	}
+	if len(b) == 0 {
+		return []byte{}
+	}
+	return slices.Clone(b)
+}
+
 // decodeSnapshot parses b, checking it against the model's parameters. It
-// never panics; any problem is ErrCorruptState or ErrShapeMismatch.
+// never panics; any problem is ErrCorruptState or ErrShapeMismatch. The
+// snapshot shares no memory with b.
 func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 	if len(b) < len(snapshotMagic)+4 {
 		return nil, fmt.Errorf("%w: %d bytes is too short", ErrCorruptState, len(b))
@@ -198,8 +214,8 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		r.floatsInto(s.values[i])
 	}
 	s.optName = r.string()
-	s.opt = r.bytes()
-	s.cursor = r.bytes()
+	s.opt = owned(r.bytes())
+	s.cursor = owned(r.bytes())
 	nr := int(r.u32())
 	if r.err == nil && nr > (len(body)-r.off)/8 {
 		r.fail("recovery count exceeds input")
@@ -210,7 +226,7 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		}
 		s.recoveries = append(s.recoveries, int64(r.u64()))
 	}
-	s.user = r.bytes()
+	s.user = owned(r.bytes())
 	if magic == snapshotMagic {
 		s.seq = r.u64()
 		s.epoch, s.epochStep = int64(r.u64()), int64(r.u64())
@@ -231,7 +247,7 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 				if r.err != nil {
 					break
 				}
-				p.manifests = append(p.manifests, r.bytes())
+				p.manifests = append(p.manifests, owned(r.bytes()))
 			}
 			s.parts = append(s.parts, p)
 		}

@@ -191,6 +191,24 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				t.straggler(ctx, world, r, ratio)
 			})
 		}
+		if !empty {
+			// OnStep runs before this step's commit and checkpoint, so what
+			// it changes (WithState's state, the learning rate) is part of
+			// them: a round that restores this step restores it too.
+			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
+				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+			if recovered {
+				rec := t.o.now().Sub(failedAt).Seconds()
+				si.RecoverySeconds = rec
+				t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
+				_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
+				rs.End()
+				recovered = false
+			}
+			if t.o.hooks.OnStep != nil {
+				t.o.hooks.OnStep(si)
+			}
+		}
 		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
 			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted()})
 		if bd.commit {
@@ -244,19 +262,6 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			if span != nil {
 				span.End()
-			}
-			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
-			if recovered {
-				rec := t.o.now().Sub(failedAt).Seconds()
-				si.RecoverySeconds = rec
-				t.tel.recoveryDur.Record(ctx, rec, t.tel.commonAttrs)
-				_, rs := t.tel.tracer.Start(ctx, SpanRecovery, trace.WithTimestamp(failedAt), trace.WithAttributes(roundAttrs...))
-				rs.End()
-				recovered = false
-			}
-			if t.o.hooks.OnStep != nil {
-				t.o.hooks.OnStep(si)
 			}
 		}
 		switch bd.end {
@@ -317,8 +322,8 @@ func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, 
 // finish ends the job at the end of the last epoch: a commit (unless the
 // last step boundary took one) and a final checkpoint by rank 0 (with partitions: by every rank, published by rank
 // 0); round then says goodbye. A failed collective fails the round (the
-// next one finds the end at once and tries again); a failed publication
-// is rank 0's ErrCheckpoint.
+// next one finds the end at once and tries again); a failed write or
+// publication is ErrCheckpoint on every rank (rank 0 tells the others).
 func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer, world elastic.World,
 	watch *collectiveWatch, ck *checkpointer) (roundEnd, error) {
 	// The batch that ended the job was never Stepped: when the last step
@@ -331,8 +336,29 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 		}
 	}
 	if len(t.parts) == 0 {
+		var saveErr error
 		if world.Rank == 0 {
-			return endFinished, ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+			saveErr = ck.saveNow(ctx, t.step, t.latest.encode(nil, t.params))
+		}
+		if world.Size == 1 {
+			return endFinished, saveErr
+		}
+		// Every rank returns the outcome of the final checkpoint: rank 0
+		// tells the others with one small max-allreduce.
+		failed := []float64{0}
+		if saveErr != nil {
+			failed[0] = 1
+		}
+		watch.enter()
+		err := comm.AllReduceFloat64(ctx, failed, sync.OpMax)
+		watch.leave()
+		switch {
+		case err != nil:
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: the final checkpoint's outcome: %w", err))
+		case saveErr != nil:
+			return endFinished, saveErr
+		case failed[0] != 0:
+			return endFinished, fmt.Errorf("%w: rank 0 could not write the final checkpoint of step %d", ErrCheckpoint, t.step)
 		}
 		return endFinished, nil
 	}
@@ -343,7 +369,7 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return t.classify(runCtx, ctx, err)
 	}
-	if !published && world.Rank == 0 {
+	if !published { // every rank learned it from checkpointParts
 		return endFinished, fmt.Errorf("%w: the final checkpoint of step %d was not published", ErrCheckpoint, t.step)
 	}
 	return endFinished, nil

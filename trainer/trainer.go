@@ -111,13 +111,17 @@ type Trainer[B any] struct {
 // parameter names or parameters whose Value, Grad and Shape disagree, a
 // loader that is neither a Loader nor a StatefulLoader, a StatefulLoader
 // with a StateMerger in Deterministic mode (which samples a rank trains
-// would depend on timing), partitions without or with duplicate names.
+// would depend on timing), Deterministic with a loader that reports no
+// micro-batches (MicroBatcher), partitions without or with duplicate names.
 func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
 	}
 	if err := cfg.validate(o.backend == nil); err != nil {
+		return nil, err
+	}
+	if err := checkDeterministic(cfg, loader); err != nil {
 		return nil, err
 	}
 	switch {
@@ -305,7 +309,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // Run trains until every epoch is done, the job is finished by others, ctx
 // is cancelled, the worker is preempted or evicted, or an unrecoverable
 // error occurs. It returns nil when the job finished (Result.Finished),
-// or ErrCheckpoint when it finished but its final checkpoint failed.
+// or ErrCheckpoint when it finished but its final checkpoint failed (on
+// every rank of the last round, not only on the rank that wrote it).
 // A job ID that the store remembers as finished (an earlier run of it, or
 // the others finished it before this worker trained a step) is an error
 // wrapping elastic.ErrJobFinished, never success: this Run trained nothing.
@@ -577,9 +582,10 @@ func endSpan(span trace.Span, err error) {
 }
 
 // collectiveWatch aborts a round's collectives when the rendezvous has moved
-// on (a member was lost, e.g. paused past its lease) while this rank waits
-// inside a collective, so a hung peer becomes a new round within the
-// detection time rather than after the operation timeout.
+// on (a member was lost, e.g. paused past its lease: elastic's
+// Agent.RoundSuperseded) while this rank waits inside a collective, so a
+// hung peer becomes a new round within the detection time rather than
+// after the operation timeout. A waiting joiner does not abort anything.
 type collectiveWatch struct {
 	since atomic.Int64 // unix nanos when the current collective began; 0 outside
 	stop  chan struct{}
@@ -589,9 +595,8 @@ type collectiveWatch struct {
 // goodputEvery is how many steps pass between goodput gauge records.
 const goodputEvery = 50
 
-// abortGrace is how long a collective may run with a membership change
-// pending before the watch aborts it; planned changes are normally taken at
-// the next step boundary well within it.
+// abortGrace is how long a collective may run in a superseded round before
+// the watch aborts it (its peers normally fail it themselves within it).
 const abortGrace = 250 * time.Millisecond
 
 func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *collectiveWatch {
@@ -608,7 +613,11 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 			case <-tick.C:
 			}
 			s := w.since.Load()
-			if s != 0 && agent.ChangePending() && time.Since(time.Unix(0, s)) > abortGrace {
+			// Only a superseded round: a joiner waiting, or this
+			// member's own renewals running late on a loaded machine,
+			// is for the next step boundary, and aborting a healthy
+			// round's Connect for it had the peers report this rank.
+			if s != 0 && agent.RoundSuperseded() && time.Since(time.Unix(0, s)) > abortGrace {
 				cancel(errAbortChange)
 				return
 			}

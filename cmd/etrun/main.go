@@ -17,9 +17,23 @@
 // what is left after -grace is SIGKILLed; a second one SIGKILLs them at
 // once.
 //
+// Once the job finished (a worker exited 0), the other workers get -grace
+// to exit; one still running then is hung or stopped and is SIGKILLed, so
+// etrun never waits for it forever.
+//
+// A worker that fails within -startup-window of its start is not
+// restarted when a restart would fail the same way: status 2 on its first
+// start (its command line was refused: Go's flag package exits 2, so does
+// a Go panic), or the same status or signal as its previous process at
+// its start. Mind that etrun's flags go before the command: in
+// "etrun ./my-worker -workers 3", -workers is the worker's flag.
+//
 // Exit status: 0 when the job finished (a worker exited 0), 143 when it
 // was preempted (every worker left on the forwarded signal within the
-// grace period), 1 when it failed, 2 for a bad command line.
+// grace period, by itself, with status 143: a worker that the signal
+// killed, having no handler, committed nothing and fails the job), 1 when
+// it failed, 2 for a bad command line: etrun's, or the workers' when every
+// worker that decided the failure exited 2 at its first start.
 package main
 
 import (
@@ -32,6 +46,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -50,7 +65,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&cfg.Redis, "redis", "", "host:port of the Redis the workers rendezvous through (default: an embedded Redis-protocol server)")
 	fs.StringVar(&cfg.JobID, "job", "", "job ID (default: random)")
 	fs.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "restarts of crashed workers over the whole job (0: none)")
-	fs.DurationVar(&cfg.GracePeriod, "grace", cfg.GracePeriod, "how long the workers may take to leave after a forwarded SIGTERM or SIGINT before they are SIGKILLed")
+	fs.DurationVar(&cfg.GracePeriod, "grace", cfg.GracePeriod, "how long the workers may take to leave after a forwarded SIGTERM or SIGINT, or to exit after the job finished, before they are SIGKILLed")
+	fs.DurationVar(&cfg.StartupWindow, "startup-window", cfg.StartupWindow, "a worker failing this soon after its start is not restarted when a restart would repeat it (status 2 on its first start, or the same failure as its previous start); 0: restart every crash")
 	quiet := fs.Bool("quiet", false, "log only warnings and errors of the launcher")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: etrun [flags] [--] command [args...]\n\nRuns -workers processes of command as one elastic job. Flags:\n")
@@ -133,7 +149,28 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "etrun: %v\n", err)
 	}
+	if errors.Is(err, launch.ErrUsage) {
+		fmt.Fprintln(stderr, usageHint(fs, cmd))
+	}
 	return launch.ExitStatus(err)
+}
+
+// usageHint says why the workers' command line may have been refused: one
+// of etrun's own flags after the command (it went to the worker), or else
+// to check the worker's flags.
+func usageHint(fs *flag.FlagSet, cmd []string) string {
+	var ours []string
+	for _, a := range cmd[1:] {
+		name, _, _ := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if strings.HasPrefix(a, "-") && name != "" && fs.Lookup(name) != nil {
+			ours = append(ours, a)
+		}
+	}
+	if len(ours) > 0 {
+		return fmt.Sprintf("etrun: the worker's command line holds %s, etrun's own flag: etrun's flags go before the command "+
+			"(etrun [flags] [--] command [args...]); after it they are the worker's", strings.Join(ours, " "))
+	}
+	return "etrun: the workers exited with status 2 at their first start, so they were not restarted: check the worker's command line"
 }
 
 type lockedWriter struct {

@@ -277,7 +277,9 @@ func runEtrun(t *testing.T, env map[string]string, args ...string) (int, string,
 }
 
 func TestEtrunExitStatusOfAWorkerThatKeepsCrashing(t *testing.T) {
-	code, _, stderr := runEtrun(t, nil, "-max-restarts", "2", "sh", "-c", "exit 7")
+	// -startup-window 0: the crash comes at once every time, which the
+	// start-up rule would stop restarting after one restart.
+	code, _, stderr := runEtrun(t, nil, "-max-restarts", "2", "-startup-window", "0", "sh", "-c", "exit 7")
 	require.Equal(t, 1, code)
 	require.Equal(t, 2, strings.Count(stderr, "worker crashed; restarting it as a new member"), stderr)
 	require.Contains(t, stderr, "etrun: launch: job failed: worker 0 (restart 2, pid ")
@@ -333,4 +335,122 @@ func TestEtrunRefusesARedisThatDoesNotAnswer(t *testing.T) {
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "etrun: launch: the store at 127.0.0.1:1 does not answer")
 	require.NotContains(t, stderr, "worker started")
+}
+
+// runEtrunWithin is runEtrun that fails the test when etrun runs longer
+// than limit.
+func runEtrunWithin(t *testing.T, limit time.Duration, args ...string) (int, string, string) {
+	t.Helper()
+	type res struct {
+		code int
+		o, e string
+	}
+	c := make(chan res, 1)
+	go func() {
+		var o, e syncBuffer
+		code := run(args, &o, &e)
+		c <- res{code, o.String(), e.String()}
+	}()
+	select {
+	case r := <-c:
+		return r.code, r.o, r.e
+	case <-time.After(limit):
+		t.Fatalf("etrun %v still running after %v", args, limit)
+	}
+	return 0, "", ""
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestEtrunDoesNotWaitForAHungWorkerAfterTheJobFinished(t *testing.T) {
+	// Workers 0 and 1 finish at once; worker 2 stops itself (a hung
+	// worker, which only SIGKILL ends). etrun gives it -grace, then kills
+	// it and exits 0: the job finished.
+	code, stdout, stderr := runEtrunWithin(t, time.Minute, "-workers", "3", "-grace", "500ms", "sh", "-c",
+		`echo "pid $ELASTICTRAIN_WORKER $$"; if [ "$ELASTICTRAIN_WORKER" = 2 ]; then kill -STOP $$; fi; exit 0`)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stderr, "worker killed: it was still running a grace period after the job finished")
+	require.Contains(t, stderr, "killed_after_finish=1")
+	for _, l := range strings.Split(strings.TrimSpace(stdout), "\n") {
+		var i, pid int
+		_, err := fmt.Sscanf(l, "pid %d %d", &i, &pid)
+		require.NoError(t, err, l)
+		require.True(t, gone(pid), "worker %d (pid %d) left behind", i, pid)
+	}
+}
+
+func TestEtrunDoesNotRestartAWorkerWhoseFlagsAreRefused(t *testing.T) {
+	_, worker := build(t, t.TempDir())
+	// The user's mistake: etrun's flag after the command goes to the
+	// worker, whose flag package refuses it with status 2.
+	code, _, stderr := runEtrunWithin(t, time.Minute, worker, "-workers", "3")
+	require.Equal(t, 2, code, stderr)
+	require.Equal(t, 1, strings.Count(stderr, "flag provided but not defined: -workers"), "one start, no restarts:\n%s", stderr)
+	require.NotContains(t, stderr, "restarting it as a new member")
+	require.Equal(t, 1, strings.Count(stderr, "msg=\"worker started\""), stderr)
+	require.Contains(t, stderr, "its command line was refused")
+	require.Contains(t, stderr, "etrun: the worker's command line holds -workers, etrun's own flag: etrun's flags go before the command")
+	for _, l := range strings.Split(stderr, "\n") {
+		require.LessOrEqual(t, strings.Count(l, " restart="), 1, "a duplicate key: %s", l)
+	}
+}
+
+func TestEtrunReportsAWorkerKilledBySIGTERMAsNotPreempted(t *testing.T) {
+	etrun, _ := build(t, t.TempDir())
+	// sleep has no SIGTERM handler: the forwarded signal kills it.
+	p := startEtrun(t, etrun, "-workers", "2", "--", "sh", "-c", `echo '{"ev":"start","pid":'$$'}'; exec sleep 1000`)
+	p.until(t, func(e workerEvent) bool { return e.Ev == "start" })
+	p.until(t, func(e workerEvent) bool { return e.Ev == "start" })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	code, _ := p.wait(t)
+	require.Equal(t, 1, code, "nothing was committed: not the preempted status; stderr:\n%s", &p.stderr)
+	require.Contains(t, p.stderr.String(), "worker killed by SIGTERM: it does not handle preemption, nothing was committed")
+	require.NotContains(t, p.stderr.String(), "left as preempted")
+	require.Contains(t, p.stderr.String(), "outcome=failed exit_status=1")
+}
+
+func TestEtrunEndsAJobWhoseStoppedWorkerTheOthersFinishedWithout(t *testing.T) {
+	// The user's report: 3 trainers, one SIGSTOPped mid-training, the two
+	// others re-form without it, finish and exit 0; etrun waited on the
+	// stopped one until it was continued. Now it kills it -grace later.
+	etrun, worker := build(t, t.TempDir())
+	p := startEtrun(t, etrun, "-workers", "3", "-grace", "2s", "--", worker, "-epochs", "3", "-delay", "20ms")
+	pids := map[int]int{}
+	p.until(t, func(e workerEvent) bool {
+		if e.Ev == "start" {
+			pids[e.Worker] = e.PID
+		}
+		return e.Ev == "step" && e.WorldSize == 3 && e.Step >= 5
+	})
+	require.Len(t, pids, 3)
+	require.NoError(t, syscall.Kill(pids[2], syscall.SIGSTOP))
+	// A deadline, not a synchronisation: past it, end the test's own
+	// processes and fail.
+	late := time.AfterFunc(time.Minute, func() {
+		syscall.Kill(pids[2], syscall.SIGKILL)
+		p.cmd.Process.Kill()
+	})
+	code, _ := p.wait(t)
+	require.True(t, late.Stop(), "etrun still waited for the stopped worker a minute later; stderr:\n%s", &p.stderr)
+	require.Equal(t, 0, code, "the job finished; stderr:\n%s", &p.stderr)
+	require.Contains(t, p.stderr.String(), "worker killed: it was still running a grace period after the job finished")
+	require.Contains(t, p.stderr.String(), "killed_after_finish=1")
+	for i, pid := range pids {
+		require.True(t, gone(pid), "worker %d (pid %d) left behind", i, pid)
+	}
 }

@@ -9,7 +9,7 @@
 //
 //	offset size field
 //	0      2    magic 0xE7A1
-//	2      1    kind (KindAllReduce ... KindClose)
+//	2      1    kind (KindAllReduce ... KindAnnounce)
 //	3      1    op (reduction operator and element type, kind-specific)
 //	4      4    length of the payload in bytes
 //	8      8    round
@@ -52,7 +52,12 @@ const (
 	KindBarrier   Kind = 4 // a barrier token, empty payload
 	KindAbort     Kind = 5 // control: the round is aborted (payload: Abort)
 	KindClose     Kind = 6 // control: the sender closed its end gracefully
-	maxKind            = KindClose
+	// KindAnnounce (control): the sender has been waiting in operation Seq
+	// for a while; the payload is that operation's frame header (Length 0),
+	// so that a peer in another operation of the same sequence number can
+	// tell it disagrees even when neither reads the other's data connections.
+	KindAnnounce Kind = 7
+	maxKind           = KindAnnounce
 )
 
 // String names the kind for error messages.
@@ -70,6 +75,8 @@ func (k Kind) String() string {
 		return "abort"
 	case KindClose:
 		return "close"
+	case KindAnnounce:
+		return "announce"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
