@@ -41,6 +41,7 @@ type Agent struct {
 	lost        bool      // the store answered CodeLost; re-registration pending
 	err         error
 	outageSince time.Time
+	outageLog   time.Time // when the outage was last logged
 	joining     bool
 	started     bool
 
@@ -304,12 +305,18 @@ func (a *Agent) noteOutage(err error, started time.Time) error {
 	now := time.Now()
 	if a.outageSince.IsZero() || started.Before(a.outageSince) {
 		if a.outageSince.IsZero() {
-			a.log.Warn("store unreachable", "err", err)
+			a.outageLog = now
+			a.log.Warn("store unreachable; retrying", "err", err, "budget", a.cfg.OutageBudget)
 		}
 		a.outageSince = started
+	} else if now.Sub(a.outageLog) >= logEvery {
+		a.outageLog = now
+		a.log.Warn("store still unreachable; retrying", "err", err,
+			"for", now.Sub(a.outageSince).Round(time.Millisecond), "budget", a.cfg.OutageBudget)
 	}
-	if now.Sub(a.outageSince) > a.cfg.OutageBudget {
-		a.failLocked(fmt.Errorf("%w: %v", ErrStoreUnavailable, err))
+	if now.Sub(a.outageSince) > a.cfg.OutageBudget && a.err == nil {
+		a.failLocked(fmt.Errorf("%w: unreachable for longer than the outage budget of %v: %v", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+		a.log.Error("store unreachable for the whole outage budget; giving up", "err", err, "budget", a.cfg.OutageBudget)
 	}
 	return a.err
 }
@@ -433,10 +440,13 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	immediate := false // the previous call was an immediate re-arrival (at most one per wait)
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
+	var wl waitLog
+	defer wl.done(a.log)
 	for {
 		if err != nil {
 			return fail(err)
 		}
+		wl.note(a.log, v, a.cfg)
 		if terr := a.Err(); terr != nil {
 			return World{}, terr
 		}
@@ -478,7 +488,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			arrive = true // registered but not arrived (re-registered after a loss)
 		}
 		immediate = false
-		wait := a.cfg.PollInterval
+		wait := min(a.cfg.PollInterval, logEvery)
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}

@@ -239,6 +239,7 @@ func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
 		if st.DL > 0 {
 			v.Wait = time.Duration(max(0, st.DL-now)) * time.Millisecond
 		}
+		v.Arrived = len(st.Arrived)
 		return v
 	}
 	v.Size = len(st.Ranked)

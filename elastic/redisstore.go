@@ -193,6 +193,9 @@ func parseView(res []any) (rawView, error) {
 		Wait:        msDuration(ints[9]),
 		Order:       ints[10],
 	}}
+	if v.Open { // the pending slot carries the arrivals while open
+		v.Arrived, v.Pending = v.Pending, 0
+	}
 	for _, r := range res[head:] {
 		s, err := replyString(r)
 		if err != nil {

@@ -14,8 +14,9 @@ package elastic
 // 8 caller incarnation; then the script's own arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
-// wait_ms, order, record...}; heartbeat = {code, inc, ver} or, on a renewal,
-// {code, inc, ver, now_ms} (the store's clock; Beat.StoreTime).
+// wait_ms, order, record...} (pending is the count of arrived members while
+// open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc, ver,
+// now_ms} (the store's clock; Beat.StoreTime).
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<record>\n<record>..." (records in rank
@@ -171,6 +172,7 @@ local function view(st, code)
     if contains(st.arrived, ID) then r[6] = ROLE_ARRIVED
     elseif contains(st.expected, ID) then r[6] = ROLE_EXPECTED end
     if st.dl > 0 then r[10] = math.max(0, st.dl - NOW) end
+    r[9] = #st.arrived -- the pending slot carries the arrivals while open
     return r
   end
   r[8] = #st.ranked

@@ -74,6 +74,7 @@ type View struct {
 	Rank        int           // caller's rank if Role == RoleRanked, else -1
 	Size        int           // world size of the closed round (0 if Open)
 	Pending     int           // waiting joiners the closed round could still admit (<= MaxWorkers-Size)
+	Arrived     int           // members arrived in the forming round (Open only, else 0)
 	Wait        time.Duration // time left until the last-call deadline (Open, deadline set), else 0
 	Order       int64         // caller's arrival order (rank order key), 0 if unknown
 	Members     []Member      // Role == RoleRanked: the round's members in rank order

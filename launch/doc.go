@@ -32,7 +32,7 @@
 //	t, err := trainer.New(params, opt, loader, step, store, cfg)
 //	// on SIGTERM or SIGINT: t.Preempt()
 //	_, err = t.Run(ctx)
-//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 1 failed
+//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 1 failed
 //
 // The variables are EnvStore (ELASTICTRAIN_STORE, host:port), EnvJobID
 // (ELASTICTRAIN_JOB_ID), EnvSecret (ELASTICTRAIN_SECRET, hex), EnvWorker
@@ -106,7 +106,10 @@
 //     workers' command line was refused.
 //   - 1 (Failed, ErrFailed naming the workers) otherwise: a worker that
 //     crashed with no restarts left while no other finished, one killed
-//     after the grace period, a Kill.
+//     after the grace period, a Kill. When a worker exited with
+//     StatusJobFinished (its Run found the job ID already finished and
+//     trained nothing: an earlier run of it), the error also wraps
+//     elastic.ErrJobFinished, and no worker is restarted after it.
 //
 // # Concurrency
 //

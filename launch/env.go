@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -50,6 +51,13 @@ const (
 	// outside, restart me": the job, or the worker, left gracefully after
 	// a stop signal, its state committed and checkpointed.
 	StatusPreempted = 143
+	// StatusJobFinished: the worker found its job already finished (the
+	// store remembers the job ID as finished: an earlier run of it) and
+	// trained nothing; its trainer's Run returned elastic.ErrJobFinished.
+	// The launcher restarts no worker after it, and the job fails with an
+	// error that wraps elastic.ErrJobFinished (unless another worker
+	// finished the job).
+	StatusJobFinished = 4
 )
 
 // ErrNotLaunched is WorkerEnv's error when the process was not started by
@@ -165,7 +173,9 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // left on SIGTERM) or ErrPreempted (a job the launcher stopped and whose
 // workers all left gracefully), StatusFailed otherwise, and also when err
 // wraps trainer.ErrCheckpoint (a preempted worker whose checkpoint was not
-// written did not leave cleanly). A worker ends
+// written did not leave cleanly), and StatusJobFinished when err wraps
+// elastic.ErrJobFinished (the job ID had finished before: nothing was
+// trained, which is not success). A worker ends
 // with os.Exit(launch.ExitStatus(err)) on the error of its trainer's Run,
 // and the launcher reads that status: a worker's status 0 means the job
 // finished, so a worker must not exit 0 unless Run returned nil. For a
@@ -181,6 +191,10 @@ func ExitStatus(err error) int {
 		return StatusUsage
 	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted):
 		return StatusPreempted
+	case errors.Is(err, ErrFailed):
+		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
+	case errors.Is(err, elastic.ErrJobFinished):
+		return StatusJobFinished
 	}
 	return StatusFailed
 }

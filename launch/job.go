@@ -478,8 +478,9 @@ func (j *Job) handleExit(e procExit) {
 		}
 	}
 	x.Outcome = classify(x.Code, x.Signal)
-	if x.Outcome == Finished {
-		j.finished = true
+	x.JobFinished = x.Signal == 0 && x.Code == StatusJobFinished
+	if x.Outcome == Finished || x.JobFinished {
+		j.finished = true // a new member would find the job over
 	}
 	var doomed string
 	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)

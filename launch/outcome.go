@@ -6,6 +6,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
 )
 
 // Outcome is how a worker process, or a whole job, ended.
@@ -99,6 +101,10 @@ type Exit struct {
 	// Restarting is true when the launcher starts the worker's index
 	// again (Failed, no stop, the job not finished, restarts left).
 	Restarting bool
+	// JobFinished is true when the worker exited with StatusJobFinished:
+	// it found the job already finished and trained nothing (Outcome is
+	// Failed, and it is not restarted).
+	JobFinished bool
 	// At is when the launcher saw the exit.
 	At time.Time
 	// Err is the error of waiting for the process (an *exec.ExitError for
@@ -134,6 +140,9 @@ func (e Exit) String() string {
 		fmt.Fprintf(&b, " was ended by signal %v", e.Signal)
 	default:
 		fmt.Fprintf(&b, " exited with status %d", e.Code)
+		if e.JobFinished {
+			b.WriteString(" (the job had already finished; it trained nothing)")
+		}
 	}
 	return b.String()
 }
@@ -351,6 +360,12 @@ func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 			bad = append(bad, "no worker ran")
 		}
 		err = fmt.Errorf("%w: %s", ErrFailed, strings.Join(bad, "; "))
+		for _, e := range cands {
+			if e.JobFinished {
+				err = fmt.Errorf("%w (%w: the store remembers the job ID as finished; run again under a new job ID)", err, elastic.ErrJobFinished)
+				break
+			}
+		}
 	}
 
 	if o == Failed && usageFailure(exits, stopped) {

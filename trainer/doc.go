@@ -12,7 +12,13 @@
 //  1. Join the rendezvous (package elastic) and get a World: round, rank,
 //     world size, peers (each with the addresses it advertised: its
 //     Backend's under EndpointSync, each Partition's under its name).
-//  2. Connect the round's Backend (by default the ring of package sync).
+//  2. Connect the round's Backend (by default the ring of package sync),
+//     and agree on the job's settings: one max-allreduce of every member's
+//     model fingerprint, epochs, base learning rate, global batch, dataset
+//     length, shuffle seed, commit interval and mode. Members that differ
+//     all stop in this round with a *SettingsError (ErrSettingsMismatch;
+//     ErrModelMismatch too when the models differ) that names the
+//     settings and the members; it is not retried.
 //  3. Agree on state. The ranks first check with one max-allreduce that they
 //     hold the same model (names, shapes, optimizer; otherwise every rank
 //     returns ErrModelMismatch), then find the newest commit that every
@@ -20,7 +26,8 @@
 //     survivors roll back and joiners catch up in one step. When no rank
 //     holds live state (a new job, or a whole-job restart), rank 0 loads the
 //     newest durable checkpoint that passes its checksum, or starts from the
-//     initial values.
+//     initial values. A checkpoint of another model stops every rank with
+//     ErrForeignCheckpoint before anything in the store changes.
 //  4. Restore every Partition to the agreed step, then the data loader
 //     from the committed loader state for the new world size.
 //  5. Train: batch, StepFunc, one small allreduce of control values, the
@@ -145,6 +152,18 @@
 // MetricSamples, MetricWorldSize, MetricRounds, MetricRecoveries,
 // MetricRecoveryDuration (s), MetricGoodput (useful training time over wall
 // time) and MetricStragglers. Logs go to the *slog.Logger of WithLogger.
+//
+// # No silent success
+//
+// Run returns nil only for a job that finished with this worker in it: a
+// job ID the store remembers as finished is an error wrapping
+// elastic.ErrJobFinished. A NaN or infinite loss is ErrDiverged on every
+// rank. WithLogger also reaches the rendezvous and the transport, whose
+// waits (fewer than MinWorkers) and store outages are logged as they begin
+// and every 2 s. A Schedule (WithSchedule) ties the learning rate to the
+// global step; WithEvaluation evaluates committed parameters beside the
+// loop; LoadCheckpoint reads a checkpoint's parameters by name without a
+// job.
 //
 // Several Trainers can run in one process (the tests do): each has its own
 // store client, listener and goroutines; nothing is global.

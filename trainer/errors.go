@@ -52,7 +52,10 @@ var (
 	// ErrDiverged is returned by every rank of a deterministic-mode round
 	// when a step's gradients are not finite (the training diverged; a
 	// smaller learning rate may help): exact fixed-point sums cannot hold
-	// them, and retrying the step would give the same result.
+	// them, and retrying the step would give the same result. In the
+	// default mode, every rank returns it when the loss summed over the
+	// global batch is NaN or infinite (checked before the optimizer step,
+	// so the parameters stay those of the step before).
 	ErrDiverged = errors.New("trainer: training diverged")
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")

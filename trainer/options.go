@@ -22,6 +22,8 @@ type options struct {
 	now     func() time.Time
 	backend Backend
 	parts   []Partition
+	sched   Schedule
+	eval    *Evaluation
 }
 
 // WithBackend makes every round communicate through b (see Backend)
@@ -53,7 +55,10 @@ func WithAudit(a Audit) Option { return func(o *options) { o.audit = a } }
 // checkpoints, rescales and stragglers.
 func WithHooks(h Hooks) Option { return func(o *options) { o.hooks = h } }
 
-// WithLogger sets the structured logger; default: discard.
+// WithLogger sets the structured logger; default: discard. It also
+// becomes Config.Elastic.Logger and Config.Sync.Logger where those are
+// nil, so the rendezvous' waits (fewer than MinWorkers arrived) and store
+// outages are logged as they begin and then every 2 s, with their cause.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider; default: the global one.
@@ -133,6 +138,9 @@ type StepInfo struct {
 	EpochStep int
 	// Loss is the mean per-sample loss over the global batch.
 	Loss float64
+	// LearningRate is the optimizer's learning rate of this step (with
+	// WithSchedule: the Schedule's LR(Step-1)).
+	LearningRate float64
 	// Samples is the global batch size of this step.
 	Samples int
 	// ComputeSeconds is this rank's StepFunc time; SyncSeconds the time in

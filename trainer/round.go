@@ -34,11 +34,19 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	}
 	defer comm.Close()
 
+	if err := t.agreeSettings(rctx, comm, world, watch); err != nil {
+		if errors.Is(err, ErrSettingsMismatch) {
+			// Every rank took this decision from the same collective.
+			t.goodbye(rctx, comm)
+			return endFatal, err
+		}
+		return t.classify(ctx, rctx, err)
+	}
 	transfer := t.live.busy("state transfer") // a checkpoint load, a broadcast, the loader's restore
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	transfer()
 	if err != nil {
-		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrForeignCheckpoint) {
 			// Every rank took this decision from the same collective.
 			t.goodbye(rctx, comm)
 			return endFatal, err
@@ -229,6 +237,10 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		if world.Rank == 0 {
 			var err error
 			sn, info.Source, err = t.initialState(ctx)
+			if errors.Is(err, ErrForeignCheckpoint) {
+				// Every rank refuses with it, not only this one.
+				return info, t.broadcastRefusal(ctx, comm, watch, err)
+			}
 			if err != nil {
 				return info, err
 			}
@@ -271,6 +283,9 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return info, fmt.Errorf("trainer: state broadcast: %w", err)
 	}
+	if lenBuf[8] == refusedSource {
+		return info, refusal(blob)
+	}
 	got, err := decodeSnapshot(blob, t.params)
 	if err != nil {
 		return info, err
@@ -311,7 +326,14 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 			if err == nil {
 				var sn *snapshot
 				sn, err = decodeSnapshot(data, t.params)
+				if err == nil && sn.optName != t.opt.Name() {
+					err = fmt.Errorf("%w: optimizer %q in the checkpoint, %q configured", ErrShapeMismatch, sn.optName, t.opt.Name())
+				}
+				if errors.Is(err, ErrShapeMismatch) {
+					return nil, "", t.foreignCheckpoint(s, err)
+				}
 				if err == nil {
+					t.cleanLeftovers(ctx)
 					t.log.Info("restoring durable checkpoint", "step", s)
 					sn.gen, sn.base = newGen(), sn.step
 					return sn, "checkpoint", nil
@@ -319,6 +341,7 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 			}
 			t.log.Warn("skipping unreadable checkpoint", "step", s, "err", err)
 		}
+		t.cleanLeftovers(ctx)
 	}
 	var state []byte
 	if c, ok := t.loader.(interface{ freshState() ([]byte, error) }); ok {

@@ -137,6 +137,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if span != nil {
 				endSpan(span, stepErr)
 			}
+			t.shareStepFailure(ctx, comm, world, watch, stepErr)
 			if stepErr != nil {
 				return endFatal, fmt.Errorf("%w: step %d: %w", ErrStepFailed, t.step+1, stepErr)
 			}
@@ -154,6 +155,14 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					}
 				}
 			}
+			if !t.cfg.Deterministic && (math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0)) {
+				// Every rank sees the same sum: all stop here.
+				return endFatal, fmt.Errorf("%w: step %d: the loss over the global batch is %v", ErrDiverged, t.step+1, o.lossSum)
+			}
+			if t.o.sched != nil {
+				t.opt.SetLearningRate(t.o.sched.LR(t.step))
+			}
+			t.stepLR = t.opt.LearningRate()
 			if err := t.opt.Step(t.params); err != nil {
 				return endFatal, err
 			}
@@ -189,7 +198,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// it changes (WithState's state, the learning rate) is part of
 			// them: a round that restores this step restores it too.
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec

@@ -35,7 +35,8 @@ type Result struct {
 	// Loss is the mean loss of the last applied step.
 	Loss float64
 	// Finished is true when the job completed all epochs (also when this
-	// worker joined after it had).
+	// worker joined after it had: then Run's error wraps
+	// elastic.ErrJobFinished).
 	Finished bool
 }
 
@@ -60,6 +61,8 @@ type Trainer[B any] struct {
 	grads      *sync.Buckets
 	gradList   [][]float32 // every Param.Grad, in model order (GradientReducer)
 	fp         float64
+	baseLR     float64 // the optimizer's learning rate at New: the configured base rate
+	eval       *evaluator
 	ran        atomic.Bool
 	preempt    chan struct{}
 	once       stdsync.Once
@@ -80,6 +83,7 @@ type Trainer[B any] struct {
 	recoveries          []int64
 	failures            []string
 	lastLoss            float64
+	stepLR              float64 // the learning rate of the last applied step
 	useful              time.Duration
 	pendingUseful       time.Duration
 	strag               stragglers  // slow-step counters of the round's ranks
@@ -170,6 +174,15 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
 	}
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
+	// WithLogger reaches the rendezvous and the transport too, unless
+	// they were given loggers of their own: their waits and outages are
+	// what a user most needs to see.
+	if t.o.logger != nil && t.cfg.Elastic.Logger == nil {
+		t.cfg.Elastic.Logger = t.o.logger.With("part", "rendezvous")
+	}
+	if t.o.logger != nil && t.cfg.Sync.Logger == nil {
+		t.cfg.Sync.Logger = t.o.logger.With("part", "transport")
+	}
 	if t.o.now == nil {
 		t.o.now = time.Now
 	}
@@ -209,6 +222,36 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		t.nvalues += len(g)
 	}
 	t.fp = fingerprint(params, opt)
+	if e := t.o.eval; e != nil {
+		if t.eval, err = newEvaluator(*e, params); err != nil {
+			return nil, err
+		}
+		// Composed with the user's hooks: the evaluator learns the rank
+		// at every round and sees every commit.
+		h := &t.o.hooks
+		userRound, userCommit := h.OnRound, h.OnCommit
+		h.OnRound = func(r RoundInfo) {
+			t.eval.rank.Store(int64(r.Rank))
+			if userRound != nil {
+				userRound(r)
+			}
+		}
+		h.OnCommit = func(step int64) {
+			if userCommit != nil {
+				userCommit(step)
+			}
+			t.eval.committed(step, t.params)
+		}
+	}
+	t.baseLR = opt.LearningRate()
+	if s := t.o.sched; s != nil {
+		if err := checkSchedule(s); err != nil {
+			return nil, err
+		}
+		t.baseLR = scheduleProbe(s)
+	} else if err := checkBaseLR(t.baseLR); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -276,11 +319,15 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // error occurs. It returns nil when the job finished (Result.Finished),
 // or ErrCheckpoint when it finished but its final checkpoint failed (on
 // every rank of the last round, not only on the rank that wrote it).
+// A job ID that the store remembers as finished (an earlier run of it, or
+// the others finished it before this worker trained a step) is an error
+// wrapping elastic.ErrJobFinished, never success: this Run trained nothing.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
 // worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
 // also ErrStranger when the job shut this worker out for a wrong secret),
-// ErrModelMismatch, ErrStepFailed, ErrCheckpoint, elastic.ErrStoreUnavailable,
+// ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
+// elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	var res Result
@@ -315,6 +362,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
 	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
 
+	if t.eval != nil {
+		defer t.eval.close()
+	}
 	// The Backend and every partition are closed once when Run returns,
 	// whatever happened (the contracts' last call).
 	defer t.closeParts()
@@ -400,6 +450,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			continue
 		case errors.Is(err, elastic.ErrJobFinished):
 			res.Finished = true
+			if t.trained == 0 {
+				// Success would be a lie: this Run trained nothing, and
+				// its parameters are whatever they were before it.
+				return res, t.finishedBeforeJoin(err)
+			}
 			return res, nil
 		case err != nil:
 			if ctx.Err() != nil {

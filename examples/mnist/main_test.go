@@ -141,9 +141,10 @@ func TestUnwritableOutputPathsFailBeforeAnyWorker(t *testing.T) {
 	}
 }
 
-// A run whose loss turns NaN (a learning rate far too large) gets its
-// steps through to the launcher, and ends saying that it diverged, with
-// status 1, rather than looking like a success.
+// A run whose loss turns NaN (a learning rate far too large) stops at that
+// step (the trainer's ErrDiverged on every rank), gets its steps through
+// to the launcher, and ends saying that it diverged, with status 1, rather
+// than looking like a success.
 func TestADivergedRunSaysSoAndFails(t *testing.T) {
 	code, stdout, stderr := runMain(t, "-workers", "1", "-epochs", "1", "-batch", "20000", "-lr", "1e30", "-json", "-quiet")
 	require.Equal(t, 1, code, "stderr: %s", stderr)
@@ -155,7 +156,8 @@ func TestADivergedRunSaysSoAndFails(t *testing.T) {
 	require.Equal(t, true, res["diverged"])
 	require.Contains(t, res, "loss")
 	require.Nil(t, res["loss"], "a NaN loss is null in the JSON line")
-	require.EqualValues(t, 3, res["steps"], "every step was reported")
+	steps, _ := res["steps"].(float64)
+	require.Less(t, steps, 3.0, "it stopped at the first step whose loss was not finite, before the epoch's last")
 }
 
 // finishJob marks job finished in the store at addr, as the final rank 0

@@ -208,15 +208,23 @@ func runWorker(c *config, stderr io.Writer) int {
 		// still report the result.
 		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
 		logger.Error("the job finished without its final checkpoint", "err", err)
-	case err != nil:
-		return fail(err)
-	}
-	if res.Finished && res.Rounds == 0 {
-		// The job was over before this worker joined: an earlier run of
+	case errors.Is(err, trainer.ErrDiverged):
+		// Every rank stopped at the step whose loss was not finite. Rank 0
+		// reports the job's end with that loss, so the launcher says that
+		// training diverged (and exits 1); the others have nothing to add.
+		logger.Error("training diverged", "err", err, "step", res.Step)
+		if rank == 0 {
+			ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: math.NaN()})
+		}
+		return exitOK
+	case errors.Is(err, elastic.ErrJobFinished):
+		// The job was over before this worker trained: an earlier run of
 		// this job ID finished it. The launcher says so when nobody trained.
 		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
-		logger.Info("the job had finished before this worker joined")
+		logger.Info("the job had finished before this worker joined", "err", err)
 		return exitOK
+	case err != nil:
+		return fail(err)
 	}
 	if !res.Finished || rank != 0 || res.Step == 0 {
 		return exitOK

@@ -256,11 +256,11 @@ func runWorker(c *config, stderr io.Writer) int {
 	switch {
 	case errors.Is(err, trainer.ErrPreempted):
 		return 143
-	case err != nil:
-		return fail(err)
-	case res.Rounds == 0: // an earlier run of this job ID finished it
+	case errors.Is(err, elastic.ErrJobFinished): // an earlier run of this job ID finished it
 		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
 		return 0
+	case err != nil:
+		return fail(err)
 	case res.Rank != 0:
 		return 0
 	}

@@ -1,0 +1,117 @@
+package trainer
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/elastictrain/elastictrain/internal/atomicfile"
+)
+
+// ErrForeignCheckpoint is returned by Run, on every rank of the round,
+// when the newest readable checkpoint in the CheckpointStore was written
+// by another model (other parameter names, shapes or optimizer): the
+// directory belongs to another job. Run refuses to start before it changes
+// anything in the store (it would train from scratch and rotate the other
+// model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
+// differs. Point the worker at an empty directory, or at the right model.
+var ErrForeignCheckpoint = errors.New("trainer: the checkpoint store holds another model's checkpoints")
+
+// TempCleaner is an optional capability of a CheckpointStore: removing the
+// temporary files of writes that never completed (a rank 0 killed while
+// writing). Rank 0 calls it when a round starts with no live state (a new
+// job or a whole-job restart, when no write of the job can be in flight),
+// after the newest checkpoint matched the model (or none exists), never
+// before. LocalDir implements it.
+type TempCleaner interface {
+	// CleanTemp removes leftover temporary files and returns their names.
+	CleanTemp(ctx context.Context) ([]string, error)
+}
+
+// CleanTemp implements TempCleaner: it removes the temporary files that an
+// interrupted Save left in the directory (".tmp-ckpt-*"), never a
+// checkpoint or a file of another name.
+func (d *LocalDir) CleanTemp(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(d.dir)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
+	}
+	var removed []string
+	for _, e := range entries {
+		name := e.Name()
+		if !atomicfile.IsTemp(name) || !strings.HasPrefix(name, ".tmp-"+ckptPrefix) || !e.Type().IsRegular() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
+		}
+		if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
+		}
+		removed = append(removed, name)
+	}
+	return removed, nil
+}
+
+// foreignCheckpoint is rank 0's error for a checkpoint of step that loads
+// (its checksum holds) but belongs to another model (err, ErrShapeMismatch).
+func (t *Trainer[B]) foreignCheckpoint(step int64, err error) error {
+	where := ""
+	if d, ok := t.o.ckpt.(interface{ Dir() string }); ok {
+		where = " in " + d.Dir()
+	}
+	return fmt.Errorf("%w: checkpoint of step %d%s: %w; refusing to start so that nothing in it is changed (use an empty directory for this model)",
+		ErrForeignCheckpoint, step, where, err)
+}
+
+// cleanLeftovers removes the store's leftover temporary files when it can
+// (TempCleaner), logging what it removed. Called once the model matched.
+func (t *Trainer[B]) cleanLeftovers(ctx context.Context) {
+	c, ok := t.o.ckpt.(TempCleaner)
+	if !ok {
+		return
+	}
+	removed, err := c.CleanTemp(ctx)
+	if len(removed) > 0 {
+		t.log.Info("removed leftover temporary checkpoint files", "files", removed)
+	}
+	if err != nil {
+		t.log.Warn("cannot remove leftover temporary checkpoint files", "err", err)
+	}
+}
+
+// refusedSource is the source code in the state broadcast by which rank 0
+// tells every rank that it refused to start; the blob is its error text.
+const refusedSource = 0xfe
+
+// refusal is a non-root rank's error for rank 0's refusal to start,
+// carrying rank 0's error text.
+func refusal(text []byte) error {
+	return fmt.Errorf("%w: rank 0 refused to start: %s", ErrForeignCheckpoint, text)
+}
+
+// broadcastRefusal is rank 0's side of the state broadcast when it refuses
+// to start: the refused source code and its error text, so that every rank
+// returns the refusal. It returns err.
+func (t *Trainer[B]) broadcastRefusal(ctx context.Context, comm interface {
+	Broadcast(ctx context.Context, buf []byte, root int) error
+}, watch *collectiveWatch, err error) error {
+	text := []byte(err.Error())
+	head := make([]byte, 9)
+	binary.LittleEndian.PutUint64(head, uint64(len(text)))
+	head[8] = refusedSource
+	watch.enter()
+	berr := comm.Broadcast(ctx, head, 0)
+	if berr == nil {
+		berr = comm.Broadcast(ctx, text, 0)
+	}
+	watch.leave()
+	if berr != nil {
+		t.log.Warn("cannot tell the other ranks why this rank refuses to start", "err", berr)
+	}
+	return err
+}
