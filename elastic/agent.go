@@ -33,6 +33,7 @@ type Agent struct {
 	mu          sync.Mutex
 	inc         string // incarnation of the job state we are registered in
 	order       int64
+	since       uint64 // first round this member held a rank in (View.Since)
 	maxRound    uint64 // highest closed round seen
 	world       World
 	hasWorld    bool
@@ -212,6 +213,9 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	if v.Order > 0 {
 		a.order = v.Order
 	}
+	if v.Since > 0 {
+		a.since = v.Since
+	}
 	if !v.Open {
 		a.maxRound = max(a.maxRound, v.Round)
 	}
@@ -261,7 +265,7 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 	if a.inc != "" {
 		// Used by the store only if our incarnation is gone: re-register
 		// with our old order and ask it to wait for our old peers.
-		r.Order = a.order
+		r.Order, r.Since = a.order, a.since
 		if a.hasWorld {
 			for _, m := range a.world.Members {
 				if m.ID != a.self.ID {
@@ -503,6 +507,10 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 	// MaxWorkers stay pending only when the round is full), so Pending is 0.
 	a.view = View{Code: CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
 		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
+	if a.since == 0 {
+		a.since = h.Round // the store recorded the same: the first round we held a rank in
+	}
+	a.view.Since = a.since
 	a.viewAt = time.Now()
 	a.maxRound = max(a.maxRound, h.Round)
 	a.world, a.hasWorld = w, true

@@ -31,6 +31,7 @@ type coreState struct {
 	Back     []string         `json:"back"`     // forming round: survivors that arrived
 	Pending  []string         `json:"pending"`  // closed round: waiting joiners in arrival order
 	Ord      map[string]int64 `json:"ord"`      // member ID -> arrival order
+	Since    map[string]int64 `json:"since"`    // member ID -> first round it held a rank in (seniority)
 }
 
 // coreJob is the whole store content of one job: the state document, the
@@ -68,7 +69,7 @@ func remove(list *[]string, id string) bool {
 }
 
 func newCoreState(inc string, hint uint64) *coreState {
-	return &coreState{Inc: inc, Round: hint, Prev: hint, Floor: hint + 1, Ord: map[string]int64{}}
+	return &coreState{Inc: inc, Round: hint, Prev: hint, Floor: hint + 1, Ord: map[string]int64{}, Since: map[string]int64{}}
 }
 
 // evict removes a member from everything.
@@ -77,6 +78,7 @@ func (j *coreJob) evict(id string, c *opCtx) {
 	delete(j.members, id)
 	delete(j.leases, id)
 	delete(st.Ord, id)
+	delete(st.Since, id)
 	if !st.Open && remove(&st.Ranked, id) {
 		c.reopen = true
 	}
@@ -181,20 +183,44 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 		return
 	}
 	arr := slices.Clone(st.Arrived)
-	sort.SliceStable(arr, func(a, b int) bool {
-		oa, ob := st.Ord[arr[a]], st.Ord[arr[b]]
-		if oa != ob {
-			return oa < ob
-		}
-		return arr[a] < arr[b]
-	})
+	sort.SliceStable(arr, func(a, b int) bool { return st.senior(arr[a], arr[b]) })
 	k := min(n, p.MaxWorkers)
 	st.Ranked = arr[:k:k]
+	for _, id := range st.Ranked {
+		if st.Since[id] == 0 {
+			st.Since[id] = int64(st.Round)
+		}
+	}
 	st.Pending = slices.Clone(arr[k:])
 	st.Open, st.Reform, st.DL = false, false, 0
 	st.Prev = st.Round
 	st.Expected, st.Arrived, st.Back = []string{}, []string{}, []string{}
 	c.changed, c.closed = true, true
+}
+
+// senior reports whether member a ranks before member b: the member that
+// first held a rank in an earlier round first (members never ranked last),
+// then the lower arrival order, then the lower ID. Seniority (Since) is a
+// round number, and round numbers grow across store restarts (RoundHint), so
+// survivors that re-register with their Since after Redis restarted empty
+// rank before a newcomer even if the newcomer registered (and so took a low
+// order) first; arrival orders only compare within one incarnation.
+func (st *coreState) senior(a, b string) bool {
+	sa, sb := st.Since[a], st.Since[b]
+	if sa != sb {
+		switch {
+		case sa == 0:
+			return false
+		case sb == 0:
+			return true
+		}
+		return sa < sb
+	}
+	oa, ob := st.Ord[a], st.Ord[b]
+	if oa != ob {
+		return oa < ob
+	}
+	return a < b
 }
 
 func (j *coreJob) save(c *opCtx) {
@@ -226,6 +252,7 @@ func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
 		return v
 	}
 	v.Incarnation, v.Version, v.Round, v.Open, v.Order = st.Inc, st.Ver, st.Round, st.Open, st.Ord[id]
+	v.Since = uint64(st.Since[id])
 	if code != CodeOK {
 		return v
 	}
@@ -296,6 +323,9 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 		}
 		j.members[id] = r.Member.record()
 		st.Ord[id] = order
+		if r.Since > 0 && r.Since <= r.RoundHint {
+			st.Since[id] = int64(r.Since)
+		}
 	}
 	j.leases[id] = now + ms(p.LeaseTTL)
 	if st.Open && st.Round < st.Floor {

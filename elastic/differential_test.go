@@ -17,6 +17,7 @@ type diffClient struct {
 	m     elastic.Member
 	inc   string
 	order int64
+	since uint64
 	hint  uint64
 	peers []string
 }
@@ -26,8 +27,8 @@ func viewKey(v elastic.View) string {
 	for i, m := range v.Members {
 		ids[i] = m.ID
 	}
-	return fmt.Sprintf("code=%v inc=%s ver=%d round=%d open=%v role=%d rank=%d size=%d pending=%d order=%d members=%v",
-		v.Code, v.Incarnation, v.Version, v.Round, v.Open, v.Role, v.Rank, v.Size, v.Pending, v.Order, ids)
+	return fmt.Sprintf("code=%v inc=%s ver=%d round=%d open=%v role=%d rank=%d size=%d pending=%d order=%d since=%d members=%v",
+		v.Code, v.Incarnation, v.Version, v.Round, v.Open, v.Role, v.Rank, v.Size, v.Pending, v.Order, v.Since, ids)
 }
 
 // TestStoresAgree drives the in-memory store (the Go core) and the Redis
@@ -79,6 +80,9 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		if v.Order > 0 {
 			c.order = v.Order
 		}
+		if v.Since > 0 {
+			c.since = v.Since
+		}
 		if v.Role == elastic.RoleRanked {
 			c.peers = c.peers[:0]
 			for _, m := range v.Members {
@@ -108,7 +112,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			req := elastic.JoinRequest{JobID: jobID, Member: c.m, Incarnation: c.inc, NewIncarnation: fmt.Sprintf("inc%d", step),
 				RoundHint: c.hint, Arrive: rng.IntN(5) != 0, Params: p}
 			if c.inc != "" {
-				req.Order, req.Peers = c.order, slices.Clone(c.peers)
+				req.Order, req.Since, req.Peers = c.order, c.since, slices.Clone(c.peers)
 			}
 			vm, em = mem.Join(ctx, req)
 			vo, eo = other.Join(ctx, req)
@@ -158,7 +162,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			// A fenced member comes back as a new member.
 			op = "renew"
 			c.m.ID += "x"
-			c.inc, c.order, c.peers = "", 0, nil
+			c.inc, c.order, c.since, c.peers = "", 0, 0, nil
 			continue
 		}
 		if em != nil || eo != nil {

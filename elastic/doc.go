@@ -40,9 +40,10 @@
 //     members learn of them (Pub/Sub hint, and the heartbeat's version poll
 //     because Pub/Sub can drop messages) through ChangePending and Changes.
 //     Pending members beyond MaxWorkers do not trigger a change.
-//   - Ranks follow arrival order: survivors keep their relative order and
-//     rank 0 stays on the oldest survivor; newcomers take the next ranks. The
-//     same membership always gives the same ranks.
+//   - Ranks follow seniority (the first round a member held a rank in),
+//     then arrival order: survivors keep their relative order and rank 0
+//     stays on the oldest survivor; newcomers take the next ranks. The same
+//     membership always gives the same ranks.
 //   - Simultaneous joiners never split into two rounds: every transition is
 //     one atomic store operation (one Lua script on Redis).
 //
@@ -82,9 +83,12 @@
 // a restart with the same job ID finds the old members' leases gone and
 // forms a fresh round numbered above the old ones. When Redis restarts empty,
 // members see their incarnation gone, re-register with their old arrival
-// order and ask the store to wait (one grace lease each) for their old
-// peers: the job re-forms with the same ranks and nobody is declared dead
-// because keys vanished. While the store is unreachable, calls retry with
+// order and seniority and ask the store to wait (one grace lease each) for
+// their old peers: the job re-forms with the same ranks and nobody is
+// declared dead because keys vanished. A newcomer that registers in the
+// emptied store before the survivors do still ranks after them: round
+// numbers grow across the restart, and the survivors' seniority is an older
+// round than any the newcomer can first hold a rank in. While the store is unreachable, calls retry with
 // exponential backoff (10 ms to 1 s); past OutageBudget every member gets
 // ErrStoreUnavailable. An outage shorter than LeaseTTL is invisible to the
 // job. An outage longer than LeaseTTL while Redis keeps its data (a network

@@ -80,7 +80,7 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if r.Arrive {
 		arrive = 1
 	}
-	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive)
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10))
 	for _, p := range r.Peers {
 		args = append(args, p)
 	}
@@ -154,13 +154,13 @@ func replyString(v any) (string, error) {
 
 // parseView decodes a view reply of the scripts (see scripts.go).
 func parseView(res []any) (rawView, error) {
-	const head = 11
+	const head = 12
 	if len(res) < head {
 		return rawView{}, fmt.Errorf("%w: view reply has %d elements", ErrBadState, len(res))
 	}
 	var ints [head]int64
 	var errs []error
-	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 9, 10} {
+	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11} {
 		n, err := replyInt(res[i])
 		ints[i] = n
 		errs = append(errs, err)
@@ -172,7 +172,7 @@ func parseView(res []any) (rawView, error) {
 	}
 	code, role := ints[0], ints[5]
 	if code < 0 || code > int64(CodeFinished) || role < 0 || role > int64(RolePending) ||
-		ints[2] < 0 || ints[3] < 0 || ints[7] < 0 || ints[8] < 0 || ints[9] < 0 {
+		ints[2] < 0 || ints[3] < 0 || ints[11] < 0 || ints[7] < 0 || ints[8] < 0 || ints[9] < 0 {
 		return rawView{}, fmt.Errorf("%w: view reply out of range: %v", ErrBadState, res[:head])
 	}
 	v := rawView{View: View{
@@ -187,6 +187,7 @@ func parseView(res []any) (rawView, error) {
 		Pending:     int(ints[8]),
 		Wait:        msDuration(ints[9]),
 		Order:       ints[10],
+		Since:       uint64(ints[11]),
 	}}
 	for _, r := range res[head:] {
 		s, err := replyString(r)

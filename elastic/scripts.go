@@ -14,7 +14,7 @@ package elastic
 // 8 caller incarnation; then the script's own arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
-// wait_ms, order, record...}; heartbeat = {code, inc, ver}.
+// wait_ms, order, since, record...}; heartbeat = {code, inc, ver}.
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<record>\n<record>..." (records in rank
@@ -51,6 +51,13 @@ local function arr(x)
   return out
 end
 local function num(x) if type(x) == 'number' then return x end return 0 end
+local function nummap(x)
+  local out = {}
+  if type(x) == 'table' then
+    for k, v in pairs(x) do if type(k) == 'string' and type(v) == 'number' then out[k] = v end end
+  end
+  return out
+end
 
 local function load()
   local raw = redis.call('GET', K_STATE)
@@ -62,11 +69,7 @@ local function load()
   st.open, st.reform, st.fin = st.open == true, st.reform == true, st.fin == true
   st.ranked, st.arrived = arr(st.ranked), arr(st.arrived)
   st.expected, st.pending, st.back = arr(st.expected), arr(st.pending), arr(st.back)
-  local ord = {}
-  if type(st.ord) == 'table' then
-    for k, v in pairs(st.ord) do if type(k) == 'string' and type(v) == 'number' then ord[k] = v end end
-  end
-  st.ord = ord
+  st.ord, st.since = nummap(st.ord), nummap(st.since)
   return st
 end
 
@@ -74,6 +77,7 @@ local function evict(st, id)
   redis.call('HDEL', K_MEMBERS, id)
   redis.call('ZREM', K_LEASES, id)
   st.ord[id] = nil
+  st.since[id] = nil
   if not st.open and remove(st.ranked, id) then C.reopen = true end
   remove(st.arrived, id)
   remove(st.expected, id)
@@ -128,6 +132,12 @@ local function try_close(st)
   local a = {}
   for i, id in ipairs(st.arrived) do a[i] = id end
   table.sort(a, function(x, y)
+    local sx, sy = st.since[x] or 0, st.since[y] or 0
+    if sx ~= sy then
+      if sx == 0 then return false end
+      if sy == 0 then return true end
+      return sx < sy
+    end
     local ox, oy = st.ord[x] or 0, st.ord[y] or 0
     if ox ~= oy then return ox < oy end
     return x < y
@@ -136,6 +146,9 @@ local function try_close(st)
   st.ranked, st.pending = {}, {}
   for i = 1, n do
     if i <= k then st.ranked[#st.ranked + 1] = a[i] else st.pending[#st.pending + 1] = a[i] end
+  end
+  for _, id in ipairs(st.ranked) do
+    if (st.since[id] or 0) == 0 then st.since[id] = st.round end
   end
   st.open, st.reform, st.dl, st.prev = false, false, 0, st.round
   st.expected, st.arrived, st.back = {}, {}, {}
@@ -163,8 +176,8 @@ local function save(st)
 end
 
 local function view(st, code)
-  if not st then return {code, '', 0, 0, 0, ROLE_NONE, -1, 0, 0, 0, 0} end
-  local r = {code, st.inc, st.ver, st.round, st.open and 1 or 0, ROLE_NONE, -1, 0, 0, 0, st.ord[ID] or 0}
+  if not st then return {code, '', 0, 0, 0, ROLE_NONE, -1, 0, 0, 0, 0, 0} end
+  local r = {code, st.inc, st.ver, st.round, st.open and 1 or 0, ROLE_NONE, -1, 0, 0, 0, st.ord[ID] or 0, st.since[ID] or 0}
   if code ~= OK then return r end
   if st.open then
     if contains(st.arrived, ID) then r[6] = ROLE_ARRIVED
@@ -197,16 +210,17 @@ end
 `
 
 // ARGV 9 new incarnation, 10 member record, 11 order, 12 round hint,
-// 13 arrive (0/1), 14.. peers.
+// 13 arrive (0/1), 14 since, 15.. peers.
 const luaJoin = luaPrelude + `
 local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13] == '1'
+local SINCE = tonumber(ARGV[14])
 local PEERS = {}
-for i = 14, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 15, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES)
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
-    fin = false, dl = 0, seq = 0, ver = 0, ranked = {}, arrived = {}, expected = {}, back = {}, pending = {}, ord = {}}
+    fin = false, dl = 0, seq = 0, ver = 0, ranked = {}, arrived = {}, expected = {}, back = {}, pending = {}, ord = {}, since = {}}
   C.changed = true
 end
 if st.fin then return view(st, FINISHED) end
@@ -227,6 +241,7 @@ if not known then
   end
   redis.call('HSET', K_MEMBERS, ID, REC)
   st.ord[ID] = order
+  if SINCE > 0 and SINCE <= HINT then st.since[ID] = SINCE end
 end
 redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
