@@ -113,8 +113,11 @@ func (j *coreJob) settle(c *opCtx) {
 	}
 }
 
-// sweep evicts members whose lease expired (and any member the state names
-// without a lease), then settles.
+// sweep evicts members whose lease expired, then settles. Every member the
+// state names holds a lease (leases go only with evict, which removes the
+// member from everything, or with the whole job), so the expired leases are
+// all there is to look at: a sweep costs O(expired) (a ZRANGEBYSCORE in the
+// Lua scripts), not O(members).
 func (j *coreJob) sweep(now int64, c *opCtx) {
 	var expired []string
 	for id, exp := range j.leases {
@@ -124,18 +127,6 @@ func (j *coreJob) sweep(now int64, c *opCtx) {
 	}
 	sort.Strings(expired)
 	for _, id := range expired {
-		j.evict(id, c)
-	}
-	st := j.st
-	var orphans []string
-	for _, list := range [][]string{st.Ranked, st.Arrived, st.Expected, st.Pending} {
-		for _, id := range list {
-			if _, ok := j.leases[id]; !ok {
-				orphans = append(orphans, id)
-			}
-		}
-	}
-	for _, id := range orphans {
 		j.evict(id, c)
 	}
 	j.settle(c)

@@ -12,9 +12,11 @@ import (
 )
 
 // KeyPrefix starts every Redis key and channel of the rendezvous. A job's
-// keys are "et:{<jobID>}:state", ":meta", ":members", ":leases" and its
-// Pub/Sub channel "et:{<jobID>}:events"; the braces make the job ID the hash
-// tag, so all keys of a job live in one Redis Cluster slot.
+// keys are "et:{<jobID>}:state", ":meta", ":members", ":leases", ":ord",
+// ":since", ":arrived", ":expected", ":back", ":pending", ":rank" and
+// ":roster" (see scripts.go for what each holds) and its Pub/Sub channel
+// "et:{<jobID>}:events"; the braces make the job ID the hash tag, so all
+// keys of a job live in one Redis Cluster slot.
 const KeyPrefix = "et:"
 
 var (
@@ -41,7 +43,8 @@ func NewRedisStore(c redis.UniversalClient) *RedisStore { return &RedisStore{c: 
 
 func jobKeys(jobID string) []string {
 	p := KeyPrefix + "{" + jobID + "}:"
-	return []string{p + "state", p + "meta", p + "members", p + "leases"}
+	return []string{p + "state", p + "meta", p + "members", p + "leases", p + "ord", p + "since",
+		p + "arrived", p + "expected", p + "back", p + "pending", p + "rank", p + "roster"}
 }
 
 func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
@@ -189,12 +192,14 @@ func parseView(res []any) (rawView, error) {
 		Order:       ints[10],
 		Since:       uint64(ints[11]),
 	}}
+	// The scripts answer the records as one roster string, one record per
+	// line; each element may hold several.
 	for _, r := range res[head:] {
 		s, err := replyString(r)
 		if err != nil {
 			return rawView{}, err
 		}
-		v.records = append(v.records, s)
+		v.records = append(v.records, strings.Split(s, "\n")...)
 	}
 	return v, nil
 }

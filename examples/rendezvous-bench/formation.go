@@ -26,37 +26,66 @@ func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.V
 	return v, err
 }
 
+// formationResult is one formation run.
+type formationResult struct {
+	afterLast time.Duration // last member's arrival until every member holds its World
+	redisCPU  time.Duration // Redis CPU (INFO cpu) from the first Join until every World; 0 if unknown
+	benchCPU  time.Duration // this process' CPU over the same span (the members' own cost)
+	holdCPU   time.Duration // Redis CPU while the formed round was held for hold
+	hold      time.Duration
+}
+
+// membersPerClient members share one go-redis client (its pool), so a run
+// of thousands of members stays within the connection limits; each Agent
+// still has its own Pub/Sub subscription.
+const membersPerClient = 8
+
 // formation forms one round of n members (MinWorkers = MaxWorkers = n,
-// LastCall 0) and returns the time from the last member's arrival (its Join
-// call) until every member's Join returned its World.
-func formation(ctx context.Context, addr string, n, rep int) (time.Duration, error) {
+// LastCall 0) and measures the time from the last member's arrival (its Join
+// call) until every member's Join returned its World, and the Redis CPU the
+// whole formation took. With hold > 0 the formed round is then held (members
+// heartbeat) for hold and the Redis CPU of that span is measured too.
+func formation(ctx context.Context, addr string, n, rep int, hold time.Duration) (formationResult, error) {
+	var res formationResult
 	cfg := baseConfig(jobID("formation", rep))
 	cfg.MinWorkers, cfg.MaxWorkers = n, n
-	clients := make([]redis.UniversalClient, n)
+	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)
 	defer func() {
+		var wg sync.WaitGroup
 		for i := range agents {
 			if agents[i] != nil {
-				_ = agents[i].Leave(ctx)
-				_ = agents[i].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_ = agents[i].Leave(ctx)
+					_ = agents[i].Close()
+				}()
 			}
-			if clients[i] != nil {
-				_ = clients[i].Close()
+		}
+		wg.Wait()
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
 			}
 		}
 	}()
-	for i := range n {
-		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 4})
+	for i := range clients {
+		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 2 * membersPerClient})
 		if err := clients[i].Ping(ctx).Err(); err != nil {
-			return 0, err
+			return res, err
 		}
-		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i]), arrived: arrived}, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i)), cfg)
+	}
+	for i := range n {
+		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i/membersPerClient]), arrived: arrived}, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i%30000)), cfg)
 		if err != nil {
-			return 0, err
+			return res, err
 		}
 		agents[i] = a
 	}
+	cpu0, cpuErr := redisCPU(ctx, clients[0])
+	self0 := selfCPU()
 	done := make([]time.Time, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -72,8 +101,8 @@ func formation(ctx context.Context, addr string, n, rep int) (time.Duration, err
 	for range n - 1 {
 		select {
 		case <-arrived:
-		case <-time.After(time.Minute):
-			return 0, fmt.Errorf("members did not arrive")
+		case <-time.After(2 * time.Minute):
+			return res, fmt.Errorf("members did not arrive")
 		}
 	}
 	last := time.Now()
@@ -83,11 +112,36 @@ func formation(ctx context.Context, addr string, n, rep int) (time.Duration, err
 	var worst time.Time
 	for i := range n {
 		if errs[i] != nil {
-			return 0, errs[i]
+			return res, errs[i]
 		}
 		if done[i].After(worst) {
 			worst = done[i]
 		}
 	}
-	return worst.Sub(last), nil
+	res.afterLast = worst.Sub(last)
+	res.benchCPU = selfCPU() - self0
+	if cpuErr == nil {
+		if cpu1, err := redisCPU(ctx, clients[0]); err == nil {
+			res.redisCPU = cpu1 - cpu0
+		}
+	}
+	if hold > 0 {
+		h0, err0 := redisCPU(ctx, clients[0])
+		start := time.Now()
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		for i, a := range agents {
+			if a.ChangePending() {
+				return res, fmt.Errorf("member %d saw a change while the round of %d was held (a lease lapsed?)", i, n)
+			}
+		}
+		h1, err1 := redisCPU(ctx, clients[0])
+		if err0 == nil && err1 == nil {
+			res.holdCPU, res.hold = h1-h0, time.Since(start)
+		}
+	}
+	return res, nil
 }
