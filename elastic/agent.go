@@ -469,6 +469,16 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
+		if v.Code == CodeOK && v.Open && v.Role == RoleArrived && v.Wait == 0 {
+			// Arrived in a round that waits for more members, with no
+			// deadline to keep: nothing changes for us until the job's
+			// version does (a close, an eviction, a new round), and the
+			// Pub/Sub hint and the heartbeat's version poll both wake this
+			// loop when it does. Re-reading the store every PollInterval
+			// too would cost the store n calls per PollInterval while n
+			// members gather; a slow re-read remains as a safety net.
+			wait = max(wait, a.cfg.LeaseTTL/2)
+		}
 		timer.Reset(wait)
 		select {
 		case <-jctx.Done():

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -225,13 +226,15 @@ func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
 	if c.closed && !j.st.Open {
 		h.Round, h.Incarnation = j.st.Round, j.st.Inc
-		for _, id := range j.st.Ranked {
-			m, err := parseRecord(j.members[id])
-			if err != nil {
-				return Hint{Version: j.st.Ver}
-			}
-			h.Members = append(h.Members, m)
+		recs := make([]string, len(j.st.Ranked))
+		for i, id := range j.st.Ranked {
+			recs[i] = j.members[id]
 		}
+		ms, err := parseRoster(strings.Join(recs, "\n"))
+		if err != nil || len(ms) == 0 {
+			return Hint{Version: j.st.Ver}
+		}
+		h.Members = ms
 	}
 	return h
 }
@@ -467,14 +470,11 @@ func (v rawView) toView() (View, error) {
 	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {
 		return View{}, fmt.Errorf("%w: %d records for size %d, rank %d", ErrBadState, len(v.records), v.Size, v.Rank)
 	}
-	out.Members = make([]Member, len(v.records))
-	for i, rec := range v.records {
-		m, err := parseRecord(rec)
-		if err != nil {
-			return View{}, err
-		}
-		out.Members[i] = m
+	ms, err := parseRoster(strings.Join(v.records, "\n"))
+	if err != nil {
+		return View{}, err
 	}
+	out.Members = ms
 	return out, nil
 }
 

@@ -239,7 +239,7 @@ func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
 // parseHint decodes a change message (see scripts.go). A malformed message
 // still counts as a hint, with nothing known but that something changed.
 func parseHint(payload string) Hint {
-	lines := strings.Split(payload, "\n")
+	lines := strings.SplitN(payload, "\n", 4)
 	ver, err := strconv.ParseUint(lines[0], 10, 64)
 	if err != nil {
 		return Hint{}
@@ -252,13 +252,9 @@ func parseHint(payload string) Hint {
 	if err != nil {
 		return h
 	}
-	members := make([]Member, 0, len(lines)-3)
-	for _, rec := range lines[3:] {
-		m, err := parseRecord(rec)
-		if err != nil {
-			return h
-		}
-		members = append(members, m)
+	members, err := parseRoster(lines[3])
+	if err != nil {
+		return h
 	}
 	h.Round, h.Incarnation, h.Members = round, lines[2], members
 	return h

@@ -40,6 +40,9 @@ type formationResult struct {
 // still has its own Pub/Sub subscription.
 const membersPerClient = 8
 
+// formationLease is the members' LeaseTTL in the formation figures (-formation-lease).
+var formationLease = elastic.DefaultLeaseTTL
+
 // formation forms one round of n members (MinWorkers = MaxWorkers = n,
 // LastCall 0) and measures the time from the last member's arrival (its Join
 // call) until every member's Join returned its World, and the Redis CPU the
@@ -49,6 +52,8 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration)
 	var res formationResult
 	cfg := baseConfig(jobID("formation", rep))
 	cfg.MinWorkers, cfg.MaxWorkers = n, n
+	cfg.LeaseTTL = formationLease
+	cfg.HeartbeatInterval = min(cfg.HeartbeatInterval, formationLease/3)
 	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)

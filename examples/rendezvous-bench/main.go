@@ -39,6 +39,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -82,9 +83,22 @@ func main() {
 	redisAddr := flag.String("redis", "", "Redis address; empty = start a private redis-server on a free port (embedded server if not installed)")
 	hold := flag.Duration("hold", 0, "after each formation, hold the round this long and report Redis CPU per second (0 = skip)")
 	kill := flag.Bool("kill", true, "run the kill-recovery figures")
+	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
+	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
 	flag.Parse()
 
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			fail(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	formationLease = *formLease
 	ctx := context.Background()
 	addr, storeName := *redisAddr, "redis"
 	if addr == "" {
