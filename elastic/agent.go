@@ -469,15 +469,19 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
-		if v.Code == CodeOK && v.Open && v.Role == RoleArrived && v.Wait == 0 {
-			// Arrived in a round that waits for more members, with no
-			// deadline to keep: nothing changes for us until the job's
-			// version does (a close, an eviction, a new round), and the
-			// Pub/Sub hint and the heartbeat's version poll both wake this
-			// loop when it does. Re-reading the store every PollInterval
-			// too would cost the store n calls per PollInterval while n
-			// members gather; a slow re-read remains as a safety net.
-			wait = max(wait, a.cfg.LeaseTTL/2)
+		if slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+			// Arrived in a round that waits for more members: apart from
+			// its last-call deadline (Wait), nothing changes for us until
+			// the job's version does (a close, an eviction, a new round),
+			// and the Pub/Sub hint and the heartbeat's version poll both
+			// wake this loop when it does. Re-reading the store every
+			// PollInterval too would cost the store n calls per
+			// PollInterval while n members gather; a slow re-read remains
+			// as a safety net.
+			wait = slow
+			if v.Wait > 0 && v.Wait < slow {
+				wait = v.Wait + time.Millisecond
+			}
 		}
 		timer.Reset(wait)
 		select {

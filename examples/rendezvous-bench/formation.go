@@ -33,6 +33,8 @@ type formationResult struct {
 	benchCPU  time.Duration // this process' CPU over the same span (the members' own cost)
 	holdCPU   time.Duration // Redis CPU while the formed round was held for hold
 	hold      time.Duration
+	change    time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
+	changeCPU time.Duration // Redis CPU over the same span
 }
 
 // membersPerClient members share one go-redis client (its pool), so a run
@@ -43,15 +45,24 @@ const membersPerClient = 8
 // formationLease is the members' LeaseTTL in the formation figures (-formation-lease).
 var formationLease = elastic.DefaultLeaseTTL
 
-// formation forms one round of n members (MinWorkers = MaxWorkers = n,
-// LastCall 0) and measures the time from the last member's arrival (its Join
+// formation forms one round of n members (it closes at the n-th arrival)
+// and measures the time from the last member's arrival (its Join
 // call) until every member's Join returned its World, and the Redis CPU the
 // whole formation took. With hold > 0 the formed round is then held (members
 // heartbeat) for hold and the Redis CPU of that span is measured too.
-func formation(ctx context.Context, addr string, n, rep int, hold time.Duration) (formationResult, error) {
+//
+// change "report" or "lease" then loses one member of the formed round (its
+// Agent is closed: no Leave, no more heartbeats) and measures the time until
+// every survivor holds the next World: "report" has a survivor report it at
+// once (ReportFailure, as a trainer does when its ring connection to the
+// dead peer closes), "lease" lets its lease lapse. "" skips it.
+func formation(ctx context.Context, addr string, n, rep int, hold time.Duration, change string) (formationResult, error) {
 	var res formationResult
 	cfg := baseConfig(jobID("formation", rep))
-	cfg.MinWorkers, cfg.MaxWorkers = n, n
+	// The fresh round closes at its n-th arrival (MaxWorkers); LastCall is
+	// long so it cannot close earlier, and MinWorkers 1 lets the survivors
+	// of a loss re-form at once.
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
 	cfg.LeaseTTL = formationLease
 	cfg.HeartbeatInterval = min(cfg.HeartbeatInterval, formationLease/3)
 	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
@@ -93,10 +104,11 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration)
 	self0 := selfCPU()
 	done := make([]time.Time, n)
 	errs := make([]error, n)
+	worlds := make([]elastic.World, n)
 	var wg sync.WaitGroup
 	join := func(i int) {
 		defer wg.Done()
-		_, errs[i] = agents[i].Join(ctx)
+		worlds[i], errs[i] = agents[i].Join(ctx)
 		done[i] = time.Now()
 	}
 	for i := range n - 1 {
@@ -147,6 +159,56 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration)
 		if err0 == nil && err1 == nil {
 			res.holdCPU, res.hold = h1-h0, time.Since(start)
 		}
+	}
+	if change == "" || n < 3 {
+		return res, nil
+	}
+	victim := agents[n-1]
+	_ = victim.Close()
+	lost := time.Now()
+	c0, cErr := redisCPU(ctx, clients[0])
+	survivors := agents[:n-1]
+	var cwg sync.WaitGroup
+	for i, a := range survivors {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			timeout := time.After(3*cfg.LeaseTTL + time.Minute)
+			for !a.ChangePending() {
+				select {
+				case <-a.Changes():
+				case <-timeout:
+					errs[i] = fmt.Errorf("member %d saw no change after the loss", i)
+					return
+				}
+			}
+			var w elastic.World
+			w, errs[i] = a.Join(ctx)
+			done[i] = time.Now()
+			if errs[i] == nil && (w.Size != n-1 || w.Round <= worlds[i].Round) {
+				errs[i] = fmt.Errorf("member %d: round %d of %d after the loss", i, w.Round, w.Size)
+			}
+		}()
+	}
+	if change == "report" {
+		lost = time.Now()
+		if err := agents[0].ReportFailure(ctx, worlds[0].Round, victim.Member().ID); err != nil {
+			return res, fmt.Errorf("report: %w", err)
+		}
+	}
+	cwg.Wait()
+	worst = time.Time{}
+	for i := range survivors {
+		if errs[i] != nil {
+			return res, errs[i]
+		}
+		if done[i].After(worst) {
+			worst = done[i]
+		}
+	}
+	res.change = worst.Sub(lost)
+	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
+		res.changeCPU = c1 - c0
 	}
 	return res, nil
 }

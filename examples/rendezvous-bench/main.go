@@ -11,6 +11,10 @@
 //   - formation_cpu_ratio: Redis CPU per formation of the largest count
 //     over the smallest, next to the ratio of the counts (linear growth
 //     gives equal ratios);
+//   - change_report / change_lease (-change): one member of the formed round
+//     is lost (its Agent closed), and the figure is the time from the loss
+//     until every survivor holds the next World, with a survivor reporting
+//     the loss at once or by lease expiry, and the Redis CPU of that span;
 //   - with -hold D: the Redis CPU per second of a formed round held for D
 //     (heartbeats only), as a percentage of one core;
 //   - recovery after a SIGKILL, through lease expiry and through a failure
@@ -83,6 +87,7 @@ func main() {
 	redisAddr := flag.String("redis", "", "Redis address; empty = start a private redis-server on a free port (embedded server if not installed)")
 	hold := flag.Duration("hold", 0, "after each formation, hold the round this long and report Redis CPU per second (0 = skip)")
 	kill := flag.Bool("kill", true, "run the kill-recovery figures")
+	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
 	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
@@ -99,6 +104,14 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	formationLease = *formLease
+	changeMode := *change
+	switch changeMode {
+	case "none":
+		changeMode = ""
+	case "report", "lease":
+	default:
+		fail(fmt.Errorf("-change must be report, lease or none, not %q", changeMode))
+	}
 	ctx := context.Background()
 	addr, storeName := *redisAddr, "redis"
 	if addr == "" {
@@ -151,15 +164,18 @@ func main() {
 	}
 	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples, rcpu, bcpu []time.Duration
+		var samples, rcpu, bcpu, chg, chgCPU []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
-			res, err := formation(ctx, addr, n, r, *hold)
+			res, err := formation(ctx, addr, n, r, *hold, changeMode)
 			if err != nil {
 				fail(fmt.Errorf("formation of %d: %w", n, err))
 			}
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
+			if res.change > 0 {
+				chg, chgCPU = append(chg, res.change), append(chgCPU, res.changeCPU)
+			}
 			if res.hold > 0 {
 				holdPct = append(holdPct, 100*res.holdCPU.Seconds()/res.hold.Seconds())
 				holdS = res.hold.Seconds()
@@ -175,6 +191,16 @@ func main() {
 			f.Goal = "under 100 ms, redis cpu under 1 s"
 		}
 		emit(f)
+		if len(chg) > 0 {
+			c := summarize("change_"+changeMode, storeName, n, chg)
+			c.RedisCPUMS = msf(median(chgCPU))
+			if changeMode == "report" {
+				c.Goal = "under 100 ms"
+			} else {
+				c.Goal = "within the lease " + formationLease.String()
+			}
+			emit(c)
+		}
 		if len(holdPct) > 0 {
 			slices.Sort(holdPct)
 			h := figure{Figure: "hold", Store: storeName, Members: n, Reps: len(holdPct), HoldCPUPct: holdPct[len(holdPct)/2], HoldS: holdS}
