@@ -28,13 +28,16 @@ func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.V
 
 // formationResult is one formation run.
 type formationResult struct {
-	afterLast time.Duration // last member's arrival until every member holds its World
-	redisCPU  time.Duration // Redis CPU (INFO cpu) from the first Join until every World; 0 if unknown
-	benchCPU  time.Duration // this process' CPU over the same span (the members' own cost)
-	holdCPU   time.Duration // Redis CPU while the formed round was held for hold
-	hold      time.Duration
-	change    time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
-	changeCPU time.Duration // Redis CPU over the same span
+	afterLast   time.Duration // last member's arrival until every member holds its World
+	firstAt     time.Duration // last member's arrival until the first member holds its World (the store's part)
+	redisCPU    time.Duration // Redis CPU (INFO cpu) from the first Join until every World; 0 if unknown
+	benchCPU    time.Duration // this process' CPU over the same span (the members' own cost)
+	holdCPU     time.Duration // Redis CPU while the formed round was held for hold
+	hold        time.Duration
+	change      time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
+	changeCPU   time.Duration // Redis CPU over the same span
+	changeFirst time.Duration // from the loss until the first survivor holds the next World
+	stats       string        // busiest Redis commands of the formation (INFO commandstats)
 }
 
 // membersPerClient members share one go-redis client (its pool), so a run
@@ -101,6 +104,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		agents[i] = a
 	}
 	cpu0, cpuErr := redisCPU(ctx, clients[0])
+	stats0, _ := commandStats(ctx, clients[0])
 	self0 := selfCPU()
 	done := make([]time.Time, n)
 	errs := make([]error, n)
@@ -126,7 +130,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	wg.Add(1)
 	go join(n - 1)
 	wg.Wait()
-	var worst time.Time
+	var worst, first time.Time
 	for i := range n {
 		if errs[i] != nil {
 			return res, errs[i]
@@ -134,9 +138,15 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		if done[i].After(worst) {
 			worst = done[i]
 		}
+		if first.IsZero() || done[i].Before(first) {
+			first = done[i]
+		}
 	}
-	res.afterLast = worst.Sub(last)
+	res.afterLast, res.firstAt = worst.Sub(last), first.Sub(last)
 	res.benchCPU = selfCPU() - self0
+	if stats1, err := commandStats(ctx, clients[0]); err == nil && stats0 != nil {
+		res.stats = statsDelta(stats0, stats1)
+	}
 	if cpuErr == nil {
 		if cpu1, err := redisCPU(ctx, clients[0]); err == nil {
 			res.redisCPU = cpu1 - cpu0
@@ -197,7 +207,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	cwg.Wait()
-	worst = time.Time{}
+	worst, first = time.Time{}, time.Time{}
 	for i := range survivors {
 		if errs[i] != nil {
 			return res, errs[i]
@@ -205,8 +215,11 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		if done[i].After(worst) {
 			worst = done[i]
 		}
+		if first.IsZero() || done[i].Before(first) {
+			first = done[i]
+		}
 	}
-	res.change = worst.Sub(lost)
+	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
 	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
 		res.changeCPU = c1 - c0
 	}

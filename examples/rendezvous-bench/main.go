@@ -2,7 +2,9 @@
 // prints one figure per line:
 //
 //   - formation: time from the last member's arrival until every member
-//     holds its World (LastCall 0), for each member count in -workers,
+//     holds its World, for each member count in -workers (first: until the
+//     first member holds it, the store's part before the fan-out to every
+//     in-process member),
 //     with the Redis CPU of the whole formation (INFO cpu, user + system,
 //     from the first Join until every World) and this process' own CPU
 //     over the same span (the members' cost: they share the cores with
@@ -63,6 +65,7 @@ type figure struct {
 	MaxMS    float64   `json:"max_ms"`
 	AllMS    []float64 `json:"all_ms"`
 	// Formation only: medians over the reps.
+	FirstMS    float64 `json:"first_ms,omitempty"`     // last arrival until the first member holds its World
 	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"` // Redis CPU (INFO cpu) for one formation
 	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"` // this process' CPU over the same span
 	// Hold only: Redis CPU while a formed round was held, in % of one core.
@@ -87,6 +90,7 @@ func main() {
 	redisAddr := flag.String("redis", "", "Redis address; empty = start a private redis-server on a free port (embedded server if not installed)")
 	hold := flag.Duration("hold", 0, "after each formation, hold the round this long and report Redis CPU per second (0 = skip)")
 	kill := flag.Bool("kill", true, "run the kill-recovery figures")
+	verbose := flag.Bool("v", false, "print the busiest Redis commands of each formation (INFO commandstats) on stderr")
 	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
 	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
@@ -152,8 +156,8 @@ func main() {
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
 				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.Goal)
 		default:
-			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms redis_cpu=%.0fms bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.RedisCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
+			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms bench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -164,7 +168,7 @@ func main() {
 	}
 	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples, rcpu, bcpu, chg, chgCPU []time.Duration
+		var samples, firsts, rcpu, bcpu, chg, chgFirst, chgCPU []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -173,8 +177,12 @@ func main() {
 				fail(fmt.Errorf("formation of %d: %w", n, err))
 			}
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
+			firsts = append(firsts, res.firstAt)
+			if *verbose && res.stats != "" {
+				fmt.Fprintf(os.Stderr, "formation of %d: redis %s\n", n, res.stats)
+			}
 			if res.change > 0 {
-				chg, chgCPU = append(chg, res.change), append(chgCPU, res.changeCPU)
+				chg, chgCPU, chgFirst = append(chg, res.change), append(chgCPU, res.changeCPU), append(chgFirst, res.changeFirst)
 			}
 			if res.hold > 0 {
 				holdPct = append(holdPct, 100*res.holdCPU.Seconds()/res.hold.Seconds())
@@ -182,7 +190,7 @@ func main() {
 			}
 		}
 		f := summarize("formation", storeName, n, samples)
-		f.RedisCPUMS, f.BenchCPUMS = msf(median(rcpu)), msf(median(bcpu))
+		f.RedisCPUMS, f.BenchCPUMS, f.FirstMS = msf(median(rcpu)), msf(median(bcpu)), msf(median(firsts))
 		cpuPer[n] = median(rcpu)
 		switch n {
 		case 64:
@@ -193,7 +201,7 @@ func main() {
 		emit(f)
 		if len(chg) > 0 {
 			c := summarize("change_"+changeMode, storeName, n, chg)
-			c.RedisCPUMS = msf(median(chgCPU))
+			c.RedisCPUMS, c.FirstMS = msf(median(chgCPU)), msf(median(chgFirst))
 			if changeMode == "report" {
 				c.Goal = "under 100 ms"
 			} else {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -94,4 +95,64 @@ func selfCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// commandStat is one command's line of INFO commandstats.
+type commandStat struct {
+	calls int64
+	usec  int64
+}
+
+// commandStats returns INFO commandstats by command name ("evalsha", ...).
+func commandStats(ctx context.Context, c redis.UniversalClient) (map[string]commandStat, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]commandStat{}
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		var st commandStat
+		for _, kv := range strings.Split(rest, ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			n, _ := strconv.ParseInt(v, 10, 64)
+			switch k {
+			case "calls":
+				st.calls = n
+			case "usec":
+				st.usec = n
+			}
+		}
+		out[strings.TrimPrefix(name, "cmdstat_")] = st
+	}
+	return out, nil
+}
+
+// statsDelta formats the busiest commands between two snapshots: calls and
+// microseconds per call (Redis' own accounting, wall time inside the
+// command, so a descheduled Redis inflates it).
+func statsDelta(a, b map[string]commandStat) string {
+	type row struct {
+		name string
+		st   commandStat
+	}
+	var rows []row
+	for name, sb := range b {
+		sa := a[name]
+		if d := (commandStat{sb.calls - sa.calls, sb.usec - sa.usec}); d.calls > 0 {
+			rows = append(rows, row{name, d})
+		}
+	}
+	sort.Slice(rows, func(i, j int) bool { return rows[i].st.usec > rows[j].st.usec })
+	var parts []string
+	for i, r := range rows {
+		if i == 4 {
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%s:%d calls %.1fus/call", r.name, r.st.calls, float64(r.st.usec)/float64(r.st.calls)))
+	}
+	return strings.Join(parts, " ")
 }
