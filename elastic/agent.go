@@ -280,7 +280,11 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 func (a *Agent) memberRequest() MemberRequest {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+	r := MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+	if a.hasWorld {
+		r.HaveRound = a.world.Round // the store need not send that round's roster again
+	}
+	return r
 }
 
 // opTimeout bounds one store call.

@@ -54,6 +54,7 @@ type opCtx struct {
 type rawView struct {
 	View
 	records []string
+	omitted bool // ranked in the round the caller holds: records left out
 }
 
 func ms(d time.Duration) int64 { return int64(d / time.Millisecond) }
@@ -239,7 +240,9 @@ func (j *coreJob) hint(c opCtx) Hint {
 	return h
 }
 
-func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
+// view is the caller's view; have is the round whose World the caller
+// holds (MemberRequest.HaveRound): ranked in it, the records are left out.
+func (j *coreJob) view(id string, code Code, now int64, p Params, have uint64) rawView {
 	st := j.st
 	v := rawView{View: View{Code: code, Rank: -1}}
 	if st == nil {
@@ -266,6 +269,10 @@ func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
 	v.Pending = max(0, min(len(st.Pending), p.MaxWorkers-v.Size))
 	if i := slices.Index(st.Ranked, id); i >= 0 {
 		v.Role, v.Rank = RoleRanked, i
+		if have == st.Round {
+			v.omitted = true
+			return v
+		}
 		for _, m := range st.Ranked {
 			v.records = append(v.records, j.members[m])
 		}
@@ -298,13 +305,13 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	}
 	st := j.st
 	if st.Fin {
-		return j.view(id, CodeFinished, now, p), opCtx{}
+		return j.view(id, CodeFinished, now, p, 0), opCtx{}
 	}
 	j.sweep(now, &c)
 	_, known := j.members[id]
 	if r.Incarnation != "" && r.Incarnation == st.Inc && !known {
 		j.save(&c)
-		return j.view(id, CodeFenced, now, p), c
+		return j.view(id, CodeFenced, now, p, 0), c
 	}
 	st.Floor = max(st.Floor, r.RoundHint+1)
 	if !known {
@@ -360,7 +367,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	}
 	j.tryClose(now, p, &c)
 	j.save(&c)
-	return j.view(id, CodeOK, now, p), c
+	return j.view(id, CodeOK, now, p, 0), c
 }
 
 // member runs the common prologue of the calls by a registered member:
@@ -386,7 +393,7 @@ func (j *coreJob) check(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
@@ -431,7 +438,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
@@ -445,7 +452,7 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
@@ -458,13 +465,13 @@ func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 // toView parses the member records of a raw view.
 func (v rawView) toView() (View, error) {
 	out := v.View
-	if v.Role != RoleRanked {
+	if v.Role != RoleRanked || (v.omitted && len(v.records) == 0 && v.Rank >= 0 && v.Rank < v.Size) {
 		return out, nil
 	}
 	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {

@@ -19,6 +19,7 @@ type diffClient struct {
 	order int64
 	since uint64
 	hint  uint64
+	have  uint64 // round of the last ranked view with members
 	peers []string
 }
 
@@ -83,7 +84,8 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		if v.Since > 0 {
 			c.since = v.Since
 		}
-		if v.Role == elastic.RoleRanked {
+		if v.Role == elastic.RoleRanked && v.Members != nil {
+			c.have = v.Round
 			c.peers = c.peers[:0]
 			for _, m := range v.Members {
 				if m.ID != c.m.ID {
@@ -92,13 +94,19 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			}
 		}
 	}
+	useHave := false // this step's calls say which round's roster they hold
 	mreq := func(c *diffClient) elastic.MemberRequest {
-		return elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+		r := elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+		if useHave {
+			r.HaveRound = c.have
+		}
+		return r
 	}
 	var lastRound uint64
 	seen := map[string]int{}
 	defer func() { t.Logf("last closed round %d; outcomes %v", lastRound, seen) }()
 	for step := range steps {
+		useHave = rng.IntN(2) == 0
 		c := clients[rng.IntN(len(clients))]
 		var vm, vo elastic.View
 		var em, eo error
@@ -162,7 +170,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			// A fenced member comes back as a new member.
 			op = "renew"
 			c.m.ID += "x"
-			c.inc, c.order, c.since, c.peers = "", 0, 0, nil
+			c.inc, c.order, c.since, c.peers, c.have = "", 0, 0, nil, 0
 			continue
 		}
 		if em != nil || eo != nil {

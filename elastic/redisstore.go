@@ -49,16 +49,16 @@ func jobKeys(jobID string) []string {
 
 func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
 
-func commonArgs(jobID, memberID, inc string, p Params) []any {
+func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
 	return []any{
 		jobChannel(jobID),
 		p.MinWorkers, p.MaxWorkers,
 		ms(p.LastCall), max(1, ms(p.LeaseTTL)), max(1, ms(p.StateTTL)),
-		memberID, inc,
+		memberID, inc, strconv.FormatUint(have, 10),
 	}
 }
 
-func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, args []any) (View, error) {
+func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, have uint64, args []any) (View, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
@@ -70,6 +70,9 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 	if err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
+	// The scripts leave the roster out of a view ranked in the round the
+	// caller said it holds; anywhere else a missing roster is an error.
+	rv.omitted = have != 0 && rv.Round == have && rv.Role == RoleRanked && len(rv.records) == 0
 	return wrapView(rv, op, jobID)
 }
 
@@ -78,7 +81,7 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if err := r.Member.validate(); err != nil {
 		return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
 	}
-	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params)
+	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params, 0)
 	arrive := 0
 	if r.Arrive {
 		arrive = 1
@@ -87,28 +90,28 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	for _, p := range r.Peers {
 		args = append(args, p)
 	}
-	return s.runView(ctx, "join", scriptJoin, r.JobID, args)
+	return s.runView(ctx, "join", scriptJoin, r.JobID, 0, args)
 }
 
 // Check implements Store.
 func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "check", scriptCheck, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "check", scriptCheck, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
 func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
-	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params), strconv.FormatUint(r.Round, 10), r.Target)
-	return s.runView(ctx, "report", scriptReport, r.JobID, args)
+	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
+	return s.runView(ctx, "report", scriptReport, r.JobID, r.HaveRound, args)
 }
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Finish implements Store.
 func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "finish", scriptFinish, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
@@ -119,7 +122,7 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err := ValidateJobID(r.JobID); err != nil {
 		return fail(err)
 	}
-	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params)...).Slice()
+	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)...).Slice()
 	if err != nil {
 		return fail(err)
 	}

@@ -30,7 +30,9 @@ package elastic
 //
 // ARGV (all scripts): 1 Pub/Sub channel, 2 MinWorkers, 3 MaxWorkers,
 // 4 LastCall ms, 5 LeaseTTL ms, 6 StateTTL ms, 7 caller member ID,
-// 8 caller incarnation; then the script's own arguments.
+// 8 caller incarnation, 9 the round whose World the caller holds (0 = none:
+// a view ranked in it leaves the roster out); then the script's own
+// arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
 // wait_ms, order, since[, roster]}; heartbeat = {code, inc, ver}.
@@ -46,7 +48,7 @@ local K_BACK, K_PENDING, K_RANK, K_ROSTER = KEYS[9], KEYS[10], KEYS[11], KEYS[12
 local CHANNEL = ARGV[1]
 local P = {min = tonumber(ARGV[2]), max = tonumber(ARGV[3]), lastcall = tonumber(ARGV[4]),
   lease = tonumber(ARGV[5]), ttl = tonumber(ARGV[6])}
-local ID, INC = ARGV[7], ARGV[8]
+local ID, INC, HAVE = ARGV[7], ARGV[8], tonumber(ARGV[9]) or 0
 local OK, FENCED, LOST, FINISHED = 0, 1, 2, 3
 local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 2, 3, 4
 
@@ -214,7 +216,7 @@ local function view(st, code)
   local rank = redis.call('HGET', K_RANK, ID)
   if rank then
     r[6], r[7] = ROLE_RANKED, tonumber(rank) or -1
-    r[13] = redis.call('GET', K_ROSTER) or ''
+    if HAVE ~= st.round then r[13] = redis.call('GET', K_ROSTER) or '' end
   elseif is(K_PENDING, ID) then
     r[6] = ROLE_PENDING
   end
@@ -232,13 +234,13 @@ local function member_pre(st)
 end
 `
 
-// ARGV 9 new incarnation, 10 member record, 11 order, 12 round hint,
-// 13 arrive (0/1), 14 since, 15.. peers.
+// ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
+// 14 arrive (0/1), 15 since, 16.. peers.
 const luaJoin = luaPrelude + `
-local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13] == '1'
-local SINCE = tonumber(ARGV[14])
+local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[10], ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+local SINCE = tonumber(ARGV[15])
 local PEERS = {}
-for i = 15, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 16, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES, K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED, K_BACK, K_PENDING, K_RANK, K_ROSTER)
@@ -308,9 +310,9 @@ if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
-// ARGV 9 round, 10 target member ID.
+// ARGV 10 round, 11 target member ID.
 const luaReport = luaPrelude + `
-local ROUND, TARGET = tonumber(ARGV[9]), ARGV[10]
+local ROUND, TARGET = tonumber(ARGV[10]), ARGV[11]
 local st = load()
 local code = member_pre(st)
 if code == OK then

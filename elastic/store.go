@@ -77,7 +77,7 @@ type View struct {
 	Wait        time.Duration // time left until the last-call deadline (Open, deadline set), else 0
 	Order       int64         // caller's arrival order (rank order key), 0 if unknown
 	Since       uint64        // caller's seniority: the first round it held a rank in, 0 if never ranked
-	Members     []Member      // Role == RoleRanked: the round's members in rank order
+	Members     []Member      // Role == RoleRanked: the round's members in rank order (nil if Round == MemberRequest.HaveRound)
 }
 
 // Beat is the result of a heartbeat.
@@ -108,6 +108,11 @@ type MemberRequest struct {
 	MemberID    string
 	Incarnation string
 	Params      Params
+	// HaveRound is the round whose World the caller already holds (0 =
+	// none). A view that ranks the caller in that round leaves Members nil
+	// instead of sending the whole roster again (O(members) bytes on every
+	// call of every member of a large round).
+	HaveRound uint64
 }
 
 // ReportRequest reports that Target failed while both were in Round.
