@@ -69,8 +69,14 @@
 //
 // NewRedisStore works over go-redis' UniversalClient (one node, Sentinel,
 // Cluster): all keys of a job ("et:{<jobID>}:state", ":meta", ":members",
-// ":leases") share one hash tag, and all carry a TTL (Config.StateTTL,
-// renewed by heartbeats), so nothing outlives the job. On a Cluster the
+// ":leases" and the per-member sets and hashes listed in scripts.go) share
+// one hash tag, and all carry a TTL (Config.StateTTL, renewed by
+// heartbeats), so nothing outlives the job. The state is split so that a
+// call costs O(1) Redis commands whatever the job's size (O(log n) for the
+// leases' sorted set): a join, a heartbeat, a poll and a lease sweep touch
+// only what they change; only the close of a round and the opening of the
+// next are O(n), once per round. A member that holds a round's World is not
+// sent its roster again. On a Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
 // rendezvous on a three-master cluster). NewMemoryStore has the
@@ -109,6 +115,12 @@
 // 10-20 ms from the last arrival of 64 members until all hold their World,
 // a few milliseconds from a SIGKILL to the survivors' next World through a
 // failure report, and LeaseTTL plus a few milliseconds through lease expiry.
+// A round of 1024 members (goroutines of the bench process, sharing the two
+// cores with Redis) forms with 0.2-0.5 s of Redis CPU in all, the first
+// member holding its World 50-70 ms after the last arrival; a heartbeat and
+// a Check cost 20-50 us of Redis CPU at 64 and at 1024 members alike
+// (BenchmarkRedisCallCost). What still grows with n^2 is the bytes: every
+// member receives the whole roster (n records) once per round.
 //
 // # References
 //
