@@ -67,6 +67,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	// of a loss re-form at once.
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
 	cfg.LeaseTTL = formationLease
+	cfg.JoinTimeout = 5 * time.Minute // thousands of members start on two shared cores
 	cfg.HeartbeatInterval = min(cfg.HeartbeatInterval, formationLease/3)
 	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
@@ -91,7 +92,8 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}()
 	for i := range clients {
-		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 2 * membersPerClient})
+		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 2 * membersPerClient,
+			DialTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
 		if err := clients[i].Ping(ctx).Err(); err != nil {
 			return res, err
 		}
@@ -115,15 +117,32 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		worlds[i], errs[i] = agents[i].Join(ctx)
 		done[i] = time.Now()
 	}
+	// Members start in a stream with at most startWindow of them not yet
+	// arrived, so thousands do not dial and join at the same instant; the
+	// figure is taken from the last arrival.
+	const startWindow = 128
+	awaitArrival := func() error {
+		select {
+		case <-arrived:
+			return nil
+		case <-time.After(2 * time.Minute):
+			return fmt.Errorf("members did not arrive")
+		}
+	}
+	inFlight := 0
 	for i := range n - 1 {
 		wg.Add(1)
 		go join(i)
+		if inFlight++; inFlight >= startWindow {
+			if err := awaitArrival(); err != nil {
+				return res, err
+			}
+			inFlight--
+		}
 	}
-	for range n - 1 {
-		select {
-		case <-arrived:
-		case <-time.After(2 * time.Minute):
-			return res, fmt.Errorf("members did not arrive")
+	for ; inFlight > 0; inFlight-- {
+		if err := awaitArrival(); err != nil {
+			return res, err
 		}
 	}
 	last := time.Now()
