@@ -222,6 +222,14 @@ func (j *coreJob) save(c *opCtx) {
 	}
 }
 
+// hintRosterMax bounds the roster a hint carries (bytes, about 600 members).
+// A larger round's close is announced by its version alone: every member
+// then reads the roster once with a Check, instead of receiving it twice
+// (a hint to every subscriber, and the Check that a member whose heartbeat
+// saw the new version first makes anyway), and the small hint reaches
+// thousands of subscribers fast.
+const hintRosterMax = 64 << 10
+
 // hint is what a visible change publishes.
 func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
@@ -231,7 +239,11 @@ func (j *coreJob) hint(c opCtx) Hint {
 		for i, id := range j.st.Ranked {
 			recs[i] = j.members[id]
 		}
-		ms, err := parseRoster(strings.Join(recs, "\n"))
+		roster := strings.Join(recs, "\n")
+		if len(roster) > hintRosterMax {
+			return Hint{Version: j.st.Ver}
+		}
+		ms, err := parseRoster(roster)
 		if err != nil || len(ms) == 0 {
 			return Hint{Version: j.st.Ver}
 		}

@@ -38,7 +38,11 @@ package elastic
 // wait_ms, order, since[, roster]}; heartbeat = {code, inc, ver}.
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
-// round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order).
+// round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
+// roster is at most hintRosterMax bytes (see core.go).
+
+// hintRosterMaxLua is hintRosterMax spelled for the scripts.
+const hintRosterMaxLua = "65536"
 
 const luaPrelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
@@ -50,6 +54,7 @@ local P = {min = tonumber(ARGV[2]), max = tonumber(ARGV[3]), lastcall = tonumber
   lease = tonumber(ARGV[5]), ttl = tonumber(ARGV[6])}
 local ID, INC, HAVE = ARGV[7], ARGV[8], tonumber(ARGV[9]) or 0
 local OK, FENCED, LOST, FINISHED = 0, 1, 2, 3
+local HINT_ROSTER_MAX = ` + hintRosterMaxLua + `
 local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 2, 3, 4
 
 local t = redis.call('TIME')
@@ -194,7 +199,10 @@ local function save(st)
     -- incarnation and the member records in rank order, one per line.
     local msg = tostring(st.ver)
     if C.closed and not st.open then
-      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\n' .. (redis.call('GET', K_ROSTER) or '')
+      local roster = redis.call('GET', K_ROSTER) or ''
+      if #roster <= HINT_ROSTER_MAX then
+        msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\n' .. roster
+      end
     end
     redis.call('PUBLISH', CHANNEL, msg)
   end

@@ -38,6 +38,8 @@ type formationResult struct {
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
+	arrivals    time.Duration // from the first member's start until n-1 had arrived
+	closeCPU    time.Duration // Redis CPU from the last arrival until every World
 }
 
 // membersPerClient members share one go-redis client (its pool), so a run
@@ -130,6 +132,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	inFlight := 0
+	started := time.Now()
 	for i := range n - 1 {
 		wg.Add(1)
 		go join(i)
@@ -146,6 +149,8 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	last := time.Now()
+	res.arrivals = last.Sub(started)
+	lastCPU, lastErr := redisCPU(ctx, clients[0])
 	wg.Add(1)
 	go join(n - 1)
 	wg.Wait()
@@ -169,6 +174,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	if cpuErr == nil {
 		if cpu1, err := redisCPU(ctx, clients[0]); err == nil {
 			res.redisCPU = cpu1 - cpu0
+			if lastErr == nil {
+				res.closeCPU = cpu1 - lastCPU
+			}
 		}
 	}
 	if hold > 0 {

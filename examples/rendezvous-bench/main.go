@@ -68,6 +68,7 @@ type figure struct {
 	FirstMS    float64 `json:"first_ms,omitempty"`     // last arrival until the first member holds its World
 	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"` // Redis CPU (INFO cpu) for one formation
 	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"` // this process' CPU over the same span
+	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"` // Redis CPU from the last arrival until every World
 	// Hold only: Redis CPU while a formed round was held, in % of one core.
 	HoldCPUPct float64 `json:"hold_cpu_pct,omitempty"`
 	HoldS      float64 `json:"hold_s,omitempty"`
@@ -156,8 +157,8 @@ func main() {
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
 				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.Goal)
 		default:
-			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
+			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -168,7 +169,7 @@ func main() {
 	}
 	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples, firsts, rcpu, bcpu, chg, chgFirst, chgCPU []time.Duration
+		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -177,9 +178,10 @@ func main() {
 				fail(fmt.Errorf("formation of %d: %w", n, err))
 			}
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
-			firsts = append(firsts, res.firstAt)
+			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
 			if *verbose && res.stats != "" {
-				fmt.Fprintf(os.Stderr, "formation of %d: redis %s\n", n, res.stats)
+				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
+					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
 			}
 			if res.change > 0 {
 				chg, chgCPU, chgFirst = append(chg, res.change), append(chgCPU, res.changeCPU), append(chgFirst, res.changeFirst)
@@ -191,6 +193,7 @@ func main() {
 		}
 		f := summarize("formation", storeName, n, samples)
 		f.RedisCPUMS, f.BenchCPUMS, f.FirstMS = msf(median(rcpu)), msf(median(bcpu)), msf(median(firsts))
+		f.CloseCPUMS = msf(median(ccpu))
 		cpuPer[n] = median(rcpu)
 		switch n {
 		case 64:
