@@ -33,6 +33,7 @@ type Agent struct {
 	mu          sync.Mutex
 	inc         string // incarnation of the job state we are registered in
 	order       int64
+	since       uint64 // first round this member held a rank in (View.Since)
 	maxRound    uint64 // highest closed round seen
 	world       World
 	hasWorld    bool
@@ -225,6 +226,9 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	if v.Order > 0 {
 		a.order = v.Order
 	}
+	if v.Since > 0 {
+		a.since = v.Since
+	}
 	if !v.Open {
 		a.maxRound = max(a.maxRound, v.Round)
 	}
@@ -274,7 +278,7 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 	if a.inc != "" {
 		// Used by the store only if our incarnation is gone: re-register
 		// with our old order and ask it to wait for our old peers.
-		r.Order = a.order
+		r.Order, r.Since = a.order, a.since
 		if a.hasWorld {
 			for _, m := range a.world.Members {
 				if m.ID != a.self.ID {
@@ -289,7 +293,11 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 func (a *Agent) memberRequest() MemberRequest {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+	r := MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+	if a.hasWorld {
+		r.HaveRound = a.world.Round // the store need not send that round's roster again
+	}
+	return r
 }
 
 // opTimeout bounds one store call.
@@ -492,6 +500,20 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
+		if slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+			// Arrived in a round that waits for more members: apart from
+			// its last-call deadline (Wait), nothing changes for us until
+			// the job's version does (a close, an eviction, a new round),
+			// and the Pub/Sub hint and the heartbeat's version poll both
+			// wake this loop when it does. Re-reading the store every
+			// PollInterval too would cost the store n calls per
+			// PollInterval while n members gather; a slow re-read remains
+			// as a safety net.
+			wait = slow
+			if v.Wait > 0 && v.Wait < slow {
+				wait = v.Wait + time.Millisecond
+			}
+		}
 		timer.Reset(wait)
 		select {
 		case <-jctx.Done():
@@ -530,6 +552,10 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 	// MaxWorkers stay pending only when the round is full), so Pending is 0.
 	a.view = View{Code: CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
 		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
+	if a.since == 0 {
+		a.since = h.Round // the store recorded the same: the first round we held a rank in
+	}
+	a.view.Since = a.since
 	a.viewAt = time.Now()
 	a.maxRound = max(a.maxRound, h.Round)
 	a.noteGone(a.world, a.hasWorld, w)

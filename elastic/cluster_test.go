@@ -16,7 +16,8 @@ import (
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
-// jobRedisKeys are the keys of a job as the package doc names them.
+// jobRedisKeys are keys of a job as the package doc names them (the ones
+// that exist while a round runs).
 func jobRedisKeys(jobID string) []string {
 	p := elastic.KeyPrefix + "{" + jobID + "}:"
 	return []string{p + "state", p + "meta", p + "members", p + "leases"}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -31,6 +32,7 @@ type coreState struct {
 	Back     []string         `json:"back"`     // forming round: survivors that arrived
 	Pending  []string         `json:"pending"`  // closed round: waiting joiners in arrival order
 	Ord      map[string]int64 `json:"ord"`      // member ID -> arrival order
+	Since    map[string]int64 `json:"since"`    // member ID -> first round it held a rank in (seniority)
 }
 
 // coreJob is the whole store content of one job: the state document, the
@@ -52,6 +54,7 @@ type opCtx struct {
 type rawView struct {
 	View
 	records []string
+	omitted bool // ranked in the round the caller holds: records left out
 }
 
 func ms(d time.Duration) int64 { return int64(d / time.Millisecond) }
@@ -68,7 +71,7 @@ func remove(list *[]string, id string) bool {
 }
 
 func newCoreState(inc string, hint uint64) *coreState {
-	return &coreState{Inc: inc, Round: hint, Prev: hint, Floor: hint + 1, Ord: map[string]int64{}}
+	return &coreState{Inc: inc, Round: hint, Prev: hint, Floor: hint + 1, Ord: map[string]int64{}, Since: map[string]int64{}}
 }
 
 // evict removes a member from everything.
@@ -77,6 +80,7 @@ func (j *coreJob) evict(id string, c *opCtx) {
 	delete(j.members, id)
 	delete(j.leases, id)
 	delete(st.Ord, id)
+	delete(st.Since, id)
 	if !st.Open && remove(&st.Ranked, id) {
 		c.reopen = true
 	}
@@ -111,8 +115,11 @@ func (j *coreJob) settle(c *opCtx) {
 	}
 }
 
-// sweep evicts members whose lease expired (and any member the state names
-// without a lease), then settles.
+// sweep evicts members whose lease expired, then settles. Every member the
+// state names holds a lease (leases go only with evict, which removes the
+// member from everything, or with the whole job), so the expired leases are
+// all there is to look at: a sweep costs O(expired) (a ZRANGEBYSCORE in the
+// Lua scripts), not O(members).
 func (j *coreJob) sweep(now int64, c *opCtx) {
 	var expired []string
 	for id, exp := range j.leases {
@@ -122,18 +129,6 @@ func (j *coreJob) sweep(now int64, c *opCtx) {
 	}
 	sort.Strings(expired)
 	for _, id := range expired {
-		j.evict(id, c)
-	}
-	st := j.st
-	var orphans []string
-	for _, list := range [][]string{st.Ranked, st.Arrived, st.Expected, st.Pending} {
-		for _, id := range list {
-			if _, ok := j.leases[id]; !ok {
-				orphans = append(orphans, id)
-			}
-		}
-	}
-	for _, id := range orphans {
 		j.evict(id, c)
 	}
 	j.settle(c)
@@ -181,20 +176,44 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 		return
 	}
 	arr := slices.Clone(st.Arrived)
-	sort.SliceStable(arr, func(a, b int) bool {
-		oa, ob := st.Ord[arr[a]], st.Ord[arr[b]]
-		if oa != ob {
-			return oa < ob
-		}
-		return arr[a] < arr[b]
-	})
+	sort.SliceStable(arr, func(a, b int) bool { return st.senior(arr[a], arr[b]) })
 	k := min(n, p.MaxWorkers)
 	st.Ranked = arr[:k:k]
+	for _, id := range st.Ranked {
+		if st.Since[id] == 0 {
+			st.Since[id] = int64(st.Round)
+		}
+	}
 	st.Pending = slices.Clone(arr[k:])
 	st.Open, st.Reform, st.DL = false, false, 0
 	st.Prev = st.Round
 	st.Expected, st.Arrived, st.Back = []string{}, []string{}, []string{}
 	c.changed, c.closed = true, true
+}
+
+// senior reports whether member a ranks before member b: the member that
+// first held a rank in an earlier round first (members never ranked last),
+// then the lower arrival order, then the lower ID. Seniority (Since) is a
+// round number, and round numbers grow across store restarts (RoundHint), so
+// survivors that re-register with their Since after Redis restarted empty
+// rank before a newcomer even if the newcomer registered (and so took a low
+// order) first; arrival orders only compare within one incarnation.
+func (st *coreState) senior(a, b string) bool {
+	sa, sb := st.Since[a], st.Since[b]
+	if sa != sb {
+		switch {
+		case sa == 0:
+			return false
+		case sb == 0:
+			return true
+		}
+		return sa < sb
+	}
+	oa, ob := st.Ord[a], st.Ord[b]
+	if oa != ob {
+		return oa < ob
+	}
+	return a < b
 }
 
 func (j *coreJob) save(c *opCtx) {
@@ -203,29 +222,46 @@ func (j *coreJob) save(c *opCtx) {
 	}
 }
 
+// hintRosterMax bounds the roster a hint carries (bytes, about 600 members).
+// A larger round's close is announced by its version alone: every member
+// then reads the roster once with a Check, instead of receiving it twice
+// (a hint to every subscriber, and the Check that a member whose heartbeat
+// saw the new version first makes anyway), and the small hint reaches
+// thousands of subscribers fast.
+const hintRosterMax = 64 << 10
+
 // hint is what a visible change publishes.
 func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
 	if c.closed && !j.st.Open {
 		h.Round, h.Incarnation = j.st.Round, j.st.Inc
-		for _, id := range j.st.Ranked {
-			m, err := parseRecord(j.members[id])
-			if err != nil {
-				return Hint{Version: j.st.Ver}
-			}
-			h.Members = append(h.Members, m)
+		recs := make([]string, len(j.st.Ranked))
+		for i, id := range j.st.Ranked {
+			recs[i] = j.members[id]
 		}
+		roster := strings.Join(recs, "\n")
+		if len(roster) > hintRosterMax {
+			return Hint{Version: j.st.Ver}
+		}
+		ms, err := parseRoster(roster)
+		if err != nil || len(ms) == 0 {
+			return Hint{Version: j.st.Ver}
+		}
+		h.Members = ms
 	}
 	return h
 }
 
-func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
+// view is the caller's view; have is the round whose World the caller
+// holds (MemberRequest.HaveRound): ranked in it, the records are left out.
+func (j *coreJob) view(id string, code Code, now int64, p Params, have uint64) rawView {
 	st := j.st
 	v := rawView{View: View{Code: code, Rank: -1}}
 	if st == nil {
 		return v
 	}
 	v.Incarnation, v.Version, v.Round, v.Open, v.Order = st.Inc, st.Ver, st.Round, st.Open, st.Ord[id]
+	v.Since = uint64(st.Since[id])
 	if code != CodeOK {
 		return v
 	}
@@ -246,6 +282,10 @@ func (j *coreJob) view(id string, code Code, now int64, p Params) rawView {
 	v.Pending = max(0, min(len(st.Pending), p.MaxWorkers-v.Size))
 	if i := slices.Index(st.Ranked, id); i >= 0 {
 		v.Role, v.Rank = RoleRanked, i
+		if have == st.Round {
+			v.omitted = true
+			return v
+		}
 		for _, m := range st.Ranked {
 			v.records = append(v.records, j.members[m])
 		}
@@ -278,13 +318,13 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	}
 	st := j.st
 	if st.Fin {
-		return j.view(id, CodeFinished, now, p), opCtx{}
+		return j.view(id, CodeFinished, now, p, 0), opCtx{}
 	}
 	j.sweep(now, &c)
 	_, known := j.members[id]
 	if r.Incarnation != "" && r.Incarnation == st.Inc && !known {
 		j.save(&c)
-		return j.view(id, CodeFenced, now, p), c
+		return j.view(id, CodeFenced, now, p, 0), c
 	}
 	st.Floor = max(st.Floor, r.RoundHint+1)
 	if !known {
@@ -297,6 +337,9 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 		}
 		j.members[id] = r.Member.record()
 		st.Ord[id] = order
+		if r.Since > 0 && r.Since <= r.RoundHint {
+			st.Since[id] = int64(r.Since)
+		}
 	}
 	j.leases[id] = now + ms(p.LeaseTTL)
 	if st.Open && st.Round < st.Floor {
@@ -337,7 +380,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	}
 	j.tryClose(now, p, &c)
 	j.save(&c)
-	return j.view(id, CodeOK, now, p), c
+	return j.view(id, CodeOK, now, p, 0), c
 }
 
 // member runs the common prologue of the calls by a registered member:
@@ -363,7 +406,7 @@ func (j *coreJob) check(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
@@ -409,7 +452,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
@@ -423,7 +466,7 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
@@ -436,26 +479,23 @@ func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 	if j.st != nil {
 		j.save(&c)
 	}
-	return j.view(r.MemberID, code, now, r.Params), c
+	return j.view(r.MemberID, code, now, r.Params, r.HaveRound), c
 }
 
 // toView parses the member records of a raw view.
 func (v rawView) toView() (View, error) {
 	out := v.View
-	if v.Role != RoleRanked {
+	if v.Role != RoleRanked || (v.omitted && len(v.records) == 0 && v.Rank >= 0 && v.Rank < v.Size) {
 		return out, nil
 	}
 	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {
 		return View{}, fmt.Errorf("%w: %d records for size %d, rank %d", ErrBadState, len(v.records), v.Size, v.Rank)
 	}
-	out.Members = make([]Member, len(v.records))
-	for i, rec := range v.records {
-		m, err := parseRecord(rec)
-		if err != nil {
-			return View{}, err
-		}
-		out.Members[i] = m
+	ms, err := parseRoster(strings.Join(v.records, "\n"))
+	if err != nil {
+		return View{}, err
 	}
+	out.Members = ms
 	return out, nil
 }
 

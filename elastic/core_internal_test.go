@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -58,7 +59,7 @@ func TestCoreClock(t *testing.T) {
 
 // Malformed store replies give ErrBadState, never a panic.
 func TestParseViewRejectsGarbage(t *testing.T) {
-	good := []any{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), `{"id":"a","addr":"h:1"}`}
+	good := []any{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(1), `{"id":"a","addr":"h:1"}`}
 	if v, err := parseView(good); err != nil {
 		t.Fatal(err)
 	} else if _, err := v.toView(); err != nil {
@@ -67,12 +68,13 @@ func TestParseViewRejectsGarbage(t *testing.T) {
 	bad := [][]any{
 		nil,
 		{int64(0)},
-		{"x", "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
-		{int64(9), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
-		{int64(0), int64(5), int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
-		{int64(0), "inc", int64(-3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1)},
-		{int64(0), "inc", int64(3), int64(2), int64(0), int64(7), int64(0), int64(1), int64(0), int64(0), int64(1)},
-		{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), []any{}},
+		{"x", "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0)},
+		{int64(9), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0)},
+		{int64(0), int64(5), int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0)},
+		{int64(0), "inc", int64(-3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0)},
+		{int64(0), "inc", int64(3), int64(2), int64(0), int64(7), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0)},
+		{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(0), []any{}},
+		{int64(0), "inc", int64(3), int64(2), int64(0), int64(1), int64(0), int64(1), int64(0), int64(0), int64(1), int64(-1)},
 	}
 	for i, b := range bad {
 		if _, err := parseView(b); err == nil {
@@ -101,5 +103,12 @@ func TestParseHint(t *testing.T) {
 		if h.Members != nil {
 			t.Errorf("%q: members from a malformed hint", bad)
 		}
+	}
+}
+
+// The scripts and core.go bound the roster of a hint by the same number.
+func TestHintRosterMaxAgrees(t *testing.T) {
+	if hintRosterMaxLua != strconv.Itoa(hintRosterMax) {
+		t.Fatalf("scripts bound hints at %s bytes, core.go at %d", hintRosterMaxLua, hintRosterMax)
 	}
 }

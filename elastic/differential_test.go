@@ -17,7 +17,9 @@ type diffClient struct {
 	m     elastic.Member
 	inc   string
 	order int64
+	since uint64
 	hint  uint64
+	have  uint64 // round of the last ranked view with members
 	peers []string
 }
 
@@ -26,8 +28,8 @@ func viewKey(v elastic.View) string {
 	for i, m := range v.Members {
 		ids[i] = m.ID
 	}
-	return fmt.Sprintf("code=%v inc=%s ver=%d round=%d open=%v role=%d rank=%d size=%d pending=%d order=%d members=%v",
-		v.Code, v.Incarnation, v.Version, v.Round, v.Open, v.Role, v.Rank, v.Size, v.Pending, v.Order, ids)
+	return fmt.Sprintf("code=%v inc=%s ver=%d round=%d open=%v role=%d rank=%d size=%d pending=%d order=%d since=%d members=%v",
+		v.Code, v.Incarnation, v.Version, v.Round, v.Open, v.Role, v.Rank, v.Size, v.Pending, v.Order, v.Since, ids)
 }
 
 // TestStoresAgree drives the in-memory store (the Go core) and the Redis
@@ -79,7 +81,11 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		if v.Order > 0 {
 			c.order = v.Order
 		}
-		if v.Role == elastic.RoleRanked {
+		if v.Since > 0 {
+			c.since = v.Since
+		}
+		if v.Role == elastic.RoleRanked && v.Members != nil {
+			c.have = v.Round
 			c.peers = c.peers[:0]
 			for _, m := range v.Members {
 				if m.ID != c.m.ID {
@@ -88,13 +94,19 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			}
 		}
 	}
+	useHave := false // this step's calls say which round's roster they hold
 	mreq := func(c *diffClient) elastic.MemberRequest {
-		return elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+		r := elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+		if useHave {
+			r.HaveRound = c.have
+		}
+		return r
 	}
 	var lastRound uint64
 	seen := map[string]int{}
 	defer func() { t.Logf("last closed round %d; outcomes %v", lastRound, seen) }()
 	for step := range steps {
+		useHave = rng.IntN(2) == 0
 		c := clients[rng.IntN(len(clients))]
 		var vm, vo elastic.View
 		var em, eo error
@@ -108,7 +120,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			req := elastic.JoinRequest{JobID: jobID, Member: c.m, Incarnation: c.inc, NewIncarnation: fmt.Sprintf("inc%d", step),
 				RoundHint: c.hint, Arrive: rng.IntN(5) != 0, Params: p}
 			if c.inc != "" {
-				req.Order, req.Peers = c.order, slices.Clone(c.peers)
+				req.Order, req.Since, req.Peers = c.order, c.since, slices.Clone(c.peers)
 			}
 			vm, em = mem.Join(ctx, req)
 			vo, eo = other.Join(ctx, req)
@@ -163,7 +175,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			// A fenced member comes back as a new member.
 			op = "renew"
 			c.m.ID += "x"
-			c.inc, c.order, c.peers = "", 0, nil
+			c.inc, c.order, c.since, c.peers, c.have = "", 0, 0, nil, 0
 			continue
 		}
 		if em != nil || eo != nil {

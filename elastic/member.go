@@ -6,7 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
+	"slices"
+	"strings"
+	"sync"
 )
 
 // MaxMemberFieldLen bounds Member.ID and Member.Host (bytes); Addr may be
@@ -93,6 +97,44 @@ func parseRecord(s string) (Member, error) {
 		return Member{}, fmt.Errorf("%w: member record without ID", ErrBadState)
 	}
 	return m, nil
+}
+
+// rosterCache holds the last roster (member records in rank order, one per
+// line) parsed in this process. Every member of a round receives the same
+// roster; when many members are goroutines of one process (tests, the
+// rendezvous bench, single-host jobs) it is parsed once instead of once per
+// member, which at a thousand members is a million JSON decodes. The lock is
+// held while parsing, so members that receive a new roster together wait for
+// one parse instead of each doing it.
+var rosterCache struct {
+	mu      sync.Mutex
+	roster  string
+	members []Member
+}
+
+// parseRoster parses a roster: records joined by "\n" (JSON of Member never
+// holds a raw newline). It returns a copy the caller owns (Endpoints maps
+// included), or ErrBadState if a record is malformed.
+func parseRoster(roster string) ([]Member, error) {
+	rosterCache.mu.Lock()
+	defer rosterCache.mu.Unlock()
+	if rosterCache.members == nil || rosterCache.roster != roster {
+		recs := strings.Split(roster, "\n")
+		ms := make([]Member, len(recs))
+		for i, rec := range recs {
+			m, err := parseRecord(rec)
+			if err != nil {
+				return nil, err
+			}
+			ms[i] = m
+		}
+		rosterCache.roster, rosterCache.members = roster, ms
+	}
+	out := slices.Clone(rosterCache.members)
+	for i := range out {
+		out[i].Endpoints = maps.Clone(out[i].Endpoints)
+	}
+	return out, nil
 }
 
 // World is one member's view of a closed round: the job, the round number

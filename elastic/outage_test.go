@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -215,4 +216,92 @@ func TestCorruptStateRecovers(t *testing.T) {
 		t.Fatalf("Join over a wrong-typed key: %v", err)
 	}
 	_ = c.Del(ctx, prefix+"leases")
+}
+
+// gateStore holds back every Join of a member that re-registers (its
+// request names an incarnation) while the gate is shut.
+type gateStore struct {
+	elastic.Store
+	mu   sync.Mutex
+	shut chan struct{} // nil: open
+}
+
+func (g *gateStore) close() {
+	g.mu.Lock()
+	g.shut = make(chan struct{})
+	g.mu.Unlock()
+}
+
+func (g *gateStore) open() {
+	g.mu.Lock()
+	if g.shut != nil {
+		close(g.shut)
+		g.shut = nil
+	}
+	g.mu.Unlock()
+}
+
+func (g *gateStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	g.mu.Lock()
+	shut := g.shut
+	g.mu.Unlock()
+	if shut != nil && r.Incarnation != "" {
+		select {
+		case <-shut:
+		case <-ctx.Done():
+			return elastic.View{}, &elastic.StoreError{Op: "join", JobID: r.JobID, Err: ctx.Err()}
+		}
+	}
+	return g.Store.Join(ctx, r)
+}
+
+// TestStoreRestartedEmptyNewcomerFirst: Redis restarts empty while a round
+// of three runs, and a newcomer registers and arrives before any survivor
+// re-registers (the survivors' Joins are held back until the newcomer's
+// answer came), so the newcomer holds arrival order 1 of the new job state.
+// The next round still gives the survivors ranks 0..2 in their old order,
+// rank 0 on the oldest survivor, and the newcomer rank 3.
+func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
+	t.Parallel()
+	srv := testredis.Start(t)
+	c := newClient(srv.Addr())
+	t.Cleanup(func() { _ = c.Close() })
+	base := elastic.NewRedisStore(c)
+	gate := &gateStore{Store: base}
+	cfg := testConfig(t)
+	// MinWorkers 3: the newcomer alone cannot close a round before the
+	// survivors are back.
+	cfg.MinWorkers, cfg.MaxWorkers = 3, 4
+	as := []*elastic.Agent{newAgent(t, gate, cfg), newAgent(t, gate, cfg), newAgent(t, gate, cfg)}
+	ws := []*worker{startWorker(t, as[0]), startWorker(t, as[1]), startWorker(t, as[2])}
+	before := awaitRound(t, 20*time.Second, ws...)
+	checkRound(t, before, as)
+
+	gate.close()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	spy := newSpy(base)
+	newcomer := newAgent(t, spy, cfg)
+	nw := startWorker(t, newcomer)
+	select {
+	case first := <-spy.views:
+		if first.v.Order != 1 || !first.v.Open || first.v.Role != elastic.RoleArrived {
+			t.Fatalf("the newcomer's first answer after the restart: %+v; want arrived with order 1 in a forming round (it registered first)", first.v)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the newcomer never got an answer from the restarted store")
+	}
+	gate.open()
+
+	all := append(slices.Clone(as), newcomer)
+	after := awaitRound(t, 20*time.Second, append(slices.Clone(ws), nw)...)
+	checkRound(t, after, all)
+	if after[0].Round <= before[0].Round {
+		t.Fatalf("round went from %d to %d", before[0].Round, after[0].Round)
+	}
+	want := append(before[0].MemberIDs(), newcomer.Member().ID)
+	if got := after[0].MemberIDs(); !slices.Equal(got, want) {
+		t.Fatalf("rank order after the restart %v, want the survivors in their old order, then the newcomer: %v", got, want)
+	}
 }

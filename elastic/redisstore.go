@@ -12,9 +12,11 @@ import (
 )
 
 // KeyPrefix starts every Redis key and channel of the rendezvous. A job's
-// keys are "et:{<jobID>}:state", ":meta", ":members", ":leases" and its
-// Pub/Sub channel "et:{<jobID>}:events"; the braces make the job ID the hash
-// tag, so all keys of a job live in one Redis Cluster slot.
+// keys are "et:{<jobID>}:state", ":meta", ":members", ":leases", ":ord",
+// ":since", ":arrived", ":expected", ":back", ":pending", ":rank" and
+// ":roster" (see scripts.go for what each holds) and its Pub/Sub channel
+// "et:{<jobID>}:events"; the braces make the job ID the hash tag, so all
+// keys of a job live in one Redis Cluster slot.
 const KeyPrefix = "et:"
 
 var (
@@ -41,21 +43,22 @@ func NewRedisStore(c redis.UniversalClient) *RedisStore { return &RedisStore{c: 
 
 func jobKeys(jobID string) []string {
 	p := KeyPrefix + "{" + jobID + "}:"
-	return []string{p + "state", p + "meta", p + "members", p + "leases"}
+	return []string{p + "state", p + "meta", p + "members", p + "leases", p + "ord", p + "since",
+		p + "arrived", p + "expected", p + "back", p + "pending", p + "rank", p + "roster"}
 }
 
 func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
 
-func commonArgs(jobID, memberID, inc string, p Params) []any {
+func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
 	return []any{
 		jobChannel(jobID),
 		p.MinWorkers, p.MaxWorkers,
 		ms(p.LastCall), max(1, ms(p.LeaseTTL)), max(1, ms(p.StateTTL)),
-		memberID, inc,
+		memberID, inc, strconv.FormatUint(have, 10),
 	}
 }
 
-func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, args []any) (View, error) {
+func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, have uint64, args []any) (View, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
@@ -67,6 +70,9 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 	if err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
+	// The scripts leave the roster out of a view ranked in the round the
+	// caller said it holds; anywhere else a missing roster is an error.
+	rv.omitted = have != 0 && rv.Round == have && rv.Role == RoleRanked && len(rv.records) == 0
 	return wrapView(rv, op, jobID)
 }
 
@@ -75,37 +81,37 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if err := r.Member.validate(); err != nil {
 		return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
 	}
-	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params)
+	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params, 0)
 	arrive := 0
 	if r.Arrive {
 		arrive = 1
 	}
-	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive)
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10))
 	for _, p := range r.Peers {
 		args = append(args, p)
 	}
-	return s.runView(ctx, "join", scriptJoin, r.JobID, args)
+	return s.runView(ctx, "join", scriptJoin, r.JobID, 0, args)
 }
 
 // Check implements Store.
 func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "check", scriptCheck, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "check", scriptCheck, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
 func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
-	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params), strconv.FormatUint(r.Round, 10), r.Target)
-	return s.runView(ctx, "report", scriptReport, r.JobID, args)
+	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
+	return s.runView(ctx, "report", scriptReport, r.JobID, r.HaveRound, args)
 }
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Finish implements Store.
 func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "finish", scriptFinish, r.JobID, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params))
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
@@ -116,7 +122,7 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err := ValidateJobID(r.JobID); err != nil {
 		return fail(err)
 	}
-	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params)...).Slice()
+	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)...).Slice()
 	if err != nil {
 		return fail(err)
 	}
@@ -159,13 +165,13 @@ func replyString(v any) (string, error) {
 
 // parseView decodes a view reply of the scripts (see scripts.go).
 func parseView(res []any) (rawView, error) {
-	const head = 11
+	const head = 12
 	if len(res) < head {
 		return rawView{}, fmt.Errorf("%w: view reply has %d elements", ErrBadState, len(res))
 	}
 	var ints [head]int64
 	var errs []error
-	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 9, 10} {
+	for _, i := range []int{0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11} {
 		n, err := replyInt(res[i])
 		ints[i] = n
 		errs = append(errs, err)
@@ -177,7 +183,7 @@ func parseView(res []any) (rawView, error) {
 	}
 	code, role := ints[0], ints[5]
 	if code < 0 || code > int64(CodeFinished) || role < 0 || role > int64(RolePending) ||
-		ints[2] < 0 || ints[3] < 0 || ints[7] < 0 || ints[8] < 0 || ints[9] < 0 {
+		ints[2] < 0 || ints[3] < 0 || ints[11] < 0 || ints[7] < 0 || ints[8] < 0 || ints[9] < 0 {
 		return rawView{}, fmt.Errorf("%w: view reply out of range: %v", ErrBadState, res[:head])
 	}
 	v := rawView{View: View{
@@ -192,16 +198,19 @@ func parseView(res []any) (rawView, error) {
 		Pending:     int(ints[8]),
 		Wait:        msDuration(ints[9]),
 		Order:       ints[10],
+		Since:       uint64(ints[11]),
 	}}
 	if v.Open { // the pending slot carries the arrivals while open
 		v.Arrived, v.Pending = v.Pending, 0
 	}
+	// The scripts answer the records as one roster string, one record per
+	// line; each element may hold several.
 	for _, r := range res[head:] {
 		s, err := replyString(r)
 		if err != nil {
 			return rawView{}, err
 		}
-		v.records = append(v.records, s)
+		v.records = append(v.records, strings.Split(s, "\n")...)
 	}
 	return v, nil
 }
@@ -241,7 +250,7 @@ func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
 // parseHint decodes a change message (see scripts.go). A malformed message
 // still counts as a hint, with nothing known but that something changed.
 func parseHint(payload string) Hint {
-	lines := strings.Split(payload, "\n")
+	lines := strings.SplitN(payload, "\n", 4)
 	ver, err := strconv.ParseUint(lines[0], 10, 64)
 	if err != nil {
 		return Hint{}
@@ -254,13 +263,9 @@ func parseHint(payload string) Hint {
 	if err != nil {
 		return h
 	}
-	members := make([]Member, 0, len(lines)-3)
-	for _, rec := range lines[3:] {
-		m, err := parseRecord(rec)
-		if err != nil {
-			return h
-		}
-		members = append(members, m)
+	members, err := parseRoster(lines[3])
+	if err != nil {
+		return h
 	}
 	h.Round, h.Incarnation, h.Members = round, lines[2], members
 	return h

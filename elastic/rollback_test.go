@@ -20,7 +20,8 @@ type jobSnapshot struct {
 
 func jobKeys(job string) []string {
 	p := elastic.KeyPrefix + "{" + job + "}:"
-	return []string{p + "state", p + "meta", p + "members", p + "leases"}
+	return []string{p + "state", p + "meta", p + "members", p + "leases", p + "ord", p + "since",
+		p + "arrived", p + "expected", p + "back", p + "pending", p + "rank", p + "roster"}
 }
 
 func snapshotJob(t *testing.T, ctx context.Context, c redis.UniversalClient, job string) jobSnapshot {
@@ -28,6 +29,9 @@ func snapshotJob(t *testing.T, ctx context.Context, c redis.UniversalClient, job
 	s := jobSnapshot{keys: jobKeys(job), dump: map[string]string{}, ttl: map[string]time.Duration{}}
 	for _, k := range s.keys {
 		d, err := c.Dump(ctx, k).Result()
+		if err == redis.Nil {
+			continue // an empty set of the state: absent, and absent again after the restore
+		}
 		if err != nil {
 			t.Fatalf("DUMP %s: %v", k, err)
 		}
@@ -46,7 +50,11 @@ func (s jobSnapshot) restore(t *testing.T, ctx context.Context, c redis.Universa
 	t.Helper()
 	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
 		for _, k := range s.keys {
-			p.RestoreReplace(ctx, k, s.ttl[k], s.dump[k])
+			if d, ok := s.dump[k]; ok {
+				p.RestoreReplace(ctx, k, s.ttl[k], d)
+			} else {
+				p.Del(ctx, k)
+			}
 		}
 		return nil
 	})

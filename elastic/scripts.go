@@ -2,57 +2,81 @@ package elastic
 
 // Lua scripts of the Redis store. Each state transition is one script, run
 // atomically by Redis. They mirror core.go function by function; keep the two
-// in step (the same tests run against both stores).
+// in step (the same tests run against both stores, and TestStoresAgree
+// compares their answers).
 //
-// KEYS: 1 state (JSON of coreState, string), 2 meta (hash: inc, ver, fin, for
-// the cheap heartbeat), 3 members (hash: member ID -> JSON of Member),
-// 4 leases (sorted set: member ID scored by lease expiry, ms of Redis' clock).
-// All four carry the job's hash tag, so they live in one Cluster slot.
+// The job state is split so that a call touches only what it changes: every
+// operation costs O(1) Redis commands (O(log n) for sorted-set updates),
+// except the close of a round and the opening of the round after it, which
+// are O(n) once per round, and a re-registration after a loss, O(peers).
+//
+// KEYS (all carry the job's hash tag, so they live in one Cluster slot):
+//
+//	1 state     string: JSON of the scalar fields of coreState (inc, round,
+//	            prev, floor, open, reform, fin, dl, seq, ver) and size (of
+//	            the closed round: HLEN of rank, checked on every load)
+//	2 meta      hash: inc, ver, fin, for the cheap heartbeat
+//	3 members   hash: member ID -> JSON of Member
+//	4 leases    sorted set: member ID scored by lease expiry (ms, Redis' clock)
+//	5 ord       hash: member ID -> arrival order
+//	6 since     hash: member ID -> first round it held a rank in
+//	7 arrived   set: forming round, arrived members
+//	8 expected  set: forming round, survivors not yet arrived
+//	9 back      set: forming round, survivors that arrived
+//	10 pending  set: closed round, waiting joiners
+//	11 rank     hash: closed round, member ID -> rank (0-based)
+//	12 roster   string: closed round, the member records in rank order,
+//	            one per line (JSON never contains a raw newline)
 //
 // ARGV (all scripts): 1 Pub/Sub channel, 2 MinWorkers, 3 MaxWorkers,
 // 4 LastCall ms, 5 LeaseTTL ms, 6 StateTTL ms, 7 caller member ID,
-// 8 caller incarnation; then the script's own arguments.
+// 8 caller incarnation, 9 the round whose World the caller holds (0 = none:
+// a view ranked in it leaves the roster out); then the script's own
+// arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
-// wait_ms, order, record...} (pending is the count of arrived members while
-// open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc, ver,
-// now_ms} (the store's clock; Beat.StoreTime).
+// wait_ms, order, since[, roster]} (pending is the count of arrived members
+// while open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
+// ver, now_ms} (the store's clock; Beat.StoreTime).
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
-// round, "<ver>\n<round>\n<inc>\n<record>\n<record>..." (records in rank
-// order; JSON never contains a raw newline).
+// round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
+// roster is at most hintRosterMax bytes (see core.go).
+
+// hintRosterMaxLua is hintRosterMax spelled for the scripts.
+const hintRosterMaxLua = "65536"
 
 const luaPrelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local K_STATE, K_META, K_MEMBERS, K_LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local K_BACK, K_PENDING, K_RANK, K_ROSTER = KEYS[9], KEYS[10], KEYS[11], KEYS[12]
 local CHANNEL = ARGV[1]
 local P = {min = tonumber(ARGV[2]), max = tonumber(ARGV[3]), lastcall = tonumber(ARGV[4]),
   lease = tonumber(ARGV[5]), ttl = tonumber(ARGV[6])}
-local ID, INC = ARGV[7], ARGV[8]
+local ID, INC, HAVE = ARGV[7], ARGV[8], tonumber(ARGV[9]) or 0
 local OK, FENCED, LOST, FINISHED = 0, 1, 2, 3
+local HINT_ROSTER_MAX = ` + hintRosterMaxLua + `
 local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 2, 3, 4
 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local C = {changed = false, reopen = false, closed = false}
 
-local function index(list, id)
-  for i = 1, #list do if list[i] == id then return i end end
-  return 0
-end
-local function contains(list, id) return index(list, id) > 0 end
-local function remove(list, id)
-  local i = index(list, id)
-  if i > 0 then table.remove(list, i); return true end
-  return false
-end
-local function arr(x)
+local function num(x) if type(x) == 'number' then return x end return 0 end
+local function is(key, id) return redis.call('SISMEMBER', key, id) == 1 end
+local function hnum(key, id) return tonumber(redis.call('HGET', key, id) or '0') or 0 end
+
+-- each calls redis command cmd on key with the items of list, in chunks
+-- (Lua's unpack has a stack limit); it returns the replies concatenated.
+local function each(cmd, key, list)
   local out = {}
-  if type(x) ~= 'table' then return out end
-  for i = 1, #x do if type(x[i]) == 'string' then out[#out + 1] = x[i] end end
+  for i = 1, #list, 1000 do
+    local r = redis.call(cmd, key, unpack(list, i, math.min(#list, i + 999)))
+    if type(r) == 'table' then for _, x in ipairs(r) do out[#out + 1] = x end end
+  end
   return out
 end
-local function num(x) if type(x) == 'number' then return x end return 0 end
 
 local function load()
   local raw = redis.call('GET', K_STATE)
@@ -62,38 +86,35 @@ local function load()
   st.round, st.prev, st.floor = num(st.round), num(st.prev), num(st.floor)
   st.dl, st.seq, st.ver = num(st.dl), num(st.seq), num(st.ver)
   st.open, st.reform, st.fin = st.open == true, st.reform == true, st.fin == true
-  st.ranked, st.arrived = arr(st.ranked), arr(st.arrived)
-  st.expected, st.pending, st.back = arr(st.expected), arr(st.pending), arr(st.back)
-  local ord = {}
-  if type(st.ord) == 'table' then
-    for k, v in pairs(st.ord) do if type(k) == 'string' and type(v) == 'number' then ord[k] = v end end
-  end
-  st.ord = ord
+  st.size = num(st.size)
+  -- The closed round's rank hash is written with its size: if they disagree
+  -- the keys were damaged, and the job re-forms as after a loss (O(1) check).
+  if not st.open and redis.call('HLEN', K_RANK) ~= st.size then return nil end
   return st
 end
 
 local function evict(st, id)
   redis.call('HDEL', K_MEMBERS, id)
   redis.call('ZREM', K_LEASES, id)
-  st.ord[id] = nil
-  if not st.open and remove(st.ranked, id) then C.reopen = true end
-  remove(st.arrived, id)
-  remove(st.expected, id)
-  remove(st.back, id)
-  remove(st.pending, id)
+  redis.call('HDEL', K_ORD, id)
+  redis.call('HDEL', K_SINCE, id)
+  if not st.open and redis.call('HDEL', K_RANK, id) == 1 then C.reopen = true end
+  redis.call('SREM', K_ARRIVED, id)
+  redis.call('SREM', K_EXPECTED, id)
+  redis.call('SREM', K_BACK, id)
+  redis.call('SREM', K_PENDING, id)
   C.changed = true
 end
 
 local function open_next(st)
   st.round = math.max(st.round + 1, st.floor)
   st.open = true
-  st.reform = #st.ranked > 0
-  st.dl = 0
-  st.expected = st.ranked
-  st.back = {}
-  st.ranked = {}
-  st.arrived = st.pending
-  st.pending = {}
+  local survivors = redis.call('HKEYS', K_RANK)
+  st.reform = #survivors > 0
+  st.dl, st.size = 0, 0
+  redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
+  each('SADD', K_EXPECTED, survivors)
+  if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
   C.changed = true
 end
 
@@ -105,84 +126,109 @@ local function sweep(st)
   local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW)
   table.sort(expired)
   for _, id in ipairs(expired) do evict(st, id) end
-  local orphans = {}
-  for _, list in ipairs({st.ranked, st.arrived, st.expected, st.pending}) do
-    for _, id in ipairs(list) do
-      if not redis.call('ZSCORE', K_LEASES, id) then orphans[#orphans + 1] = id end
-    end
-  end
-  for _, id in ipairs(orphans) do evict(st, id) end
   settle(st)
 end
 
 local function try_close(st)
-  if not st.open or #st.expected > 0 then return end
-  local n = #st.arrived
+  if not st.open or redis.call('SCARD', K_EXPECTED) > 0 then return end
+  local n = redis.call('SCARD', K_ARRIVED)
   if n == 0 then st.dl = 0; st.reform = false; return end
   local close = false
-  if st.reform and #st.back > 0 and n >= P.min then close = true
+  if st.reform and redis.call('SCARD', K_BACK) > 0 and n >= P.min then close = true
   elseif n >= P.max then close = true
   elseif n >= P.min then
     if st.dl == 0 then st.dl = NOW + P.lastcall end
     close = NOW >= st.dl
   else st.dl = 0 end
   if not close then return end
-  local a = {}
-  for i, id in ipairs(st.arrived) do a[i] = id end
+  local a = redis.call('SMEMBERS', K_ARRIVED)
+  local ords, sinces = each('HMGET', K_ORD, a), each('HMGET', K_SINCE, a)
+  local ord, since = {}, {}
+  for i, id in ipairs(a) do
+    ord[id] = tonumber(ords[i] or '0') or 0
+    since[id] = tonumber(sinces[i] or '0') or 0
+  end
   table.sort(a, function(x, y)
-    local ox, oy = st.ord[x] or 0, st.ord[y] or 0
+    local sx, sy = since[x], since[y]
+    if sx ~= sy then
+      if sx == 0 then return false end
+      if sy == 0 then return true end
+      return sx < sy
+    end
+    local ox, oy = ord[x], ord[y]
     if ox ~= oy then return ox < oy end
     return x < y
   end)
   local k = math.min(n, P.max)
-  st.ranked, st.pending = {}, {}
+  local ranked, rest, rankArgs, sinceArgs = {}, {}, {}, {}
   for i = 1, n do
-    if i <= k then st.ranked[#st.ranked + 1] = a[i] else st.pending[#st.pending + 1] = a[i] end
+    local id = a[i]
+    if i <= k then
+      ranked[#ranked + 1] = id
+      rankArgs[#rankArgs + 1] = id
+      rankArgs[#rankArgs + 1] = i - 1
+      if since[id] == 0 then
+        sinceArgs[#sinceArgs + 1] = id
+        sinceArgs[#sinceArgs + 1] = st.round
+      end
+    else
+      rest[#rest + 1] = id
+    end
   end
-  st.open, st.reform, st.dl, st.prev = false, false, 0, st.round
-  st.expected, st.arrived, st.back = {}, {}, {}
+  redis.call('DEL', K_EXPECTED, K_ARRIVED, K_BACK, K_PENDING, K_RANK)
+  each('HSET', K_RANK, rankArgs)
+  each('HSET', K_SINCE, sinceArgs)
+  each('SADD', K_PENDING, rest)
+  local recs = each('HMGET', K_MEMBERS, ranked)
+  for j = 1, #ranked do recs[j] = recs[j] or '' end
+  redis.call('SET', K_ROSTER, table.concat(recs, '\n'))
+  st.open, st.reform, st.dl, st.prev, st.size = false, false, 0, st.round, k
   C.changed, C.closed = true, true
+end
+
+local function expire_all()
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], P.ttl) end
 end
 
 local function save(st)
   if C.changed then st.ver = st.ver + 1 end
-  redis.call('SET', K_STATE, cjson.encode(st), 'PX', P.ttl)
+  redis.call('SET', K_STATE, cjson.encode({inc = st.inc, round = st.round, prev = st.prev, floor = st.floor,
+    open = st.open, reform = st.reform, fin = st.fin, dl = st.dl, seq = st.seq, ver = st.ver, size = st.size}), 'PX', P.ttl)
   redis.call('HSET', K_META, 'inc', st.inc, 'ver', st.ver, 'fin', st.fin and '1' or '0')
-  redis.call('PEXPIRE', K_META, P.ttl)
-  redis.call('PEXPIRE', K_MEMBERS, P.ttl)
-  redis.call('PEXPIRE', K_LEASES, P.ttl)
+  expire_all()
   if C.changed then
     -- The hint: the version, and when a round closed, the round, the
     -- incarnation and the member records in rank order, one per line.
     local msg = tostring(st.ver)
     if C.closed and not st.open then
-      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
-      local recs = redis.call('HMGET', K_MEMBERS, unpack(st.ranked))
-      for j = 1, #st.ranked do msg = msg .. '\n' .. (recs[j] or '') end
+      local roster = redis.call('GET', K_ROSTER) or ''
+      if #roster <= HINT_ROSTER_MAX then
+        msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\n' .. roster
+      end
     end
     redis.call('PUBLISH', CHANNEL, msg)
   end
 end
 
 local function view(st, code)
-  if not st then return {code, '', 0, 0, 0, ROLE_NONE, -1, 0, 0, 0, 0} end
-  local r = {code, st.inc, st.ver, st.round, st.open and 1 or 0, ROLE_NONE, -1, 0, 0, 0, st.ord[ID] or 0}
+  if not st then return {code, '', 0, 0, 0, ROLE_NONE, -1, 0, 0, 0, 0, 0} end
+  local r = {code, st.inc, st.ver, st.round, st.open and 1 or 0, ROLE_NONE, -1, 0, 0, 0, hnum(K_ORD, ID), hnum(K_SINCE, ID)}
   if code ~= OK then return r end
   if st.open then
-    if contains(st.arrived, ID) then r[6] = ROLE_ARRIVED
-    elseif contains(st.expected, ID) then r[6] = ROLE_EXPECTED end
+    if is(K_ARRIVED, ID) then r[6] = ROLE_ARRIVED
+    elseif is(K_EXPECTED, ID) then r[6] = ROLE_EXPECTED end
     if st.dl > 0 then r[10] = math.max(0, st.dl - NOW) end
-    r[9] = #st.arrived -- the pending slot carries the arrivals while open
+    r[9] = redis.call('SCARD', K_ARRIVED) -- the pending slot carries the arrivals while open
     return r
   end
-  r[8] = #st.ranked
-  r[9] = math.max(0, math.min(#st.pending, P.max - #st.ranked))
-  local i = index(st.ranked, ID)
-  if i > 0 then
-    r[6], r[7] = ROLE_RANKED, i - 1
-    local recs = redis.call('HMGET', K_MEMBERS, unpack(st.ranked))
-    for j = 1, #st.ranked do r[#r + 1] = recs[j] or '' end
-  elseif contains(st.pending, ID) then
+  local size = redis.call('HLEN', K_RANK)
+  r[8] = size
+  r[9] = math.max(0, math.min(redis.call('SCARD', K_PENDING), P.max - size))
+  local rank = redis.call('HGET', K_RANK, ID)
+  if rank then
+    r[6], r[7] = ROLE_RANKED, tonumber(rank) or -1
+    if HAVE ~= st.round then r[13] = redis.call('GET', K_ROSTER) or '' end
+  elseif is(K_PENDING, ID) then
     r[6] = ROLE_PENDING
   end
   return r
@@ -199,17 +245,18 @@ local function member_pre(st)
 end
 `
 
-// ARGV 9 new incarnation, 10 member record, 11 order, 12 round hint,
-// 13 arrive (0/1), 14.. peers.
+// ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
+// 14 arrive (0/1), 15 since, 16.. peers.
 const luaJoin = luaPrelude + `
-local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[9], ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[13] == '1'
+local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[10], ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+local SINCE = tonumber(ARGV[15])
 local PEERS = {}
-for i = 14, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 16, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
 if not st then
-  redis.call('DEL', K_MEMBERS, K_LEASES)
+  redis.call('DEL', K_MEMBERS, K_LEASES, K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED, K_BACK, K_PENDING, K_RANK, K_ROSTER)
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
-    fin = false, dl = 0, seq = 0, ver = 0, ranked = {}, arrived = {}, expected = {}, back = {}, pending = {}, ord = {}}
+    fin = false, dl = 0, seq = 0, ver = 0, size = 0}
   C.changed = true
 end
 if st.fin then return view(st, FINISHED) end
@@ -229,19 +276,20 @@ if not known then
     st.seq = math.max(st.seq, order)
   end
   redis.call('HSET', K_MEMBERS, ID, REC)
-  st.ord[ID] = order
+  redis.call('HSET', K_ORD, ID, order)
+  if SINCE > 0 and SINCE <= HINT then redis.call('HSET', K_SINCE, ID, SINCE) end
 end
 redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
 if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
-  if not st.open and #st.ranked == 0 then open_next(st) end
+  if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st) end
   if st.open then
     local all = {ID}
     for _, p in ipairs(PEERS) do all[#all + 1] = p end
     for _, p in ipairs(all) do
-      if not contains(st.arrived, p) and not contains(st.expected, p) then
+      if not is(K_ARRIVED, p) and not is(K_EXPECTED, p) then
         if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, NOW + P.lease, p) end
-        st.expected[#st.expected + 1] = p
+        redis.call('SADD', K_EXPECTED, p)
       end
     end
     st.reform = true
@@ -250,23 +298,21 @@ if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
 end
 if ARRIVE then
   if not st.open then
-    if contains(st.ranked, ID) or #st.ranked == 0 then
+    if redis.call('HEXISTS', K_RANK, ID) == 1 or redis.call('HLEN', K_RANK) == 0 then
       open_next(st)
-    elseif not contains(st.pending, ID) then
-      st.pending[#st.pending + 1] = ID
+    elseif redis.call('SADD', K_PENDING, ID) == 1 then
       C.changed = true
     end
   end
   if st.open then
-    if remove(st.expected, ID) then st.back[#st.back + 1] = ID end
-    if not contains(st.arrived, ID) then st.arrived[#st.arrived + 1] = ID end
+    if redis.call('SREM', K_EXPECTED, ID) == 1 then redis.call('SADD', K_BACK, ID) end
+    redis.call('SADD', K_ARRIVED, ID)
   end
 end
 try_close(st)
 save(st)
 return view(st, OK)
 `
-
 const luaCheck = luaPrelude + `
 local st = load()
 local code = member_pre(st)
@@ -275,15 +321,15 @@ if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
-// ARGV 9 round, 10 target member ID.
+// ARGV 10 round, 11 target member ID.
 const luaReport = luaPrelude + `
-local ROUND, TARGET = tonumber(ARGV[9]), ARGV[10]
+local ROUND, TARGET = tonumber(ARGV[10]), ARGV[11]
 local st = load()
 local code = member_pre(st)
 if code == OK then
-  if not st.open and st.round == ROUND and contains(st.ranked, TARGET) then
+  if not st.open and st.round == ROUND and redis.call('HEXISTS', K_RANK, TARGET) == 1 then
     evict(st, TARGET)
-  elseif st.open and st.prev == ROUND and contains(st.expected, TARGET) then
+  elseif st.open and st.prev == ROUND and is(K_EXPECTED, TARGET) then
     evict(st, TARGET)
   end
   settle(st)
@@ -330,10 +376,9 @@ if #expired > 0 then
   save(st)
   ver = st.ver
 end
-redis.call('PEXPIRE', K_STATE, P.ttl)
-redis.call('PEXPIRE', K_META, P.ttl)
-redis.call('PEXPIRE', K_MEMBERS, P.ttl)
-redis.call('PEXPIRE', K_LEASES, P.ttl)
+-- Renew the job's TTL once it is half spent, not on every beat: a
+-- heartbeat stays a handful of commands.
+if redis.call('PTTL', K_STATE) < P.ttl / 2 then expire_all() end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
 redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
 return {OK, inc, ver, NOW}

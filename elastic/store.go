@@ -77,7 +77,8 @@ type View struct {
 	Arrived     int           // members arrived in the forming round (Open only, else 0)
 	Wait        time.Duration // time left until the last-call deadline (Open, deadline set), else 0
 	Order       int64         // caller's arrival order (rank order key), 0 if unknown
-	Members     []Member      // Role == RoleRanked: the round's members in rank order
+	Since       uint64        // caller's seniority: the first round it held a rank in, 0 if never ranked
+	Members     []Member      // Role == RoleRanked: the round's members in rank order (nil if Round == MemberRequest.HaveRound)
 }
 
 // Beat is the result of a heartbeat.
@@ -103,6 +104,7 @@ type JoinRequest struct {
 	NewIncarnation string   // used if the call creates the job state; random, non-empty
 	Order          int64    // caller's previous order when re-registering after a loss; 0 = assign
 	RoundHint      uint64   // highest closed round the caller has seen; rounds opened later get a higher number
+	Since          uint64   // caller's View.Since when re-registering after a loss (<= RoundHint, else ignored); 0 = never ranked
 	Peers          []string // re-registration after a loss: member IDs of the caller's last World
 	Arrive         bool     // take part in the next/forming round; false = only (re-)register
 	Params         Params
@@ -114,6 +116,11 @@ type MemberRequest struct {
 	MemberID    string
 	Incarnation string
 	Params      Params
+	// HaveRound is the round whose World the caller already holds (0 =
+	// none). A view that ranks the caller in that round leaves Members nil
+	// instead of sending the whole roster again (O(members) bytes on every
+	// call of every member of a large round).
+	HaveRound uint64
 }
 
 // ReportRequest reports that Target failed while both were in Round.
@@ -176,9 +183,12 @@ func offer(c chan Hint, h Hint) {
 //     LastCall after MinWorkers arrived. A re-formed round (survivors of the
 //     previous round expected) closes as soon as every survivor arrived or was
 //     evicted, if at least MinWorkers arrived.
-//   - Ranks follow the members' arrival order (Order): survivors keep their
-//     relative order and rank 0 stays on the oldest survivor; newcomers take
-//     the next ranks. The same membership gives the same ranks.
+//   - Ranks follow seniority (Since: the first round a member held a rank
+//     in; members never ranked come last), then arrival order (Order):
+//     survivors keep their relative order and rank 0 stays on the oldest
+//     survivor; newcomers take the next ranks. The same membership gives the
+//     same ranks. This holds across a store restarted empty too, whoever
+//     registers first: survivors re-register with their Order and Since.
 //   - Join with Arrive by a ranked member of the closed round opens the next
 //     round; by anyone else while a round runs, it adds the caller to the
 //     pending joiners (moved into the next round when it opens).

@@ -26,68 +26,229 @@ func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.V
 	return v, err
 }
 
-// formation forms one round of n members (MinWorkers = MaxWorkers = n,
-// LastCall 0) and returns the time from the last member's arrival (its Join
-// call) until every member's Join returned its World.
-func formation(ctx context.Context, addr string, n, rep int) (time.Duration, error) {
+// formationResult is one formation run.
+type formationResult struct {
+	afterLast   time.Duration // last member's arrival until every member holds its World
+	firstAt     time.Duration // last member's arrival until the first member holds its World (the store's part)
+	redisCPU    time.Duration // Redis CPU (INFO cpu) from the first Join until every World; 0 if unknown
+	benchCPU    time.Duration // this process' CPU over the same span (the members' own cost)
+	holdCPU     time.Duration // Redis CPU while the formed round was held for hold
+	hold        time.Duration
+	change      time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
+	changeCPU   time.Duration // Redis CPU over the same span
+	changeFirst time.Duration // from the loss until the first survivor holds the next World
+	stats       string        // busiest Redis commands of the formation (INFO commandstats)
+	arrivals    time.Duration // from the first member's start until n-1 had arrived
+	closeCPU    time.Duration // Redis CPU from the last arrival until every World
+}
+
+// membersPerClient members share one go-redis client (its pool), so a run
+// of thousands of members stays within the connection limits; each Agent
+// still has its own Pub/Sub subscription.
+const membersPerClient = 8
+
+// formationLease is the members' LeaseTTL in the formation figures (-formation-lease).
+var formationLease = elastic.DefaultLeaseTTL
+
+// formation forms one round of n members (it closes at the n-th arrival)
+// and measures the time from the last member's arrival (its Join
+// call) until every member's Join returned its World, and the Redis CPU the
+// whole formation took. With hold > 0 the formed round is then held (members
+// heartbeat) for hold and the Redis CPU of that span is measured too.
+//
+// change "report" or "lease" then loses one member of the formed round (its
+// Agent is closed: no Leave, no more heartbeats) and measures the time until
+// every survivor holds the next World: "report" has a survivor report it at
+// once (ReportFailure, as a trainer does when its ring connection to the
+// dead peer closes), "lease" lets its lease lapse. "" skips it.
+func formation(ctx context.Context, addr string, n, rep int, hold time.Duration, change string) (formationResult, error) {
+	var res formationResult
 	cfg := baseConfig(jobID("formation", rep))
-	cfg.MinWorkers, cfg.MaxWorkers = n, n
-	clients := make([]redis.UniversalClient, n)
+	// The fresh round closes at its n-th arrival (MaxWorkers); LastCall is
+	// long so it cannot close earlier, and MinWorkers 1 lets the survivors
+	// of a loss re-form at once.
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
+	cfg.LeaseTTL = formationLease
+	cfg.JoinTimeout = 5 * time.Minute // thousands of members start on two shared cores
+	cfg.HeartbeatInterval = min(cfg.HeartbeatInterval, formationLease/3)
+	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)
 	defer func() {
+		var wg sync.WaitGroup
 		for i := range agents {
 			if agents[i] != nil {
-				_ = agents[i].Leave(ctx)
-				_ = agents[i].Close()
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					_ = agents[i].Leave(ctx)
+					_ = agents[i].Close()
+				}()
 			}
-			if clients[i] != nil {
-				_ = clients[i].Close()
+		}
+		wg.Wait()
+		for _, c := range clients {
+			if c != nil {
+				_ = c.Close()
 			}
 		}
 	}()
-	for i := range n {
-		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 4})
+	for i := range clients {
+		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 2 * membersPerClient,
+			DialTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
 		if err := clients[i].Ping(ctx).Err(); err != nil {
-			return 0, err
+			return res, err
 		}
-		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i]), arrived: arrived}, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i)), cfg)
+	}
+	for i := range n {
+		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i/membersPerClient]), arrived: arrived}, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i%30000)), cfg)
 		if err != nil {
-			return 0, err
+			return res, err
 		}
 		agents[i] = a
 	}
+	cpu0, cpuErr := redisCPU(ctx, clients[0])
+	stats0, _ := commandStats(ctx, clients[0])
+	self0 := selfCPU()
 	done := make([]time.Time, n)
 	errs := make([]error, n)
+	worlds := make([]elastic.World, n)
 	var wg sync.WaitGroup
 	join := func(i int) {
 		defer wg.Done()
-		_, errs[i] = agents[i].Join(ctx)
+		worlds[i], errs[i] = agents[i].Join(ctx)
 		done[i] = time.Now()
 	}
+	// Members start in a stream with at most startWindow of them not yet
+	// arrived, so thousands do not dial and join at the same instant; the
+	// figure is taken from the last arrival.
+	const startWindow = 128
+	awaitArrival := func() error {
+		select {
+		case <-arrived:
+			return nil
+		case <-time.After(2 * time.Minute):
+			return fmt.Errorf("members did not arrive")
+		}
+	}
+	inFlight := 0
+	started := time.Now()
 	for i := range n - 1 {
 		wg.Add(1)
 		go join(i)
+		if inFlight++; inFlight >= startWindow {
+			if err := awaitArrival(); err != nil {
+				return res, err
+			}
+			inFlight--
+		}
 	}
-	for range n - 1 {
-		select {
-		case <-arrived:
-		case <-time.After(time.Minute):
-			return 0, fmt.Errorf("members did not arrive")
+	for ; inFlight > 0; inFlight-- {
+		if err := awaitArrival(); err != nil {
+			return res, err
 		}
 	}
 	last := time.Now()
+	res.arrivals = last.Sub(started)
+	lastCPU, lastErr := redisCPU(ctx, clients[0])
 	wg.Add(1)
 	go join(n - 1)
 	wg.Wait()
-	var worst time.Time
+	var worst, first time.Time
 	for i := range n {
 		if errs[i] != nil {
-			return 0, errs[i]
+			return res, errs[i]
 		}
 		if done[i].After(worst) {
 			worst = done[i]
 		}
+		if first.IsZero() || done[i].Before(first) {
+			first = done[i]
+		}
 	}
-	return worst.Sub(last), nil
+	res.afterLast, res.firstAt = worst.Sub(last), first.Sub(last)
+	res.benchCPU = selfCPU() - self0
+	if stats1, err := commandStats(ctx, clients[0]); err == nil && stats0 != nil {
+		res.stats = statsDelta(stats0, stats1)
+	}
+	if cpuErr == nil {
+		if cpu1, err := redisCPU(ctx, clients[0]); err == nil {
+			res.redisCPU = cpu1 - cpu0
+			if lastErr == nil {
+				res.closeCPU = cpu1 - lastCPU
+			}
+		}
+	}
+	if hold > 0 {
+		h0, err0 := redisCPU(ctx, clients[0])
+		start := time.Now()
+		select {
+		case <-time.After(hold):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+		for i, a := range agents {
+			if a.ChangePending() {
+				return res, fmt.Errorf("member %d saw a change while the round of %d was held (a lease lapsed?)", i, n)
+			}
+		}
+		h1, err1 := redisCPU(ctx, clients[0])
+		if err0 == nil && err1 == nil {
+			res.holdCPU, res.hold = h1-h0, time.Since(start)
+		}
+	}
+	if change == "" || n < 3 {
+		return res, nil
+	}
+	victim := agents[n-1]
+	_ = victim.Close()
+	lost := time.Now()
+	c0, cErr := redisCPU(ctx, clients[0])
+	survivors := agents[:n-1]
+	var cwg sync.WaitGroup
+	for i, a := range survivors {
+		cwg.Add(1)
+		go func() {
+			defer cwg.Done()
+			timeout := time.After(3*cfg.LeaseTTL + time.Minute)
+			for !a.ChangePending() {
+				select {
+				case <-a.Changes():
+				case <-timeout:
+					errs[i] = fmt.Errorf("member %d saw no change after the loss", i)
+					return
+				}
+			}
+			var w elastic.World
+			w, errs[i] = a.Join(ctx)
+			done[i] = time.Now()
+			if errs[i] == nil && (w.Size != n-1 || w.Round <= worlds[i].Round) {
+				errs[i] = fmt.Errorf("member %d: round %d of %d after the loss", i, w.Round, w.Size)
+			}
+		}()
+	}
+	if change == "report" {
+		lost = time.Now()
+		if err := agents[0].ReportFailure(ctx, worlds[0].Round, victim.Member().ID); err != nil {
+			return res, fmt.Errorf("report: %w", err)
+		}
+	}
+	cwg.Wait()
+	worst, first = time.Time{}, time.Time{}
+	for i := range survivors {
+		if errs[i] != nil {
+			return res, errs[i]
+		}
+		if done[i].After(worst) {
+			worst = done[i]
+		}
+		if first.IsZero() || done[i].Before(first) {
+			first = done[i]
+		}
+	}
+	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
+	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
+		res.changeCPU = c1 - c0
+	}
+	return res, nil
 }

@@ -2,9 +2,23 @@
 // prints one figure per line:
 //
 //   - formation: time from the last member's arrival until every member
-//     holds its World (LastCall 0), for each member count in -workers;
-//     members are goroutines of this process, each with its own Redis
-//     connections;
+//     holds its World, for each member count in -workers (first: until the
+//     first member holds it, the store's part before the fan-out to every
+//     in-process member),
+//     with the Redis CPU of the whole formation (INFO cpu, user + system,
+//     from the first Join until every World) and this process' own CPU
+//     over the same span (the members' cost: they share the cores with
+//     Redis); members are goroutines of this process (an Agent each, eight
+//     to a go-redis client, each with its own Pub/Sub subscription);
+//   - formation_cpu_ratio: Redis CPU per formation of the largest count
+//     over the smallest, next to the ratio of the counts (linear growth
+//     gives equal ratios);
+//   - change_report / change_lease (-change): one member of the formed round
+//     is lost (its Agent closed), and the figure is the time from the loss
+//     until every survivor holds the next World, with a survivor reporting
+//     the loss at once or by lease expiry, and the Redis CPU of that span;
+//   - with -hold D: the Redis CPU per second of a formed round held for D
+//     (heartbeats only), as a percentage of one core;
 //   - recovery after a SIGKILL, through lease expiry and through a failure
 //     report: -procs real child processes form a round, one is SIGKILLed,
 //     and the figure is the time from the kill until every survivor holds
@@ -15,9 +29,14 @@
 // Usage:
 //
 //	go run ./examples/rendezvous-bench [-workers 2,8,32,64] [-procs 4] [-reps 3]
-//	    [-lease 3s] [-redis host:port] [-json]
+//	    [-lease 3s] [-redis host:port] [-hold 0] [-kill=true] [-json]
 //
-// With -redis empty an embedded server (elastic/standalone) is started.
+// With -redis empty a private redis-server is started on a free loopback
+// port (an embedded server, elastic/standalone, if redis-server is not on
+// PATH), so runs of hundreds or thousands of members never load a shared
+// Redis. For example, the scale figures:
+//
+//	go run ./examples/rendezvous-bench -workers 256,1024,4096 -reps 1 -kill=false
 package main
 
 import (
@@ -26,6 +45,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -44,8 +64,20 @@ type figure struct {
 	MinMS    float64   `json:"min_ms"`
 	MaxMS    float64   `json:"max_ms"`
 	AllMS    []float64 `json:"all_ms"`
-	LeaseTTL string    `json:"lease_ttl,omitempty"`
-	Goal     string    `json:"goal,omitempty"`
+	// Formation only: medians over the reps.
+	FirstMS    float64 `json:"first_ms,omitempty"`     // last arrival until the first member holds its World
+	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"` // Redis CPU (INFO cpu) for one formation
+	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"` // this process' CPU over the same span
+	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"` // Redis CPU from the last arrival until every World
+	// Hold only: Redis CPU while a formed round was held, in % of one core.
+	HoldCPUPct float64 `json:"hold_cpu_pct,omitempty"`
+	HoldS      float64 `json:"hold_s,omitempty"`
+	// formation_cpu_ratio only.
+	Ratio        float64 `json:"ratio,omitempty"`         // Redis CPU per formation, largest count / smallest
+	MembersRatio float64 `json:"members_ratio,omitempty"` // largest count / smallest
+	FromMembers  int     `json:"from_members,omitempty"`
+	LeaseTTL     string  `json:"lease_ttl,omitempty"`
+	Goal         string  `json:"goal,omitempty"`
 }
 
 func main() {
@@ -56,19 +88,49 @@ func main() {
 	procs := flag.Int("procs", 4, "child processes in the kill figures (one is killed)")
 	reps := flag.Int("reps", 3, "repetitions per figure (the median is reported)")
 	lease := flag.Duration("lease", 3*time.Second, "LeaseTTL for the kill figures")
-	redisAddr := flag.String("redis", "", "Redis address; empty = start an embedded server (elastic/standalone)")
+	redisAddr := flag.String("redis", "", "Redis address; empty = start a private redis-server on a free port (embedded server if not installed)")
+	hold := flag.Duration("hold", 0, "after each formation, hold the round this long and report Redis CPU per second (0 = skip)")
+	kill := flag.Bool("kill", true, "run the kill-recovery figures")
+	verbose := flag.Bool("v", false, "print the busiest Redis commands of each formation (INFO commandstats) on stderr")
+	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
+	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
+	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
 	flag.Parse()
 
-	ctx := context.Background()
-	addr, storeName := *redisAddr, "redis"
-	if addr == "" {
-		srv, err := standalone.Start(ctx, "")
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
 		if err != nil {
 			fail(err)
 		}
-		defer srv.Close()
-		addr, storeName = srv.Addr(), "standalone"
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fail(err)
+		}
+		defer pprof.StopCPUProfile()
+	}
+	formationLease = *formLease
+	changeMode := *change
+	switch changeMode {
+	case "none":
+		changeMode = ""
+	case "report", "lease":
+	default:
+		fail(fmt.Errorf("-change must be report, lease or none, not %q", changeMode))
+	}
+	ctx := context.Background()
+	addr, storeName := *redisAddr, "redis"
+	if addr == "" {
+		if pr, err := startPrivateRedis(ctx, 30000); err == nil {
+			defer pr.stop()
+			addr, storeName = pr.addr, "redis-private"
+		} else {
+			srv, err := standalone.Start(ctx, "")
+			if err != nil {
+				fail(err)
+			}
+			defer srv.Close()
+			addr, storeName = srv.Addr(), "standalone"
+		}
 	}
 	var counts []int
 	for _, f := range strings.Split(*workers, ",") {
@@ -87,23 +149,85 @@ func main() {
 			fmt.Println(string(b))
 			return
 		}
-		fmt.Printf("%-26s %-10s members=%-3d median=%8.2fms min=%8.2fms max=%8.2fms %s %s\n",
-			f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.LeaseTTL, f.Goal)
+		switch {
+		case f.Figure == "formation_cpu_ratio":
+			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f members_ratio=%.2f %s\n",
+				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, f.Goal)
+		case f.Figure == "hold":
+			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
+				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.Goal)
+		default:
+			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
+		}
 	}
+	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+	median := func(ds []time.Duration) time.Duration {
+		ds = slices.Clone(ds)
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples []time.Duration
+		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU []time.Duration
+		var holdPct []float64
+		var holdS float64
 		for r := range *reps {
-			d, err := formation(ctx, addr, n, r)
+			res, err := formation(ctx, addr, n, r, *hold, changeMode)
 			if err != nil {
 				fail(fmt.Errorf("formation of %d: %w", n, err))
 			}
-			samples = append(samples, d)
+			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
+			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
+			if *verbose && res.stats != "" {
+				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
+					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
+			}
+			if res.change > 0 {
+				chg, chgCPU, chgFirst = append(chg, res.change), append(chgCPU, res.changeCPU), append(chgFirst, res.changeFirst)
+			}
+			if res.hold > 0 {
+				holdPct = append(holdPct, 100*res.holdCPU.Seconds()/res.hold.Seconds())
+				holdS = res.hold.Seconds()
+			}
 		}
 		f := summarize("formation", storeName, n, samples)
-		if n == 64 {
+		f.RedisCPUMS, f.BenchCPUMS, f.FirstMS = msf(median(rcpu)), msf(median(bcpu)), msf(median(firsts))
+		f.CloseCPUMS = msf(median(ccpu))
+		cpuPer[n] = median(rcpu)
+		switch n {
+		case 64:
 			f.Goal = "under 50 ms"
+		case 1024:
+			f.Goal = "under 100 ms, redis cpu under 1 s"
 		}
 		emit(f)
+		if len(chg) > 0 {
+			c := summarize("change_"+changeMode, storeName, n, chg)
+			c.RedisCPUMS, c.FirstMS = msf(median(chgCPU)), msf(median(chgFirst))
+			if changeMode == "report" {
+				c.Goal = "under 100 ms"
+			} else {
+				c.Goal = "within the lease " + formationLease.String()
+			}
+			emit(c)
+		}
+		if len(holdPct) > 0 {
+			slices.Sort(holdPct)
+			h := figure{Figure: "hold", Store: storeName, Members: n, Reps: len(holdPct), HoldCPUPct: holdPct[len(holdPct)/2], HoldS: holdS}
+			if n == 4096 {
+				h.Goal = "under 20% of a core"
+			}
+			emit(h)
+		}
+	}
+	if lo, hi := slices.Min(counts), slices.Max(counts); hi > lo && cpuPer[lo] > 0 {
+		emit(figure{Figure: "formation_cpu_ratio", Store: storeName, Members: hi, FromMembers: lo,
+			Ratio: cpuPer[hi].Seconds() / cpuPer[lo].Seconds(), MembersRatio: float64(hi) / float64(lo),
+			Goal: "ratio at most members_ratio (linear)"})
+	}
+	if !*kill {
+		return
 	}
 	for _, viaReport := range []bool{false, true} {
 		var samples []time.Duration

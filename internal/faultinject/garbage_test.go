@@ -44,9 +44,21 @@ var corruptions = []corruption{
 		})
 	}},
 	{name: "state-unknown-members", apply: func(ctx context.Context, c redis.UniversalClient, job string) error {
-		return editState(ctx, c, job, func(s string) string {
-			return strings.Replace(s, `"ranked":[`, `"ranked":["nobody","`+strings.Repeat("z", 300)+`",`, 1)
-		})
+		// Members nobody registered: in the closed round's ranks, among
+		// the arrived, expected and pending members, with orders.
+		p := c.TxPipeline()
+		long := strings.Repeat("z", 300)
+		p.HSet(ctx, jobKey(job, "rank"), "nobody", "0", long, "1")
+		for _, k := range []string{"arrived", "expected", "pending", "back"} {
+			p.SAdd(ctx, jobKey(job, k), "nobody", long)
+		}
+		p.HSet(ctx, jobKey(job, "ord"), "nobody", "-5", long, "x")
+		p.HSet(ctx, jobKey(job, "since"), "nobody", "1e300", long, "y")
+		_, err := p.Exec(ctx)
+		return err
+	}},
+	{name: "roster-garbage", apply: func(ctx context.Context, c redis.UniversalClient, job string) error {
+		return c.Set(ctx, jobKey(job, "roster"), "not json\n\n{\"id\":\"\"}", 10*time.Minute).Err()
 	}},
 	{name: "members-garbage", apply: func(ctx context.Context, c redis.UniversalClient, job string) error {
 		ids, err := c.HKeys(ctx, jobKey(job, "members")).Result()
