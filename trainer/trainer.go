@@ -83,6 +83,9 @@ type Trainer[B any] struct {
 	useful              time.Duration
 	pendingUseful       time.Duration
 	strag               stragglers  // slow-step counters of the round's ranks
+	bal                 balancer    // speed-weighted shares of the round's ranks (Config.Balance)
+	weighter            Weighter    // the loader's, or nil: it cannot split by weight
+	scratch             []float64   // straggler and balancing arithmetic
 	outcome             stepOutcome // the last step's agreed control values
 	acc                 []float32   // gradient accumulator over micro-batches
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
@@ -156,6 +159,9 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		t.loader = &cursorLoader[B]{l: l}
 	default:
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
+	}
+	if cfg.Balance {
+		t.weighter, _ = loader.(Weighter)
 	}
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
 	if t.o.now == nil {

@@ -1,0 +1,252 @@
+package trainer
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/elastic"
+)
+
+// Speed-weighted shares (Config.Balance). In a synchronous job every step
+// waits for the slowest rank; when ranks differ in speed (a slower or
+// shared host, a noisy neighbour, samples that cost more), giving each
+// rank a share of the global batch in proportion to its speed makes every
+// rank finish at about the same time. This file holds the deterministic
+// core of that: the balancer folds each step's agreed per-rank work (the
+// samples, or Batch.Cost, of its share) and compute seconds, from the
+// step's control allreduce, into smoothed speeds, and decides the split
+// of the next global batch. Every rank runs it on the same reduced values
+// in the same order, so every rank derives the same split without a
+// message of its own. The split is handed to a loader that can cut global
+// batches by weight (Weighter); it changes which rank trains which
+// samples, never which samples form a step, so exactly-once holds and, in
+// deterministic mode (whole micro-batches move; the fixed-point gradient
+// sum is exact in any order), the parameters are the same bits as an
+// unbalanced run's.
+
+// Weighter is the optional capability of a loader (a Loader or a
+// StatefulLoader) that can split each global batch over the ranks by
+// weight; *dataloader.Loader has it (SetWeights). With Config.Balance the
+// trainer calls SetWeights from its loop goroutine, on every rank with
+// the same weights at the same step boundary (after Stepped, before the
+// next Next): weights[r] is rank r's share of the global batch relative
+// to the others (its smoothed speed, in samples or cost units per
+// second); nil returns to equal shares. The loader must cut every
+// following global batch, the same samples in the same order, into
+// contiguous runs by those weights (and whole micro-batches when it has
+// them), in the same way on every rank. A new round starts from equal
+// shares: the trainer calls SetWeights again once it has measured the
+// round's ranks. An error fails the round.
+type Weighter interface {
+	SetWeights(weights []float64) error
+}
+
+// Balancing parameters. Speeds are an exponential moving average of each
+// rank's work per second (weight balanceAlpha for the newest step; a
+// rank's first observation in a round is taken as is, so a new round is
+// balanced after its first step). The applied split moves balanceGain of
+// the way towards the split of the speeds at each update, and is only
+// updated while some rank's fraction of the global batch is more than
+// balanceDeadband away from its target: noise in the measured times does
+// not make shares oscillate, and every update (which drops the loader's
+// prefetched batches) is worth it. The loader's cut gives every rank a
+// floor (dataloader.WeightedShares), so a slow rank still progresses.
+const (
+	balanceAlpha    = 0.3
+	balanceGain     = 0.5
+	balanceDeadband = 0.02
+	// balanceSnap: an update that lands within this of the target takes
+	// the target itself, so the split settles instead of creeping.
+	balanceSnap = 0.04
+	// absorbedFactor: a straggler is absorbed by balancing when its
+	// compute time at the step it is reported is within this multiple of
+	// the median (the step no longer waits on it).
+	absorbedFactor = 1.25
+)
+
+// balancer is the deterministic core of speed-weighted shares for one
+// round of W ranks. Not safe for concurrent use (the loop goroutine's).
+type balancer struct {
+	speeds []float64 // smoothed work per second by rank; 0: not observed yet
+	frac   []float64 // the applied fractions of the global batch, by rank
+	target []float64 // scratch
+}
+
+// reset starts a round of W ranks: no speed known, equal shares.
+func (b *balancer) reset(W int) {
+	if len(b.speeds) != W {
+		b.speeds, b.frac, b.target = make([]float64, W), make([]float64, W), make([]float64, W)
+	}
+	clear(b.speeds)
+	for r := range b.frac {
+		b.frac[r] = 1 / float64(W)
+	}
+}
+
+// observe folds one applied step's agreed per-rank work (samples or cost
+// units of each rank's share) and compute seconds into the speeds, and
+// returns the weights of the next global batch's split when it changes
+// (a new slice), or nil when the split stays. Ranks with no work or no
+// compute time at this step keep their speed; while some rank has never
+// been observed in the round, the split stays.
+func (b *balancer) observe(work, compute []float64) []float64 {
+	W := len(b.speeds)
+	if len(work) < W || len(compute) < W {
+		return nil
+	}
+	for r := range W {
+		n, s := work[r], compute[r]
+		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) {
+			continue
+		}
+		v := n / s
+		if b.speeds[r] > 0 {
+			v = float64(balanceAlpha*v) + float64((1-balanceAlpha)*b.speeds[r]) // explicit: never fused
+		}
+		if v > 0 && !math.IsInf(v, 0) {
+			b.speeds[r] = v
+		}
+	}
+	sum := 0.0
+	for _, v := range b.speeds {
+		if v == 0 {
+			return nil
+		}
+		sum += v
+	}
+	far := 0.0
+	for r, v := range b.speeds {
+		b.target[r] = v / sum
+		far = max(far, math.Abs(b.target[r]-b.frac[r]))
+	}
+	if far <= balanceDeadband {
+		return nil
+	}
+	near := 0.0
+	for r := range b.frac {
+		b.frac[r] += float64(balanceGain * (b.target[r] - b.frac[r]))
+		near = max(near, math.Abs(b.target[r]-b.frac[r]))
+	}
+	if near <= balanceSnap {
+		copy(b.frac, b.target)
+	}
+	return slices.Clone(b.frac)
+}
+
+// Speeds returns the smoothed speeds by rank (a copy; 0: not observed).
+func (b *balancer) speedsCopy() []float64 { return slices.Clone(b.speeds) }
+
+// perUnit fills dst with each rank's compute seconds per unit of work
+// (0 for a rank without work), the slowness the straggler tracker follows
+// while balancing is on: a slow rank's compute time per step is what
+// balancing evens out, its time per sample is not.
+func perUnit(dst, work, compute []float64) []float64 {
+	dst = dst[:0]
+	for r, c := range compute {
+		x := 0.0
+		if r < len(work) && work[r] > 0 {
+			x = c / work[r]
+		}
+		dst = append(dst, x)
+	}
+	return dst
+}
+
+// absorbed reports whether balancing absorbs rank r's slowness at a step
+// with per-rank compute times compute: its time is within absorbedFactor
+// of the median, so the step does not wait on it (its share shrank to
+// fit). A straggler that is not absorbed (its share is at the floor, or
+// its time does not scale with its share) slows every step: eviction
+// (Config.EvictStragglers) is then the better cure.
+func absorbed(compute []float64, r int, scratch []float64) bool {
+	scratch = append(scratch[:0], compute...)
+	slices.Sort(scratch)
+	med := scratch[len(scratch)/2]
+	return med > 0 && compute[r] <= absorbedFactor*med
+}
+
+// shareWork is a batch's work for balancing: its Cost, or its samples
+// when the loader sets no cost.
+func shareWork[B any](b dataloader.Batch[B]) float64 {
+	if b.Cost > 0 {
+		return b.Cost
+	}
+	return float64(len(b.Indices))
+}
+
+// startBalance starts a round's balancing from equal shares.
+func (t *Trainer[B]) startBalance() error {
+	if t.weighter == nil {
+		return nil
+	}
+	if err := t.weighter.SetWeights(nil); err != nil {
+		return fmt.Errorf("trainer: loader: set weights: %w", err)
+	}
+	return nil
+}
+
+// rebalance runs the balancer on an applied step's agreed outcome and
+// hands a new split to the loader: at the same step boundary on every
+// rank, before the next Next. It records this rank's share and speed.
+func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *stepOutcome) error {
+	w := t.bal.observe(o.perWork, o.perCompute)
+	r := world.Rank
+	if t.tel.share != nil {
+		attrs := metric.WithAttributes(t.tel.jobAttr, AttrRank.Int(r))
+		t.tel.share.Record(ctx, int64(o.perSamples[r]), attrs)
+		t.tel.speed.Record(ctx, t.bal.speeds[r], attrs)
+	}
+	if w == nil || t.weighter == nil {
+		return nil
+	}
+	if err := t.weighter.SetWeights(w); err != nil {
+		return fmt.Errorf("trainer: loader: set weights: %w", err)
+	}
+	if r == 0 {
+		t.log.Info("balanced shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
+	} else {
+		t.log.Debug("balanced shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
+	}
+	return nil
+}
+
+// observeStragglers runs the straggler tracker on an applied step and
+// returns the rank to evict, or -1. Without balancing it follows each
+// rank's compute time; with it, the compute time per unit of work (the
+// rank's slowness, which balancing does not change), and a reported rank
+// whose compute time balancing has evened out is absorbed: reported, never
+// evicted.
+func (t *Trainer[B]) observeStragglers(ctx context.Context, world elastic.World, o *stepOutcome) int {
+	if !t.cfg.Balance {
+		return t.strag.observe(o.perCompute, t.cfg.EvictStragglers, func(r int, ratio float64) {
+			t.straggler(ctx, world, r, ratio, false)
+		})
+	}
+	per := perUnit(t.scratch, o.perWork, o.perCompute)
+	t.scratch = per
+	evict := -1
+	var sorted []float64
+	t.strag.observe(per, false, func(r int, ratio float64) {
+		ab := absorbed(o.perCompute, r, sorted)
+		t.straggler(ctx, world, r, ratio, ab)
+		if t.cfg.EvictStragglers && !ab && evict < 0 {
+			evict = r
+		}
+	})
+	return evict
+}
+
+// roundAll rounds xs to digits decimals, for logs.
+func roundAll(xs []float64, digits int) []float64 {
+	p := math.Pow(10, float64(digits))
+	out := make([]float64, len(xs))
+	for i, x := range xs {
+		out[i] = math.Round(x*p) / p
+	}
+	return out
+}
