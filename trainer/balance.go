@@ -47,22 +47,25 @@ type Weighter interface {
 }
 
 // Balancing parameters. Speeds are an exponential moving average of each
-// rank's work per second (weight balanceAlpha for the newest step; a
-// rank's first observation in a round is taken as is, so a new round is
-// balanced after its first step). The applied split moves balanceGain of
-// the way towards the split of the speeds at each update, and is only
-// updated while some rank's fraction of the global batch is more than
-// balanceDeadband away from its target: noise in the measured times does
-// not make shares oscillate, and every update (which drops the loader's
-// prefetched batches) is worth it. The loader's cut gives every rank a
-// floor (dataloader.WeightedShares), so a slow rank still progresses.
+// rank's work per second: the n-th observation of a rank in a round has
+// weight max(1/n, balanceAlpha), a running mean at first (the first is
+// taken as is, so a new round is balanced after its first step), then an
+// average over about the last 2/balanceAlpha steps, which follows a change
+// of speed within tens of steps and keeps the noise of single steps out.
+// The target split gives each rank a fraction of the global batch in
+// proportion to its speed, so that every rank would compute for the same
+// time. The applied split is only updated when that pays: when, at the
+// smoothed speeds, the target would cut the slowest rank's compute time
+// by more than balanceMinGain (so noise in the measured times does not
+// make shares oscillate, and every update, which drops the loader's
+// prefetched batches and may give the step function a new batch size, is
+// worth it); and an update moves no rank's fraction by more than
+// balanceMaxStep. The loader's cut gives every rank a floor
+// (dataloader.WeightedShares), so a slow rank still progresses.
 const (
-	balanceAlpha    = 0.3
-	balanceGain     = 0.5
-	balanceDeadband = 0.02
-	// balanceSnap: an update that lands within this of the target takes
-	// the target itself, so the split settles instead of creeping.
-	balanceSnap = 0.04
+	balanceAlpha   = 0.1
+	balanceMinGain = 0.08
+	balanceMaxStep = 0.25
 	// absorbedFactor: a straggler is absorbed by balancing when its
 	// compute time at the step it is reported is within this multiple of
 	// the median (the step no longer waits on it).
@@ -73,6 +76,7 @@ const (
 // round of W ranks. Not safe for concurrent use (the loop goroutine's).
 type balancer struct {
 	speeds []float64 // smoothed work per second by rank; 0: not observed yet
+	seen   []int     // observations by rank in this round
 	frac   []float64 // the applied fractions of the global batch, by rank
 	target []float64 // scratch
 }
@@ -81,8 +85,10 @@ type balancer struct {
 func (b *balancer) reset(W int) {
 	if len(b.speeds) != W {
 		b.speeds, b.frac, b.target = make([]float64, W), make([]float64, W), make([]float64, W)
+		b.seen = make([]int, W)
 	}
 	clear(b.speeds)
+	clear(b.seen)
 	for r := range b.frac {
 		b.frac[r] = 1 / float64(W)
 	}
@@ -105,12 +111,12 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 			continue
 		}
 		v := n / s
-		if b.speeds[r] > 0 {
-			v = float64(balanceAlpha*v) + float64((1-balanceAlpha)*b.speeds[r]) // explicit: never fused
+		if !(v > 0) || math.IsInf(v, 0) {
+			continue
 		}
-		if v > 0 && !math.IsInf(v, 0) {
-			b.speeds[r] = v
-		}
+		b.seen[r]++
+		a := max(1/float64(b.seen[r]), balanceAlpha)
+		b.speeds[r] = float64(a*v) + float64((1-a)*b.speeds[r]) // explicit: never fused
 	}
 	sum := 0.0
 	for _, v := range b.speeds {
@@ -119,21 +125,28 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 		}
 		sum += v
 	}
-	far := 0.0
+	// Compute times in units of the global batch's: now, and at the
+	// target (where they are all 1/sum).
+	slowest := 0.0
 	for r, v := range b.speeds {
 		b.target[r] = v / sum
-		far = max(far, math.Abs(b.target[r]-b.frac[r]))
+		slowest = max(slowest, b.frac[r]/v)
 	}
-	if far <= balanceDeadband {
+	if !(float64(slowest*sum) > 1+balanceMinGain) {
 		return nil
 	}
-	near := 0.0
+	// The whole move is scaled down to the bound, so the fractions still
+	// add up to 1.
+	far := 0.0
 	for r := range b.frac {
-		b.frac[r] += float64(balanceGain * (b.target[r] - b.frac[r]))
-		near = max(near, math.Abs(b.target[r]-b.frac[r]))
+		far = max(far, math.Abs(b.target[r]-b.frac[r]))
 	}
-	if near <= balanceSnap {
-		copy(b.frac, b.target)
+	step := 1.0
+	if far > balanceMaxStep {
+		step = balanceMaxStep / far
+	}
+	for r := range b.frac {
+		b.frac[r] += float64(step * (b.target[r] - b.frac[r]))
 	}
 	return slices.Clone(b.frac)
 }

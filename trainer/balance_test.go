@@ -1,0 +1,160 @@
+package trainer
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+)
+
+// linearRanks is a world whose rank r computes n units in
+// overhead + n/speed[r] seconds (times noise).
+type linearRanks struct {
+	speed    []float64
+	overhead float64
+	noise    float64
+	rng      *rand.Rand
+}
+
+// step returns each rank's work and compute seconds for a global batch of
+// global units split by frac.
+func (l *linearRanks) step(global int, frac []float64) (work, compute []float64) {
+	for r, f := range frac {
+		n := math.Round(f * float64(global))
+		t := l.overhead + n/l.speed[r]
+		if l.noise > 0 {
+			t *= 1 + l.noise*(2*l.rng.Float64()-1)
+		}
+		work, compute = append(work, n), append(compute, t)
+	}
+	return work, compute
+}
+
+func equalFrac(W int) []float64 {
+	f := make([]float64, W)
+	for i := range f {
+		f[i] = 1 / float64(W)
+	}
+	return f
+}
+
+// The balancer moves the split to the speeds within a few steps, by
+// bounded steps, and then holds it.
+func TestBalancerConverges(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		speed []float64
+	}{
+		{"one at half speed", []float64{1000, 500}},
+		{"three ranks", []float64{1000, 1000, 250}},
+		{"one fast", []float64{300, 300, 300, 1200}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			W := len(tc.speed)
+			l := &linearRanks{speed: tc.speed}
+			var b balancer
+			b.reset(W)
+			frac := equalFrac(W)
+			updates, last := 0, 0
+			for step := 1; step <= 100; step++ {
+				work, compute := l.step(1000, frac)
+				w := b.observe(work, compute)
+				if w == nil {
+					continue
+				}
+				for r := range w {
+					if d := math.Abs(w[r] - frac[r]); d > balanceMaxStep+1e-9 {
+						t.Fatalf("step %d: rank %d moved by %.3f, above the bound %.2f", step, r, d, balanceMaxStep)
+					}
+				}
+				frac, last = w, step
+				updates++
+			}
+			sum := 0.0
+			for _, s := range tc.speed {
+				sum += s
+			}
+			for r, s := range tc.speed {
+				if d := math.Abs(frac[r] - s/sum); d > 0.02 {
+					t.Errorf("rank %d: fraction %.3f, want %.3f", r, frac[r], s/sum)
+				}
+			}
+			if last > 10 || updates > 5 {
+				t.Errorf("%d updates, the last at step %d: want settled within 10 steps", updates, last)
+			}
+		})
+	}
+}
+
+// With equal ranks and noisy times, the split barely moves: no update
+// unless it would shorten the slowest rank's time by balanceMinGain.
+func TestBalancerIgnoresNoise(t *testing.T) {
+	l := &linearRanks{speed: []float64{1000, 1000, 1000}, overhead: 0.001, noise: 0.1, rng: rand.New(rand.NewPCG(1, 1))}
+	var b balancer
+	b.reset(3)
+	frac := equalFrac(3)
+	updates := 0
+	for range 500 {
+		work, compute := l.step(96, frac)
+		if w := b.observe(work, compute); w != nil {
+			frac = w
+			updates++
+		}
+	}
+	if updates > 3 {
+		t.Errorf("%d updates over 500 steps of equal ranks with 10%% noise", updates)
+	}
+	for r, f := range frac {
+		if math.Abs(f-1.0/3) > 0.05 {
+			t.Errorf("rank %d: fraction %.3f drifted from 1/3", r, f)
+		}
+	}
+}
+
+// Every rank runs the balancer on the same agreed values: the same
+// splits, bit for bit; and a rank without a measurement holds the split.
+func TestBalancerAgreesAndWaitsForEveryRank(t *testing.T) {
+	l := &linearRanks{speed: []float64{800, 400, 1200}, overhead: 0.0005, noise: 0.2, rng: rand.New(rand.NewPCG(2, 2))}
+	var a, b balancer
+	a.reset(3)
+	b.reset(3)
+	frac := equalFrac(3)
+	for step := range 200 {
+		work, compute := l.step(64, frac)
+		if step == 0 {
+			work[1] = 0 // rank 1 had no sample
+			if a.observe(work, compute) != nil {
+				t.Fatal("split changed before every rank was measured")
+			}
+			b.observe(work, compute)
+			continue
+		}
+		wa, wb := a.observe(work, compute), b.observe(work, compute)
+		if len(wa) != len(wb) {
+			t.Fatalf("step %d: %v vs %v", step, wa, wb)
+		}
+		for r := range wa {
+			if math.Float64bits(wa[r]) != math.Float64bits(wb[r]) {
+				t.Fatalf("step %d: %v vs %v", step, wa, wb)
+			}
+		}
+		if wa != nil {
+			frac = wa
+		}
+	}
+	a.reset(2)
+	if got := a.speedsCopy(); len(got) != 2 || got[0] != 0 || got[1] != 0 {
+		t.Errorf("reset: speeds %v", got)
+	}
+}
+
+func TestAbsorbed(t *testing.T) {
+	if !absorbed([]float64{1, 1.1, 1.2}, 2, nil) {
+		t.Error("a rank within 1.25x of the median is absorbed")
+	}
+	if absorbed([]float64{1, 1, 3}, 2, nil) {
+		t.Error("a rank at 3x the median is not absorbed")
+	}
+	if got := perUnit(nil, []float64{10, 0, 5}, []float64{1, 1, 1}); got[0] != 0.1 || got[1] != 0 || got[2] != 0.2 {
+		t.Errorf("perUnit = %v", got)
+	}
+}
