@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"sync/atomic"
 	"testing"
 )
 
@@ -214,4 +215,37 @@ func TestSetWeightsErrors(t *testing.T) {
 	mustNoError(t, l.SetWeights([]float64{1, 2}))
 	mustNoError(t, l.Close())
 	mustTrue(t, errors.Is(l.SetWeights([]float64{2, 1}), ErrClosed))
+}
+
+// TestSetWeightsKeepsPrefetchWhenCutsStay: weights that cut every global
+// batch as before (two micro-batches over two ranks: one each, whatever
+// the weights) leave the prefetched batches alone, and the batches are
+// still those of equal shares.
+func TestSetWeightsKeepsPrefetchWhenCutsStay(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.GlobalBatch, cfg.MicroBatch, cfg.Prefetch = 8, 4, 2
+	var built atomic.Int64
+	collate := func(ctx context.Context, s []int, idx []int) ([]int, error) {
+		built.Add(1)
+		return collateIDs(ctx, s, idx)
+	}
+	l, err := New(idDataset(80), collate, cfg)
+	mustNoError(t, err)
+	defer l.Close()
+	mustNoError(t, l.Reset(l.NewCursor(), 1, 2))
+	want, err := New(idDataset(80), collateIDs, cfg)
+	mustNoError(t, err)
+	defer want.Close()
+	mustNoError(t, want.Reset(want.NewCursor(), 1, 2))
+	for step := range 6 {
+		b, err := l.Next(context.Background())
+		mustNoError(t, err)
+		w, err := want.Next(context.Background())
+		mustNoError(t, err)
+		mustEqual(t, w.Indices, b.Indices, "step %d", step)
+		mustNoError(t, l.SetWeights([]float64{3, float64(step + 1)}))
+	}
+	// One micro-batch each per step: 6 built and delivered, at most
+	// Prefetch more ahead, none built twice.
+	mustTrue(t, built.Load() <= 6+2, "%d micro-batches built for 6 steps: prefetched batches were dropped", built.Load())
 }

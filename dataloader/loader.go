@@ -261,6 +261,31 @@ func (l *Loader[T, B]) Reset(c Cursor, rank, worldSize int) error {
 	return nil
 }
 
+// sameCuts reports whether weights cut every global batch as the current
+// weights do: without Config.Cost the cut depends only on the batch's size
+// (GlobalBatch, or the last one's when an epoch keeps a partial batch).
+// Safe while the pipeline runs: it only reads the planner's settings,
+// which only the goroutine calling Next writes.
+func (l *Loader[T, B]) sameCuts(weights []float64) bool {
+	if l.plan.cost != nil {
+		return false
+	}
+	sizes := []int{l.cfg.GlobalBatch}
+	if r := l.end % l.cfg.GlobalBatch; r != 0 {
+		sizes = append(sizes, r)
+	}
+	for _, g := range sizes {
+		units := g
+		if l.cfg.MicroBatch > 0 {
+			units = MicroBatches(g, l.cfg.MicroBatch)
+		}
+		if !slices.Equal(l.plan.units(units, l.plan.weights), l.plan.units(units, weights)) {
+			return false
+		}
+	}
+	return true
+}
+
 // SetWeights splits the global batches that Next serves from now on over
 // the ranks in proportion to weights (by rank: relative speeds, in samples
 // or cost units per second), with WeightedShares over the samples (or
@@ -279,6 +304,19 @@ func (l *Loader[T, B]) SetWeights(weights []float64) error {
 		return fmt.Errorf("%w: %d weights for a world of %d", ErrInvalidWorld, len(weights), l.plan.world)
 	}
 	if slices.Equal(weights, l.plan.weights) && (weights == nil) == (l.plan.weights == nil) {
+		return nil
+	}
+	if l.sameCuts(weights) {
+		// Every global batch is cut as before (the units are too few to
+		// move, say): the prefetched batches stand.
+		l.mu.Lock()
+		p := l.pipe
+		l.mu.Unlock()
+		if p != nil {
+			p.planMu.Lock() // the workers plan with l.plan under it
+			defer p.planMu.Unlock()
+		}
+		l.plan.weights = slices.Clone(weights)
 		return nil
 	}
 	l.mu.Lock()
@@ -539,6 +577,20 @@ func (p *planner) weightedShare(pl *plan, global []int) {
 	if p.micro == 0 {
 		pl.firstMicro, pl.nMicro = 0, 0
 	}
+}
+
+// units returns the shares of units units by weights without a cost
+// function: WeightedShares, or the equal split of ShareOf for nil.
+func (p *planner) units(units int, weights []float64) []int {
+	out := make([]int, p.world)
+	if weights == nil {
+		for r := range out {
+			lo, hi := ShareOf(units, r, p.world)
+			out[r] = hi - lo
+		}
+		return out
+	}
+	return WeightedShares(units, weights)
 }
 
 // sampleCost is cost(i), or 0 when that is not finite and non-negative.
