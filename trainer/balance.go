@@ -170,17 +170,26 @@ func perUnit(dst, work, compute []float64) []float64 {
 	return dst
 }
 
-// absorbed reports whether balancing absorbs rank r's slowness at a step
-// with per-rank compute times compute: its time is within absorbedFactor
-// of the median, so the step does not wait on it (its share shrank to
-// fit). A straggler that is not absorbed (its share is at the floor, or
-// its time does not scale with its share) slows every step: eviction
-// (Config.EvictStragglers) is then the better cure.
-func absorbed(compute []float64, r int, scratch []float64) bool {
-	scratch = append(scratch[:0], compute...)
+// absorbed reports whether balancing absorbs rank r's slowness: at the
+// smoothed speeds, the share it has now takes it within absorbedFactor of
+// the median rank's time (work[i]/speeds[i]), so the steps no longer wait
+// on it (its share shrank to fit). Smoothed, so that one noisy step does
+// not decide an eviction. A straggler that is not absorbed (its share is
+// at the floor, or its time does not shrink with its share) slows every
+// step: eviction (Config.EvictStragglers) is then the better cure.
+func absorbed(work, speeds []float64, r int, scratch []float64) bool {
+	scratch = scratch[:0]
+	for i, w := range work {
+		x := 0.0
+		if i < len(speeds) && speeds[i] > 0 {
+			x = w / speeds[i]
+		}
+		scratch = append(scratch, x)
+	}
+	mine := scratch[r]
 	slices.Sort(scratch)
 	med := scratch[len(scratch)/2]
-	return med > 0 && compute[r] <= absorbedFactor*med
+	return med > 0 && mine <= absorbedFactor*med
 }
 
 // shareWork is a batch's work for balancing: its Cost, or its samples
@@ -244,8 +253,10 @@ func (t *Trainer[B]) observeStragglers(ctx context.Context, world elastic.World,
 	t.scratch = per
 	evict := -1
 	var sorted []float64
+	// The tracker runs before the balancer folds this step in: the
+	// speeds it judges absorption by are those the split was made from.
 	t.strag.observe(per, false, func(r int, ratio float64) {
-		ab := absorbed(o.perCompute, r, sorted)
+		ab := absorbed(o.perWork, t.bal.speeds, r, sorted)
 		t.straggler(ctx, world, r, ratio, ab)
 		if t.cfg.EvictStragglers && !ab && evict < 0 {
 			evict = r

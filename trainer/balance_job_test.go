@@ -29,6 +29,7 @@ type balJob struct {
 	perUnit func(i int) time.Duration
 	work1   func(index int) float64 // a sample's units of work (nil: 1 each)
 	cost    func(index int) float64 // dataloader.Config.Cost
+	onStrag func(StragglerInfo)     // Hooks.OnStraggler of every worker
 
 	mu     stdsync.Mutex
 	steps  []StepInfo         // rank 0's
@@ -99,6 +100,11 @@ func (j *balJob) start() *trainertest.Worker {
 				j.ranks[r.Round] = rs
 				j.mu.Unlock()
 				cur = r.Step
+			},
+			OnStraggler: func(s StragglerInfo) {
+				if j.onStrag != nil {
+					j.onStrag(s)
+				}
 			},
 			OnStep: func(s StepInfo) {
 				cur = s.Step
@@ -268,4 +274,53 @@ func TestCostAwareShares(t *testing.T) {
 	}
 	require.Greater(t, run(false), 1.6, "equal counts leave the ranks about 2x apart")
 	require.Less(t, run(true), 1.15, "equal cost: within 15 %")
+}
+
+// TestAbsorbedStragglerIsReportedNotEvicted: a worker three times slower
+// per sample is reported as a straggler (its time per sample stays above
+// StragglerFactor times the median), but balancing shrank its share until
+// its steps take no longer than the others': the report says Absorbed,
+// and even with EvictStragglers it stays and the job finishes with it.
+func TestAbsorbedStragglerIsReportedNotEvicted(t *testing.T) {
+	j := newBalJob(t, 2400, 1, 40)
+	j.cfg.Elastic.MinWorkers = 2 // an eviction fails the test rather than stalling it
+	j.cfg.Elastic.LastCall = time.Second
+	j.cfg.StragglerFactor, j.cfg.StragglerSteps, j.cfg.EvictStragglers = 2, 5, true
+	j.perUnit = func(i int) time.Duration {
+		if i == 2 {
+			return 900 * time.Microsecond
+		}
+		return 300 * time.Microsecond
+	}
+	var mu stdsync.Mutex
+	var reports []StragglerInfo
+	j.onStrag = func(s StragglerInfo) {
+		mu.Lock()
+		reports = append(reports, s)
+		mu.Unlock()
+	}
+	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+	j.c.Wait()
+	for _, w := range ws {
+		res, err := w.Result()
+		require.NoError(t, err, "%v: nobody is evicted", w)
+		require.True(t, res.Finished)
+	}
+	j.checkAudit()
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, reports, "the slow worker is reported")
+	j.mu.Lock()
+	slowRank := j.ranks[reports[0].Round][2]
+	j.mu.Unlock()
+	absorbed := 0
+	for _, r := range reports {
+		require.Equal(t, slowRank, r.Rank)
+		require.True(t, r.Balanced)
+		require.False(t, r.Evict, "an absorbed straggler is not evicted")
+		if r.Absorbed {
+			absorbed++
+		}
+	}
+	require.NotZero(t, absorbed, "balancing absorbed it: %+v", reports)
 }

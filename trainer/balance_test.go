@@ -148,11 +148,12 @@ func TestBalancerAgreesAndWaitsForEveryRank(t *testing.T) {
 }
 
 func TestAbsorbed(t *testing.T) {
-	if !absorbed([]float64{1, 1.1, 1.2}, 2, nil) {
-		t.Error("a rank within 1.25x of the median is absorbed")
+	speeds := []float64{100, 100, 25}
+	if !absorbed([]float64{40, 40, 12}, speeds, 2, nil) {
+		t.Error("a slow rank whose share fits its speed (time within 1.25x of the median) is absorbed")
 	}
-	if absorbed([]float64{1, 1, 3}, 2, nil) {
-		t.Error("a rank at 3x the median is not absorbed")
+	if absorbed([]float64{32, 32, 32}, speeds, 2, nil) {
+		t.Error("a slow rank at an equal share (4x the median time) is not absorbed")
 	}
 	if got := perUnit(nil, []float64{10, 0, 5}, []float64{1, 1, 1}); got[0] != 0.1 || got[1] != 0 || got[2] != 0.2 {
 		t.Errorf("perUnit = %v", got)
