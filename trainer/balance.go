@@ -66,9 +66,9 @@ const (
 	balanceAlpha   = 0.1
 	balanceMinGain = 0.08
 	balanceMaxStep = 0.25
-	// absorbedFactor: a straggler is absorbed by balancing when its
-	// compute time at the step it is reported is within this multiple of
-	// the median (the step no longer waits on it).
+	// absorbedFactor: a straggler is absorbed by balancing when, at the
+	// smoothed speeds, its share's time is within this multiple of the
+	// median rank's (the steps no longer wait on it).
 	absorbedFactor = 1.25
 )
 
@@ -151,7 +151,7 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	return slices.Clone(b.frac)
 }
 
-// Speeds returns the smoothed speeds by rank (a copy; 0: not observed).
+// speedsCopy returns the smoothed speeds by rank (a copy; 0: not observed).
 func (b *balancer) speedsCopy() []float64 { return slices.Clone(b.speeds) }
 
 // perUnit fills dst with each rank's compute seconds per unit of work
