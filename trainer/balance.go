@@ -219,9 +219,11 @@ func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *step
 	w := t.bal.observe(o.perWork, o.perCompute)
 	r := world.Rank
 	if t.tel.share != nil {
-		attrs := metric.WithAttributes(t.tel.jobAttr, AttrRank.Int(r))
-		t.tel.share.Record(ctx, int64(o.perSamples[r]), attrs)
-		t.tel.speed.Record(ctx, t.bal.speeds[r], attrs)
+		if t.balAttrs == nil || t.balRank != r {
+			t.balAttrs, t.balRank = metric.WithAttributes(t.tel.jobAttr, AttrRank.Int(r)), r
+		}
+		t.tel.share.Record(ctx, int64(o.perSamples[r]), t.balAttrs)
+		t.tel.speed.Record(ctx, t.bal.speeds[r], t.balAttrs)
 	}
 	if w == nil || t.weighter == nil {
 		return nil

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/elastictrain/elastictrain/elastic"
@@ -82,10 +83,12 @@ type Trainer[B any] struct {
 	lastLoss            float64
 	useful              time.Duration
 	pendingUseful       time.Duration
-	strag               stragglers  // slow-step counters of the round's ranks
-	bal                 balancer    // speed-weighted shares of the round's ranks (Config.Balance)
-	weighter            Weighter    // the loader's, or nil: it cannot split by weight
-	scratch             []float64   // straggler and balancing arithmetic
+	strag               stragglers               // slow-step counters of the round's ranks
+	bal                 balancer                 // speed-weighted shares of the round's ranks (Config.Balance)
+	weighter            Weighter                 // the loader's, or nil: it cannot split by weight
+	scratch             []float64                // straggler and balancing arithmetic
+	balAttrs            metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
+	balRank             int
 	outcome             stepOutcome // the last step's agreed control values
 	acc                 []float32   // gradient accumulator over micro-batches
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
