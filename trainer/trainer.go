@@ -83,12 +83,7 @@ type Trainer[B any] struct {
 	lastLoss            float64
 	useful              time.Duration
 	pendingUseful       time.Duration
-	strag               stragglers               // slow-step counters of the round's ranks
-	bal                 balancer                 // speed-weighted shares of the round's ranks (Config.Balance)
-	weighter            Weighter                 // the loader's, or nil: it cannot split by weight
-	scratch             []float64                // straggler and balancing arithmetic
-	balAttrs            metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
-	balRank             int
+	strag               stragglers  // slow-step counters of the round's ranks
 	outcome             stepOutcome // the last step's agreed control values
 	acc                 []float32   // gradient accumulator over micro-batches
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
@@ -96,6 +91,13 @@ type Trainer[B any] struct {
 	microCount          int         // deterministic mode: micro-batches of this rank's share
 	nvalues             int         // values over all parameters
 	runStart            time.Time
+
+	// Balancing (balance.go), owned by Run's goroutine.
+	bal      balancer                 // speed-weighted shares of the round's ranks (Config.Balance)
+	weighter Weighter                 // the loader's, or nil: it cannot split by weight
+	scratch  []float64                // straggler and balancing arithmetic
+	balAttrs metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
+	balRank  int
 
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
