@@ -47,9 +47,10 @@ type Weighter interface {
 }
 
 // Balancing parameters. Speeds are an exponential moving average of each
-// rank's work per second: the n-th observation of a rank in a round has
-// weight max(1/n, balanceAlpha), a running mean at first (the first is
-// taken as is, so a new round is balanced after its first step), then an
+// rank's work per second: the first step of a round is not measured (it
+// compiles graphs for new batch sizes, warms caches), then the n-th
+// observation of a rank has weight max(1/n, balanceAlpha), a running mean
+// at first (so a new round is balanced after a few steps), then an
 // average over about the last 2/balanceAlpha steps, which follows a change
 // of speed within tens of steps and keeps the noise of single steps out.
 // The target split gives each rank a fraction of the global batch in
@@ -64,8 +65,8 @@ type Weighter interface {
 // (dataloader.WeightedShares), so a slow rank still progresses.
 const (
 	balanceAlpha   = 0.1
-	balanceMinGain = 0.08
-	balanceMaxStep = 0.25
+	balanceMinGain = 0.1
+	balanceMaxStep = 0.15
 	// absorbedFactor: a straggler is absorbed by balancing when, at the
 	// smoothed speeds, its share's time is within this multiple of the
 	// median rank's (the steps no longer wait on it).
@@ -79,6 +80,7 @@ type balancer struct {
 	seen   []int     // observations by rank in this round
 	frac   []float64 // the applied fractions of the global batch, by rank
 	target []float64 // scratch
+	steps  int       // steps observed in this round
 }
 
 // reset starts a round of W ranks: no speed known, equal shares.
@@ -89,6 +91,7 @@ func (b *balancer) reset(W int) {
 	}
 	clear(b.speeds)
 	clear(b.seen)
+	b.steps = 0
 	for r := range b.frac {
 		b.frac[r] = 1 / float64(W)
 	}
@@ -104,6 +107,9 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	W := len(b.speeds)
 	if len(work) < W || len(compute) < W {
 		return nil
+	}
+	if b.steps++; b.steps == 1 {
+		return nil // the round's first step: warm-up, not a measurement
 	}
 	for r := range W {
 		n, s := work[r], compute[r]

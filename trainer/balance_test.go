@@ -73,10 +73,14 @@ func TestBalancerConverges(t *testing.T) {
 			for _, s := range tc.speed {
 				sum += s
 			}
+			// Settled: the slowest rank's time is within balanceMinGain of
+			// the ideal (every rank busy for the same time).
+			slowest := 0.0
 			for r, s := range tc.speed {
-				if d := math.Abs(frac[r] - s/sum); d > 0.02 {
-					t.Errorf("rank %d: fraction %.3f, want %.3f", r, frac[r], s/sum)
-				}
+				slowest = max(slowest, frac[r]/s*sum)
+			}
+			if slowest > 1+balanceMinGain {
+				t.Errorf("fractions %.3f: the slowest rank takes %.3f of the ideal time", frac, slowest)
 			}
 			if last > 10 || updates > 5 {
 				t.Errorf("%d updates, the last at step %d: want settled within 10 steps", updates, last)
@@ -120,8 +124,8 @@ func TestBalancerAgreesAndWaitsForEveryRank(t *testing.T) {
 	frac := equalFrac(3)
 	for step := range 200 {
 		work, compute := l.step(64, frac)
-		if step == 0 {
-			work[1] = 0 // rank 1 had no sample
+		if step < 3 { // step 0 is the warm-up; then rank 1 had no sample
+			work[1] = 0
 			if a.observe(work, compute) != nil {
 				t.Fatal("split changed before every rank was measured")
 			}
