@@ -46,27 +46,32 @@ type Weighter interface {
 	SetWeights(weights []float64) error
 }
 
-// Balancing parameters. Speeds are an exponential moving average of each
-// rank's work per second: the first step of a round is not measured (it
-// compiles graphs for new batch sizes, warms caches), then the n-th
-// observation of a rank has weight max(1/n, balanceAlpha), a running mean
-// at first (so a new round is balanced after a few steps), then an
-// average over about the last 2/balanceAlpha steps, which follows a change
-// of speed within tens of steps and keeps the noise of single steps out.
-// The target split gives each rank a fraction of the global batch in
-// proportion to its speed, so that every rank would compute for the same
-// time. The applied split is only updated when that pays: when, at the
-// smoothed speeds, the target would cut the slowest rank's compute time
-// by more than balanceMinGain (so noise in the measured times does not
-// make shares oscillate, and every update, which drops the loader's
-// prefetched batches and may give the step function a new batch size, is
-// worth it); and an update moves no rank's fraction by more than
-// balanceMaxStep. The loader's cut gives every rank a floor
+// Balancing parameters. Each rank's compute time per step is modelled as
+// t = overhead + work/speed: a fixed part (a call's set-up, a scheduler's
+// wake-up, which no share changes) and a part in proportion to its share.
+// Both come from the agreed per-rank (work, seconds) of the steps, as
+// exponentially weighted means (the n-th observation of a rank in a round
+// weighs max(1/n, balanceAlpha): a running mean at first, then about the
+// last 2/balanceAlpha steps) and a weighted least-squares line through
+// them; while a rank's share has not varied enough to tell the two parts
+// apart, its overhead keeps its last fitted value (0 at first: all of its
+// time is taken to scale with its share). The first step of a round is
+// not measured (it compiles graphs for new batch sizes, warms caches).
+// The target split gives every rank the same predicted time. The split is
+// only moved when that pays: when the target would cut the slowest rank's
+// predicted time by more than balanceMinGain (so noise does not make
+// shares oscillate, and a fixed cost that no share changes does not make
+// them drift), and no rank's fraction of the global batch moves by more
+// than balanceMaxStep at once. The loader's cut gives every rank a floor
 // (dataloader.WeightedShares), so a slow rank still progresses.
 const (
 	balanceAlpha   = 0.1
 	balanceMinGain = 0.1
 	balanceMaxStep = 0.15
+	// balanceSpread: a rank's share must have varied by this much (the
+	// standard deviation of its work, relative to its mean) before its
+	// fixed overhead is fitted anew.
+	balanceSpread = 0.05
 	// absorbedFactor: a straggler is absorbed by balancing when, at the
 	// smoothed speeds, its share's time is within this multiple of the
 	// median rank's (the steps no longer wait on it).
@@ -76,20 +81,26 @@ const (
 // balancer is the deterministic core of speed-weighted shares for one
 // round of W ranks. Not safe for concurrent use (the loop goroutine's).
 type balancer struct {
-	speeds []float64 // smoothed work per second by rank; 0: not observed yet
-	seen   []int     // observations by rank in this round
-	frac   []float64 // the applied fractions of the global batch, by rank
-	target []float64 // scratch
-	steps  int       // steps observed in this round
+	speeds   []float64 // smoothed work per second by rank; 0: not observed yet (reported)
+	seen     []int     // observations by rank in this round
+	mn, mt   []float64 // weighted means of work and of seconds, by rank
+	mnn, mnt []float64 // and of work squared and work times seconds
+	overhead []float64 // fitted fixed seconds per step, by rank
+	frac     []float64 // the last split handed out (fractions of the global batch)
+	target   []float64 // scratch
+	steps    int       // steps observed in this round
 }
 
-// reset starts a round of W ranks: no speed known, equal shares.
+// reset starts a round of W ranks: nothing measured, equal shares.
 func (b *balancer) reset(W int) {
 	if len(b.speeds) != W {
 		b.speeds, b.frac, b.target = make([]float64, W), make([]float64, W), make([]float64, W)
-		b.seen = make([]int, W)
+		b.mn, b.mt, b.mnn, b.mnt = make([]float64, W), make([]float64, W), make([]float64, W), make([]float64, W)
+		b.overhead, b.seen = make([]float64, W), make([]int, W)
 	}
-	clear(b.speeds)
+	for _, v := range [][]float64{b.speeds, b.mn, b.mt, b.mnn, b.mnt, b.overhead} {
+		clear(v)
+	}
 	clear(b.seen)
 	b.steps = 0
 	for r := range b.frac {
@@ -97,11 +108,14 @@ func (b *balancer) reset(W int) {
 	}
 }
 
+// ewma returns the weighted mean m moved towards x with weight a.
+func ewma(m, x, a float64) float64 { return float64(a*x) + float64((1-a)*m) } // explicit: never fused
+
 // observe folds one applied step's agreed per-rank work (samples or cost
-// units of each rank's share) and compute seconds into the speeds, and
+// units of each rank's share) and compute seconds into the model, and
 // returns the weights of the next global batch's split when it changes
 // (a new slice), or nil when the split stays. Ranks with no work or no
-// compute time at this step keep their speed; while some rank has never
+// compute time at this step are not observed; while some rank has never
 // been observed in the round, the split stays.
 func (b *balancer) observe(work, compute []float64) []float64 {
 	W := len(b.speeds)
@@ -111,34 +125,54 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	if b.steps++; b.steps == 1 {
 		return nil // the round's first step: warm-up, not a measurement
 	}
+	total := 0.0
 	for r := range W {
 		n, s := work[r], compute[r]
-		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) {
-			continue
-		}
-		v := n / s
-		if !(v > 0) || math.IsInf(v, 0) {
+		total += max(n, 0)
+		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) || math.IsInf(n/s, 0) {
 			continue
 		}
 		b.seen[r]++
 		a := max(1/float64(b.seen[r]), balanceAlpha)
-		b.speeds[r] = float64(a*v) + float64((1-a)*b.speeds[r]) // explicit: never fused
+		b.speeds[r] = ewma(b.speeds[r], n/s, a)
+		b.mn[r], b.mt[r] = ewma(b.mn[r], n, a), ewma(b.mt[r], s, a)
+		b.mnn[r], b.mnt[r] = ewma(b.mnn[r], float64(n*n), a), ewma(b.mnt[r], float64(n*s), a)
+		vn := b.mnn[r] - float64(b.mn[r]*b.mn[r])
+		if b.seen[r] > 2 && vn > float64(balanceSpread*b.mn[r])*float64(balanceSpread*b.mn[r]) {
+			slope := (b.mnt[r] - float64(b.mn[r]*b.mt[r])) / vn
+			b.overhead[r] = b.mt[r] - float64(slope*b.mn[r])
+		}
+		b.overhead[r] = max(0, min(b.overhead[r], 0.9*b.mt[r]))
 	}
-	sum := 0.0
-	for _, v := range b.speeds {
-		if v == 0 {
+	if !(total > 0) {
+		return nil
+	}
+	// Per rank: seconds per unit of work beyond the overhead. The target:
+	// the time T at which every rank's overhead + fraction*total*perUnit
+	// is the same and the fractions add up to 1.
+	inv, fixed := 0.0, 0.0
+	for r := range W {
+		if b.seen[r] == 0 {
 			return nil
 		}
-		sum += v
+		per := (b.mt[r] - b.overhead[r]) / b.mn[r]
+		b.target[r] = per
+		inv += 1 / float64(per*total)
+		fixed += b.overhead[r] / float64(per*total)
 	}
-	// Compute times in units of the global batch's: now, and at the
-	// target (where they are all 1/sum).
-	slowest := 0.0
-	for r, v := range b.speeds {
-		b.target[r] = v / sum
-		slowest = max(slowest, b.frac[r]/v)
+	T := (1 + fixed) / inv
+	slowest, sum := 0.0, 0.0
+	for r := range W {
+		per := b.target[r]
+		slowest = max(slowest, b.overhead[r]+float64(work[r]*per))
+		f := max(0, (T-b.overhead[r])/float64(per*total))
+		b.target[r] = f
+		sum += f
 	}
-	if !(float64(slowest*sum) > 1+balanceMinGain) {
+	for r := range W {
+		b.target[r] /= sum
+	}
+	if !(slowest > float64(T*(1+balanceMinGain))) {
 		return nil
 	}
 	// The whole move is scaled down to the bound, so the fractions still
@@ -146,6 +180,9 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	far := 0.0
 	for r := range b.frac {
 		far = max(far, math.Abs(b.target[r]-b.frac[r]))
+	}
+	if far < 1e-3 {
+		return nil // the split handed out already: the loader cannot cut closer
 	}
 	step := 1.0
 	if far > balanceMaxStep {

@@ -163,3 +163,56 @@ func TestAbsorbed(t *testing.T) {
 		t.Errorf("perUnit = %v", got)
 	}
 }
+
+// With a fixed cost per step that no share changes (the step function's
+// set-up, a loaded host's wake-ups), moving samples buys little: equal
+// ranks stay near equal shares instead of drifting to the floor, and a
+// rank twice as slow in both parts still gets its share cut to where the
+// predicted times meet.
+func TestBalancerWithFixedOverhead(t *testing.T) {
+	t.Run("equal ranks do not drift", func(t *testing.T) {
+		l := &linearRanks{speed: []float64{20000, 20000}, overhead: 0.002, noise: 0.3, rng: rand.New(rand.NewPCG(3, 3))}
+		var b balancer
+		b.reset(2)
+		frac := equalFrac(2)
+		updates := 0
+		for range 1000 {
+			work, compute := l.step(64, frac)
+			if w := b.observe(work, compute); w != nil {
+				frac = w
+				updates++
+			}
+		}
+		if math.Abs(frac[0]-0.5) > 0.1 || updates > 10 {
+			t.Errorf("%d updates, fractions %.3f: equal ranks whose time is mostly fixed drifted", updates, frac)
+		}
+	})
+	t.Run("a rank twice as slow", func(t *testing.T) {
+		// Rank 1 takes 2*(overhead + n/speed): equal times at
+		// 0.0005 + n0/20000 = 0.001 + 2*(64-n0)/20000, n0 = 52.
+		const overhead = 0.0005
+		var b balancer
+		b.reset(2)
+		frac := equalFrac(2)
+		for range 200 {
+			var work, compute []float64
+			for r, f := range frac {
+				n := math.Round(f * 64)
+				c := overhead + n/20000
+				if r == 1 {
+					c *= 2
+				}
+				work, compute = append(work, n), append(compute, c)
+			}
+			if w := b.observe(work, compute); w != nil {
+				frac = w
+			}
+		}
+		t0 := overhead + math.Round(frac[0]*64)/20000
+		t1 := 2 * (overhead + math.Round(frac[1]*64)/20000)
+		ideal := overhead + 52.0/20000
+		if max(t0, t1) > ideal*(1+balanceMinGain)+1e-4 {
+			t.Errorf("fractions %.3f: times %.2f ms and %.2f ms, ideal %.2f ms", frac, t0*1e3, t1*1e3, ideal*1e3)
+		}
+	})
+}

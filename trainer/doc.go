@@ -137,7 +137,8 @@
 // Batch.Cost) and compute seconds; every rank folds the same agreed
 // numbers into the same smoothed speeds (balance.go) and, at the same
 // step boundary, hands the loader the same new split, only when it would
-// cut the slowest rank's compute by 10 % and by at most 0.15 of the
+// cut the slowest rank's predicted compute time (a fixed part per step
+// plus a part in proportion to its share) by 10 %, by at most 0.15 of the
 // batch at a time; the loader keeps a floor per rank. Shares are
 // contiguous runs of the same global batch, so the samples of a step, the
 // epoch order and exactly-once are unchanged; in deterministic mode whole
