@@ -46,32 +46,35 @@ type Weighter interface {
 	SetWeights(weights []float64) error
 }
 
-// Balancing parameters. Each rank's compute time per step is modelled as
-// t = overhead + work/speed: a fixed part (a call's set-up, a scheduler's
-// wake-up, which no share changes) and a part in proportion to its share.
-// Both come from the agreed per-rank (work, seconds) of the steps, as
-// exponentially weighted means (the n-th observation of a rank in a round
-// weighs max(1/n, balanceAlpha): a running mean at first, then about the
-// last 2/balanceAlpha steps) and a weighted least-squares line through
-// them; while a rank's share has not varied enough to tell the two parts
-// apart, its overhead keeps its last fitted value (0 at first: all of its
-// time is taken to scale with its share). The first step of a round is
-// not measured (it compiles graphs for new batch sizes, warms caches).
-// The target split gives every rank the same predicted time. The split is
-// only moved when that pays: when the target would cut the slowest rank's
-// predicted time by more than balanceMinGain (so noise does not make
-// shares oscillate, and a fixed cost that no share changes does not make
-// them drift), and no rank's fraction of the global batch moves by more
-// than balanceMaxStep at once. The loader's cut gives every rank a floor
-// (dataloader.WeightedShares), so a slow rank still progresses.
+// Balancing parameters. Speeds are an exponential moving average of each
+// rank's work per second: the first step of a round is not measured (it
+// compiles graphs for new batch sizes, warms caches), then the n-th
+// observation of a rank has weight max(1/n, balanceAlpha), a running mean
+// at first, then an average over about the last 2/balanceAlpha steps. The
+// target split gives each rank a fraction of the global batch in
+// proportion to its speed, so that every rank would compute for the same
+// time. The split is only moved when that pays, at the smoothed speeds:
+// when the target would cut the slowest rank's compute time by more than
+// balanceMinGain; and a move shifts no rank's fraction by more than
+// balanceMaxStep. Every move is a trial: over the balanceTrial steps
+// after it (less the first two, which may compile graphs for new batch
+// sizes), the step's slowest compute time must fall by at least half of
+// balanceMinGain against the steps before it, or the split goes back and
+// no move is tried for a hold-off that doubles with each failed trial
+// (from balanceHold steps up to balanceHoldMax). So noise does not make
+// shares oscillate, and a cost that no share changes (a step function's
+// fixed set-up, a loaded host's scheduling, which make a larger share look
+// faster per sample) does not make them drift. The loader's cut gives
+// every rank a floor (dataloader.WeightedShares), so a slow rank still
+// progresses.
 const (
 	balanceAlpha   = 0.1
 	balanceMinGain = 0.1
 	balanceMaxStep = 0.15
-	// balanceSpread: a rank's share must have varied by this much (the
-	// standard deviation of its work, relative to its mean) before its
-	// fixed overhead is fitted anew.
-	balanceSpread = 0.05
+	balanceTrial   = 10
+	balanceBefore  = 5 // steps measured before a move, at least
+	balanceHold    = 50
+	balanceHoldMax = 1600
 	// absorbedFactor: a straggler is absorbed by balancing when, at the
 	// smoothed speeds, its share's time is within this multiple of the
 	// median rank's (the steps no longer wait on it).
@@ -81,42 +84,42 @@ const (
 // balancer is the deterministic core of speed-weighted shares for one
 // round of W ranks. Not safe for concurrent use (the loop goroutine's).
 type balancer struct {
-	speeds   []float64 // smoothed work per second by rank; 0: not observed yet (reported)
-	seen     []int     // observations by rank in this round
-	mn, mt   []float64 // weighted means of work and of seconds, by rank
-	mnn, mnt []float64 // and of work squared and work times seconds
-	overhead []float64 // fitted fixed seconds per step, by rank
-	frac     []float64 // the last split handed out (fractions of the global batch)
-	target   []float64 // scratch
-	steps    int       // steps observed in this round
+	speeds []float64 // smoothed work per second by rank; 0: not observed yet
+	seen   []int     // observations by rank in this round
+	frac   []float64 // the applied fractions of the global batch, by rank
+	prev   []float64 // the fractions before the move on trial
+	target []float64 // scratch
+	steps  int       // steps observed in this round
+
+	trial    int     // steps since the move on trial; 0: none
+	before   float64 // mean slowest compute time before it
+	sum      float64 // of the slowest compute times since the last move (or trial's measured steps)
+	count    int
+	hold     int // steps left before a move may be tried
+	holdNext int // the next failed trial's hold-off
 }
 
-// reset starts a round of W ranks: nothing measured, equal shares.
+// reset starts a round of W ranks: no speed known, equal shares.
 func (b *balancer) reset(W int) {
 	if len(b.speeds) != W {
 		b.speeds, b.frac, b.target = make([]float64, W), make([]float64, W), make([]float64, W)
-		b.mn, b.mt, b.mnn, b.mnt = make([]float64, W), make([]float64, W), make([]float64, W), make([]float64, W)
-		b.overhead, b.seen = make([]float64, W), make([]int, W)
+		b.seen, b.prev = make([]int, W), make([]float64, W)
 	}
-	for _, v := range [][]float64{b.speeds, b.mn, b.mt, b.mnn, b.mnt, b.overhead} {
-		clear(v)
-	}
+	clear(b.speeds)
 	clear(b.seen)
-	b.steps = 0
+	b.steps, b.trial, b.before, b.sum, b.count, b.hold, b.holdNext = 0, 0, 0, 0, 0, 0, balanceHold
 	for r := range b.frac {
 		b.frac[r] = 1 / float64(W)
 	}
 }
 
-// ewma returns the weighted mean m moved towards x with weight a.
-func ewma(m, x, a float64) float64 { return float64(a*x) + float64((1-a)*m) } // explicit: never fused
-
 // observe folds one applied step's agreed per-rank work (samples or cost
-// units of each rank's share) and compute seconds into the model, and
+// units of each rank's share) and compute seconds into the speeds, and
 // returns the weights of the next global batch's split when it changes
-// (a new slice), or nil when the split stays. Ranks with no work or no
-// compute time at this step are not observed; while some rank has never
-// been observed in the round, the split stays.
+// (a new slice: a move, or the return from a failed one), or nil when the
+// split stays. Ranks with no work or no compute time at this step keep
+// their speed; while some rank has never been observed in the round, the
+// split stays.
 func (b *balancer) observe(work, compute []float64) []float64 {
 	W := len(b.speeds)
 	if len(work) < W || len(compute) < W {
@@ -125,54 +128,63 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	if b.steps++; b.steps == 1 {
 		return nil // the round's first step: warm-up, not a measurement
 	}
-	total := 0.0
+	slowestNow := 0.0
 	for r := range W {
 		n, s := work[r], compute[r]
-		total += max(n, 0)
-		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) || math.IsInf(n/s, 0) {
+		slowestNow = max(slowestNow, s)
+		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) {
+			continue
+		}
+		v := n / s
+		if !(v > 0) || math.IsInf(v, 0) {
 			continue
 		}
 		b.seen[r]++
 		a := max(1/float64(b.seen[r]), balanceAlpha)
-		b.speeds[r] = ewma(b.speeds[r], n/s, a)
-		b.mn[r], b.mt[r] = ewma(b.mn[r], n, a), ewma(b.mt[r], s, a)
-		b.mnn[r], b.mnt[r] = ewma(b.mnn[r], float64(n*n), a), ewma(b.mnt[r], float64(n*s), a)
-		vn := b.mnn[r] - float64(b.mn[r]*b.mn[r])
-		if b.seen[r] > 2 && vn > float64(balanceSpread*b.mn[r])*float64(balanceSpread*b.mn[r]) {
-			slope := (b.mnt[r] - float64(b.mn[r]*b.mt[r])) / vn
-			b.overhead[r] = b.mt[r] - float64(slope*b.mn[r])
+		b.speeds[r] = float64(a*v) + float64((1-a)*b.speeds[r]) // explicit: never fused
+	}
+	if b.trial > 0 {
+		b.trial++
+		if b.trial > 3 { // the first two steps after a move may compile graphs
+			b.sum += slowestNow
+			b.count++
 		}
-		b.overhead[r] = max(0, min(b.overhead[r], 0.9*b.mt[r]))
-	}
-	if !(total > 0) {
-		return nil
-	}
-	// Per rank: seconds per unit of work beyond the overhead. The target:
-	// the time T at which every rank's overhead + fraction*total*perUnit
-	// is the same and the fractions add up to 1.
-	inv, fixed := 0.0, 0.0
-	for r := range W {
-		if b.seen[r] == 0 {
+		if b.trial <= balanceTrial {
 			return nil
 		}
-		per := (b.mt[r] - b.overhead[r]) / b.mn[r]
-		b.target[r] = per
-		inv += 1 / float64(per*total)
-		fixed += b.overhead[r] / float64(per*total)
+		after := b.sum / float64(b.count)
+		b.trial, b.sum, b.count = 0, 0, 0
+		if !(after < float64(b.before*(1-balanceMinGain/2))) {
+			copy(b.frac, b.prev) // it did not pay: back, and wait
+			b.hold, b.holdNext = b.holdNext, min(2*b.holdNext, balanceHoldMax)
+			return slices.Clone(b.frac)
+		}
+		b.holdNext = balanceHold
 	}
-	T := (1 + fixed) / inv
-	slowest, sum := 0.0, 0.0
-	for r := range W {
-		per := b.target[r]
-		slowest = max(slowest, b.overhead[r]+float64(work[r]*per))
-		f := max(0, (T-b.overhead[r])/float64(per*total))
-		b.target[r] = f
-		sum += f
+	b.sum += slowestNow
+	b.count++
+	if b.hold > 0 {
+		b.hold--
+		return nil
 	}
-	for r := range W {
-		b.target[r] /= sum
+	sum := 0.0
+	for _, v := range b.speeds {
+		if v == 0 {
+			return nil
+		}
+		sum += v
 	}
-	if !(slowest > float64(T*(1+balanceMinGain))) {
+	if b.count < balanceBefore {
+		return nil
+	}
+	// Compute times in units of the global batch's: now, and at the
+	// target (where they are all 1/sum).
+	slowest := 0.0
+	for r, v := range b.speeds {
+		b.target[r] = v / sum
+		slowest = max(slowest, b.frac[r]/v)
+	}
+	if !(float64(slowest*sum) > 1+balanceMinGain) {
 		return nil
 	}
 	// The whole move is scaled down to the bound, so the fractions still
@@ -181,16 +193,16 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 	for r := range b.frac {
 		far = max(far, math.Abs(b.target[r]-b.frac[r]))
 	}
-	if far < 1e-3 {
-		return nil // the split handed out already: the loader cannot cut closer
-	}
 	step := 1.0
 	if far > balanceMaxStep {
 		step = balanceMaxStep / far
 	}
+	copy(b.prev, b.frac)
 	for r := range b.frac {
 		b.frac[r] += float64(step * (b.target[r] - b.frac[r]))
 	}
+	b.before = b.sum / float64(b.count)
+	b.trial, b.sum, b.count = 1, 0, 0
 	return slices.Clone(b.frac)
 }
 
@@ -216,7 +228,8 @@ func perUnit(dst, work, compute []float64) []float64 {
 // absorbed reports whether balancing absorbs rank r's slowness: at the
 // smoothed speeds, the share it has now takes it within absorbedFactor of
 // the median rank's time (work[i]/speeds[i]), so the steps no longer wait
-// on it (its share shrank to fit). Smoothed, so that one noisy step does
+// on it (its share shrank to fit), or the split balancing aims at gives
+// it a share above the floor, which will. Smoothed, so that one noisy step does
 // not decide an eviction. A straggler that is not absorbed (its share is
 // at the floor, or its time does not shrink with its share) slows every
 // step: eviction (Config.EvictStragglers) is then the better cure.
@@ -232,7 +245,17 @@ func absorbed(work, speeds []float64, r int, scratch []float64) bool {
 	mine := scratch[r]
 	slices.Sort(scratch)
 	med := scratch[len(scratch)/2]
-	return med > 0 && mine <= absorbedFactor*med
+	if med > 0 && mine <= absorbedFactor*med {
+		return true
+	}
+	// Not yet, but balancing will: the split it aims at gives the rank a
+	// share above the loader's floor (1/8 of an equal one), which fits
+	// its speed.
+	sum := 0.0
+	for _, v := range speeds {
+		sum += v
+	}
+	return r < len(speeds) && sum > 0 && speeds[r]/sum >= 1/float64(8*len(speeds))
 }
 
 // shareWork is a batch's work for balancing: its Cost, or its samples

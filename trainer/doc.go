@@ -137,9 +137,13 @@
 // Batch.Cost) and compute seconds; every rank folds the same agreed
 // numbers into the same smoothed speeds (balance.go) and, at the same
 // step boundary, hands the loader the same new split, only when it would
-// cut the slowest rank's predicted compute time (a fixed part per step
-// plus a part in proportion to its share) by 10 %, by at most 0.15 of the
-// batch at a time; the loader keeps a floor per rank. Shares are
+// cut the slowest rank's compute time by 10 %, by at most 0.15 of the
+// batch at a time, and as a trial: a move after which the steps' slowest
+// compute time did not fall is taken back, and none is tried for a
+// hold-off that doubles each time (a cost no share changes, such as a
+// step function's fixed set-up on a loaded host, makes a larger share
+// look faster per sample; trials keep that from making shares drift).
+// The loader keeps a floor per rank. Shares are
 // contiguous runs of the same global batch, so the samples of a step, the
 // epoch order and exactly-once are unchanged; in deterministic mode whole
 // micro-batches move and, since the fixed-point gradient sum is exact in
