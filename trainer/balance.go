@@ -95,8 +95,9 @@ type balancer struct {
 	before   float64 // mean slowest compute time before it
 	sum      float64 // of the slowest compute times since the last move (or trial's measured steps)
 	count    int
-	hold     int // steps left before a move may be tried
-	holdNext int // the next failed trial's hold-off
+	hold      int  // steps left before a move may be tried
+	holdNext  int  // the next failed trial's hold-off
+	unsettled bool // the last evaluation found a move worth making
 }
 
 // reset starts a round of W ranks: no speed known, equal shares.
@@ -108,6 +109,7 @@ func (b *balancer) reset(W int) {
 	clear(b.speeds)
 	clear(b.seen)
 	b.steps, b.trial, b.before, b.sum, b.count, b.hold, b.holdNext = 0, 0, 0, 0, 0, 0, balanceHold
+	b.unsettled = false
 	for r := range b.frac {
 		b.frac[r] = 1 / float64(W)
 	}
@@ -184,7 +186,8 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 		b.target[r] = v / sum
 		slowest = max(slowest, b.frac[r]/v)
 	}
-	if !(float64(slowest*sum) > 1+balanceMinGain) {
+	b.unsettled = float64(slowest*sum) > 1+balanceMinGain
+	if !b.unsettled {
 		return nil
 	}
 	// The whole move is scaled down to the bound, so the fractions still
@@ -228,8 +231,7 @@ func perUnit(dst, work, compute []float64) []float64 {
 // absorbed reports whether balancing absorbs rank r's slowness: at the
 // smoothed speeds, the share it has now takes it within absorbedFactor of
 // the median rank's time (work[i]/speeds[i]), so the steps no longer wait
-// on it (its share shrank to fit), or the split balancing aims at gives
-// it a share above the floor, which will. Smoothed, so that one noisy step does
+// on it (its share shrank to fit). Smoothed, so that one noisy step does
 // not decide an eviction. A straggler that is not absorbed (its share is
 // at the floor, or its time does not shrink with its share) slows every
 // step: eviction (Config.EvictStragglers) is then the better cure.
@@ -245,17 +247,14 @@ func absorbed(work, speeds []float64, r int, scratch []float64) bool {
 	mine := scratch[r]
 	slices.Sort(scratch)
 	med := scratch[len(scratch)/2]
-	if med > 0 && mine <= absorbedFactor*med {
-		return true
-	}
-	// Not yet, but balancing will: the split it aims at gives the rank a
-	// share above the loader's floor (1/8 of an equal one), which fits
-	// its speed.
-	sum := 0.0
-	for _, v := range speeds {
-		sum += v
-	}
-	return r < len(speeds) && sum > 0 && speeds[r]/sum >= 1/float64(8*len(speeds))
+	return med > 0 && mine <= absorbedFactor*med
+}
+
+// trying reports whether the balancer may still absorb a straggler it
+// has not absorbed yet: a move is on trial, the round is too young for a
+// first move, or the last step asked for another move.
+func (b *balancer) trying() bool {
+	return b.trial > 0 || b.steps <= balanceBefore+1 || (b.unsettled && b.hold == 0)
 }
 
 // shareWork is a batch's work for balancing: its Cost, or its samples
@@ -314,7 +313,7 @@ func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *step
 func (t *Trainer[B]) observeStragglers(ctx context.Context, world elastic.World, o *stepOutcome) int {
 	if !t.cfg.Balance {
 		return t.strag.observe(o.perCompute, t.cfg.EvictStragglers, func(r int, ratio float64) {
-			t.straggler(ctx, world, r, ratio, false)
+			t.straggler(ctx, world, r, ratio, false, false)
 		})
 	}
 	per := perUnit(t.scratch, o.perWork, o.perCompute)
@@ -325,7 +324,14 @@ func (t *Trainer[B]) observeStragglers(ctx context.Context, world elastic.World,
 	// speeds it judges absorption by are those the split was made from.
 	t.strag.observe(per, false, func(r int, ratio float64) {
 		ab := absorbed(o.perWork, t.bal.speeds, r, sorted)
-		t.straggler(ctx, world, r, ratio, ab)
+		if !ab && t.bal.trying() {
+			// Balancing has not had its chance yet (a young round, a move
+			// on trial): report it, and judge again StragglerSteps later.
+			t.strag.slow[r] = 0
+			t.straggler(ctx, world, r, ratio, false, true)
+			return
+		}
+		t.straggler(ctx, world, r, ratio, ab, false)
 		if t.cfg.EvictStragglers && !ab && evict < 0 {
 			evict = r
 		}

@@ -162,4 +162,8 @@ type StragglerInfo struct {
 	// absorbed (its share is at the floor, or its time does not shrink
 	// with its share) slows every step: eviction is the better cure.
 	Absorbed bool
+	// Pending: not absorbed yet, but balancing has not had its chance (the
+	// round is young, or a new split is on trial); it is not evicted now,
+	// and reported again StragglerSteps steps later if it stays slow.
+	Pending bool
 }

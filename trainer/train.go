@@ -306,12 +306,13 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 // straggler reports rank r, found slow by the core's stragglers tracker
 // at this step with compute time (per unit of work, when balancing) ratio
 // times the median: log, metric, Hooks.OnStraggler. absorbed: balancing
-// evens its slowness out (see StragglerInfo.Absorbed).
-func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64, absorbed bool) {
-	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers && !absorbed,
-		Balanced: t.cfg.Balance, Absorbed: absorbed}
+// evens its slowness out; pending: balancing may still (see
+// StragglerInfo).
+func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64, absorbed, pending bool) {
+	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers && !absorbed && !pending,
+		Balanced: t.cfg.Balance, Absorbed: absorbed, Pending: pending}
 	t.log.Warn("straggler", "rank", r, "ratio", math.Round(ratio*100)/100, "steps", t.cfg.StragglerSteps,
-		"balanced", t.cfg.Balance, "absorbed", absorbed, "evict", info.Evict)
+		"balanced", t.cfg.Balance, "absorbed", absorbed, "pending", pending, "evict", info.Evict)
 	t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
 	if t.o.hooks.OnStraggler != nil {
 		t.o.hooks.OnStraggler(info)
