@@ -91,10 +91,10 @@ type balancer struct {
 	target []float64 // scratch
 	steps  int       // steps observed in this round
 
-	trial    int     // steps since the move on trial; 0: none
-	before   float64 // mean slowest compute time before it
-	sum      float64 // of the slowest compute times since the last move (or trial's measured steps)
-	count    int
+	trial     int     // steps since the move on trial; 0: none
+	before    float64 // mean slowest compute time before it
+	sum       float64 // of the slowest compute times since the last move (or trial's measured steps)
+	count     int
 	hold      int  // steps left before a move may be tried
 	holdNext  int  // the next failed trial's hold-off
 	unsettled bool // the last evaluation found a move worth making
