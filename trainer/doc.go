@@ -151,8 +151,11 @@
 // Each round starts from equal shares and is balanced after its first
 // steps. StepInfo.Shares and Speeds, MetricShare, MetricSpeed and a log
 // line per new split show it; while balancing, the straggler tracker
-// follows compute time per sample, and a straggler whose step time
-// balancing evened out is reported Absorbed and never evicted. For data
+// follows compute time per sample; a straggler whose step time
+// balancing evened out is reported Absorbed and never evicted, one that
+// balancing is still trying to absorb is reported Pending (not evicted,
+// judged again later), and only one that balancing could not absorb is
+// evicted with Config.EvictStragglers. For data
 // whose samples cost different amounts, dataloader.Config.Cost makes the
 // cut give equal cost rather than equal counts.
 //
