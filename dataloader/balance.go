@@ -1,6 +1,9 @@
 package dataloader
 
-import "math"
+import (
+	"math"
+	"sort"
+)
 
 // WeightedShares splits a global batch of global samples over
 // len(weights) ranks in proportion to their weights (samples per second,
@@ -133,3 +136,93 @@ func (s Speeds) Values() []float64 { return append([]float64(nil), s.v...) }
 
 // Shares returns WeightedShares(global, the current estimate).
 func (s Speeds) Shares(global int) []int { return WeightedShares(global, s.v) }
+
+// CostShares splits the units (samples, or micro-batches) of a global
+// batch, whose costs in order are costs, over len(weights) ranks in
+// contiguous runs, so that each rank's cost is in proportion to its
+// weight (its speed in cost units per second, say), and returns each
+// rank's number of units; they sum to len(costs). The runs are cut where
+// the running cost is nearest to each rank's running target (ties to the
+// lower cut), and every rank gets at least the floor of WeightedShares,
+// so a slow rank still progresses. Weights are sanitised as by
+// WeightedShares; costs that are not finite and non-negative count as 0.
+// When every cost is 0 it is WeightedShares(len(costs), weights). The
+// result is a pure function of its arguments. It returns nil for no
+// weights.
+//
+// With equal weights it gives ranks equal cost rather than equal counts,
+// for data whose samples cost different amounts (sequences of different
+// lengths); see Config.Cost.
+func CostShares(costs []float64, weights []float64) []int {
+	n, units := len(weights), len(costs)
+	if n == 0 {
+		return nil
+	}
+	w := sanitiseWeights(weights)
+	prefix := make([]float64, units+1)
+	for k, c := range costs {
+		if !(c >= 0) || math.IsInf(c, 1) {
+			c = 0
+		}
+		prefix[k+1] = prefix[k] + c
+	}
+	total := prefix[units]
+	if !(total > 0) || math.IsInf(total, 1) {
+		return WeightedShares(units, weights)
+	}
+	wsum := 0.0
+	for _, x := range w {
+		wsum += x
+	}
+	floor := max(1, units/(8*n))
+	if floor*n > units {
+		floor = units / n
+	}
+	out := make([]int, n)
+	cut, acc := 0, 0.0
+	for r := 0; r < n-1; r++ {
+		acc += w[r]
+		target := float64(total * float64(acc/wsum)) // explicit: never fused
+		lo, hi := cut+floor, units-floor*(n-1-r)
+		// The first cut at or past the target, then the nearer of it and
+		// the one before.
+		k := lo + sort.SearchFloat64s(prefix[lo:hi+1], target)
+		if k > hi {
+			k = hi
+		}
+		if k > lo && target-prefix[k-1] <= prefix[k]-target {
+			k--
+		}
+		out[r] = k - cut
+		cut = k
+	}
+	out[n-1] = units - cut
+	return out
+}
+
+// sanitiseWeights returns weights scaled so the largest is 1, with those
+// that are not finite and positive replaced as WeightedShares says.
+func sanitiseWeights(weights []float64) []float64 {
+	w := make([]float64, len(weights))
+	smallest := math.Inf(1)
+	for _, x := range weights {
+		if x > 0 && !math.IsInf(x, 1) && x < smallest {
+			smallest = x
+		}
+	}
+	if math.IsInf(smallest, 1) {
+		smallest = 1
+	}
+	largest := 0.0
+	for i, x := range weights {
+		if !(x > 0) || math.IsInf(x, 1) {
+			x = smallest
+		}
+		w[i] = x
+		largest = max(largest, x)
+	}
+	for i := range w {
+		w[i] /= largest
+	}
+	return w
+}

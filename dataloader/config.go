@@ -42,6 +42,18 @@ type Config struct {
 	// micro-batching off: a rank's share is ShareOf the global batch and is
 	// collated once into Batch.Data. Must be >= 0. Default 0.
 	MicroBatch int
+	// Cost, when set, gives each sample's cost from its dataset index (a
+	// sequence's length, say; non-negative and finite, else counted as 0):
+	// every global batch is then split so that ranks get equal cost, or
+	// cost in proportion to Loader.SetWeights, rather than equal counts
+	// (CostShares over the samples, or over the micro-batches with
+	// MicroBatch, each costing the sum of its samples). Shares stay
+	// contiguous runs of the same global batch. It is called from the
+	// goroutines that plan batches (Next's and the prefetch workers'),
+	// so it must be safe for concurrent use and a pure function of the
+	// index: every rank must compute the same cuts. Default nil (every
+	// sample costs 1).
+	Cost func(index int) float64
 }
 
 // DefaultConfig returns GlobalBatch 64, Seed 0, Shuffle true, DropLast true,

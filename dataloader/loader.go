@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -33,6 +35,10 @@ type Batch[B any] struct {
 	// Offset is the position within the global batch of Indices[0] (the
 	// number of samples held by lower ranks).
 	Offset int
+	// Cost is this rank's share's cost: the sum of Config.Cost over its
+	// Indices, or len(Indices) without Config.Cost. The trainer divides
+	// it by the step's compute time to measure the rank's speed.
+	Cost float64
 	// Next is the cursor after this global batch: the Loader's committed
 	// cursor once the trainer has applied this step everywhere and calls
 	// Commit. After the last step of an epoch it is (Epoch+1, 0).
@@ -153,7 +159,7 @@ func New[T, B any](ds Dataset[T], collate func(ctx context.Context, samples []T,
 	l := &Loader[T, B]{ds: ds, collate: collate, cfg: cfg, n: n, end: end}
 	l.plan = planner{
 		seed: cfg.Seed, shuffle: cfg.Shuffle, n: n, end: end,
-		batch: cfg.GlobalBatch, micro: cfg.MicroBatch, rank: 0, world: 1,
+		batch: cfg.GlobalBatch, micro: cfg.MicroBatch, rank: 0, world: 1, cost: cfg.Cost,
 	}
 	l.committed = l.NewCursor()
 	l.read = l.committed
@@ -250,7 +256,81 @@ func (l *Loader[T, B]) Reset(c Cursor, rank, worldSize int) error {
 		p.stop()
 	}
 	l.plan.rank, l.plan.world = rank, worldSize
+	l.plan.weights = nil
 	l.read = c
+	return nil
+}
+
+// sameCuts reports whether weights cut every global batch as the current
+// weights do: without Config.Cost the cut depends only on the batch's size
+// (GlobalBatch, or the last one's when an epoch keeps a partial batch).
+// Safe while the pipeline runs: it only reads the planner's settings,
+// which only the goroutine calling Next writes.
+func (l *Loader[T, B]) sameCuts(weights []float64) bool {
+	if l.plan.cost != nil {
+		return false
+	}
+	sizes := []int{l.cfg.GlobalBatch}
+	if r := l.end % l.cfg.GlobalBatch; r != 0 {
+		sizes = append(sizes, r)
+	}
+	for _, g := range sizes {
+		units := g
+		if l.cfg.MicroBatch > 0 {
+			units = MicroBatches(g, l.cfg.MicroBatch)
+		}
+		if !slices.Equal(l.plan.units(units, l.plan.weights), l.plan.units(units, weights)) {
+			return false
+		}
+	}
+	return true
+}
+
+// SetWeights splits the global batches that Next serves from now on over
+// the ranks in proportion to weights (by rank: relative speeds, in samples
+// or cost units per second), with WeightedShares over the samples (or
+// over the micro-batches with Config.MicroBatch; CostShares with
+// Config.Cost); nil returns to equal shares (ShareOf, MicroShareOf, or
+// equal cost). Each rank's share is still a contiguous run of the same
+// global batch, in the same order, so which samples form a step does not
+// change, only which rank trains them. Every rank of the world must call
+// it with the same weights before the same Next, or shares overlap and
+// leave gaps. Batches prefetched with other weights are dropped (they
+// were never committed) and built again. Reset returns to equal shares.
+// Errors: ErrInvalidWorld when len(weights) is not the world size;
+// ErrClosed after Close. Call it from the goroutine that calls Next.
+func (l *Loader[T, B]) SetWeights(weights []float64) error {
+	if weights != nil && len(weights) != l.plan.world {
+		return fmt.Errorf("%w: %d weights for a world of %d", ErrInvalidWorld, len(weights), l.plan.world)
+	}
+	if slices.Equal(weights, l.plan.weights) && (weights == nil) == (l.plan.weights == nil) {
+		return nil
+	}
+	if l.sameCuts(weights) {
+		// Every global batch is cut as before (the units are too few to
+		// move, say): the prefetched batches stand.
+		l.mu.Lock()
+		p := l.pipe
+		l.mu.Unlock()
+		if p != nil {
+			p.planMu.Lock() // the workers plan with l.plan under it
+			defer p.planMu.Unlock()
+		}
+		l.plan.weights = slices.Clone(weights)
+		return nil
+	}
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return ErrClosed
+	}
+	p := l.pipe
+	l.pipe = nil
+	l.mu.Unlock()
+	if p != nil {
+		p.stop() // the workers borrow l.plan: stop them before changing it
+	}
+	l.plan.weights = slices.Clone(weights)
 	return nil
 }
 
@@ -337,6 +417,7 @@ func (l *Loader[T, B]) build(ctx context.Context, pl *plan, scratch *[]T) (Batch
 		Indices:    pl.indices,
 		GlobalSize: pl.global,
 		Offset:     pl.lo,
+		Cost:       pl.cost,
 		Next:       pl.next,
 	}
 	if err := ctx.Err(); err != nil {
@@ -386,6 +467,7 @@ type plan struct {
 	firstMicro int    // with micro-batching: first micro-batch index
 	nMicro     int    // with micro-batching: number of micro-batches
 	indices    []int  // order[at.Position+lo : at.Position+hi]
+	cost       float64
 }
 
 // planner turns cursors into plans: the deterministic core of the Loader
@@ -398,6 +480,8 @@ type planner struct {
 	batch       int
 	micro       int
 	rank, world int
+	weights     []float64               // SetWeights; nil: equal shares
+	cost        func(index int) float64 // Config.Cost
 
 	epochs [2]int
 	orders [2][]int
@@ -430,16 +514,26 @@ func (p *planner) order(epoch int) []int {
 func (p *planner) plan(c Cursor) plan {
 	pl := plan{at: c}
 	pl.global = min(p.batch, p.end-c.Position)
-	if p.micro > 0 {
+	o := p.order(c.Epoch)
+	switch {
+	case p.weights != nil || p.cost != nil:
+		p.weightedShare(&pl, o[c.Position:c.Position+pl.global])
+	case p.micro > 0:
 		pl.firstMicro, pl.nMicro = MicroShareOf(pl.global, p.micro, p.rank, p.world)
 		pl.lo = min(pl.firstMicro*p.micro, pl.global)
 		pl.hi = min((pl.firstMicro+pl.nMicro)*p.micro, pl.global)
-	} else {
+	default:
 		pl.lo, pl.hi = ShareOf(pl.global, p.rank, p.world)
 	}
-	o := p.order(c.Epoch)
 	lo, hi := c.Position+pl.lo, c.Position+pl.hi
 	pl.indices = o[lo:hi:hi]
+	pl.cost = float64(len(pl.indices))
+	if p.cost != nil {
+		pl.cost = 0
+		for _, i := range pl.indices {
+			pl.cost += sampleCost(p.cost, i)
+		}
+	}
 	pl.next = c
 	pl.next.Position += pl.global
 	if pl.next.Position >= p.end {
@@ -447,6 +541,65 @@ func (p *planner) plan(c Cursor) plan {
 		pl.next.Position = 0
 	}
 	return pl
+}
+
+// weightedShare sets pl's share of the global batch whose indices are
+// global by the planner's weights (equal when nil) and costs: in units of
+// samples, or of micro-batches with micro-batching.
+func (p *planner) weightedShare(pl *plan, global []int) {
+	units, size := len(global), 1
+	if p.micro > 0 {
+		units, size = MicroBatches(len(global), p.micro), p.micro
+	}
+	w := p.weights
+	if w == nil {
+		w = make([]float64, p.world)
+		for r := range w {
+			w[r] = 1
+		}
+	}
+	var shares []int
+	if p.cost == nil {
+		shares = WeightedShares(units, w)
+	} else {
+		costs := make([]float64, units)
+		for k, i := range global {
+			costs[k/size] += sampleCost(p.cost, i)
+		}
+		shares = CostShares(costs, w)
+	}
+	first := 0
+	for r := range p.rank {
+		first += shares[r]
+	}
+	pl.firstMicro, pl.nMicro = first, shares[p.rank]
+	pl.lo, pl.hi = min(first*size, len(global)), min((first+shares[p.rank])*size, len(global))
+	if p.micro == 0 {
+		pl.firstMicro, pl.nMicro = 0, 0
+	}
+}
+
+// units returns the shares of units units by weights without a cost
+// function: WeightedShares, or the equal split of ShareOf for nil.
+func (p *planner) units(units int, weights []float64) []int {
+	out := make([]int, p.world)
+	if weights == nil {
+		for r := range out {
+			lo, hi := ShareOf(units, r, p.world)
+			out[r] = hi - lo
+		}
+		return out
+	}
+	return WeightedShares(units, weights)
+}
+
+// sampleCost is cost(i), or 0 when that is not finite and non-negative.
+func sampleCost(cost func(int) float64, i int) float64 {
+	c := cost(i)
+	if !(c >= 0) || math.IsInf(c, 1) {
+		return 0
+	}
+	return c
 }
 
 // Slot states (the low bits of slot.word; the high bits hold the batch

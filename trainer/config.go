@@ -49,8 +49,24 @@ type Config struct {
 	// reported as a straggler. Default 20.
 	StragglerSteps int
 	// EvictStragglers makes a reported straggler leave the job (its Run
-	// returns ErrEvicted) so the others go on without it. Default false.
+	// returns ErrEvicted) so the others go on without it; with Balance, a
+	// straggler that balancing absorbed is reported but not evicted (see
+	// StragglerInfo.Absorbed). Default false.
 	EvictStragglers bool
+	// Balance splits each global batch over the ranks by their measured
+	// speed (samples, or the loader's Batch.Cost, per compute second,
+	// smoothed and agreed on by every rank from the step's control
+	// values), so that a rank twice as fast trains about twice the
+	// samples and a slow worker no longer sets the pace of every step.
+	// The global batch, which samples form it and the order of epochs
+	// stay as they are: exactly-once holds, and in Deterministic mode
+	// (whole micro-batches move) the parameters are the same bits as
+	// without it. It needs a loader with the Weighter capability
+	// (*dataloader.Loader); with other loaders it only measures (the
+	// speeds in StepInfo). Damped and bounded: see balance.go. While on,
+	// the straggler report follows each rank's compute time per sample,
+	// not per step. Default true.
+	Balance bool
 	// GracePeriod bounds how long a preempted worker may take to commit,
 	// checkpoint and leave after Preempt. Default 30 s.
 	GracePeriod time.Duration
@@ -85,6 +101,7 @@ func DefaultConfig() Config {
 		RecoveryWindow:  10 * time.Minute,
 		StragglerFactor: 2,
 		StragglerSteps:  20,
+		Balance:         true,
 		GracePeriod:     30 * time.Second,
 		StepSpanEvery:   100,
 		Elastic:         elastic.DefaultConfig(),

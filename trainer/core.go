@@ -125,6 +125,7 @@ type control struct {
 	loss      float64 // its loss sum (fixed point in deterministic mode)
 	samples   int     // samples in its share
 	compute   float64 // its StepFunc seconds
+	work      float64 // its share's cost (Batch.Cost, or its samples): what balancing divides by compute
 	stop      bool    // it was preempted
 	epochDone bool    // its loader found no sample of the epoch left
 }
@@ -145,7 +146,7 @@ func putControl(ctl []float64, rank int, c control) {
 	}
 	ctl[ctlGradMax] = c.gradMax
 	mine := ctl[ctlFixed+ctlPerRank*rank:]
-	mine[ctlLoss], mine[ctlSamples], mine[ctlCompute] = c.loss, float64(c.samples), c.compute
+	mine[ctlLoss], mine[ctlSamples], mine[ctlCompute], mine[ctlWork] = c.loss, float64(c.samples), c.compute, c.work
 	if c.stop {
 		mine[ctlStop] = 1
 	}
@@ -167,6 +168,7 @@ type stepOutcome struct {
 	gradMax    float64
 	perSamples []int
 	perCompute []float64
+	perWork    []float64
 	epochDone  []bool
 }
 
@@ -176,6 +178,7 @@ type stepOutcome struct {
 func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 	if len(o.perSamples) != W {
 		o.perSamples, o.perCompute, o.epochDone = make([]int, W), make([]float64, W), make([]bool, W)
+		o.perWork = make([]float64, W)
 	}
 	o.stepFailed = ctl[ctlStepErr] > 0
 	o.change = ctl[ctlChange] > 0
@@ -190,6 +193,7 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 			o.firstStop = r
 		}
 		o.perSamples[r], o.perCompute[r], o.epochDone[r] = int(v[ctlSamples]), v[ctlCompute], v[ctlEpochDone] > 0
+		o.perWork[r] = v[ctlWork]
 	}
 	o.stop = o.firstStop >= 0
 	if deterministic {

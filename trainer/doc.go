@@ -143,6 +143,38 @@
 // StepFunc and hooks are judged: mark a long phase of your own with Busy
 // (inside a StepFunc) or Trainer.Busy.
 //
+// # Uneven workers: speed-weighted shares
+//
+// With Config.Balance (the default) and a loader that can cut global
+// batches by weight (Weighter; *dataloader.Loader has it), a rank gets a
+// share of each global batch in proportion to its measured speed, so a
+// slow worker no longer sets the pace of every step. Every step's control
+// allreduce carries each rank's work (its samples, or the loader's
+// Batch.Cost) and compute seconds; every rank folds the same agreed
+// numbers into the same smoothed speeds (balance.go) and, at the same
+// step boundary, hands the loader the same new split, only when it would
+// cut the slowest rank's compute time by 10 %, by at most 0.15 of the
+// batch at a time, and as a trial: a move after which the steps' slowest
+// compute time did not fall is taken back, and none is tried for a
+// hold-off that doubles each time (a cost no share changes, such as a
+// step function's fixed set-up on a loaded host, makes a larger share
+// look faster per sample; trials keep that from making shares drift).
+// The loader keeps a floor per rank. Shares are
+// contiguous runs of the same global batch, so the samples of a step, the
+// epoch order and exactly-once are unchanged; in deterministic mode whole
+// micro-batches move and, since the fixed-point gradient sum is exact in
+// any order, the parameters are the same bits as an unbalanced run's.
+// Each round starts from equal shares and is balanced after its first
+// steps. StepInfo.Shares and Speeds, MetricShare, MetricSpeed and a log
+// line per new split show it; while balancing, the straggler tracker
+// follows compute time per sample; a straggler whose step time
+// balancing evened out is reported Absorbed and never evicted, one that
+// balancing is still trying to absorb is reported Pending (not evicted,
+// judged again later), and only one that balancing could not absorb is
+// evicted with Config.EvictStragglers. For data
+// whose samples cost different amounts, dataloader.Config.Cost makes the
+// cut give equal cost rather than equal counts.
+//
 // # Telemetry
 //
 // With the OpenTelemetry API only (pass providers with WithTracerProvider and
@@ -151,7 +183,8 @@
 // SpanCheckpoint and SpanRecovery; metrics MetricStepDuration (s),
 // MetricSamples, MetricWorldSize, MetricRounds, MetricRecoveries,
 // MetricRecoveryDuration (s), MetricGoodput (useful training time over wall
-// time) and MetricStragglers. Logs go to the *slog.Logger of WithLogger.
+// time), MetricStragglers, MetricShare and MetricSpeed (per rank: its
+// samples in the last step, its smoothed speed). Logs go to the *slog.Logger of WithLogger.
 //
 // # No silent success
 //

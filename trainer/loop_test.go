@@ -553,9 +553,9 @@ func TestSlowRankIsReported(t *testing.T) {
 			slowRank = w.res.Rank
 		}
 	}
-	for _, r := range got {
+	require.LessOrEqual(t, got[0].Step, int64(5+1), "reported within StragglerSteps steps")
+	for _, r := range got { // with balancing, judged again while balancing tries to absorb it
 		require.Equal(t, slowRank, r.Rank)
-		require.LessOrEqual(t, r.Step, int64(5+1), "reported within StragglerSteps steps")
 		require.Greater(t, r.Ratio, 3.0)
 	}
 }

@@ -149,6 +149,13 @@ type StepInfo struct {
 	// RecoverySeconds is set on the first step completed after a failure:
 	// seconds from when this worker saw the failure.
 	RecoverySeconds float64
+	// Shares is each rank's samples in this step, by rank (with
+	// Config.Balance, in proportion to Speeds).
+	Shares []int
+	// Speeds is each rank's smoothed speed, by rank, in samples (or the
+	// loader's cost units, Batch.Cost) per compute second, as every rank
+	// agreed on it after this step; 0 for a rank not measured yet.
+	Speeds []float64
 }
 
 // StragglerInfo reports a rank whose compute time stayed above
@@ -157,6 +164,19 @@ type StragglerInfo struct {
 	Round uint64
 	Rank  int
 	Step  int64
-	Ratio float64 // its compute time over the median, last step
-	Evict bool    // Config.EvictStragglers: it leaves now
+	Ratio float64 // its compute time over the median, last step (per sample with Config.Balance)
+	Evict bool    // Config.EvictStragglers and not Absorbed: it leaves now
+	// Balanced: Config.Balance is on, so Ratio compares compute time per
+	// sample (the rank's slowness), which balancing does not change.
+	Balanced bool
+	// Absorbed: balancing gave the rank a share small enough that its
+	// compute time per step is within 1.25 times the median: the job no
+	// longer waits on it, and it is not evicted. A slow rank that is not
+	// absorbed (its share is at the floor, or its time does not shrink
+	// with its share) slows every step: eviction is the better cure.
+	Absorbed bool
+	// Pending: not absorbed yet, but balancing has not had its chance (the
+	// round is young, or a new split is on trial); it is not evicted now,
+	// and reported again StragglerSteps steps later if it stays slow.
+	Pending bool
 }

@@ -29,6 +29,8 @@ const (
 	MetricRecoveryDuration = "elastictrain.recovery.duration" // s, histogram
 	MetricGoodput          = "elastictrain.goodput"           // 1, gauge: useful training time / wall time
 	MetricStragglers       = "elastictrain.stragglers"        // {report}, counter
+	MetricShare            = "elastictrain.balance.share"     // {sample}, gauge per rank: its samples in the last step
+	MetricSpeed            = "elastictrain.balance.speed"     // {sample}/s, gauge per rank: its smoothed speed (cost units/s with Batch.Cost)
 
 	// Attribute keys.
 	AttrJob       = attribute.Key("elastictrain.job")
@@ -59,6 +61,8 @@ type telemetry struct {
 	recoveryDur metric.Float64Histogram
 	goodput     metric.Float64Gauge
 	stragglers  metric.Int64Counter
+	share       metric.Int64Gauge
+	speed       metric.Float64Gauge
 	jobAttr     attribute.KeyValue
 	commonAttrs metric.MeasurementOption
 }
@@ -96,6 +100,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) 
 	t.goodput, e = m.Float64Gauge(MetricGoodput, metric.WithUnit("1"), metric.WithDescription("Useful training time over wall time since Run began."))
 	must(e)
 	t.stragglers, e = m.Int64Counter(MetricStragglers, metric.WithUnit("{report}"), metric.WithDescription("Straggler reports."))
+	must(e)
+	t.share, e = m.Int64Gauge(MetricShare, metric.WithUnit("{sample}"), metric.WithDescription("This rank's samples in the last step (its share of the global batch)."))
+	must(e)
+	t.speed, e = m.Float64Gauge(MetricSpeed, metric.WithUnit("{sample}/s"), metric.WithDescription("This rank's smoothed speed: samples (or cost units) per compute second."))
 	must(e)
 	t.commonAttrs = metric.WithAttributes(t.jobAttr)
 	return t, err

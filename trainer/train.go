@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -31,6 +32,7 @@ const (
 	ctlCompute          // StepFunc seconds
 	ctlStop             // preempted
 	ctlEpochDone        // the loader found no sample of the epoch left (Batch.EpochDone)
+	ctlWork             // the share's cost: Batch.Cost, or its samples (balancing)
 	ctlPerRank
 )
 
@@ -50,6 +52,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		agreement = &AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
 	}
 	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
+	if err := t.startBalance(); err != nil {
+		return t.classify(runCtx, ctx, err)
+	}
 	for {
 		fetched := t.live.busy("data fetch")
 		b, err := t.loader.Next(ctx)
@@ -91,7 +96,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		}
 
 		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
-			samples: len(b.Indices), compute: compute.Seconds(), stop: t.preempted(), epochDone: b.EpochDone})
+			samples: len(b.Indices), compute: compute.Seconds(), work: shareWork(b), stop: t.preempted(), epochDone: b.EpochDone})
 		syncStart := time.Now()
 		actx, aspan := sctx, trace.Span(nil)
 		if span != nil {
@@ -189,16 +194,21 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		}
 		evict := -1
 		if !empty {
-			evict = t.strag.observe(o.perCompute, t.cfg.EvictStragglers, func(r int, ratio float64) {
-				t.straggler(ctx, world, r, ratio)
-			})
+			evict = t.observeStragglers(ctx, world, o)
+			if err := t.rebalance(ctx, world, o); err != nil {
+				if span != nil {
+					endSpan(span, err)
+				}
+				return t.classify(runCtx, ctx, err)
+			}
 		}
 		if !empty {
 			// OnStep runs before this step's commit and checkpoint, so what
 			// it changes (WithState's state, the learning rate) is part of
 			// them: a round that restores this step restores it too.
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds(),
+				Shares: slices.Clone(o.perSamples), Speeds: t.bal.speedsCopy()}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec
@@ -314,11 +324,15 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 }
 
 // straggler reports rank r, found slow by the core's stragglers tracker
-// at this step with compute time ratio times the median: log, metric,
-// Hooks.OnStraggler.
-func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64) {
-	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers}
-	t.log.Warn("straggler", "rank", r, "ratio", math.Round(ratio*100)/100, "steps", t.cfg.StragglerSteps)
+// at this step with compute time (per unit of work, when balancing) ratio
+// times the median: log, metric, Hooks.OnStraggler. absorbed: balancing
+// evens its slowness out; pending: balancing may still (see
+// StragglerInfo).
+func (t *Trainer[B]) straggler(ctx context.Context, world elastic.World, r int, ratio float64, absorbed, pending bool) {
+	info := StragglerInfo{Round: world.Round, Rank: r, Step: t.step, Ratio: ratio, Evict: t.cfg.EvictStragglers && !absorbed && !pending,
+		Balanced: t.cfg.Balance, Absorbed: absorbed, Pending: pending}
+	t.log.Warn("straggler", "rank", r, "ratio", math.Round(ratio*100)/100, "steps", t.cfg.StragglerSteps,
+		"balanced", t.cfg.Balance, "absorbed", absorbed, "pending", pending, "evict", info.Evict)
 	t.tel.stragglers.Add(ctx, 1, t.tel.commonAttrs)
 	if t.o.hooks.OnStraggler != nil {
 		t.o.hooks.OnStraggler(info)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/elastictrain/elastictrain/elastic"
@@ -95,6 +96,13 @@ type Trainer[B any] struct {
 	nvalues             int         // values over all parameters
 	runStart            time.Time
 
+	// Balancing (balance.go), owned by Run's goroutine.
+	bal      balancer                 // speed-weighted shares of the round's ranks (Config.Balance)
+	weighter Weighter                 // the loader's, or nil: it cannot split by weight
+	scratch  []float64                // straggler and balancing arithmetic
+	balAttrs metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
+	balRank  int
+
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
 	afterReduce func(rank int, step int64) error
@@ -172,6 +180,9 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		t.loader = &cursorLoader[B]{l: l}
 	default:
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
+	}
+	if cfg.Balance {
+		t.weighter, _ = loader.(Weighter)
 	}
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
 	// WithLogger reaches the rendezvous and the transport too, unless

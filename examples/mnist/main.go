@@ -39,6 +39,9 @@ type config struct {
 	seed                uint64
 	json, quiet         bool
 	deterministic       bool
+	balance             bool
+	micro               int
+	slow                slowFlag
 	plot, otlp, metrics string
 	faults              []launcher.Fault
 	detect              time.Duration
@@ -53,7 +56,7 @@ type config struct {
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
-	c := &config{}
+	c := &config{slow: slowFlag{rank: -1}}
 	fs := flag.NewFlagSet("mnist", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.IntVar(&c.workers, "workers", 2, "number of worker processes to start")
@@ -70,6 +73,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
+	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
+	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of -deterministic runs (whole micro-batches move between workers when balancing)")
+	fs.Var(&c.slow, "slow", "test knob: the worker holding RANK computes FACTOR times slower per sample (it sleeps in proportion to its share): RANK@FACTOR")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
 	fs.StringVar(&c.otlp, "otlp", "", otlpHelp)
@@ -106,6 +112,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-epochs %d: want at least 1", c.epochs)
 	case c.batch < 1:
 		return nil, fmt.Errorf("-batch %d: want at least 1", c.batch)
+	case c.micro < 1:
+		return nil, fmt.Errorf("-micro %d: want at least 1", c.micro)
 	case !(c.lr > 0):
 		return nil, fmt.Errorf("-lr %v: want a positive learning rate", c.lr)
 	case math.IsInf(c.lr, 1):
@@ -189,7 +197,13 @@ func workerArgs(c *config) []string {
 		a = append(a, "-checkpoint", c.ckpt)
 	}
 	if c.deterministic {
-		a = append(a, "-deterministic")
+		a = append(a, "-deterministic", "-micro", fmt.Sprint(c.micro))
+	}
+	if !c.balance {
+		a = append(a, "-balance=false")
+	}
+	if c.slow.rank >= 0 {
+		a = append(a, "-slow", c.slow.String())
 	}
 	if c.otlp != "" {
 		a = append(a, "-otlp", c.otlp)

@@ -29,6 +29,9 @@ type Model struct {
 	gm   *gorgoniastep.Model
 }
 
+// maxGraphs is how many batch sizes' graphs a Model keeps compiled.
+const maxGraphs = 16
+
 // ModelKinds lists the names NewModel accepts.
 var ModelKinds = []string{"mlp", "cnn"}
 
@@ -69,7 +72,9 @@ func NewModel(kind string, seed int64) (*Model, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown model %q, want one of %v", ErrBadInput, kind, ModelKinds)
 	}
-	gm, err := gorgoniastep.New(specs, build)
+	// A graph per share size a balanced worker is given, kept compiled
+	// (its share moves when the workers' speeds change).
+	gm, err := gorgoniastep.New(specs, build, gorgoniastep.WithMaxGraphs(maxGraphs))
 	if err != nil {
 		return nil, err
 	}

@@ -74,13 +74,15 @@ func TestMetricsScrapeAndJSONLogsOfARealRun(t *testing.T) {
 	}()
 
 	want := map[string]dto.MetricType{
-		"elastictrain_step_duration_seconds": dto.MetricType_HISTOGRAM,
-		"elastictrain_samples_total":         dto.MetricType_COUNTER,
-		"elastictrain_world_size":            dto.MetricType_GAUGE,
-		"elastictrain_rounds_total":          dto.MetricType_COUNTER,
-		"elastictrain_recoveries_total":      dto.MetricType_COUNTER,
-		"elastictrain_stragglers_total":      dto.MetricType_COUNTER,
-		"elastictrain_goodput_ratio":         dto.MetricType_GAUGE,
+		"elastictrain_step_duration_seconds":    dto.MetricType_HISTOGRAM,
+		"elastictrain_samples_total":            dto.MetricType_COUNTER,
+		"elastictrain_world_size":               dto.MetricType_GAUGE,
+		"elastictrain_rounds_total":             dto.MetricType_COUNTER,
+		"elastictrain_recoveries_total":         dto.MetricType_COUNTER,
+		"elastictrain_stragglers_total":         dto.MetricType_COUNTER,
+		"elastictrain_goodput_ratio":            dto.MetricType_GAUGE,
+		"elastictrain_balance_share":            dto.MetricType_GAUGE,
+		"elastictrain_balance_speed_per_second": dto.MetricType_GAUGE,
 	}
 	// Scrape until every one of them is there (goodput is recorded every
 	// 100 steps; the job has 1 epoch of 234 steps).

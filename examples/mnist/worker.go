@@ -81,7 +81,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	if c.deterministic {
 		// Fixed micro-batches: the same shapes, and so the same bits,
 		// whatever the world size.
-		dcfg.MicroBatch = min(detMicroBatch, c.batch)
+		dcfg.MicroBatch = min(c.micro, c.batch)
 	}
 	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
 	if err != nil {
@@ -104,6 +104,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
 	tcfg.Sync.Secret = secret
 	tcfg.Deterministic = c.deterministic
+	tcfg.Balance = c.balance
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
 	tcfg.Elastic.HeartbeatInterval = c.detect / 6
@@ -171,7 +172,12 @@ func runWorker(c *config, stderr io.Writer) int {
 		},
 	}))
 	step := func(ctx context.Context, b dataloader.Batch[batch]) (float64, error) {
-		return model.Step(ctx, b.Data.Pixels, b.Data.Labels)
+		start := time.Now()
+		loss, err := model.Step(ctx, b.Data.Pixels, b.Data.Labels)
+		if err == nil {
+			err = c.slow.slowDown(ctx, rank, time.Since(start))
+		}
+		return loss, err
 	}
 	tr, err := trainer.New(model.Params(), trainer.NewAdam(c.lr), loader, step, store, tcfg, opts...)
 	if err != nil {

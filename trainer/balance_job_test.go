@@ -1,0 +1,326 @@
+package trainer_test
+
+import (
+	"context"
+	"math"
+	"slices"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	. "github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+// balJob is an in-memory job whose workers compute at speeds of their own:
+// worker i's step function waits perUnit(i) for every unit of work of its
+// share (a sample, or the sample's cost with a cost function), as a
+// slower host would; then the linear-regression step.
+type balJob struct {
+	t       *testing.T
+	c       *trainertest.Cluster
+	prob    *trainertest.Problem
+	audit   *MemoryAudit
+	cfg     Config
+	dcfg    dataloader.Config
+	perUnit func(i int) time.Duration
+	work1   func(index int) float64 // a sample's units of work (nil: 1 each)
+	cost    func(index int) float64 // dataloader.Config.Cost
+	onStrag func(StragglerInfo)     // Hooks.OnStraggler of every worker
+
+	mu     stdsync.Mutex
+	steps  []StepInfo         // rank 0's
+	ranks  map[uint64][]int   // round -> rank of each worker index in it
+	work   map[int][]workTime // worker index -> its steps' compute
+	models map[*trainertest.Worker]*trainertest.Model
+	reach  chan int64
+}
+
+type workTime struct {
+	step    int64
+	seconds float64
+}
+
+func newBalJob(t *testing.T, samples, epochs, batch int) *balJob {
+	cfg := trainertest.Config(t.Name())
+	cfg.Epochs = epochs
+	dcfg := dataloader.DefaultConfig()
+	dcfg.GlobalBatch, dcfg.Seed = batch, 5
+	return &balJob{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{}), prob: trainertest.NewProblem(samples, 4, 0.05, 5),
+		audit: &MemoryAudit{}, cfg: cfg, dcfg: dcfg, ranks: map[uint64][]int{}, work: map[int][]workTime{},
+		models: map[*trainertest.Worker]*trainertest.Model{}, reach: make(chan int64, 1<<16)}
+}
+
+func (j *balJob) start() *trainertest.Worker {
+	var m *trainertest.Model
+	w := j.c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
+		m = trainertest.NewModel(j.prob.Dim)
+		dcfg := j.dcfg
+		dcfg.Cost = j.cost
+		loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
+		if err != nil {
+			return nil, err
+		}
+		j.t.Cleanup(func() { loader.Close() })
+		idx := w.Index
+		var cur int64
+		step := func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			start := time.Now()
+			units := float64(len(b.Indices))
+			if j.work1 != nil {
+				units = 0
+				for _, i := range b.Indices {
+					units += j.work1(i)
+				}
+			}
+			tm := time.NewTimer(time.Duration(units * float64(j.perUnit(idx))))
+			select {
+			case <-tm.C:
+			case <-ctx.Done():
+				tm.Stop()
+				return 0, ctx.Err()
+			}
+			loss, err := m.Step(ctx, b)
+			j.mu.Lock()
+			j.work[idx] = append(j.work[idx], workTime{cur + 1, time.Since(start).Seconds()})
+			j.mu.Unlock()
+			return loss, err
+		}
+		opts := append(w.Options(), WithAudit(j.audit), WithHooks(Hooks{
+			OnRound: func(r RoundInfo) {
+				j.mu.Lock()
+				rs := j.ranks[r.Round]
+				for len(rs) <= idx {
+					rs = append(rs, -1)
+				}
+				rs[idx] = r.Rank
+				j.ranks[r.Round] = rs
+				j.mu.Unlock()
+				cur = r.Step
+			},
+			OnStraggler: func(s StragglerInfo) {
+				if j.onStrag != nil {
+					j.onStrag(s)
+				}
+			},
+			OnStep: func(s StepInfo) {
+				cur = s.Step
+				if s.Rank != 0 {
+					return
+				}
+				j.mu.Lock()
+				j.steps = append(j.steps, s)
+				j.mu.Unlock()
+				select {
+				case j.reach <- s.Step:
+				default:
+				}
+			},
+		}))
+		return New(m.Params(), NewMomentum(0.02, 0.9), loader, step, w.Store, j.cfg, opts...)
+	})
+	j.models[w] = m
+	return w
+}
+
+func (j *balJob) waitStep(s int64) {
+	j.t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case got := <-j.reach:
+			if got >= s {
+				return
+			}
+		case <-deadline:
+			j.t.Fatalf("no worker reached step %d", s)
+		}
+	}
+}
+
+// checkAudit: every sample of every epoch trained exactly once.
+func (j *balJob) checkAudit() {
+	n := len(j.prob.Samples)
+	rep := VerifyAudit(j.audit.Entries(), j.cfg.Epochs, func(epoch int) []int {
+		o := dataloader.Order(j.dcfg.Seed, epoch, n)
+		if !j.dcfg.Shuffle {
+			o = o[:0]
+			for i := range n {
+				o = append(o, i)
+			}
+		}
+		return o[:n/j.dcfg.GlobalBatch*j.dcfg.GlobalBatch]
+	})
+	require.Zero(j.t, rep.Missing, "audit missing")
+	require.Zero(j.t, rep.Duplicates, "audit duplicates")
+}
+
+// rounds returns rank 0's steps grouped by round, in order.
+func (j *balJob) rounds() [][]StepInfo {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	var out [][]StepInfo
+	for _, s := range j.steps {
+		if len(out) == 0 || out[len(out)-1][0].Round != s.Round {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], s)
+	}
+	return out
+}
+
+// TestBalancingFollowsAKillAndAJoin (issue 18, Must show 4): three
+// workers, one of them at half speed; a fast one is killed, a new one
+// joins. In every round the shares re-balance within 20 steps of its
+// start (the slow worker's share near half the others'), the ranks agree
+// on every split, and every sample is trained exactly once.
+func TestBalancingFollowsAKillAndAJoin(t *testing.T) {
+	j := newBalJob(t, 3000, 2, 40)
+	j.cfg.Elastic.MinWorkers = 2
+	j.cfg.Elastic.LastCall = time.Second // the first round takes all three
+	const slow = 2
+	j.perUnit = func(i int) time.Duration {
+		if i == slow {
+			return 600 * time.Microsecond
+		}
+		return 300 * time.Microsecond
+	}
+	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+	j.waitStep(30)
+	j.c.Kill(ws[0])
+	j.waitStep(75)
+	joiner := j.start()
+	j.c.Wait()
+	for _, w := range append(ws[1:], joiner) {
+		res, err := w.Result()
+		require.NoError(t, err, "%v", w)
+		require.True(t, res.Finished)
+	}
+	j.checkAudit()
+
+	rounds := j.rounds()
+	require.GreaterOrEqual(t, len(rounds), 3, "the first round, after the kill, after the join")
+	checked := 0
+	for _, r := range rounds {
+		if len(r) < 21 {
+			continue // a round too short to judge (the job ended, or a member came)
+		}
+		j.mu.Lock()
+		ranks := j.ranks[r[0].Round]
+		j.mu.Unlock()
+		require.Greater(t, len(ranks), slow, "round %d: the slow worker's rank", r[0].Round)
+		sr := ranks[slow]
+		W := r[0].WorldSize
+		target := 0.5 / (float64(W-1) + 0.5) // its speed over the sum of speeds
+		s := r[20]
+		frac := float64(s.Shares[sr]) / float64(s.Samples)
+		t.Logf("round %d: world %d, slow rank %d, shares %v at step %d (its target fraction %.2f), speeds %.0f",
+			s.Round, W, sr, s.Shares, s.Step, target, s.Speeds)
+		require.InDelta(t, target, frac, 0.35*target, "round %d: the slow rank's share 20 steps in", s.Round)
+		require.Less(t, frac, 1/float64(W), "below an equal share")
+		checked++
+	}
+	require.GreaterOrEqual(t, checked, 2, "rounds long enough to judge")
+}
+
+// TestCostAwareShares (issue 18, Must show 5): samples cost 1 or 3 units
+// of compute by their index, laid out so that equal counts give one rank
+// twice the other's compute; with Config.Cost the cut gives equal cost,
+// and the ranks' compute times per step are within 15 % of each other.
+func TestCostAwareShares(t *testing.T) {
+	cost := func(i int) float64 {
+		if i%24 < 12 {
+			return 1
+		}
+		return 2
+	}
+	run := func(withCost bool) float64 {
+		j := newBalJob(t, 24*40, 1, 24)
+		j.cfg.Elastic.MinWorkers = 2
+		j.cfg.Balance = false // the cost cut alone, not the speed measurement
+		j.dcfg.Shuffle = false
+		j.perUnit = func(int) time.Duration { return time.Millisecond }
+		j.work1 = cost
+		if withCost {
+			j.cost = cost
+		}
+		ws := []*trainertest.Worker{j.start(), j.start()}
+		j.c.Wait()
+		for _, w := range ws {
+			_, err := w.Result()
+			require.NoError(t, err)
+		}
+		j.checkAudit()
+		// Median compute time per step of each worker, over the steps
+		// both trained.
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		var med []float64
+		for _, idx := range []int{0, 1} {
+			var xs []float64
+			for _, wt := range j.work[idx] {
+				xs = append(xs, wt.seconds)
+			}
+			require.NotEmpty(t, xs)
+			slices.Sort(xs)
+			med = append(med, xs[len(xs)/2])
+		}
+		ratio := math.Max(med[0], med[1]) / math.Min(med[0], med[1])
+		t.Logf("cost function %v: median compute per step %.1f ms and %.1f ms, ratio %.2f", withCost, med[0]*1e3, med[1]*1e3, ratio)
+		return ratio
+	}
+	require.Greater(t, run(false), 1.6, "equal counts leave the ranks about 2x apart")
+	require.Less(t, run(true), 1.15, "equal cost: within 15 %")
+}
+
+// TestAbsorbedStragglerIsReportedNotEvicted: a worker three times slower
+// per sample is reported as a straggler (its time per sample stays above
+// StragglerFactor times the median), but balancing shrank its share until
+// its steps take no longer than the others': the report says Absorbed,
+// and even with EvictStragglers it stays and the job finishes with it.
+func TestAbsorbedStragglerIsReportedNotEvicted(t *testing.T) {
+	j := newBalJob(t, 2400, 1, 40)
+	j.cfg.Elastic.MinWorkers = 2 // an eviction fails the test rather than stalling it
+	j.cfg.Elastic.LastCall = time.Second
+	j.cfg.StragglerFactor, j.cfg.StragglerSteps, j.cfg.EvictStragglers = 2, 5, true
+	j.perUnit = func(i int) time.Duration {
+		if i == 2 {
+			return 900 * time.Microsecond
+		}
+		return 300 * time.Microsecond
+	}
+	var mu stdsync.Mutex
+	var reports []StragglerInfo
+	j.onStrag = func(s StragglerInfo) {
+		mu.Lock()
+		reports = append(reports, s)
+		mu.Unlock()
+	}
+	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
+	j.c.Wait()
+	for _, w := range ws {
+		res, err := w.Result()
+		require.NoError(t, err, "%v: nobody is evicted", w)
+		require.True(t, res.Finished)
+	}
+	j.checkAudit()
+	mu.Lock()
+	defer mu.Unlock()
+	require.NotEmpty(t, reports, "the slow worker is reported")
+	j.mu.Lock()
+	slowRank := j.ranks[reports[0].Round][2]
+	j.mu.Unlock()
+	absorbed := 0
+	for _, r := range reports {
+		require.Equal(t, slowRank, r.Rank)
+		require.True(t, r.Balanced)
+		require.False(t, r.Evict, "an absorbed straggler is not evicted")
+		if r.Absorbed {
+			absorbed++
+		}
+	}
+	require.NotZero(t, absorbed, "balancing absorbed it: %+v", reports)
+}
