@@ -201,6 +201,10 @@ func TestLongMarkedPhasesAreNoHang(t *testing.T) {
 			j := newMemJob(t, 960, 8, 2)
 			j.cfg.Elastic.MinWorkers = 3
 			j.cfg.Elastic.ProgressTimeout = time.Second
+			// Leases of 3 s: this test is about the progress watch, and a
+			// load spike that delays heartbeats past trainertest's 1 s
+			// lease would change the round for another reason.
+			j.cfg.Elastic.LeaseTTL = 3 * time.Second
 			var saves *slowSave
 			spy := &logSpy{}
 			j.opts = func(*trainertest.Worker) []Option {
