@@ -381,3 +381,39 @@ func TestMicroBatchesAccumulateGradientsInTheDefaultMode(t *testing.T) {
 func TestALeasedLoaderReportsItsDataSettings(t *testing.T) {
 	var _ DataSettings = (*dataloader.LeasedLoader[trainertest.Sample, trainertest.Batch])(nil)
 }
+
+// A worker that trained, then hung past its progress timeout while the
+// other finished the job, once returned Result{Finished: true} with a nil
+// error when it woke, holding the parameters of its last step: a caller
+// that saves the model on success saved a stale one. Now its Run's error
+// wraps elastic.ErrJobFinished and says the parameters are not final,
+// while the worker that finished returns nil.
+func TestAWorkerLeftBehindAtTheEndIsNotASuccess(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 2
+	j.mutate = func(c *Config) { c.Elastic.ProgressTimeout = 500 * time.Millisecond }
+	release := make(chan struct{})
+	var once stdsync.Once
+	j.opts = func(i int) []Option {
+		if i != 1 {
+			return nil
+		}
+		return []Option{WithHooks(Hooks{OnStep: func(s StepInfo) {
+			if s.Step == 5 {
+				once.Do(func() { <-release }) // hung until the other finished
+			}
+		}})}
+	}
+	first, second := j.start(), j.start()
+	<-first.done
+	close(release)
+	<-second.done
+	j.wait()
+	require.NoError(t, first.err)
+	require.True(t, first.res.Finished)
+	require.ErrorIs(t, second.err, elastic.ErrJobFinished)
+	require.ErrorContains(t, second.err, "not the final model")
+	require.NotEqual(t, first.model.W, second.model.W, "the late worker's parameters are stale")
+	rep := VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	require.Zero(t, rep.Missing+rep.Duplicates, "audit")
+}

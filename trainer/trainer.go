@@ -466,6 +466,12 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				// its parameters are whatever they were before it.
 				return res, t.finishedBeforeJoin(err)
 			}
+			if t.epoch < t.cfg.Epochs {
+				// The others finished the job while this worker was out
+				// of it (paused, fenced, cut off): its parameters are
+				// those of an older step, not the final model.
+				return res, t.finishedWithout(err)
+			}
 			return res, nil
 		case err != nil:
 			if ctx.Err() != nil {
