@@ -26,6 +26,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"golang.org/x/net/netutil"
 
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -38,6 +39,10 @@ const (
 	MetricsHelp = "serve Prometheus metrics at http://ADDR/metrics and a liveness probe at http://ADDR/healthz (host:port); " +
 		"worker i (0-based launch order, joiners included) serves on port+i, so one flag covers every worker on this host; port 0: each picks a free port and logs it"
 )
+
+// maxMetricsConns bounds the connections the -metrics server holds open at
+// once (Prometheus scrapes, /healthz probes).
+const maxMetricsConns = 64
 
 // metricsInterval is how often the -otlp metric reader exports.
 const metricsInterval = 5 * time.Second
@@ -193,7 +198,14 @@ func New(ctx context.Context, service, otlp, metrics string, worker int, job str
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
 		mux.HandleFunc("/healthz", healthz)
-		t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		// A scrape is one short request: bound what idle or slow clients
+		// can hold (a flood of keep-alive connections once took every file
+		// descriptor of a worker, and its checkpoint writes failed with
+		// "too many open files"). Over maxMetricsConns, connections wait in
+		// the kernel's accept queue, costing the process nothing.
+		t.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second,
+			WriteTimeout: 30 * time.Second, IdleTimeout: 5 * time.Second, MaxHeaderBytes: 64 << 10}
+		ln = netutil.LimitListener(ln, maxMetricsConns)
 		t.Addr = ln.Addr().String()
 	}
 	res := resource.NewWithAttributes(semconv.SchemaURL,
