@@ -146,6 +146,9 @@ func (d *LocalDir) prune(just int64) error {
 			kept++
 			continue
 		}
+		// List names only regular files of the canonical name, so this
+		// removes a checkpoint file, never a directory or a link that
+		// happens to be named like one.
 		if err := atomicfile.RemoveAll(d.path(s)); err != nil {
 			return fmt.Errorf("trainer: prune checkpoints: %w", err)
 		}
@@ -166,7 +169,15 @@ func (d *LocalDir) List(ctx context.Context) ([]int64, error) {
 			continue
 		}
 		s, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(name, ckptPrefix), ckptSuffix), 10, 64)
-		if err != nil || s < 0 {
+		if err != nil || s < 0 || name != filepath.Base(d.path(s)) {
+			// Not a name Save writes (e.g. an unpadded "ckpt-2800.etc",
+			// which would count step 2800 twice and cost a good
+			// checkpoint its place in the retention).
+			continue
+		}
+		if !e.Type().IsRegular() {
+			// A directory, link or FIFO named like a checkpoint is not one
+			// of ours: never listed, so never loaded, counted or pruned.
 			continue
 		}
 		steps = append(steps, s)
