@@ -24,28 +24,10 @@ func WeightedShares(global int, weights []float64) []int {
 	if n == 0 || global < 0 {
 		return nil
 	}
-	w := make([]float64, n)
-	smallest := math.Inf(1)
-	for _, x := range weights {
-		if x > 0 && !math.IsInf(x, 1) && x < smallest {
-			smallest = x
-		}
-	}
-	if math.IsInf(smallest, 1) {
-		smallest = 1
-	}
-	largest := 0.0
-	for i, x := range weights {
-		if !(x > 0) || math.IsInf(x, 1) {
-			x = smallest
-		}
-		w[i] = x
-		largest = max(largest, x)
-	}
+	w := sanitiseWeights(weights) // relative to the largest: no sum or product overflows
 	total := 0.0
-	for i := range w { // relative to the largest: no sum or product overflows
-		w[i] /= largest
-		total += w[i]
+	for _, x := range w {
+		total += x
 	}
 	floor := max(1, global/(8*n))
 	if floor*n > global {

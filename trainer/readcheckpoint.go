@@ -2,9 +2,7 @@ package trainer
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 )
 
 // Checkpoint is what a durable checkpoint holds that a program serving or
@@ -116,16 +114,9 @@ func LoadCheckpoint(ctx context.Context, st CheckpointStore, step int64) (*Check
 // returns its names and shapes as Params with Value of the right length
 // (filled by decodeSnapshot), after checking the checksum.
 func checkpointParams(b []byte) ([]Param, error) {
-	if len(b) < len(snapshotMagic)+4 {
-		return nil, fmt.Errorf("%w: %d bytes is too short", ErrCorruptState, len(b))
-	}
-	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if got := crc32.Checksum(body, castagnoli); got != sum {
-		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
-	}
-	magic := string(body[:len(snapshotMagic)])
-	if magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
-		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
+	body, magic, err := snapshotBody(b)
+	if err != nil {
+		return nil, err
 	}
 	r := reader{b: body, off: len(snapshotMagic)}
 	r.u64() // step

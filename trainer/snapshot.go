@@ -172,20 +172,30 @@ func owned(b []byte) []byte {
 	return slices.Clone(b)
 }
 
+// snapshotBody checks an encoded snapshot's length, checksum and magic
+// (any version) and returns its body (without the checksum) and magic.
+func snapshotBody(b []byte) (body []byte, magic string, err error) {
+	if len(b) < len(snapshotMagic)+4 {
+		return nil, "", fmt.Errorf("%w: %d bytes is too short", ErrCorruptState, len(b))
+	}
+	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
+	if got := crc32.Checksum(body, castagnoli); got != sum {
+		return nil, "", fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
+	}
+	magic = string(body[:len(snapshotMagic)])
+	if magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
+		return nil, "", fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
+	}
+	return body, magic, nil
+}
+
 // decodeSnapshot parses b, checking it against the model's parameters. It
 // never panics; any problem is ErrCorruptState or ErrShapeMismatch. The
 // snapshot shares no memory with b.
 func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
-	if len(b) < len(snapshotMagic)+4 {
-		return nil, fmt.Errorf("%w: %d bytes is too short", ErrCorruptState, len(b))
-	}
-	body, sum := b[:len(b)-4], binary.LittleEndian.Uint32(b[len(b)-4:])
-	if got := crc32.Checksum(body, castagnoli); got != sum {
-		return nil, fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
-	}
-	magic := string(body[:len(snapshotMagic)])
-	if magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
-		return nil, fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
+	body, magic, err := snapshotBody(b)
+	if err != nil {
+		return nil, err
 	}
 	r := reader{b: body, off: len(snapshotMagic)}
 	s := &snapshot{step: int64(r.u64()), gen: r.u64()}
