@@ -8,8 +8,11 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Warm makes the client's connection pool hold at least n open connections
-// (n >= 1), by taking n of them at once and sending a PING on each. The
+// Warm makes the client's connection pool hold about n open connections
+// (n >= 1), by sending n PINGs at once through the pool (each PING in
+// flight holds a connection of its own; not through Client.Conn, whose
+// sticky connections share the client's options without its lock, a data
+// race inside go-redis with a Subscribe dialling at the same time). The
 // Agent keeps several heartbeats in flight on a slow link, each on a
 // connection of its own; a heartbeat that has to dial its connection first
 // pays two more round trips on that link (the TCP and go-redis handshakes),
@@ -27,12 +30,10 @@ func (s *RedisStore) Warm(ctx context.Context, n int) error {
 	errs := make([]error, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		conn := c.Conn()
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = conn.Ping(ctx).Err()
-			_ = conn.Close() // back to the pool
+			errs[i] = c.Ping(ctx).Err()
 		}()
 	}
 	wg.Wait()
