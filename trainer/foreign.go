@@ -18,7 +18,9 @@ import (
 // directory belongs to another job. Run refuses to start before it changes
 // anything in the store (it would train from scratch and rotate the other
 // model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
-// differs. Point the worker at an empty directory, or at the right model.
+// differs, or ErrSettingsMismatch when the newest checkpoint's position is
+// past this job's Config.Epochs (a job with more epochs wrote it). Point
+// the worker at an empty directory, or at the right model.
 var ErrForeignCheckpoint = errors.New("trainer: the checkpoint store holds another model's checkpoints")
 
 // TempCleaner is an optional capability of a CheckpointStore: removing the

@@ -417,3 +417,43 @@ func TestAWorkerLeftBehindAtTheEndIsNotASuccess(t *testing.T) {
 	rep := VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
 	require.Zero(t, rep.Missing+rep.Duplicates, "audit")
 }
+
+// A checkpoint of a job with more epochs (its position past this job's
+// end) once ended this job at once: Run returned nil, nothing trained.
+// Now it is ErrForeignCheckpoint (wrapping ErrSettingsMismatch) on every
+// rank, and the directory is left as it was.
+func TestACheckpointPastThisJobsEpochsIsRefusedUntouched(t *testing.T) {
+	dir := t.TempDir()
+	newStore := func() CheckpointStore {
+		st, err := NewLocalDir(dir, 2)
+		require.NoError(t, err)
+		return st
+	}
+	a := newJob(t, stores(t)["memory"])
+	a.epochs = 3
+	a.opts = func(int) []Option { return []Option{WithCheckpointStore(newStore())} }
+	a.start()
+	a.wait()
+	require.NoError(t, a.workers[0].err)
+	before := dirState(t, dir)
+
+	b := newJob(t, stores(t)["memory"])
+	b.epochs = 2
+	b.opts = func(int) []Option { return []Option{WithCheckpointStore(newStore())} }
+	w := b.start()
+	b.wait()
+	require.ErrorIs(t, w.err, ErrForeignCheckpoint)
+	require.ErrorIs(t, w.err, ErrSettingsMismatch)
+	require.ErrorContains(t, w.err, "past this job's 2 epochs")
+	require.Zero(t, w.res.Step)
+	require.Equal(t, before, dirState(t, dir), "nothing in the directory was created, changed or removed")
+
+	// The same job's own final checkpoint (at its last epoch) still
+	// restores: a whole-job restart after the end finishes at once.
+	c := newJob(t, stores(t)["memory"])
+	c.epochs = 3
+	c.opts = func(int) []Option { return []Option{WithCheckpointStore(newStore())} }
+	w = c.start()
+	c.wait()
+	require.NoError(t, w.err)
+}

@@ -333,6 +333,14 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 				if errors.Is(err, ErrShapeMismatch) {
 					return nil, "", t.foreignCheckpoint(s, err)
 				}
+				if err == nil && int(sn.epoch) > t.cfg.Epochs {
+					// A job of Epochs epochs never commits a position past
+					// its end: the history is another job's, with more
+					// epochs. Restoring it would end this job at once,
+					// having trained nothing.
+					return nil, "", t.foreignCheckpoint(s, fmt.Errorf("%w: the checkpoint is at epoch %d, past this job's %d epochs (a job with more epochs wrote it)",
+						ErrSettingsMismatch, sn.epoch, t.cfg.Epochs))
+				}
 				if err == nil {
 					t.cleanLeftovers(ctx)
 					t.log.Info("restoring durable checkpoint", "step", s)
