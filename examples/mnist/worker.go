@@ -223,6 +223,12 @@ func runWorker(c *config, stderr io.Writer) int {
 			ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: math.NaN()})
 		}
 		return exitOK
+	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0:
+		// The others finished the job while this worker was out of it
+		// (paused, fenced): its parameters are not the final model, and
+		// the final rank 0 reports the job.
+		logger.Warn("the job finished without this worker", "err", err)
+		return exitOK
 	case errors.Is(err, elastic.ErrJobFinished):
 		// The job was over before this worker trained: an earlier run of
 		// this job ID finished it. The launcher says so when nobody trained.

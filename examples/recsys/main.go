@@ -256,6 +256,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	switch {
 	case errors.Is(err, trainer.ErrPreempted):
 		return 143
+	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0: // finished by the others while this worker was out
+		return 0
 	case errors.Is(err, elastic.ErrJobFinished): // an earlier run of this job ID finished it
 		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
 		return 0
