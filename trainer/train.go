@@ -207,8 +207,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// it changes (WithState's state, the learning rate) is part of
 			// them: a round that restores this step restores it too.
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds(),
-				Shares: slices.Clone(o.perSamples), Speeds: t.bal.speedsCopy()}
+				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec
@@ -218,6 +217,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				recovered = false
 			}
 			if t.o.hooks.OnStep != nil {
+				// Copies the hook may keep; without a hook the step
+				// allocates nothing for them.
+				si.Shares, si.Speeds = slices.Clone(o.perSamples), t.bal.speedsCopy()
 				t.o.hooks.OnStep(si)
 			}
 		}
