@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+
+	"github.com/elastictrain/elastictrain/trainer/internal/optk"
 )
 
 // Optimizer applies one update to the parameters from their averaged
@@ -165,7 +167,12 @@ type Adam struct {
 	// Eps is added to the denominator for numerical stability; default 1e-8.
 	Eps  float64
 	t    int64
-	m, v [][]float32
+	m, v [][]float32 // the current moment estimates
+	// frozen: m and v are held by a commit (freezeState), so the next Step
+	// writes the new estimates into spareM and spareV (or new buffers)
+	// and leaves them unchanged.
+	frozen         bool
+	spareM, spareV [][]float32
 }
 
 // NewAdam returns an Adam optimizer with learning rate lr and the paper's
@@ -185,9 +192,15 @@ func (o *Adam) SetLearningRate(lr float64) { o.LR = lr }
 func (o *Adam) Steps() int64 { return o.t }
 
 // Step implements Optimizer.
-func (o *Adam) Step(params []Param) error {
+func (o *Adam) Step(params []Param) error { return o.step(params, 1, false) }
+
+// stepScaled implements scaledStepper: Step with every gradient first
+// multiplied by scale (and left so in Param.Grad), in the same pass.
+func (o *Adam) stepScaled(params []Param, scale float32) error { return o.step(params, scale, true) }
+
+func (o *Adam) step(params []Param, scale float32, scaled bool) error {
 	if o.m == nil || o.v == nil {
-		o.m, o.v = zerosLike(params), zerosLike(params)
+		o.m, o.v, o.frozen = zerosLike(params), zerosLike(params), false
 	}
 	if err := sameShapes(o.m, params); err != nil {
 		return err
@@ -195,35 +208,131 @@ func (o *Adam) Step(params []Param) error {
 	if err := sameShapes(o.v, params); err != nil {
 		return err
 	}
+	dstM, dstV := o.m, o.v
+	if o.frozen {
+		// A commit holds the current estimates: the new ones go elsewhere.
+		if sameShapes(o.spareM, params) != nil || sameShapes(o.spareV, params) != nil {
+			o.spareM, o.spareV = zerosLike(params), zerosLike(params)
+		}
+		dstM, dstV = o.spareM, o.spareV
+		o.spareM, o.spareV = nil, nil
+	}
 	o.t++
 	b1, b2 := o.Beta1, o.Beta2
 	// Fold the bias corrections into the step size (the paper's efficient form).
-	alpha := float32(o.LR * math.Sqrt(1-math.Pow(b2, float64(o.t))) / (1 - math.Pow(b1, float64(o.t))))
-	eps := float32(o.Eps)
-	fb1, fb2 := float32(b1), float32(b2)
+	c := optk.AdamCoeffs{
+		GScale:    scale,
+		B1:        float32(b1),
+		B2:        float32(b2),
+		Alpha:     float32(o.LR * math.Sqrt(1-math.Pow(b2, float64(o.t))) / (1 - math.Pow(b1, float64(o.t)))),
+		Eps:       float32(o.Eps),
+		StoreGrad: scaled,
+	}
+	c.C1, c.C2 = 1-c.B1, 1-c.B2
 	for k, p := range params {
-		val, g := p.Value, p.Grad[:len(p.Value)]
-		m, v := o.m[k][:len(val)], o.v[k][:len(val)]
-		for i := range val {
-			gi := g[i]
-			m[i] = fb1*m[i] + (1-fb1)*gi
-			v[i] = fb2*v[i] + (1-fb2)*gi*gi
-			val[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
+		n := len(p.Value)
+		optk.Adam(p.Value, p.Grad[:n], o.m[k][:n], o.v[k][:n], dstM[k][:n], dstV[k][:n], &c)
+		if scaled {
+			for i := n; i < len(p.Grad); i++ {
+				p.Grad[i] *= scale
+			}
 		}
 	}
+	o.m, o.v, o.frozen = dstM, dstV, false
 	return nil
+}
+
+// freezeState implements stateFreezer. The current moment estimates become
+// the frozen state's (no copy) unless an earlier frozen state still holds
+// them (no Step since), in which case they are copied; reuse's buffers
+// become the next Step's.
+func (o *Adam) freezeState(reuse frozenState) frozenState {
+	f, _ := reuse.(*adamFrozen)
+	var oldM, oldV [][]float32
+	if f == nil || f.owner != o {
+		f = &adamFrozen{owner: o}
+	} else {
+		oldM, oldV = f.m, f.v
+	}
+	f.lr, f.b1, f.b2, f.eps, f.t = o.LR, o.Beta1, o.Beta2, o.Eps, o.t
+	switch {
+	case o.m == nil || o.v == nil:
+		f.m, f.v = nil, nil
+	case sameTensors(oldM, o.m):
+		// reuse is the frozen state that holds the current estimates
+		// (retaken with no Step since): it keeps them.
+		f.m, f.v = oldM, oldV
+		return f
+	case o.frozen:
+		// Another frozen state holds them: this one gets a copy.
+		if !sameLens(oldM, o.m) || !sameLens(oldV, o.v) {
+			oldM, oldV = make([][]float32, len(o.m)), make([][]float32, len(o.v))
+			for i := range o.m {
+				oldM[i], oldV[i] = make([]float32, len(o.m[i])), make([]float32, len(o.v[i]))
+			}
+		}
+		for i := range o.m {
+			copy(oldM[i], o.m[i])
+			copy(oldV[i], o.v[i])
+		}
+		f.m, f.v = oldM, oldV
+		return f
+	default:
+		f.m, f.v, o.frozen = o.m, o.v, true
+	}
+	if oldM != nil && oldV != nil {
+		o.spareM, o.spareV = oldM, oldV
+	}
+	return f
+}
+
+// adamFrozen is an Adam state held by a commit: never written while a
+// snapshot holds it; its buffers go back to the optimizer (as the next
+// Step's output) when the snapshot is retaken.
+type adamFrozen struct {
+	owner           *Adam
+	lr, b1, b2, eps float64
+	t               int64
+	m, v            [][]float32
+}
+
+// appendState implements frozenState: Adam.AppendState's encoding.
+func (f *adamFrozen) appendState(dst []byte) []byte {
+	return appendAdamState(dst, f.lr, f.b1, f.b2, f.eps, f.t, f.m, f.v)
+}
+
+// sameTensors reports whether a and b are the same list of buffers.
+func sameTensors(a, b [][]float32) bool {
+	return len(a) > 0 && len(a) == len(b) && &a[0] == &b[0]
+}
+
+// sameLens reports whether a and b hold as many tensors of the same lengths.
+func sameLens(a, b [][]float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return false
+		}
+	}
+	return true
 }
 
 // AppendState implements Optimizer: hyper-parameters, step count t and both
 // moment estimates of every parameter.
 func (o *Adam) AppendState(dst []byte) []byte {
-	dst = appendF64(dst, o.LR)
-	dst = appendF64(dst, o.Beta1)
-	dst = appendF64(dst, o.Beta2)
-	dst = appendF64(dst, o.Eps)
-	dst = binary.LittleEndian.AppendUint64(dst, uint64(o.t))
-	dst = appendTensors(dst, o.m)
-	return appendTensors(dst, o.v)
+	return appendAdamState(dst, o.LR, o.Beta1, o.Beta2, o.Eps, o.t, o.m, o.v)
+}
+
+func appendAdamState(dst []byte, lr, b1, b2, eps float64, t int64, m, v [][]float32) []byte {
+	dst = appendF64(dst, lr)
+	dst = appendF64(dst, b1)
+	dst = appendF64(dst, b2)
+	dst = appendF64(dst, eps)
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(t))
+	dst = appendTensors(dst, m)
+	return appendTensors(dst, v)
 }
 
 // LoadState implements Optimizer.
@@ -242,7 +351,7 @@ func (o *Adam) LoadState(src []byte, params []Param) error {
 	if t < 0 {
 		return fmt.Errorf("%w: adam: negative step count %d", ErrCorruptState, t)
 	}
-	o.LR, o.Beta1, o.Beta2, o.Eps, o.t, o.m, o.v = lr, b1, b2, eps, t, m, v
+	o.LR, o.Beta1, o.Beta2, o.Eps, o.t, o.m, o.v, o.frozen = lr, b1, b2, eps, t, m, v, false
 	return nil
 }
 
@@ -265,4 +374,28 @@ func sameShapes(state [][]float32, params []Param) error {
 		}
 	}
 	return nil
+}
+
+// stateFreezer is implemented by optimizers whose state a commit can hold
+// without encoding it (Adam): the state of the moment of freezing, which
+// the optimizer never writes again (its next Step writes its new state into
+// other buffers). A commit thus costs no copy of the optimizer's state.
+type stateFreezer interface {
+	// freezeState returns the current state as a frozen one. reuse is a
+	// frozen state returned earlier that nothing holds any more (the
+	// snapshot being retaken), or nil: its buffers may be recycled.
+	freezeState(reuse frozenState) frozenState
+}
+
+// frozenState is an optimizer's state held by a commit.
+type frozenState interface {
+	// appendState appends the state's AppendState encoding to dst.
+	appendState(dst []byte) []byte
+}
+
+// scaledStepper is implemented by optimizers that can scale the gradients
+// in their update pass (Adam): stepScaled(params, s) is Param.Grad *= s
+// followed by Step, with the same bits, in one pass over the memory.
+type scaledStepper interface {
+	stepScaled(params []Param, scale float32) error
 }

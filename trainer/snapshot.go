@@ -16,7 +16,8 @@ type snapshot struct {
 	base       int64       // step at which lineage gen began: the restored checkpoint's, or 0
 	values     [][]float32 // copy of every Param.Value, in model order
 	optName    string
-	opt        []byte // Optimizer.AppendState
+	opt        []byte      // Optimizer.AppendState, unless optFrozen holds the state
+	optFrozen  frozenState // the state of an optimizer that freezes it (stateFreezer); then opt is nil
 	cursor     []byte // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
 	recoveries []int64
 	user       []byte // Stateful.AppendState, if the user registered one
@@ -65,10 +66,25 @@ func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt 
 		copy(s.values[i], p.Value)
 	}
 	s.optName = opt.Name()
-	s.opt = opt.AppendState(s.opt[:0])
+	if f, ok := opt.(stateFreezer); ok {
+		// Held as it is, not encoded: the optimizer writes its next state
+		// elsewhere (the largest part of a commit otherwise).
+		s.optFrozen, s.opt = f.freezeState(s.optFrozen), nil
+	} else {
+		s.optFrozen, s.opt = nil, opt.AppendState(s.opt[:0])
+	}
 	s.cursor = append(s.cursor[:0], cursor...)
 	s.recoveries = append(s.recoveries[:0], recoveries...)
 	s.user = append(s.user[:0], user...)
+}
+
+// optState returns the optimizer's state in Optimizer.AppendState's
+// encoding (a new slice when the snapshot holds it frozen).
+func (s *snapshot) optState() []byte {
+	if s.optFrozen != nil {
+		return s.optFrozen.appendState(nil)
+	}
+	return s.opt
 }
 
 // clone returns a deep copy.
@@ -85,7 +101,7 @@ func (s *snapshot) clone() *snapshot {
 	for i, v := range s.values {
 		c.values[i] = slices.Clone(v)
 	}
-	c.opt = slices.Clone(s.opt)
+	c.opt = slices.Clone(s.optState())
 	c.cursor = slices.Clone(s.cursor)
 	c.recoveries = slices.Clone(s.recoveries)
 	c.user = slices.Clone(s.user)
@@ -106,7 +122,7 @@ func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
 	if s.optName != opt.Name() {
 		return fmt.Errorf("%w: snapshot optimizer %q, configured %q", ErrShapeMismatch, s.optName, opt.Name())
 	}
-	if err := opt.LoadState(s.opt, params); err != nil {
+	if err := opt.LoadState(s.optState(), params); err != nil {
 		return err
 	}
 	for i, p := range params {
@@ -136,7 +152,14 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 		dst = appendFloats(dst, s.values[i])
 	}
 	dst = appendString(dst, s.optName)
-	dst = appendBytes(dst, s.opt)
+	if s.optFrozen != nil {
+		at := len(dst)
+		dst = binary.LittleEndian.AppendUint64(dst, 0)
+		dst = s.optFrozen.appendState(dst)
+		binary.LittleEndian.PutUint64(dst[at:], uint64(len(dst)-at-8))
+	} else {
+		dst = appendBytes(dst, s.opt)
+	}
 	dst = appendBytes(dst, s.cursor)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.recoveries)))
 	for _, r := range s.recoveries {

@@ -136,7 +136,7 @@ func TestSnapshotEncodeDecodeRoundTrip(t *testing.T) {
 	require.Equal(t, s.gen, got.gen)
 	require.Equal(t, s.base, got.base)
 	require.Equal(t, s.values, got.values)
-	require.Equal(t, s.opt, got.opt)
+	require.Equal(t, s.optState(), got.opt)
 	require.Equal(t, s.cursor, got.cursor)
 	require.Equal(t, s.recoveries, got.recoveries)
 	require.Equal(t, s.user, got.user)

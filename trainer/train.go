@@ -152,11 +152,17 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		empty := o.samples == 0
 		var stepDur time.Duration
 		if !empty {
+			// The sum over the global batch becomes its mean: in the
+			// optimizer's own pass when it can scale (the same bits).
+			scaler, fused := t.opt.(scaledStepper)
+			inv := float32(1)
 			if !t.cfg.Deterministic {
-				inv := float32(1 / o.samples)
-				for _, p := range t.params {
-					for i := range p.Grad {
-						p.Grad[i] *= inv
+				inv = float32(1 / o.samples)
+				if !fused {
+					for _, p := range t.params {
+						for i := range p.Grad {
+							p.Grad[i] *= inv
+						}
 					}
 				}
 			}
@@ -168,7 +174,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				t.opt.SetLearningRate(t.o.sched.LR(t.step))
 			}
 			t.stepLR = t.opt.LearningRate()
-			if err := t.opt.Step(t.params); err != nil {
+			var err error
+			if fused && inv != 1 {
+				err = scaler.stepScaled(t.params, inv)
+			} else {
+				err = t.opt.Step(t.params)
+			}
+			if err != nil {
 				return endFatal, err
 			}
 			t.step++

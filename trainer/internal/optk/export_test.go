@@ -1,0 +1,12 @@
+package optk
+
+// hasAVX reports whether this build and CPU have the AVX kernels.
+var hasAVX = useAVX
+
+// useKernel selects the AVX kernels (avx) or the portable Go code; it
+// returns a function that restores the previous choice.
+func useKernel(avx bool) (restore func()) {
+	old := useAVX
+	setUseAVX(avx)
+	return func() { setUseAVX(old) }
+}
