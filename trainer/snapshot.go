@@ -18,7 +18,7 @@ type snapshot struct {
 	optName    string
 	opt        []byte      // Optimizer.AppendState, unless optFrozen holds the state
 	optFrozen  frozenState // the state of an optimizer that freezes it (stateFreezer); then opt is nil
-	cursor     []byte // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
+	cursor     []byte      // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
 	recoveries []int64
 	user       []byte // Stateful.AppendState, if the user registered one
 
