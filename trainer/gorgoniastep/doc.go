@@ -18,12 +18,12 @@
 //
 // Each learnable is a float32 tensor whose backing array is the Param's
 // Value; its gradient tensor (gorgonia's dual value, bound with
-// gorgonia.WithGrad and filled by the tape machine under
-// gorgonia.BindDualValues) has the Param's Grad as backing array. gorgonia
-// v0.9.18 adds each gradient into that tensor in place and never replaces
-// it; [Machine.Run] zeroes the gradients first, and checks after every run
-// that both arrays are still the ones shared (ErrAliasBroken otherwise), so
-// the trainer can read Grad and write Value directly.
+// gorgonia.WithGrad) has the Param's Grad as backing array. After every
+// run [Machine.Run] copies each gradient node's value into that array (one
+// pass; gorgonia's BindDualValues would zero it and add the gradient in,
+// two passes, with a scalar add) and checks that both arrays are still the
+// ones shared (ErrAliasBroken otherwise), so the trainer can read Grad and
+// write Value directly.
 //
 // # Gradient contract
 //

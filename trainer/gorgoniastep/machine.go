@@ -91,6 +91,7 @@ type Machine struct {
 	vm         gorgonia.VM
 	loss       *gorgonia.Node
 	learnables gorgonia.Nodes
+	gradNodes  gorgonia.Nodes // d(loss)/d(learnable), in learnables' order (training)
 	params     []trainer.Param
 	inputs     []*gorgonia.Node
 	inputBufs  [][]float32
@@ -112,9 +113,9 @@ type Machine struct {
 // gorgonia.Grad itself). A learnable that already has a gradient tensor
 // bound (gorgonia.WithGrad) keeps it; otherwise Bind binds a zeroed one.
 //
-// Gradients: gorgonia's tape machine adds each gradient into the bound
-// gradient tensor (BindDualValues); Run zeroes them first, so after Run
-// each Param.Grad holds d(loss)/d(Value) for this run only. For
+// Gradients: Run copies each gradient node's value into the bound
+// gradient tensor, so after Run each Param.Grad holds d(loss)/d(Value)
+// for this run only. For
 // trainer.StepFunc the loss must be the SUM of per-sample losses (or use
 // WithLossScale).
 //
@@ -245,7 +246,12 @@ func bind(g *gorgonia.ExprGraph, loss *gorgonia.Node, learnables gorgonia.Nodes,
 		// gradients of the inputs (the pixels, the labels), which nothing
 		// reads; left in, the tape machine computes them every run.
 		roots := append(append(gorgonia.Nodes{loss}, grads...), m.outputs...)
-		m.vm = gorgonia.NewTapeMachine(g.ExactSubgraphRoots(roots...), gorgonia.BindDualValues(learnables...))
+		// Not gorgonia.BindDualValues: that adds every gradient into the
+		// bound gradient tensor with gorgonia's scalar add, after Run
+		// zeroed it (two passes over each gradient, a slow one); Run
+		// copies each gradient node's value instead.
+		m.gradNodes = grads
+		m.vm = gorgonia.NewTapeMachine(g.ExactSubgraphRoots(roots...))
 	} else {
 		m.vm = gorgonia.NewTapeMachine(g)
 	}
@@ -349,8 +355,8 @@ func (m *Machine) Output(i int) ([]float32, error) {
 
 // Run runs the graph once on the current inputs and parameter values and
 // returns the loss node's value times the loss scale. On a training
-// Machine it first zeroes every Param.Grad and afterwards each Grad holds
-// the gradient of that (scaled) loss.
+// Machine each Param.Grad then holds the gradient of that (scaled) loss
+// (copied from the gradient nodes' values).
 //
 // gorgonia's tape machine cannot be interrupted: Run checks ctx before it
 // starts and returns a wrapped ctx.Err() if it is already done, otherwise it
@@ -363,14 +369,14 @@ func (m *Machine) Run(ctx context.Context) (float64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("gorgoniastep: run: %w", err)
 	}
-	if m.train {
-		for _, p := range m.params {
-			clear(p.Grad)
-		}
-	}
 	m.vm.Reset()
 	if err := m.vm.RunAll(); err != nil {
 		return 0, fmt.Errorf("%w: %v", ErrRun, err)
+	}
+	if m.train {
+		if err := m.copyGrads(); err != nil {
+			return 0, err
+		}
 	}
 	if err := m.checkAliases(); err != nil {
 		return 0, err
@@ -391,6 +397,27 @@ func (m *Machine) Run(ctx context.Context) (float64, error) {
 		}
 	}
 	return loss, nil
+}
+
+// copyGrads copies each gradient node's value, as the run left it, into
+// its Param.Grad.
+func (m *Machine) copyGrads() error {
+	for i, n := range m.gradNodes {
+		p := m.params[i]
+		d, ok := n.Value().(*tensor.Dense)
+		if ok && d.IsView() {
+			d, ok = d.Materialize().(*tensor.Dense)
+		}
+		var g []float32
+		if ok {
+			g, ok = d.Data().([]float32)
+		}
+		if !ok || len(g) != len(p.Grad) {
+			return fmt.Errorf("%w: the gradient of %q is %v, want %d float32 values", ErrRun, p.Name, n.Value(), len(p.Grad))
+		}
+		copy(p.Grad, g)
+	}
+	return nil
 }
 
 // checkAliases verifies that every learnable still holds its value and
