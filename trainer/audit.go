@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	stdsync "sync"
 )
 
@@ -103,8 +104,9 @@ func (a *MemoryAudit) Entries() []AuditEntry {
 // processes of a job on one host share (each line is written with a single
 // append-mode write). Safe for concurrent use.
 type FileAudit struct {
-	mu stdsync.Mutex
-	f  *os.File
+	mu  stdsync.Mutex
+	f   *os.File
+	buf []byte // the line being written, reused
 }
 
 // OpenFileAudit opens (creating if needed) an audit log file for appending.
@@ -117,17 +119,64 @@ func OpenFileAudit(path string) (*FileAudit, error) {
 }
 
 func (a *FileAudit) write(e AuditEntry) error {
-	b, err := json.Marshal(e)
-	if err != nil {
-		return fmt.Errorf("trainer: audit: %w", err)
-	}
-	b = append(b, '\n')
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if _, err := a.f.Write(b); err != nil {
+	a.buf = append(appendAuditJSON(a.buf[:0], e), '\n')
+	if _, err := a.f.Write(a.buf); err != nil {
 		return fmt.Errorf("trainer: audit: %w", err)
 	}
 	return nil
+}
+
+// appendAuditJSON appends e as encoding/json encodes it (the same bytes:
+// field order, omitempty), without reflection: a line is written every
+// step.
+func appendAuditJSON(dst []byte, e AuditEntry) []byte {
+	dst = append(dst, `{"kind":`...)
+	dst = appendJSONString(dst, e.Kind)
+	dst = append(dst, `,"gen":`...)
+	dst = strconv.AppendUint(dst, e.Gen, 10)
+	dst = append(dst, `,"round":`...)
+	dst = strconv.AppendUint(dst, e.Round, 10)
+	dst = append(dst, `,"rank":`...)
+	dst = strconv.AppendInt(dst, int64(e.Rank), 10)
+	dst = append(dst, `,"step":`...)
+	dst = strconv.AppendInt(dst, e.Step, 10)
+	if e.Epoch != 0 {
+		dst = append(dst, `,"epoch":`...)
+		dst = strconv.AppendInt(dst, int64(e.Epoch), 10)
+	}
+	if len(e.Indices) > 0 {
+		dst = append(dst, `,"indices":[`...)
+		for i, ix := range e.Indices {
+			if i > 0 {
+				dst = append(dst, ',')
+			}
+			dst = strconv.AppendInt(dst, int64(ix), 10)
+		}
+		dst = append(dst, ']')
+	}
+	dst = append(dst, `,"base":`...)
+	dst = strconv.AppendInt(dst, e.Base, 10)
+	if e.Restored {
+		dst = append(dst, `,"restored":true`...)
+	}
+	return append(dst, '}')
+}
+
+// appendJSONString appends s as a JSON string; anything but plain
+// printable ASCII without quotes, backslashes or HTML characters (which
+// encoding/json escapes) goes through encoding/json.
+func appendJSONString(dst []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= 0x7f || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			b, _ := json.Marshal(s) // a string always encodes
+			return append(dst, b...)
+		}
+	}
+	dst = append(dst, '"')
+	dst = append(dst, s...)
+	return append(dst, '"')
 }
 
 // RecordStep implements Audit.
