@@ -22,6 +22,7 @@ type memJob struct {
 	audit   *MemoryAudit
 	cfg     Config
 	batch   int
+	micro   int // the loader's MicroBatch (0: none)
 	seed    uint64
 	opts    func(w *trainertest.Worker) []Option
 	wrap    func(w *trainertest.Worker, l *dataloader.Loader[trainertest.Sample, trainertest.Batch]) Source[trainertest.Batch]
@@ -29,10 +30,12 @@ type memJob struct {
 	models  map[*trainertest.Worker]*trainertest.Model
 	opt     func() Optimizer
 	// step and data, when set, wrap the model's step and the dataset.
-	step    func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch]
-	data    func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample]
-	maxStep atomic.Int64
-	steps   chan StepInfo
+	step func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch]
+	data func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample]
+	// afterReduce, when set, is installed on every worker (SetAfterReduceHook).
+	afterReduce func(rank int, step int64) error
+	maxStep     atomic.Int64
+	steps       chan StepInfo
 }
 
 func newMemJob(t *testing.T, samples, dim, epochs int) *memJob {
@@ -49,7 +52,7 @@ func (j *memJob) start() *trainertest.Worker {
 		m = trainertest.NewModel(j.prob.Dim)
 		m.StepDelay = time.Millisecond
 		dcfg := dataloader.DefaultConfig()
-		dcfg.GlobalBatch, dcfg.Seed = j.batch, j.seed
+		dcfg.GlobalBatch, dcfg.Seed, dcfg.MicroBatch = j.batch, j.seed, j.micro
 		ds := j.prob.Dataset()
 		if j.data != nil {
 			ds = j.data(w, ds)
@@ -86,7 +89,11 @@ func (j *memJob) start() *trainertest.Worker {
 		if j.step != nil {
 			step = j.step(w, step)
 		}
-		return New(m.Params(), j.opt(), src, step, w.Store, j.cfg, opts...)
+		tr, err := New(m.Params(), j.opt(), src, step, w.Store, j.cfg, opts...)
+		if err == nil && j.afterReduce != nil {
+			SetAfterReduceHook(tr, j.afterReduce)
+		}
+		return tr, err
 	})
 	j.models[w] = m
 	return w
