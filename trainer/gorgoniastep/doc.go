@@ -14,7 +14,7 @@
 // because a rank's share of a global batch varies (uneven splits, the last
 // batch of an epoch, rescaling).
 //
-// # Sharing without copying
+// # Sharing the arrays
 //
 // Each learnable is a float32 tensor whose backing array is the Param's
 // Value; its gradient tensor (gorgonia's dual value, bound with
