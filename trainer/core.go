@@ -155,6 +155,56 @@ func putControl(ctl []float64, rank int, c control) {
 	}
 }
 
+// ctlLanes is how many float32 elements carry one control value in the
+// gradient allreduce (packControl): one per 16 bits of its float64.
+const ctlLanes = 4
+
+// packControl writes ctl (one rank's, as putControl left it) into lanes
+// of float32 that a SUM-allreduce reduces to the max-allreduce's result:
+// a shared slot (a flag, any rank may set it) becomes 1 or 0 in its first
+// lane; a per-rank slot, which only its rank sets, is split into its
+// float64 bits, 16 to a lane. Each lane holds an integer below 2^16, so a
+// sum of one rank's lanes and the others' zeros is exact in float32 in
+// any order: unpackControl gets every bit back (a NaN loss included).
+func packControl(lanes []float32, ctl []float64) {
+	clear(lanes)
+	for i, v := range ctl {
+		l := lanes[i*ctlLanes : (i+1)*ctlLanes]
+		if i < ctlFixed {
+			if v != 0 {
+				l[0] = 1
+			}
+			continue
+		}
+		b := math.Float64bits(v)
+		for k := range l {
+			l[k] = float32(b >> (16 * k) & 0xffff)
+		}
+	}
+}
+
+// unpackControl is packControl's inverse on the summed lanes: ctl as the
+// max-allreduce of every rank's control values would leave it (shared
+// slots as flags, 0 or 1; deterministic mode's largest gradient, a shared
+// value, does not travel this way).
+func unpackControl(ctl []float64, lanes []float32) {
+	for i := range ctl {
+		l := lanes[i*ctlLanes : (i+1)*ctlLanes]
+		if i < ctlFixed {
+			ctl[i] = 0
+			if l[0] != 0 {
+				ctl[i] = 1
+			}
+			continue
+		}
+		var b uint64
+		for k, x := range l {
+			b |= uint64(x) << (16 * k)
+		}
+		ctl[i] = math.Float64frombits(b)
+	}
+}
+
 // stepOutcome is what every rank reads from a step's reduced control
 // values. Its per-rank slices are reused from step to step.
 type stepOutcome struct {

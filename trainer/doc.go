@@ -30,9 +30,10 @@
 //     ErrForeignCheckpoint before anything in the store changes.
 //  4. Restore every Partition to the agreed step, then the data loader
 //     from the committed loader state for the new world size.
-//  5. Train: batch, StepFunc, one small allreduce of control values, the
-//     gradient allreduce (fused buckets, or the round's GradientReducer),
-//     divide by the global batch size, optimizer step, Hooks.OnStep (so
+//  5. Train: batch, StepFunc, the gradient allreduce (fused buckets, which
+//     also carry the step's control values; in deterministic mode, or with
+//     the round's GradientReducer, one small allreduce of control values
+//     first), divide by the global batch size, optimizer step, Hooks.OnStep (so
 //     what it sets is part of this step's commit), commit every
 //     Config.CommitEvery steps, durable checkpoint every
 //     Config.CheckpointEvery steps (written asynchronously by rank 0; with
@@ -98,7 +99,9 @@
 //
 // # Agreement at step boundaries
 //
-// The control allreduce of each step carries, from every rank: its loss and
+// The control values of each step (in the gradient allreduce, or in an
+// allreduce of their own first in deterministic mode and with a
+// GradientReducer) carry, from every rank: its loss and
 // sample count, whether its rendezvous agent sees a membership change
 // pending (a joiner waiting, a member lost), whether its StepFunc failed,
 // its compute time, and whether it was preempted. Because every rank sees the

@@ -55,6 +55,20 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	if err := t.startBalance(); err != nil {
 		return t.classify(runCtx, ctx, err)
 	}
+	// In the default mode the control values travel with the gradients, in
+	// one sum-allreduce (packControl), instead of in a max-allreduce of
+	// their own before it: every rank then reduces its gradients even at a
+	// step some rank failed or that has no sample anywhere, and nobody
+	// applies those. Deterministic mode needs the largest gradient before
+	// it converts the gradients, and a GradientReducer sums them its own
+	// way: both keep the control allreduce.
+	_, reducer := comm.(GradientReducer)
+	merged := !t.cfg.Deterministic && !reducer
+	if merged && t.gradsW != W {
+		t.ctlPacked = make([]float32, ctlLanes*len(ctl))
+		t.grads = sync.NewBuckets(append(slices.Clip(t.gradList), t.ctlPacked), t.cfg.BucketBytes)
+		t.gradsW = W
+	}
 	for {
 		fetched := t.live.busy("data fetch")
 		b, err := t.loader.Next(ctx)
@@ -103,17 +117,30 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
 		}
 		watch.enter()
-		err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
-		if err == nil {
-			readControl(ctl, W, t.cfg.Deterministic, o)
-			switch {
-			case o.diverged:
-				// Every rank saw the same largest gradient: all stop here, together.
-				err = fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
-			case !o.stepFailed && o.samples > 0: // a global batch without samples is no step: nothing to reduce
-				err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
-				if err == nil && t.afterReduce != nil {
+		if merged {
+			// One collective: the gradients, then the control values.
+			packControl(t.ctlPacked, ctl)
+			err = t.grads.AllReduce(actx, comm, sync.OpSum)
+			if err == nil {
+				unpackControl(ctl, t.ctlPacked)
+				readControl(ctl, W, false, o)
+				if !o.stepFailed && o.samples > 0 && t.afterReduce != nil {
 					err = t.afterReduce(rank, t.step+1)
+				}
+			}
+		} else {
+			err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
+			if err == nil {
+				readControl(ctl, W, t.cfg.Deterministic, o)
+				switch {
+				case o.diverged:
+					// Every rank saw the same largest gradient: all stop here, together.
+					err = fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
+				case !o.stepFailed && o.samples > 0: // a global batch without samples is no step: nothing to reduce
+					err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
+					if err == nil && t.afterReduce != nil {
+						err = t.afterReduce(rank, t.step+1)
+					}
 				}
 			}
 		}

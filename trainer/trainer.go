@@ -61,13 +61,18 @@ type Trainer[B any] struct {
 	tel        *telemetry
 	grads      *sync.Buckets
 	gradList   [][]float32 // every Param.Grad, in model order (GradientReducer)
-	fp         float64
-	baseLR     float64 // the optimizer's learning rate at New: the configured base rate
-	eval       *evaluator
-	ran        atomic.Bool
-	preempt    chan struct{}
-	once       stdsync.Once
-	prAt       atomic.Int64 // unix nanos of Preempt
+	// ctlPacked: the control values' lanes (packControl) that grads
+	// carries after the gradients, for a world of gradsW ranks (0: grads
+	// carries the gradients only).
+	ctlPacked []float32
+	gradsW    int
+	fp        float64
+	baseLR    float64 // the optimizer's learning rate at New: the configured base rate
+	eval      *evaluator
+	ran       atomic.Bool
+	preempt   chan struct{}
+	once      stdsync.Once
+	prAt      atomic.Int64 // unix nanos of Preempt
 
 	// Loop state, owned by Run's goroutine.
 	latest, prev, spare *snapshot
