@@ -288,6 +288,10 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		fmt.Fprintf(logw, "[launcher] preempted at step %d: every worker left gracefully%s\n", sum.MaxStep, resume)
 		return err
 	}
+	var unclean error // the job finished, but its final rank 0 failed after reporting it
+	if errors.Is(err, launcher.ErrFinishedWithError) {
+		unclean, err = err, nil
+	}
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
@@ -339,9 +343,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, string(b))
 	}
 	if res.Diverged {
-		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr)
+		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr, unclean)
 	}
-	return plotErr
+	return errors.Join(unclean, plotErr)
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

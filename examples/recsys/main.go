@@ -254,6 +254,11 @@ func runWorker(c *config, stderr io.Writer) int {
 	res, err := tr.Run(context.Background())
 	stop()
 	switch {
+	case errors.Is(err, trainer.ErrCheckpoint):
+		// A preempted worker whose checkpoint failed did not leave
+		// cleanly, and a job whose final checkpoint failed did not end
+		// cleanly: exit 1 with the reason (launch.ExitStatus's rule).
+		return fail(err)
 	case errors.Is(err, trainer.ErrPreempted):
 		return 143
 	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0: // finished by the others while this worker was out

@@ -71,6 +71,13 @@ const EvFinished = "finished"
 // reported EvFinished.
 var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished when its workers joined")
 
+// ErrFinishedWithError is Run's error when the job finished (Summary.Done
+// is set and complete) but the worker that reported it exited with a
+// status other than 0, as a worker does whose trainer's Run returned
+// trainer.ErrCheckpoint (the final checkpoint was not written). The
+// message names the worker, its status and its last "error" event.
+var ErrFinishedWithError = errors.New("launcher: the job finished, but not cleanly")
+
 // eventJSON is Event without its methods, so MarshalJSON and UnmarshalJSON
 // can use the default encoding for every other field.
 type eventJSON Event
@@ -273,6 +280,7 @@ type worker struct {
 	round   uint64
 	exited  bool
 	stopped bool
+	lastErr string // the message of its last "error" event
 }
 
 type exit struct {
@@ -285,7 +293,9 @@ type exit struct {
 // is done the workers get a SIGTERM (launch forwards it with
 // Spec.GracePeriod), and Run returns once they left, with an error
 // wrapping launch.ErrPreempted when all of them left gracefully (and
-// ctx.Err()). No child is left behind, stopped ones included.
+// ctx.Err()). When the worker that reported "done" then exits with a
+// status other than 0, Run returns the summary with an error wrapping
+// ErrFinishedWithError. No child is left behind, stopped ones included.
 func Run(ctx context.Context, spec Spec) (Summary, error) {
 	start := time.Now()
 	sum := Summary{Exits: map[int]int{}}
@@ -553,6 +563,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			}
 			doneTimeout = time.After(time.Minute)
 		case "error":
+			if w != nil {
+				w.lastErr = ev.Message
+			}
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
 		case EvFinished:
 			sum.AlreadyFinished = true
@@ -637,6 +650,17 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		return sum, ErrJobAlreadyFinished
 	case sum.Done == nil:
 		return sum, errors.New("launcher: every worker exited and none reported the job done")
+	}
+	if w := workers[sum.Done.Worker]; w != nil && sum.Exits[w.idx] != 0 {
+		// The worker that reported the job done failed after all (its
+		// final checkpoint was not written, say): the job's result is
+		// there, but the job did not end cleanly.
+		why := w.lastErr
+		if why == "" {
+			why = "it reported no error"
+		}
+		return sum, fmt.Errorf("%w: worker %d (rank %d) reported the job done, then exited with status %d: %s",
+			ErrFinishedWithError, w.idx, sum.Done.Rank, sum.Exits[w.idx], why)
 	}
 	return sum, nil
 }

@@ -69,6 +69,7 @@ func fakeWorker(args []string) int {
 	await := fs.String("await", "", "rank 0 waits for this text in the launcher's log before done")
 	garbage := fs.Bool("garbage", false, "write a line that is not JSON to the events pipe first")
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
+	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done, then this error, and exits 1")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -191,6 +192,9 @@ func fakeWorker(args []string) int {
 	}
 	if err := os.WriteFile(filepath.Join(*dir, "done"), nil, 0o644); err != nil {
 		return fail("%v", err)
+	}
+	if *failAfterDone != "" {
+		return fail("%s", *failAfterDone)
 	}
 	return 0
 }
@@ -636,6 +640,23 @@ func TestALineThatIsNotAnEventIsReported(t *testing.T) {
 	})
 	require.NoError(t, err, log.String())
 	require.Contains(t, log.String(), `[launcher] worker 0: undecodable event "{not json": `)
+}
+
+// A worker whose final checkpoint failed reports the job done (its result
+// stands) and then fails: the launcher says which worker and why, and does
+// not call the job a success.
+func TestADoneReporterThatThenFailsFailsTheJob(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	const why = "trainer: checkpoint failed: rank 0 could not write the final checkpoint of step 3: too many open files"
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-fail-after-done", why},
+	})
+	require.ErrorIs(t, err, ErrFinishedWithError)
+	require.ErrorContains(t, err, "worker 1 (rank 0) reported the job done, then exited with status 1: "+why)
+	require.NotNil(t, sum.Done)
+	require.Equal(t, map[int]int{0: 0, 1: 1}, sum.Exits)
 }
 
 func TestAJobThatHadAlreadyFinishedIsItsOwnError(t *testing.T) {
