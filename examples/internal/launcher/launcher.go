@@ -689,6 +689,38 @@ func (s Summary) WorldSizes() []int {
 	return out
 }
 
+// RecoveriesFromFailures returns how many failures the job recovered from:
+// the recovery rounds (RoundSeen.Recovery), where one that follows another
+// recovery round with no step that trained samples in between (Steps) is
+// the same recovery taking one more round, not another one. A paused
+// worker, for one, often costs two rounds: the survivors' first round
+// fails too while the store still lists it.
+func (s Summary) RecoveriesFromFailures() int {
+	n := 0
+	var prev uint64 // the last recovery round counted or merged; 0: none yet
+	for _, r := range s.Rounds {
+		if !r.Recovery {
+			continue
+		}
+		if prev == 0 || s.trainedIn(prev, r.Round) {
+			n++
+		}
+		prev = r.Round
+	}
+	return n
+}
+
+// trainedIn reports whether a step of a round in [from, to) trained
+// samples.
+func (s Summary) trainedIn(from, to uint64) bool {
+	for _, st := range s.Steps {
+		if st.Round >= from && st.Round < to && st.Samples > 0 {
+			return true
+		}
+	}
+	return false
+}
+
 // RecoveryRounds returns how many of the rounds were formed to recover from
 // a lost member (RoundSeen.Recovery).
 func (s Summary) RecoveryRounds() int {

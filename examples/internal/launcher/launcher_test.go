@@ -517,6 +517,21 @@ func TestAFaultOnAnUnheldRankIsSkipped(t *testing.T) {
 	requireGone(t, pidsOf(dir))
 }
 
+// A recovery that took two rounds (nothing trained between them) is one
+// recovery; two recoveries with training between them are two.
+func TestRecoveriesFromFailuresMergesARecoveryThatTookTwoRounds(t *testing.T) {
+	sum := Summary{
+		Rounds: []RoundSeen{{Round: 1}, {Round: 2, Recovery: true}, {Round: 3, Recovery: true},
+			{Round: 4}, {Round: 5, Recovery: true}, {Round: 6, Recovery: true}},
+		Steps: []StepSeen{{Step: 1, Round: 1, Samples: 8}, {Step: 2, Round: 2, Samples: 0},
+			{Step: 2, Round: 3, Samples: 8}, {Step: 3, Round: 4, Samples: 8}},
+	}
+	require.Equal(t, 4, sum.RecoveryRounds())
+	require.Equal(t, 2, sum.RecoveriesFromFailures(), "rounds 2+3 are one recovery (round 2 trained nothing), 5+6 another")
+	sum.Steps = append(sum.Steps, StepSeen{Step: 4, Round: 5, Samples: 8})
+	require.Equal(t, 3, sum.RecoveriesFromFailures(), "round 5 trained, so round 6 is a recovery of its own")
+}
+
 func TestWorldSizesMergesRepeatsInRoundOrder(t *testing.T) {
 	for _, tc := range []struct {
 		sizes []int
