@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -649,6 +650,20 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	case sum.Done == nil && sum.AlreadyFinished:
 		return sum, ErrJobAlreadyFinished
 	case sum.Done == nil:
+		var why []string // the workers that failed, with their last error
+		idx := make([]int, 0, len(workers))
+		for i := range workers {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		for _, i := range idx {
+			if w := workers[i]; sum.Exits[i] > 0 && w.lastErr != "" {
+				why = append(why, fmt.Sprintf("worker %d exited with status %d: %s", i, sum.Exits[i], w.lastErr))
+			}
+		}
+		if len(why) > 0 {
+			return sum, fmt.Errorf("launcher: every worker exited and none reported the job done; %s", strings.Join(why, "; "))
+		}
 		return sum, errors.New("launcher: every worker exited and none reported the job done")
 	}
 	if w := workers[sum.Done.Worker]; w != nil && sum.Exits[w.idx] != 0 {

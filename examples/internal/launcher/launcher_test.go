@@ -69,7 +69,7 @@ func fakeWorker(args []string) int {
 	await := fs.String("await", "", "rank 0 waits for this text in the launcher's log before done")
 	garbage := fs.Bool("garbage", false, "write a line that is not JSON to the events pipe first")
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
-	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done, then this error, and exits 1")
+	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done (unless -no-done), then this error, and exits 1")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -672,6 +672,18 @@ func TestADoneReporterThatThenFailsFailsTheJob(t *testing.T) {
 	require.ErrorContains(t, err, "worker 1 (rank 0) reported the job done, then exited with status 1: "+why)
 	require.NotNil(t, sum.Done)
 	require.Equal(t, map[int]int{0: 0, 1: 1}, sum.Exits)
+}
+
+// When no worker reports done, the error names those that failed and why.
+func TestNoDoneNamesTheWorkersThatFailed(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	const why = "trainer: checkpoint failed: rank 0 could not write the final checkpoint of step 3"
+	_, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-no-done", "-fail-after-done", why},
+	})
+	require.ErrorContains(t, err, "every worker exited and none reported the job done; worker 1 exited with status 1: "+why)
 }
 
 func TestAJobThatHadAlreadyFinishedIsItsOwnError(t *testing.T) {
