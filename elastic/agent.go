@@ -306,10 +306,20 @@ func (a *Agent) opTimeout() time.Duration { return max(a.cfg.LeaseTTL/2, 100*tim
 // noteOutage records a failed store call that started at started; it
 // returns the terminal ErrStoreUnavailable once the outage lasted longer than
 // OutageBudget. The outage clock starts at the start of the first failed
-// call, not at its end (a call may take its whole timeout to fail).
+// call, not at its end (a call may take its whole timeout to fail). An
+// ErrWrongType is no outage: it is terminal at once.
 func (a *Agent) noteOutage(err error, started time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if errors.Is(err, ErrWrongType) {
+		// Not an outage: the same call fails the same way until someone
+		// deletes the key, so waiting out the budget only hides it.
+		if a.err == nil {
+			a.failLocked(&permanentError{err: err})
+			a.log.Error("a key of the job holds the wrong Redis type; giving up", "err", err)
+		}
+		return a.err
+	}
 	now := time.Now()
 	if a.outageSince.IsZero() || started.Before(a.outageSince) {
 		if a.outageSince.IsZero() {

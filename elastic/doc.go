@@ -113,7 +113,13 @@
 // exponential backoff (10 ms to 1 s); past OutageBudget, counted from the
 // start of the first failed call, every member gets ErrStoreUnavailable
 // ("store unavailable"). An outage shorter than LeaseTTL is invisible to the
-// job. An outage longer than LeaseTTL while Redis keeps its data (a network
+// job. A reply that does not parse (ErrBadState) is retried like an
+// outage, because what causes it heals: a job state string that is not
+// JSON, or JSON of the wrong shape, is replaced by a fresh state when the
+// job re-forms. A key that holds another Redis type than the rendezvous
+// uses (Redis answers WRONGTYPE: something else wrote it) never heals by
+// itself: the Agent fails at once with ErrWrongType (which wraps
+// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than LeaseTTL while Redis keeps its data (a network
 // partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew
 // its lease cannot be told apart from a paused one; the trainer rejoins with

@@ -30,9 +30,30 @@ var (
 
 	// ErrBadState means the store returned data that does not parse (a
 	// corrupted or foreign key, a wrong reply shape). Agents treat it like an
-	// outage: they retry within the outage budget.
+	// outage: they retry within the outage budget (a job state that does not
+	// parse is replaced when the job re-forms), except ErrWrongType, which
+	// wraps it.
 	ErrBadState = errors.New("elastic: malformed store state")
+
+	// ErrWrongType means a key of the job holds another Redis type than
+	// the rendezvous uses (Redis answered WRONGTYPE: something else wrote
+	// it); the message names the key. It wraps ErrBadState, but retrying
+	// cannot help: the Agent fails at once with an error wrapping both it
+	// and ErrStoreUnavailable (sticky, like an outage past its budget).
+	// Delete the key, or run the job under another ID.
+	ErrWrongType = fmt.Errorf("%w: a key of the job holds the wrong Redis type", ErrBadState)
 )
+
+// permanentError is the Agent's sticky error for a store failure that no
+// retry heals (ErrWrongType): it reads as its cause and matches both the
+// cause and ErrStoreUnavailable, which callers already stop on.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string {
+	return fmt.Sprintf("elastic: store unusable, not retried: %v", e.err)
+}
+
+func (e *permanentError) Unwrap() []error { return []error{ErrStoreUnavailable, e.err} }
 
 // StoreError wraps a failed store call (network error, timeout, malformed
 // reply) with the operation and job it concerned. errors.Is(err,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -201,19 +202,26 @@ func TestCorruptStateRecovers(t *testing.T) {
 			_ = a.Close()
 		}
 	}
-	// Wrong key types make the scripts fail: a clear error after the
-	// outage budget, no panic.
-	cfg.OutageBudget = 300 * time.Millisecond
+	// A wrong key type makes the scripts fail for good: a clear error at
+	// once, naming the key (no waiting out the outage budget, an hour
+	// here, which would fail waitFor), and no panic.
+	cfg.OutageBudget = time.Hour
 	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
 	joinAll(t, ctx, as)
 	if err := c.Set(ctx, prefix+"leases", "not a sorted set", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "ErrStoreUnavailable", func() bool {
-		return errors.Is(as[0].Err(), elastic.ErrStoreUnavailable) && errors.Is(as[1].Err(), elastic.ErrStoreUnavailable)
+	waitFor(t, 10*time.Second, "ErrWrongType", func() bool {
+		return errors.Is(as[0].Err(), elastic.ErrWrongType) && errors.Is(as[1].Err(), elastic.ErrWrongType)
 	})
-	if _, err := as[0].Join(ctx); !errors.Is(err, elastic.ErrStoreUnavailable) {
-		t.Fatalf("Join over a wrong-typed key: %v", err)
+	_, err := as[0].Join(ctx)
+	for _, want := range []error{elastic.ErrWrongType, elastic.ErrBadState, elastic.ErrStoreUnavailable} {
+		if !errors.Is(err, want) {
+			t.Fatalf("Join over a wrong-typed key: %v, want it to wrap %v", err, want)
+		}
+	}
+	if want := prefix + "leases holds a string, not a zset"; !strings.Contains(err.Error(), want) {
+		t.Fatalf("Join over a wrong-typed key: %v, want it to say %q", err, want)
 	}
 	_ = c.Del(ctx, prefix+"leases")
 }

@@ -64,7 +64,7 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 	}
 	res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
 	if err != nil {
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
 	}
 	rv, err := parseView(res)
 	if err != nil {
@@ -124,7 +124,7 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	}
 	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)...).Slice()
 	if err != nil {
-		return fail(err)
+		return fail(s.mapErr(ctx, r.JobID, err))
 	}
 	if len(res) != 3 && len(res) != 4 {
 		return fail(fmt.Errorf("%w: heartbeat reply has %d elements", ErrBadState, len(res)))
@@ -141,6 +141,49 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 		return fail(fmt.Errorf("%w: heartbeat reply %v", ErrBadState, res))
 	}
 	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now}, nil
+}
+
+// keyTypes is the Redis type of each of a job's keys (jobKeys), by the
+// name after the job's prefix, as the scripts use them (see scripts.go).
+var keyTypes = map[string]string{
+	"state": "string", "meta": "hash", "members": "hash", "leases": "zset", "ord": "hash", "since": "hash",
+	"arrived": "set", "expected": "set", "back": "set", "pending": "set", "rank": "hash", "roster": "string",
+}
+
+// mapErr turns a script's error into the store's: a WRONGTYPE reply (a
+// key of the job holds another Redis type than the scripts use: something
+// else wrote it) is ErrWrongType naming the key, found by asking Redis the
+// type of each of the job's keys; anything else is returned as it is (an
+// outage, to the Agent).
+func (s *RedisStore) mapErr(ctx context.Context, jobID string, err error) error {
+	if !strings.HasPrefix(err.Error(), "WRONGTYPE") {
+		return err
+	}
+	keys := jobKeys(jobID)
+	cmds := make([]*redis.StatusCmd, len(keys))
+	_, perr := s.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			cmds[i] = p.Type(ctx, k)
+		}
+		return nil
+	})
+	var bad []string
+	if perr == nil {
+		prefix := KeyPrefix + "{" + jobID + "}:"
+		for i, k := range keys {
+			got, want := cmds[i].Val(), keyTypes[strings.TrimPrefix(k, prefix)]
+			if got != "none" && want != "" && got != want {
+				bad = append(bad, fmt.Sprintf("%s holds a %s, not a %s", k, got, want))
+			}
+		}
+	}
+	if len(bad) == 0 {
+		// The key changed back meanwhile, or its type could not be read:
+		// still not an outage.
+		return fmt.Errorf("%w: a key of %s* holds another type than the rendezvous uses: %w", ErrWrongType, KeyPrefix+"{"+jobID+"}:", err)
+	}
+	return fmt.Errorf("%w: %s (something other than this job's members wrote it; delete it, or use another job ID): %w",
+		ErrWrongType, strings.Join(bad, ", "), err)
 }
 
 func replyInt(v any) (int64, error) {

@@ -226,9 +226,12 @@ type result struct {
 	SamplesApplied  int       `json:"samples_applied"`
 	AuditMissing    int       `json:"audit_missing"`
 	AuditDuplicates int       `json:"audit_duplicates"`
-	WallSeconds     float64   `json:"wall_seconds"`
-	StepsPerSecond  float64   `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
-	ParamsSHA256    string    `json:"params_sha256"`
+	// AuditFromStep is the checkpoint step a resumed run started from (0:
+	// a fresh start): the audit covers the samples of the steps after it.
+	AuditFromStep  int64   `json:"audit_from_step"`
+	WallSeconds    float64 `json:"wall_seconds"`
+	StepsPerSecond float64 `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
+	ParamsSHA256   string  `json:"params_sha256"`
 	// Loss is the mean loss per sample of the last step; null when it is
 	// not a finite number, and then Diverged is true.
 	Loss     *float64 `json:"loss"`
@@ -288,12 +291,16 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		fmt.Fprintf(logw, "[launcher] preempted at step %d: every worker left gracefully%s\n", sum.MaxStep, resume)
 		return err
 	}
+	var unclean error // the job finished, but its final rank 0 failed after reporting it
+	if errors.Is(err, launcher.ErrFinishedWithError) {
+		unclean, err = err, nil
+	}
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
 	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Rounds: len(sum.Rounds),
 		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),
-		Recoveries: sum.RecoveryRounds()}
+		Recoveries: sum.RecoveriesFromFailures()}
 	d := sum.Done
 	if v, ok := d.Extra["test_accuracy"].(float64); ok {
 		res.TestAccuracy = v
@@ -313,6 +320,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		return err
 	}
 	res.AuditMissing, res.AuditDuplicates, res.SamplesApplied = rep.Missing, rep.Duplicates, rep.Samples
+	res.AuditFromStep = rep.FromStep
 	res.WallSeconds = time.Since(start).Seconds()
 	if n := len(sum.Steps); n > 1 {
 		if dt := sum.Steps[n-1].At - sum.Steps[0].At; dt > 0 {
@@ -325,9 +333,13 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			plotErr = fmt.Errorf("plot: %w", plotErr)
 		}
 	}
-	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit: %d missing, %d duplicates\n",
+	auditFrom := ""
+	if res.AuditFromStep > 0 {
+		auditFrom = fmt.Sprintf(" of the steps after %d (resumed from its checkpoint)", res.AuditFromStep)
+	}
+	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit%s: %d missing, %d duplicates\n",
 		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, plural(res.Rounds, "round", "rounds"),
-		plural(res.Recoveries, "recovery", "recoveries"), res.AuditMissing, res.AuditDuplicates)
+		plural(res.Recoveries, "recovery", "recoveries"), auditFrom, res.AuditMissing, res.AuditDuplicates)
 	if res.Diverged {
 		fmt.Fprintf(stdout, "training diverged: the last loss is %v (try a smaller -lr than %v)\n", d.Loss, c.lr)
 	}
@@ -339,9 +351,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		fmt.Fprintln(stdout, string(b))
 	}
 	if res.Diverged {
-		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr)
+		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr, unclean)
 	}
-	return plotErr
+	return errors.Join(unclean, plotErr)
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

@@ -8,22 +8,58 @@ import (
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
+// auditResult is what the audit of one run says.
+type auditResult struct {
+	trainer.AuditReport
+	// FromStep is the step the run's first state came from when that was
+	// a durable checkpoint (a resumed run), 0 otherwise: the samples of
+	// steps 1..FromStep were trained by an earlier run, whose steps this
+	// run's audit log does not hold, and are not expected in it.
+	FromStep int64
+}
+
 // verifyAudit replays the workers' audit log and checks that every sample of
-// every epoch was part of exactly one step of the final model's history.
-func verifyAudit(c *config) (trainer.AuditReport, error) {
+// every epoch was part of exactly one step of the final model's history,
+// from the step the run started at.
+func verifyAudit(c *config) (auditResult, error) {
 	f, err := os.Open(c.audit)
 	if err != nil {
-		return trainer.AuditReport{}, fmt.Errorf("audit: %w", err)
+		return auditResult{}, fmt.Errorf("audit: %w", err)
 	}
 	defer f.Close()
 	entries, err := trainer.ReadAuditLog(f)
 	if err != nil {
-		return trainer.AuditReport{}, err
+		return auditResult{}, err
 	}
+	return auditEntries(entries, c.seed, c.batch, c.epochs), nil
+}
+
+// auditEntries checks entries against the data order of seed, global batch
+// batch and epochs epochs of the MNIST training set.
+func auditEntries(entries []trainer.AuditEntry, seed uint64, batch, epochs int) auditResult {
 	n := TrainSamples
-	steps := n / c.batch // the loader drops the last partial batch
+	steps := n / batch // a step per global batch; the loader drops the last partial batch
+	from := resumedFrom(entries)
 	expected := func(epoch int) []int {
-		return dataloader.Order(c.seed, epoch, n)[:steps*c.batch]
+		// Step s (1-based) trains positions (s-1)%steps of epoch
+		// (s-1)/steps; those of steps up to from are not this run's.
+		done := min(max(from-int64(epoch)*int64(steps), 0), int64(steps))
+		return dataloader.Order(seed, epoch, n)[done*int64(batch) : steps*batch]
 	}
-	return trainer.VerifyAudit(entries, c.epochs, expected), nil
+	return auditResult{AuditReport: trainer.VerifyAudit(entries, epochs, expected), FromStep: from}
+}
+
+// resumedFrom returns the step of the durable checkpoint that the log's
+// first lineage was restored from, or 0 when it started fresh.
+func resumedFrom(entries []trainer.AuditEntry) int64 {
+	var first *trainer.AuditEntry
+	for i, e := range entries {
+		if e.Kind == "agreed" && (first == nil || e.Gen < first.Gen) {
+			first = &entries[i]
+		}
+	}
+	if first == nil || !first.Restored {
+		return 0
+	}
+	return first.Base
 }

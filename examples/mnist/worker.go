@@ -201,19 +201,24 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	res, err := tr.Run(ctx)
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
+	status := exitOK
 	switch {
+	case errors.Is(err, trainer.ErrPreempted) && lostCheckpoint:
+		// Not a graceful leave: a resume would start from an older
+		// checkpoint than the step this worker committed.
+		return fail(fmt.Errorf("left without its checkpoint: %w", err))
 	case errors.Is(err, trainer.ErrPreempted):
-		if lostCheckpoint {
-			logger.Error("left without its checkpoint", "err", err)
-		} else {
-			logger.Info("left gracefully after committing", "step", res.Step)
-		}
+		logger.Info("left gracefully after committing", "step", res.Step)
 		return exitPreempted
 	case lostCheckpoint && res.Finished:
-		// The job is done; say that its final checkpoint is missing, and
-		// still report the result.
-		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		// The job is done but its final checkpoint is missing: still
+		// report the result, and exit with a failure (every rank of the
+		// last round has this error; rank 0 tells the launcher why).
+		if rank == 0 {
+			ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		}
 		logger.Error("the job finished without its final checkpoint", "err", err)
+		status = exitError
 	case errors.Is(err, trainer.ErrDiverged):
 		// Every rank stopped at the step whose loss was not finite. Rank 0
 		// reports the job's end with that loss, so the launcher says that
@@ -239,7 +244,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		return fail(err)
 	}
 	if !res.Finished || rank != 0 || res.Step == 0 {
-		return exitOK
+		return status
 	}
 	// The final rank 0 evaluates and reports for the job.
 	test, err := OpenMNIST(dir, Test)
@@ -256,7 +261,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
-	return exitOK
+	return status
 }
 
 // evaluate returns the accuracy of model on every sample of ds.

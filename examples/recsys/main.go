@@ -160,7 +160,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	first := append(sum.Rounds, launcher.RoundSeen{})[0]
 	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
 		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(),
-		"recoveries": sum.RecoveryRounds(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
+		"recoveries": sum.RecoveriesFromFailures(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
 		"samples_applied": rep.Samples, "audit_missing": rep.Missing, "audit_duplicates": rep.Duplicates,
 		"dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
 	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f) after %d steps in %.1f s; world sizes %v; %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
@@ -254,6 +254,11 @@ func runWorker(c *config, stderr io.Writer) int {
 	res, err := tr.Run(context.Background())
 	stop()
 	switch {
+	case errors.Is(err, trainer.ErrCheckpoint):
+		// A preempted worker whose checkpoint failed did not leave
+		// cleanly, and a job whose final checkpoint failed did not end
+		// cleanly: exit 1 with the reason (launch.ExitStatus's rule).
+		return fail(err)
 	case errors.Is(err, trainer.ErrPreempted):
 		return 143
 	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0: // finished by the others while this worker was out

@@ -19,6 +19,7 @@ import (
 	"os/exec"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -70,6 +71,13 @@ const EvFinished = "finished"
 // workers joined: no worker trained or reported "done", and one of them
 // reported EvFinished.
 var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished when its workers joined")
+
+// ErrFinishedWithError is Run's error when the job finished (Summary.Done
+// is set and complete) but the worker that reported it exited with a
+// status other than 0, as a worker does whose trainer's Run returned
+// trainer.ErrCheckpoint (the final checkpoint was not written). The
+// message names the worker, its status and its last "error" event.
+var ErrFinishedWithError = errors.New("launcher: the job finished, but not cleanly")
 
 // eventJSON is Event without its methods, so MarshalJSON and UnmarshalJSON
 // can use the default encoding for every other field.
@@ -273,6 +281,7 @@ type worker struct {
 	round   uint64
 	exited  bool
 	stopped bool
+	lastErr string // the message of its last "error" event
 }
 
 type exit struct {
@@ -285,7 +294,9 @@ type exit struct {
 // is done the workers get a SIGTERM (launch forwards it with
 // Spec.GracePeriod), and Run returns once they left, with an error
 // wrapping launch.ErrPreempted when all of them left gracefully (and
-// ctx.Err()). No child is left behind, stopped ones included.
+// ctx.Err()). When the worker that reported "done" then exits with a
+// status other than 0, Run returns the summary with an error wrapping
+// ErrFinishedWithError. No child is left behind, stopped ones included.
 func Run(ctx context.Context, spec Spec) (Summary, error) {
 	start := time.Now()
 	sum := Summary{Exits: map[int]int{}}
@@ -553,6 +564,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			}
 			doneTimeout = time.After(time.Minute)
 		case "error":
+			if w != nil {
+				w.lastErr = ev.Message
+			}
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
 		case EvFinished:
 			sum.AlreadyFinished = true
@@ -636,7 +650,32 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	case sum.Done == nil && sum.AlreadyFinished:
 		return sum, ErrJobAlreadyFinished
 	case sum.Done == nil:
+		var why []string // the workers that failed, with their last error
+		idx := make([]int, 0, len(workers))
+		for i := range workers {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		for _, i := range idx {
+			if w := workers[i]; sum.Exits[i] > 0 && w.lastErr != "" {
+				why = append(why, fmt.Sprintf("worker %d exited with status %d: %s", i, sum.Exits[i], w.lastErr))
+			}
+		}
+		if len(why) > 0 {
+			return sum, fmt.Errorf("launcher: every worker exited and none reported the job done; %s", strings.Join(why, "; "))
+		}
 		return sum, errors.New("launcher: every worker exited and none reported the job done")
+	}
+	if w := workers[sum.Done.Worker]; w != nil && sum.Exits[w.idx] != 0 {
+		// The worker that reported the job done failed after all (its
+		// final checkpoint was not written, say): the job's result is
+		// there, but the job did not end cleanly.
+		why := w.lastErr
+		if why == "" {
+			why = "it reported no error"
+		}
+		return sum, fmt.Errorf("%w: worker %d (rank %d) reported the job done, then exited with status %d: %s",
+			ErrFinishedWithError, w.idx, sum.Done.Rank, sum.Exits[w.idx], why)
 	}
 	return sum, nil
 }
@@ -663,6 +702,38 @@ func (s Summary) WorldSizes() []int {
 		}
 	}
 	return out
+}
+
+// RecoveriesFromFailures returns how many failures the job recovered from:
+// the recovery rounds (RoundSeen.Recovery), where one that follows another
+// recovery round with no step that trained samples in between (Steps) is
+// the same recovery taking one more round, not another one. A paused
+// worker, for one, often costs two rounds: the survivors' first round
+// fails too while the store still lists it.
+func (s Summary) RecoveriesFromFailures() int {
+	n := 0
+	var prev uint64 // the last recovery round counted or merged; 0: none yet
+	for _, r := range s.Rounds {
+		if !r.Recovery {
+			continue
+		}
+		if prev == 0 || s.trainedIn(prev, r.Round) {
+			n++
+		}
+		prev = r.Round
+	}
+	return n
+}
+
+// trainedIn reports whether a step of a round in [from, to) trained
+// samples.
+func (s Summary) trainedIn(from, to uint64) bool {
+	for _, st := range s.Steps {
+		if st.Round >= from && st.Round < to && st.Samples > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // RecoveryRounds returns how many of the rounds were formed to recover from

@@ -69,6 +69,7 @@ func fakeWorker(args []string) int {
 	await := fs.String("await", "", "rank 0 waits for this text in the launcher's log before done")
 	garbage := fs.Bool("garbage", false, "write a line that is not JSON to the events pipe first")
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
+	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done (unless -no-done), then this error, and exits 1")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -191,6 +192,9 @@ func fakeWorker(args []string) int {
 	}
 	if err := os.WriteFile(filepath.Join(*dir, "done"), nil, 0o644); err != nil {
 		return fail("%v", err)
+	}
+	if *failAfterDone != "" {
+		return fail("%s", *failAfterDone)
 	}
 	return 0
 }
@@ -513,6 +517,21 @@ func TestAFaultOnAnUnheldRankIsSkipped(t *testing.T) {
 	requireGone(t, pidsOf(dir))
 }
 
+// A recovery that took two rounds (nothing trained between them) is one
+// recovery; two recoveries with training between them are two.
+func TestRecoveriesFromFailuresMergesARecoveryThatTookTwoRounds(t *testing.T) {
+	sum := Summary{
+		Rounds: []RoundSeen{{Round: 1}, {Round: 2, Recovery: true}, {Round: 3, Recovery: true},
+			{Round: 4}, {Round: 5, Recovery: true}, {Round: 6, Recovery: true}},
+		Steps: []StepSeen{{Step: 1, Round: 1, Samples: 8}, {Step: 2, Round: 2, Samples: 0},
+			{Step: 2, Round: 3, Samples: 8}, {Step: 3, Round: 4, Samples: 8}},
+	}
+	require.Equal(t, 4, sum.RecoveryRounds())
+	require.Equal(t, 2, sum.RecoveriesFromFailures(), "rounds 2+3 are one recovery (round 2 trained nothing), 5+6 another")
+	sum.Steps = append(sum.Steps, StepSeen{Step: 4, Round: 5, Samples: 8})
+	require.Equal(t, 3, sum.RecoveriesFromFailures(), "round 5 trained, so round 6 is a recovery of its own")
+}
+
 func TestWorldSizesMergesRepeatsInRoundOrder(t *testing.T) {
 	for _, tc := range []struct {
 		sizes []int
@@ -636,6 +655,35 @@ func TestALineThatIsNotAnEventIsReported(t *testing.T) {
 	})
 	require.NoError(t, err, log.String())
 	require.Contains(t, log.String(), `[launcher] worker 0: undecodable event "{not json": `)
+}
+
+// A worker whose final checkpoint failed reports the job done (its result
+// stands) and then fails: the launcher says which worker and why, and does
+// not call the job a success.
+func TestADoneReporterThatThenFailsFailsTheJob(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	const why = "trainer: checkpoint failed: rank 0 could not write the final checkpoint of step 3: too many open files"
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-fail-after-done", why},
+	})
+	require.ErrorIs(t, err, ErrFinishedWithError)
+	require.ErrorContains(t, err, "worker 1 (rank 0) reported the job done, then exited with status 1: "+why)
+	require.NotNil(t, sum.Done)
+	require.Equal(t, map[int]int{0: 0, 1: 1}, sum.Exits)
+}
+
+// When no worker reports done, the error names those that failed and why.
+func TestNoDoneNamesTheWorkersThatFailed(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	const why = "trainer: checkpoint failed: rank 0 could not write the final checkpoint of step 3"
+	_, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-no-done", "-fail-after-done", why},
+	})
+	require.ErrorContains(t, err, "every worker exited and none reported the job done; worker 1 exited with status 1: "+why)
 }
 
 func TestAJobThatHadAlreadyFinishedIsItsOwnError(t *testing.T) {
