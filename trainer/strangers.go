@@ -110,23 +110,3 @@ func pauseUnformed(ctx context.Context, agent *elastic.Agent, d time.Duration, s
 func (t *Trainer[B]) strangerError(unformed int) error {
 	return &BudgetError{Unformed: unformed, Stranger: true, Last: slices.Clone(t.failures)}
 }
-
-// lonePeerGone reports whether a round that failed before a step (the
-// n-th in a row, this one counted) was a pair whose other member was lost
-// while this worker connected, after the pair had already failed a round
-// before a step. Lost: the round was superseded (errAbortChange, which a
-// joiner never causes), or the peer's connection failed other than by
-// authentication (it closed its listener on the way out). Of one honest worker and one stranger in a fresh job,
-// neither may evict the other, both spend the rounds-in-a-row budget, and
-// the first to give up leaves while the other's last connect is in flight;
-// that other then stops too (ErrFailureBudget) instead of waiting alone
-// until JoinTimeout. A pair's first round, or a round that trained, never
-// ends Run this way: a peer killed there is replaced as usual.
-func lonePeerGone(rerr error, size, n int) bool {
-	if size != 2 || n < 2 {
-		return false
-	}
-	var ae *sync.AuthError
-	var pe *sync.PeerError
-	return !errors.As(rerr, &ae) && (errors.Is(rerr, errAbortChange) || errors.As(rerr, &pe))
-}

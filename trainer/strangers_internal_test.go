@@ -1,9 +1,6 @@
 package trainer
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"testing"
 
 	"github.com/elastictrain/elastictrain/sync"
@@ -31,36 +28,6 @@ func TestMayReportStrangers(t *testing.T) {
 		ae := &sync.AuthError{Size: tc.size, Proved: make([]int, tc.proved)}
 		if got := mayReportStrangers(ae, tc.trained); got != tc.want {
 			t.Errorf("size %d, %d proved, trained %v: %v, want %v", tc.size, tc.proved, tc.trained, got, tc.want)
-		}
-	}
-}
-
-// When a pair that keeps failing before a step loses its other member while
-// this worker connects, Run stops at once (ErrFailureBudget) rather than wait
-// alone below MinWorkers until JoinTimeout; a failed authentication counts as
-// usual, and a pair's first failed round or a larger round never stops Run
-// this way.
-func TestLonePeerGone(t *testing.T) {
-	aborted := fmt.Errorf("%w: trainer: connect round 3: %w", errAbortChange, context.Canceled)
-	lost := fmt.Errorf("trainer: connect round 3: %w", &sync.PeerError{Rank: 1, Round: 3, Err: sync.ErrClosed})
-	auth := fmt.Errorf("trainer: connect round 3: %w", &sync.AuthError{Round: 3, Size: 2, Failed: []int{1}})
-	for _, tc := range []struct {
-		name string
-		err  error
-		size int
-		n    int
-		want bool
-	}{
-		{"superseded pair after a failed round", aborted, 2, 2, true},
-		{"superseded pair at the budget", aborted, 2, 3, true},
-		{"peer closed after a failed round", lost, 2, 2, true},
-		{"a pair's first round", aborted, 2, 1, false},
-		{"failed authentication", auth, 2, 2, false},
-		{"three members", aborted, 3, 2, false},
-		{"another failure", errors.New("trainer: step failed"), 2, 2, false},
-	} {
-		if got := lonePeerGone(tc.err, tc.size, tc.n); got != tc.want {
-			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -546,13 +546,6 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
-				if lonePeerGone(rerr, world.Size, uf.n) {
-					// The only peer of a pair that kept failing before a
-					// step left while this connect was in flight (it gave
-					// up, see lonePeerGone): rejoining would wait alone
-					// below MinWorkers until JoinTimeout for nobody.
-					giveUp = true
-				}
 				if giveUp {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
