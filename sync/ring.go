@@ -178,9 +178,9 @@ type Ring struct {
 
 	seq       uint64
 	watched   bool
-	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
-	watchCh     chan context.Context
-	unwatchCh   chan struct{}
+	scratch   [][]byte // by rank: DirectBytes each, 8-byte aligned
+	watchCh   chan context.Context
+	unwatchCh chan struct{}
 
 	// agree, opSeq and opStart (Unix ns) let announceLoop tell the peers
 	// of an operation that waits (agree.go).
