@@ -33,6 +33,7 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
 	}
 	defer comm.Close()
+	t.live.connected(comm)
 
 	if err := t.agreeSettings(rctx, comm, world, watch); err != nil {
 		if errors.Is(err, ErrSettingsMismatch) {

@@ -229,3 +229,58 @@ func TestLivenessHungStepFunction(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(log), "no progress", "the hung worker was fenced for it when it woke")
 }
+
+// TestLivenessLongMarkedPhases (Must show 3): with OpTimeout 5 s and the
+// progress timeout at 5 s too, three phases of 12 s on one rank each: a
+// fetch inside the dataset's Get before worker 1's first step, a phase of
+// worker 2's own marked with trainer.Busy in its step function, and the
+// final checkpoint's CheckpointStore.Save on rank 0 (which the others wait
+// for). The SDK marks the fetch and the write; only the user's phase
+// needs the call. No round changes in any of them (every step of the job
+// is in the first round), nobody is counted as hung, no collective times
+// out, and the job finishes with every invariant.
+func TestLivenessLongMarkedPhases(t *testing.T) {
+	const phase = 12 * time.Second
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.MinWorkers = 3 // every worker in the first round
+	cfg.OpTimeout = 5 * time.Second
+	cfg.ProgressTimeout = 5 * time.Second
+	cfg.CheckpointEvery = 0 // the final checkpoint is the first Save
+	cfg.Epochs = 4
+	cfg.Phases = []faultinject.Phase{
+		{Worker: 1, Kind: faultinject.PhaseGet, For: phase},
+		{Worker: 2, Kind: faultinject.PhaseBusy, For: phase, AtStep: 100},
+		{Worker: -1, Kind: faultinject.PhaseSave, For: phase}, // rank 0 writes
+	}
+	ctx := context.Background()
+	start := time.Now()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	res := h.Finish(ctx, faultinject.Bounds{Start: 2 * phase})
+	wall := time.Since(start)
+	require.Empty(t, res.Violations)
+	require.Equal(t, 3, res.Finished)
+	steps := h.Steps()
+	require.NotEmpty(t, steps)
+	round := steps[0].Round
+	for _, m := range steps {
+		require.Equal(t, round, m.Round, "a round change: worker %d stepped in round %d at step %d", m.Worker, m.Round, m.Step)
+		require.Equal(t, 3, m.Size)
+	}
+	var saw [3]bool
+	for _, w := range h.Workers() {
+		log, err := os.ReadFile(w.LogPath)
+		require.NoError(t, err)
+		s := string(log)
+		require.NotContains(t, s, "no progress", "worker %d was counted as hung", w.Index)
+		require.NotContains(t, s, "round failed", "worker %d saw its round fail", w.Index)
+		saw[0] = saw[0] || strings.Contains(s, "slow dataset fetch")
+		saw[1] = saw[1] || strings.Contains(s, "marked busy (faultinject)")
+		saw[2] = saw[2] || strings.Contains(s, "slow checkpoint save")
+	}
+	require.Equal(t, [3]bool{true, true, true}, saw, "every phase ran (fetch, user's, save)")
+	require.GreaterOrEqual(t, wall, 3*phase, "the three phases held the job up")
+	t.Logf("three 12 s phases with OpTimeout %v and ProgressTimeout %v: one round (%d), the job finished in %v; load %s",
+		cfg.OpTimeout, cfg.ProgressTimeout, round, wall.Round(time.Millisecond), loadavg())
+}
