@@ -159,7 +159,10 @@ func (g *group) left() int  { return g.members[(g.pos-1+len(g.members))%len(g.me
 // context is cancelled (or that is closed during an operation) aborts the
 // operation on every rank (PeerError naming it, wrapping ErrAborted). A peer
 // that stops sending without closing (hung, stopped) makes the operation fail
-// with ErrTimeout after Config.OpTimeout.
+// after Config.OpTimeout with a *TimeoutError (ErrTimeout) naming the silent
+// ranks: those neither waiting in the operation nor marked busy. A rank in a
+// phase marked with Busy holds the others' operations up to
+// Config.BusyTimeout instead (busy.go).
 type Ring struct {
 	t     *Transport
 	cfg   Config
