@@ -143,10 +143,10 @@
 // StepFunc and hooks are judged: mark a long phase of your own with Busy
 // (inside a StepFunc) or Trainer.Busy.
 //
-// A marked phase (a data fetch, the state transfer, a synchronous
-// checkpoint write, Busy) also tells the round's peers (sync.BusyMarker):
-// their collectives wait for it instead of failing after
-// sync.Config.OpTimeout, which so counts only unmarked time. What bounds a
+// A marked phase (a data fetch, a synchronous checkpoint write, rank 0's
+// checkpoint load at a round's start, Busy) also tells the round's peers
+// (sync.BusyMarker): their collectives wait for it instead of failing
+// after sync.Config.OpTimeout, which so counts only unmarked time. What bounds a
 // marked phase: on its own worker nothing (an open phase is never judged;
 // mark only code that returns), on its peers sync.Config.BusyTimeout (30
 // min). A collective that waited OpTimeout while some rank was neither in

@@ -24,6 +24,14 @@ import (
 //   - the time between rounds (failure reports, pauses) up to the next Join,
 //     during which the Agent rests the watch itself.
 //
+// The data fetches, the synchronous checkpoint writes (the final one, and
+// those of jobs with partitions), rank 0's checkpoint load at the start of
+// a round and the user's Busy phases also tell the round's peers
+// (sync.BusyMarker), whose collectives then wait for them instead of
+// timing out after sync.Config.OpTimeout, up to sync.Config.BusyTimeout;
+// phases in which the peers take part themselves (collectives, the rest
+// of the state transfer) and asynchronous checkpoint writes do not.
+//
 // What is left is the StepFunc and the user's own code run from the loop
 // (hooks): a step function blocked for longer than the progress timeout is
 // a hang. A long phase of the user's own (an evaluation in OnStep, a first
