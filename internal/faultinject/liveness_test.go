@@ -251,7 +251,9 @@ func TestLivenessLongMarkedPhases(t *testing.T) {
 	cfg.Phases = []faultinject.Phase{
 		{Worker: 1, Kind: faultinject.PhaseGet, For: phase},
 		{Worker: 2, Kind: faultinject.PhaseBusy, For: phase, AtStep: 100},
-		{Worker: -1, Kind: faultinject.PhaseSave, For: phase}, // rank 0 writes
+	}
+	for w := range 3 { // rank 0 writes, whichever worker it is
+		cfg.Phases = append(cfg.Phases, faultinject.Phase{Worker: w, Kind: faultinject.PhaseSave, For: phase})
 	}
 	ctx := context.Background()
 	start := time.Now()
