@@ -92,6 +92,7 @@ func (r *Ring) note(h wire.Header) error {
 // another operation under the same sequence number.
 func (r *Ring) announcedBy(peer int, h wire.Header) {
 	h.Length = 0
+	r.busy.noteSeen(peer, h.Seq)
 	a := &r.agree
 	a.mu.Lock()
 	a.peer[peer][h.Seq%agreeSlots] = h

@@ -41,7 +41,21 @@ type Config struct {
 	// deadline: a peer that stops sending (hung, SIGSTOPped, partitioned)
 	// turns into ErrTimeout after at most this long. It must also cover how
 	// far ranks arrive apart at a collective (step-time skew). Default 60 s.
+	//
+	// Time a peer spends in a phase it marked busy (Ring.Busy; the trainer
+	// marks data fetches, checkpoint writes, state transfer and the user's
+	// trainer.Busy phases) does not count: while the ranks an operation
+	// waits for are each either waiting in the same operation or marked
+	// busy, the operation's deadline moves to OpTimeout after the last sign
+	// of a busy peer, up to BusyTimeout. A rank that is neither (its loop
+	// is stuck outside any marked phase) is named in the operation's
+	// *TimeoutError (Silent) after OpTimeout.
 	OpTimeout time.Duration
+	// BusyTimeout bounds how long an operation waits for peers marked
+	// busy, from the operation's start (at least OpTimeout): a marked
+	// phase longer than this fails the operation with a *TimeoutError
+	// naming the busy ranks. Zero means the default, 30 minutes.
+	BusyTimeout time.Duration
 	// ChunkBytes is the pipelining unit of the ring algorithms, in bytes
 	// (rounded down to a multiple of 8). Default 256 KiB.
 	ChunkBytes int
@@ -102,6 +116,7 @@ func DefaultConfig() Config {
 		DialTimeout:   30 * time.Second,
 		HoldTimeout:   10 * time.Second,
 		OpTimeout:     60 * time.Second,
+		BusyTimeout:   DefaultBusyTimeout,
 		ChunkBytes:    256 << 10,
 		DirectBytes:   32 << 10,
 		MaxFrameBytes: 16 << 20,
@@ -128,6 +143,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.HandshakeTimeout %v is negative", ErrInvalid, c.HandshakeTimeout)
 	case c.OpTimeout <= 0:
 		return fmt.Errorf("%w: Config.OpTimeout %v must be positive", ErrInvalid, c.OpTimeout)
+	case c.BusyTimeout < 0:
+		return fmt.Errorf("%w: Config.BusyTimeout %v is negative", ErrInvalid, c.BusyTimeout)
 	case c.ChunkBytes < 64:
 		return fmt.Errorf("%w: Config.ChunkBytes %d, want at least 64", ErrInvalid, c.ChunkBytes)
 	case c.DirectBytes < 0:
@@ -164,3 +181,16 @@ func (c Config) handshakeTimeout() time.Duration {
 }
 
 func (c Config) chunkBytes() int { return c.ChunkBytes &^ 7 }
+
+// DefaultBusyTimeout is Config.BusyTimeout when it is zero.
+const DefaultBusyTimeout = 30 * time.Minute
+
+// busyTimeout is how long after its start an operation may wait for busy
+// peers: BusyTimeout (or its default), at least OpTimeout.
+func (c Config) busyTimeout() time.Duration {
+	b := c.BusyTimeout
+	if b <= 0 {
+		b = DefaultBusyTimeout
+	}
+	return max(b, c.OpTimeout)
+}

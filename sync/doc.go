@@ -91,6 +91,17 @@
 // times, so such a disagreement is ErrMismatch on every rank within about
 // that time, not ErrTimeout after OpTimeout.
 //
+// A rank in a long phase outside any operation (a data load, a checkpoint
+// write) marks it with Ring.Busy (BusyMarker); once it has lasted 100 ms the
+// rank sends a KindBusy frame on its control connections every 500 ms (a
+// quarter of OpTimeout if shorter). A rank waiting in an operation that
+// hears one moves its deadline to OpTimeout after it, up to
+// Config.BusyTimeout after the operation's start, so OpTimeout counts only
+// unmarked time. Once an operation has waited OpTimeout, a busy peer no
+// longer extends it if some other rank is silent (neither marked busy nor
+// waiting in this operation or a later one): it fails with a *TimeoutError
+// whose Silent names that rank, as a timeout without busy peers does.
+//
 // Every connection opens with a handshake: the dialer sends job ID, round,
 // its rank, the rank it wants and a nonce; the listener answers with its own
 // fresh nonce and an HMAC-SHA256 of the shared Config.Secret over both; the

@@ -3,6 +3,8 @@ package sync
 import (
 	"errors"
 	"fmt"
+	"strings"
+	"time"
 )
 
 // Sentinel errors. Every error returned by this package wraps one of them (or
@@ -64,3 +66,50 @@ func (e *PeerError) Unwrap() error { return e.Err }
 
 // Is reports true for ErrPeerLost.
 func (e *PeerError) Is(target error) bool { return target == ErrPeerLost }
+
+// TimeoutError is the error of a Ring operation that made no progress
+// within Config.OpTimeout (or waited for busy peers past
+// Config.BusyTimeout). errors.Is(err, ErrTimeout) is true for it; use
+// errors.As for what the rank that gave up knew of its peers then:
+// which were silent (neither waiting in the operation nor marked busy:
+// hung, stopped, or slower than OpTimeout allows) and which were busy.
+// Ranks that learn of the timeout from that rank's abort notice get its
+// verdict on the first silent rank only.
+type TimeoutError struct {
+	Round uint64 // the round of the Ring
+	// From is the rank that gave up (this rank, or the one whose abort
+	// notice reported it).
+	From int
+	// Silent lists the ranks, ascending, that were neither waiting in the
+	// operation nor marked busy when it gave up; empty when it could tell
+	// none (every peer waiting: a network fault, or a peer stopped inside
+	// the operation).
+	Silent []int
+	// Busy lists the ranks that were marked busy (Ring.Busy); non-empty
+	// only when the wait for them outlasted Config.BusyTimeout.
+	Busy []int
+	// Waited is how long the operation had run, on rank From; zero when
+	// only an abort notice told this rank.
+	Waited time.Duration
+}
+
+// Error implements error.
+func (e *TimeoutError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%v: rank %d of round %d gave up on an operation", ErrTimeout, e.From, e.Round)
+	if e.Waited > 0 {
+		fmt.Fprintf(&b, " after %v", e.Waited.Round(time.Millisecond))
+	}
+	if len(e.Busy) > 0 {
+		fmt.Fprintf(&b, "; ranks %v were busy past BusyTimeout", e.Busy)
+	}
+	if len(e.Silent) > 0 {
+		fmt.Fprintf(&b, "; silent (neither waiting in the operation nor marked busy: hung, stopped or too slow): ranks %v", e.Silent)
+	} else if len(e.Busy) == 0 {
+		b.WriteString("; every peer was waiting in the operation or unknown")
+	}
+	return b.String()
+}
+
+// Unwrap returns ErrTimeout.
+func (e *TimeoutError) Unwrap() error { return ErrTimeout }

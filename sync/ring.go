@@ -159,7 +159,10 @@ func (g *group) left() int  { return g.members[(g.pos-1+len(g.members))%len(g.me
 // context is cancelled (or that is closed during an operation) aborts the
 // operation on every rank (PeerError naming it, wrapping ErrAborted). A peer
 // that stops sending without closing (hung, stopped) makes the operation fail
-// with ErrTimeout after Config.OpTimeout.
+// after Config.OpTimeout with a *TimeoutError (ErrTimeout) naming the silent
+// ranks: those neither waiting in the operation nor marked busy. A rank in a
+// phase marked with Busy holds the others' operations up to
+// Config.BusyTimeout instead (busy.go).
 type Ring struct {
 	t     *Transport
 	cfg   Config
@@ -176,18 +179,20 @@ type Ring struct {
 	all    []*lane // every lane of every group
 	layout layout
 
-	seq         uint64
-	ctxDeadline bool // the current op's deadline is the context's
-	watched     bool
-	scratch     [][]byte // by rank: DirectBytes each, 8-byte aligned
-	watchCh     chan context.Context
-	unwatchCh   chan struct{}
+	seq       uint64
+	watched   bool
+	scratch   [][]byte // by rank: DirectBytes each, 8-byte aligned
+	watchCh   chan context.Context
+	unwatchCh chan struct{}
 
 	// agree, opSeq and opStart (Unix ns) let announceLoop tell the peers
 	// of an operation that waits (agree.go).
 	agree   agreement
 	opSeq   atomic.Uint64
 	opStart atomic.Int64
+	// busy holds this rank's and the peers' busy marks and the deadline
+	// of the operation in flight (busy.go).
+	busy busyState
 
 	mu        gosync.Mutex
 	cause     error
@@ -284,9 +289,11 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 		}
 	}
 	r.agree.init(n)
-	r.wg.Add(2)
+	r.busy.init(n)
+	r.wg.Add(3)
 	go r.watchLoop()
 	go r.announceLoop()
+	go r.busyLoop()
 	return r
 }
 
@@ -460,6 +467,9 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 					continue
 				}
 			}
+		} else if err == nil && h.Kind == wire.KindBusy && h.Length == 0 {
+			r.peerBusy(p.rank)
+			continue
 		} else if err == nil && h.Kind == wire.KindClose && h.Length == 0 {
 			p.closed.Store(true)
 			continue
@@ -480,7 +490,11 @@ func (r *Ring) abortCause(from int, a wire.Abort) error {
 	case wire.ReasonPeerLost:
 		return &PeerError{Rank: int(a.Blamed), Round: r.round, Err: fmt.Errorf("connection lost (reported by rank %d)", from)}
 	case wire.ReasonTimeout:
-		return fmt.Errorf("%w: rank %d timed out waiting for the operation", ErrTimeout, from)
+		te := &TimeoutError{Round: r.round, From: int(a.Origin)}
+		if a.Blamed >= 0 {
+			te.Silent = []int{int(a.Blamed)}
+		}
+		return te
 	case wire.ReasonCanceled:
 		if a.Blamed >= 0 {
 			return &PeerError{Rank: int(a.Blamed), Round: r.round, Err: fmt.Errorf("%w by the rank (context cancelled or closed)", ErrAborted)}
@@ -543,26 +557,15 @@ func (r *Ring) begin(ctx context.Context) error {
 	case r.agree.wake <- struct{}{}:
 	default:
 	}
-	dl := now.Add(r.cfg.OpTimeout)
-	r.ctxDeadline = false
-	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
-		dl, r.ctxDeadline = d, true
-	}
-	for _, p := range r.peers {
-		if p != nil {
-			p.mesh.SetDeadline(dl)
-		}
-	}
-	for _, l := range r.all {
-		l.right.SetDeadline(dl) // writes; reads of shared-memory credits
-		l.left.SetDeadline(dl)  // reads; writes of credits
-	}
+	ctxDl, hasCtxDl := ctx.Deadline()
+	r.beginDeadline(r.seq, now, ctxDl, hasCtxDl)
 	r.watched = false
 	if ctx.Done() != nil {
 		select {
 		case r.watchCh <- ctx:
 			r.watched = true
 		case <-r.quit:
+			r.endDeadline()
 			r.inOp.Store(false)
 			return r.fail(fmt.Errorf("%w: Ring", ErrClosed), 0, -1)
 		}
@@ -579,6 +582,9 @@ func (r *Ring) end(err error) error {
 		}
 		r.watched = false
 	}
+	if r.size > 1 {
+		r.endDeadline()
+	}
 	r.inOp.Store(false)
 	if err != nil {
 		if c := r.causeNow(); c != nil {
@@ -594,10 +600,7 @@ func (r *Ring) connErr(peer int, err error) error {
 		return c
 	}
 	if errors.Is(err, os.ErrDeadlineExceeded) {
-		if r.ctxDeadline {
-			return r.fail(ctxCause(context.DeadlineExceeded), wire.ReasonCanceled, r.rank)
-		}
-		return r.fail(fmt.Errorf("%w: no progress with rank %d within OpTimeout %v", ErrTimeout, peer, r.cfg.OpTimeout), wire.ReasonTimeout, -1)
+		return r.timedOut()
 	}
 	if p := r.peers[peer]; p != nil && p.closed.Load() {
 		return r.fail(&PeerError{Rank: peer, Round: r.round, Err: fmt.Errorf("%w: the rank closed its Ring: %v", ErrClosed, err)}, wire.ReasonPeerLost, peer)

@@ -14,17 +14,20 @@ import (
 // goroutine it owns, so a slow disk never stalls training. At most one write
 // is in flight and one waits; a newer submission replaces the waiting one.
 type checkpointer struct {
-	store  CheckpointStore
-	hook   func(step int64, err error)
-	mark   func(phase string) (done func()) // marks the write busy for the progress watch; nil: none
-	log    *slog.Logger
-	tel    *telemetry
-	mu     stdsync.Mutex
-	cond   *stdsync.Cond
-	next   *ckptJob
-	busy   bool
-	closed bool
-	done   chan struct{}
+	store CheckpointStore
+	hook  func(step int64, err error)
+	mark  func(phase string) (done func()) // marks a write busy for the progress watch; nil: none
+	// markPeers marks a synchronous write (saveNow) busy for the progress
+	// watch and for the round's peers, which wait for it; nil: none.
+	markPeers func(phase string) (done func())
+	log       *slog.Logger
+	tel       *telemetry
+	mu        stdsync.Mutex
+	cond      *stdsync.Cond
+	next      *ckptJob
+	busy      bool
+	closed    bool
+	done      chan struct{}
 }
 
 type ckptJob struct {
@@ -101,6 +104,9 @@ func (c *checkpointer) submit(step int64, data []byte) {
 func (c *checkpointer) saveNow(ctx context.Context, step int64, data []byte) error {
 	if c.store == nil {
 		return nil
+	}
+	if c.markPeers != nil {
+		defer c.markPeers("checkpoint save")()
 	}
 	c.mu.Lock()
 	c.next = nil

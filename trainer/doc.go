@@ -146,6 +146,20 @@
 // StepFunc and hooks are judged: mark a long phase of your own with Busy
 // (inside a StepFunc) or Trainer.Busy.
 //
+// A marked phase (a data fetch, a synchronous checkpoint write, rank 0's
+// checkpoint load at a round's start, Busy) also tells the round's peers
+// (sync.BusyMarker): their collectives wait for it instead of failing
+// after sync.Config.OpTimeout, which so counts only unmarked time. What bounds a
+// marked phase: on its own worker nothing (an open phase is never judged;
+// mark only code that returns), on its peers sync.Config.BusyTimeout (30
+// min). A collective that waited OpTimeout while some rank was neither in
+// it nor marked busy fails with a *sync.TimeoutError naming that rank
+// (Silent), and every survivor logs a WARN with its member ID and address;
+// the rank's own Agent leaves the job at ProgressTimeout. Asynchronous
+// checkpoint writes (every CheckpointEvery steps) hold no peer up and mark
+// the progress watch only. A phase marked before the round connected (a
+// Trainer.Busy from another goroutine) tells that round's peers nothing.
+//
 // # Uneven workers: speed-weighted shares
 //
 // With Config.Balance (the default) and a loader that can cut global

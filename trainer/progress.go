@@ -2,9 +2,11 @@ package trainer
 
 import (
 	"context"
+	"errors"
 	"sync"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	esync "github.com/elastictrain/elastictrain/sync"
 )
 
 // Progress liveness (issue 14). The rendezvous counts a worker whose loop
@@ -22,17 +24,27 @@ import (
 //   - the time between rounds (failure reports, pauses) up to the next Join,
 //     during which the Agent rests the watch itself.
 //
+// The data fetches, the synchronous checkpoint writes (the final one, and
+// those of jobs with partitions), rank 0's checkpoint load at the start of
+// a round and the user's Busy phases also tell the round's peers
+// (sync.BusyMarker), whose collectives then wait for them instead of
+// timing out after sync.Config.OpTimeout, up to sync.Config.BusyTimeout;
+// phases in which the peers take part themselves (collectives, the rest
+// of the state transfer) and asynchronous checkpoint writes do not.
+//
 // What is left is the StepFunc and the user's own code run from the loop
 // (hooks): a step function blocked for longer than the progress timeout is
 // a hang. A long phase of the user's own (an evaluation in OnStep, a first
 // step that compiles a graph) is marked with Busy(ctx, ...) inside a
 // StepFunc, or Trainer.Busy anywhere.
 
-// liveness holds the Agent of the running round (nil between Runs).
+// liveness holds the Agent of the running round (nil between Runs) and,
+// once the round is connected, its Synchronizer's busy marks.
 type liveness struct {
 	mu      sync.Mutex
 	agent   *elastic.Agent
-	between func() // the "between rounds" phase opened when the last round ended
+	peers   esync.BusyMarker // the round's Synchronizer, when it has the capability
+	between func()           // the "between rounds" phase opened when the last round ended
 }
 
 type busyKey struct{}
@@ -50,6 +62,16 @@ func (l *liveness) enterRound(ctx context.Context, agent *elastic.Agent) context
 	return context.WithValue(ctx, busyKey{}, l)
 }
 
+// connected records the round's Synchronizer: from now on a marked phase
+// also tells the round's peers (sync.BusyMarker), whose collectives then
+// wait for it instead of timing out after sync.Config.OpTimeout.
+func (l *liveness) connected(comm esync.Synchronizer) {
+	m, _ := comm.(esync.BusyMarker)
+	l.mu.Lock()
+	l.peers = m
+	l.mu.Unlock()
+}
+
 // leaveRound opens the phase between rounds on agent (ended by the next
 // enterRound; an Agent replaced meanwhile is closed and judges nothing).
 func (l *liveness) leaveRound(agent *elastic.Agent) {
@@ -57,14 +79,37 @@ func (l *liveness) leaveRound(agent *elastic.Agent) {
 	l.mu.Lock()
 	prev := l.between
 	l.between = done
+	l.peers = nil
 	l.mu.Unlock()
 	if prev != nil {
 		prev()
 	}
 }
 
-// busy opens a phase on the current Agent; without one it does nothing.
+// busy opens a phase on the current Agent and, once the round is
+// connected, on its Synchronizer (the peers wait for it); without an Agent
+// it does nothing.
 func (l *liveness) busy(phase string) (done func()) {
+	l.mu.Lock()
+	a, m := l.agent, l.peers
+	l.mu.Unlock()
+	if a == nil {
+		return func() {}
+	}
+	if m == nil {
+		return a.Busy(phase)
+	}
+	local, remote := a.Busy(phase), m.Busy()
+	return func() {
+		remote()
+		local()
+	}
+}
+
+// busyLocal opens a phase on the current Agent only: work beside the
+// loop that holds no peer up (an asynchronous checkpoint write), which
+// must not stretch the peers' collectives.
+func (l *liveness) busyLocal(phase string) (done func()) {
 	l.mu.Lock()
 	a := l.agent
 	l.mu.Unlock()
@@ -93,3 +138,26 @@ func Busy(ctx context.Context, phase string) (done func()) {
 // the package-level Busy, from anywhere (a hook, another goroutine). Outside
 // a round it does nothing. Safe for concurrent use; no I/O.
 func (t *Trainer[B]) Busy(phase string) (done func()) { return t.live.busy(phase) }
+
+// noteSilent logs, after a round that failed on a collective's timeout,
+// one WARN per rank the timeout named silent (sync.TimeoutError.Silent:
+// neither waiting in the collective nor marked busy, so hung, stopped, or
+// slower than sync.Config.OpTimeout allows), with its member ID and
+// address: the survivors of a hang can tell which rank it was from their
+// own logs within OpTimeout of the stall, before the rendezvous acts on
+// it (the hung rank's own Agent leaves the job after
+// elastic.Config.ProgressTimeout).
+func (t *Trainer[B]) noteSilent(world elastic.World, err error) {
+	var te *esync.TimeoutError
+	if !errors.As(err, &te) {
+		return
+	}
+	for _, r := range te.Silent {
+		if r < 0 || r >= len(world.Members) || r == world.Rank {
+			continue
+		}
+		m := world.Members[r]
+		t.log.Warn("a collective timed out on a silent rank (neither waiting in it nor marked busy: hung, stopped, or slower than OpTimeout)",
+			"silent_rank", r, "silent_member", m.ID, "silent_addr", m.Addr, "round", world.Round, "reported_by", te.From)
+	}
+}

@@ -189,16 +189,20 @@ func (s *slowSave) Save(ctx context.Context, step int64, data []byte) error {
 
 // TestLongMarkedPhasesAreNoHang (issue 14, Must show 3, scaled down: a
 // progress timeout of 1 s and phases of 2.5 s on one rank, with the
-// collectives' timeout, 10 s here, above the phase): a slow fetch in the
-// dataset's Get before the first step, a slow CheckpointStore.Save, and a
-// phase of the user's own marked with Busy inside the StepFunc change no
-// round: every worker finishes in its first round. The SDK marks the fetch
-// and the write itself; only the user's phase needs the call.
+// collectives' timeout, 1 s, below the phase: the peers wait for a marked
+// phase, sync.BusyMarker): a slow fetch in the dataset's Get before the
+// first step, a slow CheckpointStore.Save (the final checkpoint, which the
+// others wait for), and a phase of the user's own marked with Busy inside
+// the StepFunc change no round: every worker finishes in its first round.
+// The SDK marks the fetch and the write itself; only the user's phase
+// needs the call. (With real processes, Redis and the TCP ring:
+// internal/faultinject's TestLivenessLongMarkedPhases.)
 func TestLongMarkedPhasesAreNoHang(t *testing.T) {
 	const phase = 2500 * time.Millisecond
 	for _, tc := range []string{"fetch", "save", "user"} {
 		t.Run(tc, func(t *testing.T) {
 			j := newMemJob(t, 960, 8, 2)
+			j.c = trainertest.NewCluster(t, trainertest.ClusterConfig{Network: trainertest.NetworkConfig{OpTimeout: time.Second}})
 			j.cfg.Elastic.MinWorkers = 3
 			j.cfg.Elastic.ProgressTimeout = time.Second
 			// Leases of 3 s: this test is about the progress watch, and a

@@ -33,6 +33,7 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
 	}
 	defer comm.Close()
+	t.live.connected(comm)
 
 	if err := t.agreeSettings(rctx, comm, world, watch); err != nil {
 		if errors.Is(err, ErrSettingsMismatch) {
@@ -42,7 +43,11 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 		}
 		return t.classify(ctx, rctx, err)
 	}
-	transfer := t.live.busy("state transfer") // a checkpoint load, a broadcast, the loader's restore
+	// A checkpoint load, a broadcast, the loader's restore: for the
+	// progress watch only, since the peers are in it too (a mark for them
+	// would hold their collectives up on a peer stuck in one); the
+	// checkpoint load, which they wait for, is marked for them below.
+	transfer := t.live.busyLocal("state transfer")
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	transfer()
 	if err != nil {
@@ -237,7 +242,9 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 		info.Source = "init"
 		if world.Rank == 0 {
 			var err error
+			load := t.live.busy("checkpoint load") // the others wait in the broadcast
 			sn, info.Source, err = t.initialState(ctx)
+			load()
 			if errors.Is(err, ErrForeignCheckpoint) {
 				// Every rank refuses with it, not only this one.
 				return info, t.broadcastRefusal(ctx, comm, watch, err)

@@ -409,7 +409,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		return m
 	}
 	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
-	ck.mark = t.live.busy
+	ck.mark, ck.markPeers = t.live.busyLocal, t.live.busy
 	defer ck.close()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
@@ -529,6 +529,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			t.countRecovery = t.countRecovery || trainedHere
 			t.failures = lastFailures(t.failures, rerr.Error())
 			t.log.Warn("round failed", "round", world.Round, "err", rerr)
+			t.noteSilent(world, rerr)
 			// A failed authentication is judged by majority (judgeAuth,
 			// strangers.go); other failures by reportTarget.
 			av := t.judgeAuth(ctx, agent, world, rerr)

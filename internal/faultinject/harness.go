@@ -89,6 +89,9 @@ type Config struct {
 	// Hangs lets the test hang a worker's step function (Harness.Hang).
 	// Default false.
 	Hangs bool
+	// Phases are long phases that are not hangs, each run once by the
+	// workers it names (issue 14). Default none.
+	Phases []Phase
 	// ProxyRedis puts a Proxy between each worker and Redis; ProxyPeers
 	// puts one in front of each worker's collective port (peers dial the
 	// proxy). Both default false.
@@ -343,6 +346,11 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 	}
 	if h.cfg.Hangs {
 		wc.HangFile = h.hangFile(w)
+	}
+	for _, ph := range h.cfg.Phases {
+		if ph.Worker < 0 || ph.Worker == w.Index {
+			wc.Phases = append(wc.Phases, ph)
+		}
 	}
 	if w.Addr == "" {
 		w.Addr = listen

@@ -2,6 +2,7 @@ package faultinject_test
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"strings"
 	"syscall"
@@ -228,4 +229,132 @@ func TestLivenessHungStepFunction(t *testing.T) {
 	log, err := os.ReadFile(hung.LogPath)
 	require.NoError(t, err)
 	require.Contains(t, string(log), "no progress", "the hung worker was fenced for it when it woke")
+}
+
+// TestLivenessLongMarkedPhases (Must show 3): with OpTimeout 5 s and the
+// progress timeout at 5 s too, three phases of 12 s on one rank each: a
+// fetch inside the dataset's Get before worker 1's first step, a phase of
+// worker 2's own marked with trainer.Busy in its step function, and the
+// final checkpoint's CheckpointStore.Save on rank 0 (which the others wait
+// for). The SDK marks the fetch and the write; only the user's phase
+// needs the call. No round changes in any of them (every step of the job
+// is in the first round), nobody is counted as hung, no collective times
+// out, and the job finishes with every invariant.
+func TestLivenessLongMarkedPhases(t *testing.T) {
+	const phase = 12 * time.Second
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.MinWorkers = 3 // every worker in the first round
+	cfg.OpTimeout = 5 * time.Second
+	cfg.ProgressTimeout = 5 * time.Second
+	cfg.CheckpointEvery = 0 // the final checkpoint is the first Save
+	cfg.Epochs = 4
+	cfg.Phases = []faultinject.Phase{
+		{Worker: 1, Kind: faultinject.PhaseGet, For: phase},
+		{Worker: 2, Kind: faultinject.PhaseBusy, For: phase, AtStep: 100},
+	}
+	for w := range 3 { // rank 0 writes, whichever worker it is
+		cfg.Phases = append(cfg.Phases, faultinject.Phase{Worker: w, Kind: faultinject.PhaseSave, For: phase})
+	}
+	ctx := context.Background()
+	start := time.Now()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	res := h.Finish(ctx, faultinject.Bounds{Start: 2 * phase})
+	wall := time.Since(start)
+	require.Empty(t, res.Violations)
+	require.Equal(t, 3, res.Finished)
+	steps := h.Steps()
+	require.NotEmpty(t, steps)
+	round := steps[0].Round
+	for _, m := range steps {
+		require.Equal(t, round, m.Round, "a round change: worker %d stepped in round %d at step %d", m.Worker, m.Round, m.Step)
+		require.Equal(t, 3, m.Size)
+	}
+	var saw [3]bool
+	for _, w := range h.Workers() {
+		log, err := os.ReadFile(w.LogPath)
+		require.NoError(t, err)
+		s := string(log)
+		require.NotContains(t, s, "no progress", "worker %d was counted as hung", w.Index)
+		require.NotContains(t, s, "round failed", "worker %d saw its round fail", w.Index)
+		saw[0] = saw[0] || strings.Contains(s, "slow dataset fetch")
+		saw[1] = saw[1] || strings.Contains(s, "marked busy (faultinject)")
+		saw[2] = saw[2] || strings.Contains(s, "slow checkpoint save")
+	}
+	require.Equal(t, [3]bool{true, true, true}, saw, "every phase ran (fetch, user's, save)")
+	require.GreaterOrEqual(t, wall, 3*phase, "the three phases held the job up")
+	t.Logf("three 12 s phases with OpTimeout %v and ProgressTimeout %v: one round (%d), the job finished in %v; load %s",
+		cfg.OpTimeout, cfg.ProgressTimeout, round, wall.Round(time.Millisecond), loadavg())
+}
+
+// logTimeOf returns the time of the first JSON log line of path that
+// contains every one of subs (zero when none does).
+func logTimeOf(t *testing.T, path string, subs ...string) time.Time {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(b), "\n") {
+		ok := line != ""
+		for _, s := range subs {
+			ok = ok && strings.Contains(line, s)
+		}
+		if !ok {
+			continue
+		}
+		var rec struct {
+			Time time.Time `json:"time"`
+		}
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "log line %q", line)
+		return rec.Time
+	}
+	return time.Time{}
+}
+
+// TestLivenessHungRankNamedWithinOpTimeout (Must show 4): with the default
+// progress timeout (15 s) and an OpTimeout below it (5 s), one worker's
+// step function blocks for good. Its peers' collective stalls at once;
+// within OpTimeout + 1 s each of them names the hung worker (its address)
+// in a WARN, and within 20 s of the hang they train in a round without it.
+func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.Hangs = true
+	cfg.ProgressTimeout = 0 // the default, 15 s
+	cfg.OpTimeout = 5 * time.Second
+	cfg.Epochs = 80
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	require.NoError(t, h.WaitStep(ctx, 50))
+	hung := h.Workers()[1]
+	require.NoError(t, h.Hang(hung, true))
+	at := time.Now()
+	var took time.Duration
+	_, err = h.WaitFor(ctx, func(faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(at) && m.Size == 2 && m.Worker != hung.Index {
+				took = m.At.Sub(at)
+				return true
+			}
+		}
+		return time.Since(at) > 40*time.Second
+	})
+	require.NoError(t, err)
+	require.NotZero(t, took, "the others never stepped without the hung worker")
+	require.Zero(t, h.Status().Finished, "the job finished before the measurement ended; raise Epochs")
+	for _, w := range h.Workers() {
+		if w == hung {
+			continue
+		}
+		named := logTimeOf(t, w.LogPath, "silent rank", `"silent_addr":"`+hung.Addr+`"`)
+		require.False(t, named.IsZero(), "worker %d never named the hung worker as silent", w.Index)
+		t.Logf("worker %d named the hung worker %v after the hang (bound OpTimeout + 1 s = %v)", w.Index, named.Sub(at).Round(time.Millisecond), cfg.OpTimeout+time.Second)
+		require.Less(t, named.Sub(at), cfg.OpTimeout+time.Second, "worker %d", w.Index)
+	}
+	t.Logf("the others train without the hung worker %v after the hang (bound 20 s); load %s", took.Round(time.Millisecond), loadavg())
+	require.Less(t, took, 20*time.Second)
+	require.NoError(t, h.Hang(hung, false))
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
 }

@@ -97,6 +97,98 @@ type WorkerConfig struct {
 	// HangFile, when set, makes the step function block, ignoring its
 	// context (a true hang), while this file exists (Harness.Hang).
 	HangFile string `json:"hang_file,omitempty"`
+	// Phases are the long phases this worker runs (Config.Phases).
+	Phases []Phase `json:"phases,omitempty"`
+}
+
+// Kinds of Phase.
+const (
+	// PhaseGet: the worker's first dataset Get takes For (a fetch from
+	// remote storage before the first step). The SDK marks it.
+	PhaseGet = "get"
+	// PhaseSave: the worker's first CheckpointStore.Save takes For (only
+	// rank 0 writes; with CheckpointEvery 0 the first Save is the final
+	// checkpoint, which the others wait for). The SDK marks it.
+	PhaseSave = "save"
+	// PhaseBusy: at its AtStep-th step function call the worker runs a
+	// phase of its own of For (an evaluation), marked with trainer.Busy.
+	PhaseBusy = "busy"
+)
+
+// Phase is a long phase that is not a hang, run once by a worker (issue
+// 14: peers must wait for it, and no round may change).
+type Phase struct {
+	// Worker is the launch index of the worker that runs it; -1: every
+	// worker.
+	Worker int `json:"worker"`
+	// Kind is PhaseGet, PhaseSave or PhaseBusy.
+	Kind string `json:"kind"`
+	// For is how long the phase lasts.
+	For time.Duration `json:"for"`
+	// AtStep is the step function call (from 1) that runs a PhaseBusy.
+	AtStep int `json:"at_step,omitempty"`
+}
+
+// phase returns this worker's phase of kind, if any.
+func (wc *WorkerConfig) phase(kind string) (Phase, bool) {
+	for _, p := range wc.Phases {
+		if p.Kind == kind {
+			return p, true
+		}
+	}
+	return Phase{}, false
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// slowGet is a Dataset whose first Get takes a PhaseGet's time.
+type slowGet struct {
+	dataloader.Dataset[trainertest.Sample]
+	d    time.Duration
+	log  *slog.Logger
+	once sync.Once
+}
+
+func (s *slowGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
+	var err error
+	s.once.Do(func() {
+		s.log.Info("slow dataset fetch (faultinject)", "for", s.d)
+		err = sleepCtx(ctx, s.d) // the slow fetch itself
+	})
+	if err != nil {
+		return trainertest.Sample{}, err
+	}
+	return s.Dataset.Get(ctx, i)
+}
+
+// slowSave is a CheckpointStore whose first Save takes a PhaseSave's time.
+type slowSave struct {
+	trainer.CheckpointStore
+	d    time.Duration
+	log  *slog.Logger
+	once sync.Once
+}
+
+func (s *slowSave) Save(ctx context.Context, step int64, data []byte) error {
+	var err error
+	s.once.Do(func() {
+		s.log.Info("slow checkpoint save (faultinject)", "for", s.d, "step", step)
+		err = sleepCtx(ctx, s.d) // the slow write itself
+	})
+	if err != nil {
+		return err
+	}
+	return s.CheckpointStore.Save(ctx, step, data)
 }
 
 // Report is one JSON line a worker writes on its standard output.
@@ -193,7 +285,11 @@ func WorkerMain() int {
 	m.StepDelay = wc.StepDelay
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = wc.GlobalBatch, wc.Seed
-	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
+	ds := prob.Dataset()
+	if ph, ok := wc.phase(PhaseGet); ok {
+		ds = &slowGet{Dataset: ds, d: ph.For, log: logger}
+	}
+	loader, err := dataloader.New(ds, prob.Collate, dcfg)
 	if err != nil {
 		return fail(err)
 	}
@@ -263,9 +359,13 @@ func WorkerMain() int {
 		},
 	})}
 	if wc.CheckpointDir != "" {
-		st, err := trainer.NewLocalDir(wc.CheckpointDir, 3)
+		dir, err := trainer.NewLocalDir(wc.CheckpointDir, 3)
 		if err != nil {
 			return fail(err)
+		}
+		var st trainer.CheckpointStore = dir
+		if ph, ok := wc.phase(PhaseSave); ok {
+			st = &slowSave{CheckpointStore: dir, d: ph.For, log: logger}
 		}
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
@@ -285,6 +385,21 @@ func WorkerMain() int {
 				}
 				time.Sleep(10 * time.Millisecond) // a hang that ignores ctx, polling for its end
 			}
+		}
+	}
+	if ph, ok := wc.phase(PhaseBusy); ok {
+		inner, calls := step, 0
+		step = func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			if calls++; calls == ph.AtStep {
+				logger.Info("a phase of the user's own, marked busy (faultinject)", "for", ph.For)
+				done := trainer.Busy(ctx, "evaluation")
+				err := sleepCtx(ctx, ph.For) // the user's long phase
+				done()
+				if err != nil {
+					return 0, err
+				}
+			}
+			return inner(ctx, b)
 		}
 	}
 	tr, err := trainer.New(m.Params(), opt, loader, step, elastic.NewRedisStore(client), cfg, opts...)

@@ -50,8 +50,13 @@ type Config struct {
 	Round uint64
 	// OpTimeout bounds every operation: one that cannot complete (a rank
 	// that never arrives, a dropped rank) fails with sync.ErrTimeout
-	// after it. Default 10 s.
+	// after it. Default 10 s. As on a *sync.Ring, time during which a
+	// rank is marked busy (Rank.Busy) does not count: the operation fails
+	// OpTimeout after the last moment a rank was busy, or after its start.
 	OpTimeout time.Duration
+	// BusyTimeout bounds how long an operation waits for busy ranks, from
+	// its start (sync.Config.BusyTimeout). Default sync.DefaultBusyTimeout.
+	BusyTimeout time.Duration
 }
 
 // ErrKilled is the cause inside the *sync.PeerError that peers of a
@@ -70,6 +75,8 @@ type Group struct {
 	cause   error          // what the blamed rank did, or the error every rank gets
 	peerErr bool           // peers get a *sync.PeerError naming blame
 	faults  []faults       // per rank
+	busy    []int          // per rank: phases marked busy and not done
+	busyEnd []time.Time    // per rank: when its last busy phase ended
 }
 
 type faults struct {
@@ -105,7 +112,11 @@ func NewGroup(n int, cfg Config) *Group {
 	if cfg.OpTimeout <= 0 {
 		cfg.OpTimeout = 10 * time.Second
 	}
-	g := &Group{cfg: cfg, ops: map[uint64]*op{}, broken: make(chan struct{}), blame: -1, faults: make([]faults, n)}
+	if cfg.BusyTimeout <= 0 {
+		cfg.BusyTimeout = sync.DefaultBusyTimeout
+	}
+	g := &Group{cfg: cfg, ops: map[uint64]*op{}, broken: make(chan struct{}), blame: -1, faults: make([]faults, n),
+		busy: make([]int, n), busyEnd: make([]time.Time, n)}
 	for r := range n {
 		g.ranks = append(g.ranks, &Rank{g: g, rank: r})
 	}
@@ -322,18 +333,28 @@ func (r *Rank) do(ctx context.Context, want *op, put func(*op)) error {
 	if p != nil {
 		done = p.done
 	}
+	start := time.Now()
 	timer := time.NewTimer(g.cfg.OpTimeout)
 	defer timer.Stop()
-	select {
-	case <-done:
-		return nil
-	case <-g.broken:
-	case <-ctx.Done():
-		return r.abort(ctx, p)
-	case <-timer.C:
-		g.mu.Lock()
-		g.breakLocked(-1, fmt.Errorf("%w: synctest operation %d (%s) did not complete within %v", sync.ErrTimeout, seq, want.kind, g.cfg.OpTimeout), false)
-		g.mu.Unlock()
+wait:
+	for {
+		select {
+		case <-done:
+			return nil
+		case <-g.broken:
+		case <-ctx.Done():
+			return r.abort(ctx, p)
+		case <-timer.C:
+			g.mu.Lock()
+			if left := time.Until(g.deadlineLocked(start)); left > 0 {
+				g.mu.Unlock()
+				timer.Reset(left)
+				continue wait
+			}
+			g.breakLocked(-1, fmt.Errorf("%w: synctest operation %d (%s) did not complete within %v", sync.ErrTimeout, seq, want.kind, g.cfg.OpTimeout), false)
+			g.mu.Unlock()
+		}
+		break
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -429,4 +450,45 @@ func reduce64(acc []float64, at func(r, i int) float64, W int, o sync.Op) {
 		}
 		acc[i] = v
 	}
+}
+
+var _ sync.BusyMarker = (*Rank)(nil)
+
+// Busy implements sync.BusyMarker: while the phase lasts, and for
+// OpTimeout after it ends, the other ranks' operations wait for this one
+// (up to BusyTimeout from their start). Call done when the phase ends
+// (more than once is harmless).
+func (r *Rank) Busy() (done func()) {
+	g := r.g
+	g.mu.Lock()
+	g.busy[r.rank]++
+	g.mu.Unlock()
+	var once gosync.Once
+	return func() {
+		once.Do(func() {
+			g.mu.Lock()
+			g.busy[r.rank]--
+			g.busyEnd[r.rank] = time.Now()
+			g.mu.Unlock()
+		})
+	}
+}
+
+// deadlineLocked is the deadline of an operation begun at start: OpTimeout
+// after the later of start and the last moment a rank was busy, at most
+// BusyTimeout after start.
+func (g *Group) deadlineLocked(start time.Time) time.Time {
+	last, now := start, time.Now()
+	for x, n := range g.busy {
+		if n > 0 {
+			last = now
+		} else if g.busyEnd[x].After(last) {
+			last = g.busyEnd[x]
+		}
+	}
+	dl := last.Add(g.cfg.OpTimeout)
+	if limit := start.Add(max(g.cfg.BusyTimeout, g.cfg.OpTimeout)); dl.After(limit) {
+		dl = limit
+	}
+	return dl
 }

@@ -190,3 +190,43 @@ func Example() {
 	fmt.Println(sums)
 	// Output: [6 6 6]
 }
+
+// TestBusyRankHoldsPeers: as on a *sync.Ring, a rank marked busy for three
+// times OpTimeout before it arrives does not fail the others' operation;
+// one marked busy for good fails it after BusyTimeout.
+func TestBusyRankHoldsPeers(t *testing.T) {
+	const opTimeout = 200 * time.Millisecond
+	for _, forGood := range []bool{false, true} {
+		g := synctest.NewGroup(3, synctest.Config{OpTimeout: opTimeout, BusyTimeout: time.Second})
+		errs := make([]error, 3)
+		start := time.Now()
+		var wg gosync.WaitGroup
+		for r := range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				rk := g.Rank(r)
+				if r == 1 {
+					done := rk.Busy()
+					time.Sleep(3 * opTimeout) // the long phase itself
+					if forGood {
+						return
+					}
+					done()
+				}
+				errs[r] = rk.Barrier(context.Background())
+			}()
+		}
+		wg.Wait()
+		took := time.Since(start)
+		if forGood {
+			require.ErrorIs(t, errs[0], sync.ErrTimeout)
+			require.GreaterOrEqual(t, took, time.Second, "failed before BusyTimeout")
+			continue
+		}
+		for r, err := range errs {
+			require.NoError(t, err, "rank %d", r)
+		}
+		require.GreaterOrEqual(t, took, 3*opTimeout)
+	}
+}

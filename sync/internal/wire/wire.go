@@ -9,7 +9,7 @@
 //
 //	offset size field
 //	0      2    magic 0xE7A1
-//	2      1    kind (KindAllReduce ... KindAnnounce)
+//	2      1    kind (KindAllReduce ... KindBusy)
 //	3      1    op (reduction operator and element type, kind-specific)
 //	4      4    length of the payload in bytes
 //	8      8    round
@@ -57,7 +57,12 @@ const (
 	// so that a peer in another operation of the same sequence number can
 	// tell it disagrees even when neither reads the other's data connections.
 	KindAnnounce Kind = 7
-	maxKind           = KindAnnounce
+	// KindBusy (control, empty payload): the sender is in a phase marked
+	// busy (a data load, a checkpoint write, an evaluation) and is not
+	// waiting in any operation; sent every half second while the phase
+	// lasts, so that peers waiting for it extend their operation's deadline.
+	KindBusy Kind = 8
+	maxKind       = KindBusy
 )
 
 // String names the kind for error messages.
@@ -77,6 +82,8 @@ func (k Kind) String() string {
 		return "close"
 	case KindAnnounce:
 		return "announce"
+	case KindBusy:
+		return "busy"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
