@@ -500,15 +500,16 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
-		if slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+		if slow := max(a.cfg.PollInterval, 4*a.cfg.LeaseTTL); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
 			// Arrived in a round that waits for more members: apart from
 			// its last-call deadline (Wait), nothing changes for us until
 			// the job's version does (a close, an eviction, a new round),
-			// and the Pub/Sub hint and the heartbeat's version poll both
-			// wake this loop when it does. Re-reading the store every
-			// PollInterval too would cost the store n calls per
-			// PollInterval while n members gather; a slow re-read remains
-			// as a safety net.
+			// and the Pub/Sub hint and the heartbeat's version poll (every
+			// HeartbeatInterval) both wake this loop when it does.
+			// Re-reading the store on a timer too would cost the store n
+			// calls per interval while n members gather (O(n^2) over a
+			// gathering that lasts O(n)); a slow re-read remains as a
+			// safety net.
 			wait = slow
 			if v.Wait > 0 && v.Wait < slow {
 				wait = v.Wait + time.Millisecond
