@@ -774,6 +774,19 @@ func (a *Agent) run(w Watcher) {
 func (a *Agent) onHint(h Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
+	if !joining && h.Open && h.Incarnation == inc && a.err == nil && a.hasWorld && h.Round > a.world.Round &&
+		h.Version > a.view.Version && a.view.Incarnation == inc {
+		// Our round is superseded: a round opened after it. That is all a
+		// refresh would tell us (we are expected in it, or were evicted,
+		// which the next call tells), so take it from the hint: n members
+		// of a round then cost the store no call each when it re-forms.
+		a.view.Version, a.view.Round, a.view.Open = h.Version, h.Round, true
+		a.view.Role, a.view.Rank, a.view.Size, a.view.Members = RoleExpected, -1, 0, nil
+		a.viewAt = time.Now()
+		a.updatePendingLocked()
+		a.mu.Unlock()
+		return
+	}
 	a.mu.Unlock()
 	if joining {
 		a.wakeJoin(h)

@@ -48,6 +48,7 @@ type opCtx struct {
 	changed bool // a visible change: bump Version and publish
 	reopen  bool // a ranked member of the closed round was evicted
 	closed  bool // the forming round closed
+	opened  bool // a round opened after a closed one
 }
 
 // rawView is a View before member records are parsed.
@@ -105,7 +106,7 @@ func (j *coreJob) openNext(c *opCtx) {
 	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
-	c.changed = true
+	c.changed, c.opened = true, true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
@@ -238,6 +239,8 @@ func (j *coreJob) hint(c opCtx) Hint {
 			return h
 		}
 		h.Round, h.Incarnation, h.Members = j.st.Round, j.st.Inc, ms
+	} else if c.opened && j.st.Open {
+		h.Round, h.Incarnation, h.Open = j.st.Round, j.st.Inc, true
 	}
 	return h
 }

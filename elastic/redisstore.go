@@ -63,11 +63,17 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 	if err := ValidateJobID(jobID); err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
+	res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
+	if err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+	}
+	return s.finishView(ctx, op, jobID, memberID, p, have, res)
+}
+
+// finishView decodes a view reply and, for a member ranked in a round whose
+// World it does not hold, adds the round's roster (see roster).
+func (s *RedisStore) finishView(ctx context.Context, op, jobID, memberID string, p Params, have uint64, res []any) (View, error) {
 	for attempt := 0; ; attempt++ {
-		res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
-		if err != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
-		}
 		rv, err := parseView(res)
 		if err != nil {
 			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
@@ -85,7 +91,10 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 			// The next round opened between the script and the GET: the
 			// view is stale. Read the caller's view again (a Check: it
 			// changes nothing that the call did not already change).
-			sc, args = scriptCheck, commonArgs(jobID, memberID, rv.Incarnation, p, have)
+			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
+			if err != nil {
+				return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+			}
 			continue
 		}
 		if err != nil {
@@ -106,11 +115,35 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if r.Arrive {
 		arrive = 1
 	}
-	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10))
-	for _, p := range r.Peers {
-		args = append(args, p)
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10), len(r.Peers))
+	if len(r.Peers) > 0 {
+		// First without the peers (see luaJoin): the script asks for them
+		// only when the caller's incarnation is gone.
+		if err := ValidateJobID(r.JobID); err != nil {
+			return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
+		}
+		res, err := scriptJoin.Run(ctx, s.c, jobKeys(r.JobID), args...).Slice()
+		if err != nil {
+			return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
+		}
+		if !needsPeers(res) {
+			return s.finishView(ctx, "join", r.JobID, r.Member.ID, r.Params, 0, res)
+		}
+		for _, p := range r.Peers {
+			args = append(args, p)
+		}
 	}
 	return s.runView(ctx, "join", scriptJoin, r.JobID, r.Member.ID, r.Params, 0, args)
+}
+
+// needsPeers reports whether a join reply is the script's request for the
+// caller's peers ({-1}).
+func needsPeers(res []any) bool {
+	if len(res) != 1 {
+		return false
+	}
+	n, err := replyInt(res[0])
+	return err == nil && n == -1
 }
 
 // Check implements Store.
@@ -292,6 +325,7 @@ const watchRosterTimeout = 2 * time.Second
 
 // parseHint decodes a change message (see scripts.go): "<ver>", or
 // "<ver>\n<round>\n<inc>" for a closed round (Members left to the watcher),
+// "<ver>\n<round>\n<inc>\nopen" for a round opened after a closed one,
 // or, from scripts of an older release, the same followed by the roster. A
 // malformed message still counts as a hint, with nothing known but that
 // something changed.
@@ -307,6 +341,10 @@ func parseHint(payload string) Hint {
 	}
 	round, err := strconv.ParseUint(lines[1], 10, 64)
 	if err != nil || round == 0 || lines[2] == "" {
+		return h
+	}
+	if len(lines) == 4 && lines[3] == "open" {
+		h.Round, h.Incarnation, h.Open = round, lines[2], true
 		return h
 	}
 	if len(lines) == 4 {

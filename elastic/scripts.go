@@ -45,7 +45,8 @@ package elastic
 // ver, now_ms} (the store's clock; Beat.StoreTime).
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
-// round, "<ver>\n<round>\n<inc>"; the Watcher then reads the roster key
+// round, "<ver>\n<round>\n<inc>", and when it opened one after a closed
+// round, "<ver>\n<round>\n<inc>\nopen"; for a close the Watcher reads the roster key
 // (once per process and round) and hands the members on with the hint. A
 // hint is a few bytes whatever the round's size, so publishing to n
 // subscribers costs O(n), not O(n^2).
@@ -68,7 +69,7 @@ local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 
 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local C = {changed = false, reopen = false, closed = false}
+local C = {changed = false, reopen = false, closed = false, opened = false}
 `
 
 const luaBody = `
@@ -126,7 +127,7 @@ local function open_next(st)
   redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
   each('SADD', K_EXPECTED, survivors)
   if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
-  C.changed = true
+  C.changed, C.opened = true, true
 end
 
 local function settle(st)
@@ -226,6 +227,8 @@ local function save(st, force)
     local msg = tostring(st.ver)
     if C.closed and not st.open then
       msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
+    elseif C.opened and st.open then
+      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\nopen'
     end
     redis.call('PUBLISH', CHANNEL, msg)
   end
@@ -265,16 +268,24 @@ local function member_pre(st)
 end
 `
 
-// ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
-// 14 arrive (0/1), 15 since, 16.. peers.
 const luaPrelude = luaHead + luaBody
 
+// ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
+// 14 arrive (0/1), 15 since, 16 count of the caller's peers, 17.. peers.
+// The peers matter only to a re-registration after the job state was lost
+// (the caller's incarnation is gone), and at thousands of members they
+// are most of a join's bytes (O(n) per join, O(n^2) per round): the store
+// sends none at first, and the script answers {-1} (nothing applied) when
+// it needs them; the store then runs it again with them.
 const luaJoin = luaPrelude + `
 local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[10], ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-local SINCE = tonumber(ARGV[15])
+local SINCE, NPEERS = tonumber(ARGV[15]), tonumber(ARGV[16]) or 0
 local PEERS = {}
-for i = 16, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 17, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
+if NPEERS > 0 and #PEERS == 0 and INC ~= '' and (not st or (not st.fin and st.inc ~= INC)) then
+  return {-1}
+end
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES, K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED, K_BACK, K_PENDING, K_RANK, K_ROSTER)
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,

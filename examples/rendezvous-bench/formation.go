@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
+	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +39,7 @@ type formationResult struct {
 	change      time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
+	changeSeen  time.Duration // from the loss until the last survivor saw the change (its Join began)
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
@@ -205,6 +208,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	lost := time.Now()
 	c0, cErr := redisCPU(ctx, clients[0])
 	survivors := agents[:n-1]
+	saw := make([]time.Time, n-1)
 	var cwg sync.WaitGroup
 	for i, a := range survivors {
 		cwg.Add(1)
@@ -219,6 +223,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 					return
 				}
 			}
+			saw[i] = time.Now()
 			var w elastic.World
 			w, errs[i] = a.Join(ctx)
 			done[i] = time.Now()
@@ -247,6 +252,13 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
+	var seen []time.Duration
+	for _, t := range saw {
+		seen = append(seen, t.Sub(lost))
+		res.changeSeen = max(res.changeSeen, t.Sub(lost))
+	}
+	slices.Sort(seen)
+	fmt.Fprintln(os.Stderr, "seen p10/p50/p90/max", seen[len(seen)/10], seen[len(seen)/2], seen[len(seen)*9/10], seen[len(seen)-1])
 	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
 		res.changeCPU = c1 - c0
 	}
