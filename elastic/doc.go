@@ -85,8 +85,14 @@
 // call costs O(1) Redis commands whatever the job's size (O(log n) for the
 // leases' sorted set): a join, a heartbeat, a poll and a lease sweep touch
 // only what they change; only the close of a round and the opening of the
-// next are O(n), once per round. A member that holds a round's World is not
-// sent its roster again. On a Cluster the
+// next are O(n), once per round. Replies and hints are O(1) bytes: the
+// roster (every member's record, in rank order) is written once when a
+// round closes, to one key headed by its incarnation and round, and a
+// member that needs it reads it with a plain GET; Agents of one process
+// read it once per round between them and share the parsed slice
+// (World.Members is read-only). A member that holds a round's World is not
+// sent its roster again. A close hint names the round and a reopen hint the
+// new round, so members learn of both without a store call. On a Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
 // rendezvous on a three-master cluster). NewMemoryStore has the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"slices"
 	"sync"
 	"time"
 
@@ -40,6 +39,7 @@ type formationResult struct {
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
 	changeSeen  time.Duration // from the loss until the last survivor saw the change (its Join began)
+	holdStats   string        // busiest Redis commands while the round was held
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
@@ -121,6 +121,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		defer wg.Done()
 		worlds[i], errs[i] = agents[i].Join(ctx)
 		done[i] = time.Now()
+		if errs[i] != nil {
+			fmt.Fprintf(os.Stderr, "%s member %d of %d: %v\n", done[i].Format("15:04:05.000"), i, n, errs[i])
+		}
 	}
 	// Members start in a stream with at most startWindow of them not yet
 	// arrived, so thousands do not dial and join at the same instant; the
@@ -184,6 +187,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	}
 	if hold > 0 {
 		h0, err0 := redisCPU(ctx, clients[0])
+		hs0, _ := commandStats(ctx, clients[0])
 		start := time.Now()
 		select {
 		case <-time.After(hold):
@@ -198,6 +202,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		h1, err1 := redisCPU(ctx, clients[0])
 		if err0 == nil && err1 == nil {
 			res.holdCPU, res.hold = h1-h0, time.Since(start)
+		}
+		if hs1, err := commandStats(ctx, clients[0]); err == nil && hs0 != nil {
+			res.holdStats = statsDelta(hs0, hs1)
 		}
 	}
 	if change == "" || n < 3 {
@@ -252,13 +259,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
-	var seen []time.Duration
 	for _, t := range saw {
-		seen = append(seen, t.Sub(lost))
 		res.changeSeen = max(res.changeSeen, t.Sub(lost))
 	}
-	slices.Sort(seen)
-	fmt.Fprintln(os.Stderr, "seen p10/p50/p90/max", seen[len(seen)/10], seen[len(seen)/2], seen[len(seen)*9/10], seen[len(seen)-1])
 	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
 		res.changeCPU = c1 - c0
 	}
