@@ -302,7 +302,7 @@ func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
 	defer close(w.done)
 	for m := range msgs {
 		h := parseHint(m.Payload)
-		if h.Round > 0 && h.Members == nil {
+		if h.Round > 0 && !h.Open && h.Members == nil {
 			// A round closed: read its roster (once per process and
 			// round, see roster), so a waiting member takes its World
 			// from the hint without a store call of its own.
