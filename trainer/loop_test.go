@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	stdsync "sync"
 	"sync/atomic"
 	"testing"
@@ -260,6 +261,50 @@ func TestPreemptedWorkerCheckpointsAndLeaves(t *testing.T) {
 	steps, err := ckpt.List(context.Background())
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, len(steps), 2, "the preempted worker's checkpoint and the final one")
+}
+
+// A worker preempted in a job without a checkpoint store says that nothing
+// durable was written (a rerun of a job that all left starts over); one with
+// a store does not.
+func TestPreemptedWithoutACheckpointStoreSaysNothingIsDurable(t *testing.T) {
+	for _, durable := range []bool{false, true} {
+		t.Run(fmt.Sprintf("store=%v", durable), func(t *testing.T) {
+			var mu stdsync.Mutex
+			var warned []string
+			j := newJob(t, stores(t)["redis"])
+			j.mutate = func(c *Config) { c.Elastic.MinWorkers = 1 }
+			var ckpt CheckpointStore
+			if durable {
+				d, err := NewLocalDir(t.TempDir(), 0)
+				require.NoError(t, err)
+				ckpt = d
+			}
+			j.opts = func(idx int) []Option {
+				var opts []Option
+				if ckpt != nil {
+					opts = append(opts, WithCheckpointStore(ckpt))
+				}
+				if idx == 1 {
+					opts = append(opts, WithLogger(slog.New(&recordHandler{min: slog.LevelWarn, rec: func(r slog.Record) {
+						mu.Lock()
+						warned = append(warned, r.Message)
+						mu.Unlock()
+					}})))
+				}
+				return opts
+			}
+			a, b := j.start(), j.start()
+			b.waitStep(t, 5)
+			b.tr.Preempt()
+			j.wait()
+			require.ErrorIs(t, b.err, ErrPreempted)
+			require.NoError(t, a.err)
+			mu.Lock()
+			defer mu.Unlock()
+			said := slices.ContainsFunc(warned, func(m string) bool { return strings.Contains(m, "nothing durable was written") })
+			require.Equal(t, !durable, said, "warnings: %q", warned)
+		})
+	}
 }
 
 func TestWholeJobRestartResumesFromCheckpoint(t *testing.T) {

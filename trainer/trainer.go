@@ -557,6 +557,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 		case endPreempted:
 			leave()
+			if t.o.ckpt == nil {
+				t.log.Warn("preempted without a checkpoint store (WithCheckpointStore): nothing durable was written; " +
+					"the job's progress lives on only in the workers still running, and a rerun of a job that all left starts over")
+			}
 			if save := t.preemptSave; save != nil {
 				// Written after the goodbye and the leave (train.go,
 				// leavePreempted): the others re-form meanwhile.
