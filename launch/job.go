@@ -72,7 +72,8 @@ type Job struct {
 	next      int              // the next new worker index
 	running   map[*proc]bool   // processes whose exit is not handled yet
 	restarts  int              //
-	finished  bool             // a worker exited 0
+	finished  bool             // a worker exited 0, or with StatusJobFinished
+	trained   bool             // a worker exited 0: this launch finished the job
 	stopping  bool             // a stop signal was forwarded (or Kill)
 	stopCause error            // the Start context's error, when that was the stop
 	exits     []Exit           //
@@ -344,8 +345,13 @@ func (j *Job) supervise(ctx context.Context) {
 // not within the grace period is hung (or stopped) and is killed, so that
 // the launcher never waits for it forever.
 func (j *Job) armFinish() *time.Timer {
-	j.log.Info("the job finished; waiting for the other workers to exit", "workers", len(j.running),
-		"kill_after", j.cfg.GracePeriod)
+	msg := "the job finished; waiting for the other workers to exit"
+	if !j.trained {
+		// Only StatusJobFinished so far: the job ID's job was over before
+		// this launch (see jobOutcome, which calls that a failure).
+		msg = "a worker found the job already finished (a new job ID trains again); waiting for the other workers to exit"
+	}
+	j.log.Info(msg, "workers", len(j.running), "kill_after", j.cfg.GracePeriod)
 	t := time.NewTimer(j.cfg.GracePeriod)
 	j.finishTime = t.C
 	return t
@@ -481,6 +487,7 @@ func (j *Job) handleExit(e procExit) {
 	x.JobFinished = x.Signal == 0 && x.Code == StatusJobFinished
 	if x.Outcome == Finished || x.JobFinished {
 		j.finished = true // a new member would find the job over
+		j.trained = j.trained || x.Outcome == Finished
 	}
 	var doomed string
 	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)
