@@ -460,6 +460,8 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	defer timer.Stop()
 	var wl waitLog
 	defer wl.done(a.log)
+	var wait time.Duration
+	var callAt time.Time // when a slow wait's store call is due; zero: none pending
 	for {
 		if err != nil {
 			return fail(err)
@@ -506,7 +508,11 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			arrive = true // registered but not arrived (re-registered after a loss)
 		}
 		immediate = false
-		wait := min(a.cfg.PollInterval, logEvery)
+		if !callAt.IsZero() {
+			// Woken only to log (below): the store call stays due when it was.
+			goto sleep
+		}
+		wait = min(a.cfg.PollInterval, logEvery)
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
@@ -524,8 +530,21 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			if v.Wait > 0 && v.Wait < slow {
 				wait = v.Wait + time.Millisecond
 			}
+			// The wait's log lines (waitLog) must not wait for the slow
+			// re-read: the view in hand is current (a change of the job's
+			// version wakes this loop), so a line that falls due is
+			// logged from it, without a store call.
+			callAt = time.Now().Add(wait)
 		}
-		timer.Reset(wait)
+	sleep:
+		logOnly := false
+		if !callAt.IsZero() {
+			wait = time.Until(callAt)
+			if due := wl.due(a.cfg); !due.IsZero() && a.log.Enabled(jctx, slog.LevelInfo) && due.Before(callAt) {
+				wait, logOnly = time.Until(due), true
+			}
+		}
+		timer.Reset(max(wait, 0))
 		select {
 		case <-jctx.Done():
 			return fail(jctx.Err())
@@ -536,7 +555,11 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 				return w, nil
 			}
 		case <-timer.C:
+			if logOnly {
+				continue // note logs the line from the view in hand
+			}
 		}
+		callAt = time.Time{}
 		if arrive {
 			v, err = a.call(jctx, "join", join)
 		} else {

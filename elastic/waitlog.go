@@ -57,6 +57,19 @@ func (w *waitLog) note(log *slog.Logger, v View, cfg Config) {
 	w.logged, w.last = true, now
 }
 
+// due is when note would log its next line (its first, or the next "still"
+// line) for a wait that goes on; before note's first call, the zero time.
+func (w *waitLog) due(cfg Config) time.Time {
+	switch {
+	case w.start.IsZero():
+		return time.Time{}
+	case !w.logged:
+		return w.start.Add(min(cfg.LastCall+cfg.PollInterval, logEvery))
+	default:
+		return w.last.Add(logEvery)
+	}
+}
+
 // done logs the end of a wait that was logged.
 func (w *waitLog) done(log *slog.Logger) {
 	if w.logged {
