@@ -25,7 +25,7 @@ import (
 //
 // A busy peer must not hide a hung one: once an operation has run for
 // OpTimeout, it is extended only while every peer is either marked busy
-// (heard within busyFresh) or waiting in this operation or a later one (it
+// (heard within busyFresh, or OpTimeout when shorter) or waiting in this operation or a later one (it
 // announced one, agree.go); a peer that is neither is silent, and the
 // operation fails at once with a *TimeoutError naming it, as it would
 // have without the busy peer. An operation that times out without busy
@@ -112,6 +112,12 @@ func (r *Ring) Busy() (done func()) {
 // a quarter of OpTimeout when that is shorter, so that a peer's deadline
 // (OpTimeout after the last frame) never runs out between two frames.
 func (c Config) refresh() time.Duration { return min(busyRefresh, c.OpTimeout/4) }
+
+// fresh is how long after its last KindBusy frame a peer counts as busy:
+// busyFresh, or OpTimeout when that is shorter, so that a peer gone quiet
+// mid-phase is silent by the time the deadline its last frame set (OpTimeout
+// after it) passes, and is named.
+func (c Config) fresh() time.Duration { return min(busyFresh, c.OpTimeout) }
 
 // busyLoop sends KindBusy frames while a phase marked busy lasts.
 func (r *Ring) busyLoop() {
@@ -231,7 +237,7 @@ func (b *busyState) noteSeen(peer int, seq uint64) {
 }
 
 // classify sorts the peers at now for operation seq: silent ones (neither
-// marked busy within busyFresh nor waiting in seq or a later operation)
+// marked busy within Config.fresh nor waiting in seq or a later operation)
 // and busy ones, each ascending.
 func (r *Ring) classify(now time.Time, seq uint64) (silent, busy []int) {
 	b := &r.busy
@@ -239,7 +245,7 @@ func (r *Ring) classify(now time.Time, seq uint64) (silent, busy []int) {
 		if p == r.rank {
 			continue
 		}
-		if at := b.peerAt[p].Load(); at != 0 && now.Sub(time.Unix(0, at)) < busyFresh {
+		if at := b.peerAt[p].Load(); at != 0 && now.Sub(time.Unix(0, at)) < r.cfg.fresh() {
 			busy = append(busy, p)
 		} else if b.peerSeen[p].Load() < seq {
 			silent = append(silent, p)

@@ -185,3 +185,37 @@ func TestBusyTimeoutBoundsTheWait(t *testing.T) {
 		})
 	}
 }
+
+// A peer whose busy phase ends (or whose process stops mid-phase, so its
+// frames stop) without entering the operation is silent once the deadline
+// its last frame set has passed, and is named, also when OpTimeout is below
+// the 2 s a busy frame otherwise stays fresh (a breaker found the timeout
+// naming nobody at OpTimeout 400 ms).
+func TestAPeerQuietAfterBusyIsNamed(t *testing.T) {
+	cfg := smallConfig(t)
+	cfg.OpTimeout = 400 * time.Millisecond
+	cfg.BusyTimeout = 20 * time.Second
+	w := newTestWorld(t, 3, cfg)
+	const quiet = 1
+	release := make(chan struct{})
+	errs := w.each(func(rank int, r *Ring) error {
+		if rank == quiet {
+			done := r.Busy()
+			time.Sleep(time.Second) // the phase under test: its frames go out
+			done()
+			<-release // then quiet, outside any operation
+			return nil
+		}
+		err := allReduceOnes(context.Background(), r, 100)
+		if rank == 0 {
+			close(release)
+		}
+		return err
+	})
+	for _, rank := range []int{0, 2} {
+		var te *TimeoutError
+		if !errors.As(errs[rank], &te) || !slices.Equal(te.Silent, []int{quiet}) {
+			t.Errorf("rank %d: %v, want a *TimeoutError naming rank %d silent", rank, errs[rank], quiet)
+		}
+	}
+}
