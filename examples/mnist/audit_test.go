@@ -13,11 +13,16 @@ import (
 // over the MNIST training set that started from the checkpoint of step from
 // (0: fresh) and trained every later step once.
 func auditLog(seed uint64, batch, epochs int, from int64) []trainer.AuditEntry {
-	steps := TrainSamples / batch
+	return auditLogOf(TrainSamples, seed, batch, epochs, from)
+}
+
+// auditLogOf is auditLog over a training set of n samples.
+func auditLogOf(n int, seed uint64, batch, epochs int, from int64) []trainer.AuditEntry {
+	steps := n / batch
 	log := []trainer.AuditEntry{{Kind: "agreed", Gen: 1, Round: 1, Step: from, Base: from, Restored: from > 0}}
 	for s := from + 1; s <= int64(steps*epochs); s++ {
 		epoch, pos := int(s-1)/steps, int(s-1)%steps
-		order := dataloader.Order(seed, epoch, TrainSamples)
+		order := dataloader.Order(seed, epoch, n)
 		log = append(log, trainer.AuditEntry{Kind: "step", Gen: 1, Round: 1, Step: s, Epoch: epoch,
 			Indices: order[pos*batch : (pos+1)*batch]})
 	}
@@ -28,7 +33,7 @@ func auditLog(seed uint64, batch, epochs int, from int64) []trainer.AuditEntry {
 // samples trained before it are not missing.
 func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T) {
 	const seed, batch, epochs = 1, 20000, 2 // 3 steps an epoch
-	rep := auditEntries(auditLog(seed, batch, epochs, 4), seed, batch, epochs)
+	rep := auditEntries(auditLog(seed, batch, epochs, 4), TrainSamples, seed, batch, epochs)
 	require.Equal(t, int64(4), rep.FromStep)
 	require.Zero(t, rep.Missing, "samples of steps 1..4 were trained before the resume")
 	require.Zero(t, rep.Duplicates)
@@ -43,14 +48,25 @@ func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T
 
 	// A fresh run expects every step, and still finds a lost one.
 	fresh := auditLog(seed, batch, epochs, 0)
-	rep = auditEntries(fresh, seed, batch, epochs)
+	rep = auditEntries(fresh, TrainSamples, seed, batch, epochs)
 	require.Zero(t, rep.FromStep)
 	require.Zero(t, rep.Missing)
-	rep = auditEntries(append(fresh[:3:3], fresh[4:]...), seed, batch, epochs) // step 3 lost
+	rep = auditEntries(append(fresh[:3:3], fresh[4:]...), TrainSamples, seed, batch, epochs) // step 3 lost
 	require.Equal(t, batch, rep.Missing)
 
 	// A resumed run that lost a step after its checkpoint says so.
 	resumed := auditLog(seed, batch, epochs, 4)
-	rep = auditEntries(resumed[:len(resumed)-1], seed, batch, epochs)
+	rep = auditEntries(resumed[:len(resumed)-1], TrainSamples, seed, batch, epochs)
 	require.Equal(t, batch, rep.Missing)
+}
+
+// A run on a smaller training set (-data with fewer images than the
+// standard split) is audited against the samples it has, not against
+// TrainSamples (a breaker's run of 997 images reported 118 006 missing).
+func TestTheAuditOfASmallTrainingSetExpectsItsOwnSamples(t *testing.T) {
+	const n, seed, batch, epochs = 997, 1, 10, 2
+	rep := auditEntries(auditLogOf(n, seed, batch, epochs, 0), n, seed, batch, epochs)
+	require.Zero(t, rep.Missing)
+	require.Zero(t, rep.Duplicates)
+	require.Equal(t, epochs*(n/batch)*batch, rep.Samples)
 }

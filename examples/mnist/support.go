@@ -31,13 +31,24 @@ func verifyAudit(c *config) (auditResult, error) {
 	if err != nil {
 		return auditResult{}, err
 	}
-	return auditEntries(entries, c.seed, c.batch, c.epochs), nil
+	// The training set the workers read (-data may hold fewer than the
+	// standard split's TrainSamples images).
+	dir, err := locateData(c.data)
+	if err != nil {
+		return auditResult{}, fmt.Errorf("audit: %w", err)
+	}
+	train, err := OpenMNIST(dir, Train)
+	if err != nil {
+		return auditResult{}, fmt.Errorf("audit: %w", err)
+	}
+	n := train.Len()
+	train.Close()
+	return auditEntries(entries, n, c.seed, c.batch, c.epochs), nil
 }
 
 // auditEntries checks entries against the data order of seed, global batch
-// batch and epochs epochs of the MNIST training set.
-func auditEntries(entries []trainer.AuditEntry, seed uint64, batch, epochs int) auditResult {
-	n := TrainSamples
+// batch and epochs epochs of a training set of n samples.
+func auditEntries(entries []trainer.AuditEntry, n int, seed uint64, batch, epochs int) auditResult {
 	steps := n / batch // a step per global batch; the loader drops the last partial batch
 	from := resumedFrom(entries)
 	expected := func(epoch int) []int {
