@@ -48,13 +48,15 @@ type opCtx struct {
 	changed bool // a visible change: bump Version and publish
 	reopen  bool // a ranked member of the closed round was evicted
 	closed  bool // the forming round closed
+	opened  bool // a round opened after a closed one
 }
 
 // rawView is a View before member records are parsed.
 type rawView struct {
 	View
 	records []string
-	omitted bool // ranked in the round the caller holds: records left out
+	members []Member // the records already parsed (shared, see parseRoster); used instead of records
+	omitted bool     // ranked in the round the caller holds: records left out
 }
 
 func ms(d time.Duration) int64 { return int64(d / time.Millisecond) }
@@ -104,7 +106,7 @@ func (j *coreJob) openNext(c *opCtx) {
 	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
-	c.changed = true
+	c.changed, c.opened = true, true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
@@ -222,32 +224,23 @@ func (j *coreJob) save(c *opCtx) {
 	}
 }
 
-// hintRosterMax bounds the roster a hint carries (bytes, about 600 members).
-// A larger round's close is announced by its version alone: every member
-// then reads the roster once with a Check, instead of receiving it twice
-// (a hint to every subscriber, and the Check that a member whose heartbeat
-// saw the new version first makes anyway), and the small hint reaches
-// thousands of subscribers fast.
-const hintRosterMax = 64 << 10
-
-// hint is what a visible change publishes.
+// hint is what a visible change publishes. When the change closed a round
+// it names the round and carries its members (the Redis watcher reads them
+// from the roster key; the in-memory store has them at hand).
 func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
 	if c.closed && !j.st.Open {
-		h.Round, h.Incarnation = j.st.Round, j.st.Inc
 		recs := make([]string, len(j.st.Ranked))
 		for i, id := range j.st.Ranked {
 			recs[i] = j.members[id]
 		}
-		roster := strings.Join(recs, "\n")
-		if len(roster) > hintRosterMax {
-			return Hint{Version: j.st.Ver}
-		}
-		ms, err := parseRoster(roster)
+		ms, err := parseRoster(strings.Join(recs, "\n"))
 		if err != nil || len(ms) == 0 {
-			return Hint{Version: j.st.Ver}
+			return h
 		}
-		h.Members = ms
+		h.Round, h.Incarnation, h.Members = j.st.Round, j.st.Inc, ms
+	} else if c.opened && j.st.Open {
+		h.Round, h.Incarnation, h.Open = j.st.Round, j.st.Inc, true
 	}
 	return h
 }
@@ -486,6 +479,13 @@ func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 func (v rawView) toView() (View, error) {
 	out := v.View
 	if v.Role != RoleRanked || (v.omitted && len(v.records) == 0 && v.Rank >= 0 && v.Rank < v.Size) {
+		return out, nil
+	}
+	if v.members != nil {
+		if len(v.members) != v.Size || v.Rank < 0 || v.Rank >= v.Size {
+			return View{}, fmt.Errorf("%w: %d members for size %d, rank %d", ErrBadState, len(v.members), v.Size, v.Rank)
+		}
+		out.Members = v.members
 		return out, nil
 	}
 	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {

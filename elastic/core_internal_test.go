@@ -2,7 +2,6 @@ package elastic
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 )
@@ -103,12 +102,5 @@ func TestParseHint(t *testing.T) {
 		if h.Members != nil {
 			t.Errorf("%q: members from a malformed hint", bad)
 		}
-	}
-}
-
-// The scripts and core.go bound the roster of a hint by the same number.
-func TestHintRosterMaxAgrees(t *testing.T) {
-	if hintRosterMaxLua != strconv.Itoa(hintRosterMax) {
-		t.Fatalf("scripts bound hints at %s bytes, core.go at %d", hintRosterMaxLua, hintRosterMax)
 	}
 }

@@ -180,6 +180,12 @@ func main() {
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
 			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
 			if *verbose && res.stats != "" {
+				if res.change > 0 {
+					fmt.Fprintf(os.Stderr, "change of %d: the last survivor saw it after %v\n", n, res.changeSeen.Round(time.Millisecond))
+				}
+				if res.holdStats != "" {
+					fmt.Fprintf(os.Stderr, "hold of %d for %v: redis %s\n", n, res.hold.Round(time.Second), res.holdStats)
+				}
 				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
 					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
 			}
