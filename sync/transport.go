@@ -408,7 +408,12 @@ func (t *Transport) serveConn(e *inConn) {
 		t.log.Debug("sync: dropped a silent connection", "remote", remote, "err", rerr)
 		return
 	case e.parked:
-		t.unparkLocked(e) // its first byte arrived as it was parked
+		// Its first byte arrived as it was parked (the byte was read
+		// before the park's peek could see it): it is taken back, and its
+		// address, over its share again, makes room from its silent ones.
+		t.unparkLocked(e)
+		e.active = true
+		t.enforceShareLocked(e.a, e)
 	}
 	e.active = true
 	t.mu.Unlock()
@@ -421,6 +426,9 @@ func (t *Transport) serveConn(e *inConn) {
 		tc := tls.Server(c, t.cfg.ServerTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
+			// The TLS alert was written: drain before closing, as after
+			// a refusal, so that a reset does not overtake it.
+			e.rejected = true
 			return
 		}
 		c = tc
