@@ -1,12 +1,16 @@
 package sync
 
 import (
+	"errors"
 	"time"
 )
 
 // Rate limit of the "sync: refused connection" warnings (a flood of
-// garbage connections must not flood the log too). Per Transport, at most
-// refuseLogBurst refusals are logged one by one in each refuseLogInterval;
+// garbage connections must not flood the log too). Per Transport and kind
+// of refusal (malformed, authentication, job, round, other), at most
+// refuseLogBurst refusals are logged one by one in each refuseLogInterval,
+// so a flood of one kind never hides the first refusals of another (a
+// peer with a stale secret among garbage);
 // the rest of that interval's refusals are counted, and one summary line
 // with the count and the last of them follows when the interval ends (or
 // the Transport closes). TransportStats keeps counting every refusal.
@@ -17,12 +21,12 @@ const (
 
 // refuseLog is the state of the rate limit, under Transport.mu.
 type refuseLog struct {
-	start      time.Time   // of the current interval (Transport.now)
-	logged     int         // refusals logged one by one in it
-	suppressed uint64      // refusals not logged since the last summary
-	lastRemote string      // the last of them
-	lastErr    error       //
-	timer      *time.Timer // fires the summary at the interval's end; nil when none is due
+	start      time.Time        // of the current interval (Transport.now)
+	logged     [refuseKinds]int // refusals of each kind logged one by one in it
+	suppressed uint64           // refusals not logged since the last summary
+	lastRemote string           // the last of them
+	lastErr    error            //
+	timer      *time.Timer      // fires the summary at the interval's end; nil when none is due
 }
 
 // refusalSummary is a summary line due to be logged.
@@ -65,10 +69,10 @@ func (t *Transport) noteRefusalLocked(remote string, err error) (one bool, prev 
 	now := t.now()
 	if l.start.IsZero() || now.Sub(l.start) >= refuseLogInterval || now.Before(l.start) {
 		prev = t.takeSummaryLocked()
-		l.start, l.logged = now, 0
+		l.start, l.logged = now, [refuseKinds]int{}
 	}
-	if l.logged < refuseLogBurst {
-		l.logged++
+	if k := refusalKind(err); l.logged[k] < refuseLogBurst {
+		l.logged[k]++
 		return true, prev
 	}
 	l.suppressed++
@@ -87,4 +91,23 @@ func (t *Transport) flushRefusals() {
 	s := t.takeSummaryLocked()
 	t.mu.Unlock()
 	t.logSummary(s)
+}
+
+// refuseKinds is the number of kinds refusalKind tells apart.
+const refuseKinds = 5
+
+// refusalKind classifies a refusal for the rate limit, as TransportStats
+// counts them.
+func refusalKind(err error) int {
+	switch {
+	case errors.Is(err, ErrBadFrame):
+		return 0
+	case errors.Is(err, ErrAuth):
+		return 1
+	case errors.Is(err, ErrJobMismatch):
+		return 2
+	case errors.Is(err, ErrRoundMismatch):
+		return 3
+	}
+	return 4
 }

@@ -2,6 +2,7 @@ package sync
 
 import (
 	"context"
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
 	"io"
 	"log/slog"
 	"net"
@@ -94,17 +95,32 @@ func TestRefusedConnectionWarningsAreRateLimited(t *testing.T) {
 	for range flood {
 		garbage(t, tr.Addr())
 	}
+	// A refusal of another kind in the same interval is logged on its
+	// own line: the flood does not hide a dialer of another job.
+	c, err := net.DialTimeout("tcp", tr.Addr(), 10*time.Second)
+	if err != nil {
+		t.Fatalf("dial: %v", err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	hello := wire.AppendHello(nil, &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: 1, To: 0, JobID: "another-job"})
+	if err := wire.WriteMsg(c, nil, wire.MsgHello, hello); err != nil {
+		t.Fatalf("hello: %v", err)
+	}
+	if _, err := io.Copy(io.Discard, c); err != nil {
+		t.Fatalf("reading the refusal: %v", err)
+	}
+	c.Close()
 	const one, summary = "sync: refused connection", "sync: refused connections not logged one by one"
-	if n := len(h.records(one)); n != refuseLogBurst {
-		t.Errorf("%d refusals logged one by one in the flood's interval, want %d", n, refuseLogBurst)
+	if n := len(h.records(one)); n != refuseLogBurst+1 {
+		t.Errorf("%d refusals logged one by one in the flood's interval, want %d (of the flood) and the other job's", n, refuseLogBurst)
 	}
 	// The next interval: its first refusal is logged, after the summary
 	// of the flood's interval (unless its timer fired already).
 	clock.advance(refuseLogInterval)
 	garbage(t, tr.Addr())
 	tr.Close()
-	if n := len(h.records(one)); n != refuseLogBurst+1 {
-		t.Errorf("%d refusals logged one by one, want %d", n, refuseLogBurst+1)
+	if n := len(h.records(one)); n != refuseLogBurst+2 {
+		t.Errorf("%d refusals logged one by one, want %d", n, refuseLogBurst+2)
 	}
 	sums := h.records(summary)
 	var suppressed uint64
@@ -120,11 +136,11 @@ func TestRefusedConnectionWarningsAreRateLimited(t *testing.T) {
 	if len(sums) < 1 || suppressed != flood-refuseLogBurst {
 		t.Errorf("%d summary lines suppressing %d refusals, want them to suppress %d", len(sums), suppressed, flood-refuseLogBurst)
 	}
-	if len(sums) > 0 && sums[len(sums)-1]["refused_total"].Uint64() != flood {
-		t.Errorf("the last summary gives %v refusals in all, want %d (the flood's)", sums[len(sums)-1]["refused_total"], flood)
+	if len(sums) > 0 && sums[len(sums)-1]["refused_total"].Uint64() != flood+1 {
+		t.Errorf("the last summary gives %v refusals in all, want %d (the flood's and the other job's)", sums[len(sums)-1]["refused_total"], flood+1)
 	}
 	st := tr.Stats()
-	if st.Refused != flood+1 || st.RefusedMalformed != flood+1 {
-		t.Errorf("stats count %d refusals (%d malformed), want %d", st.Refused, st.RefusedMalformed, flood+1)
+	if st.Refused != flood+2 || st.RefusedMalformed != flood+1 || st.RefusedJob != 1 {
+		t.Errorf("stats count %d refusals (%d malformed, %d of another job), want %d (%d, 1)", st.Refused, st.RefusedMalformed, st.RefusedJob, flood+2, flood+1)
 	}
 }
