@@ -72,8 +72,8 @@ func TestASecondLauncherOfARunningJobIDIsRefused(t *testing.T) {
 }
 
 // Launchers that share the job secret (EnvSecret given to each, on several
-// hosts) share the job's mark; another secret is refused until the last
-// of them released it.
+// hosts) share the job's mark; another secret is refused while they hold
+// it, and takes the job ID once they released it.
 func TestLaunchersOfOneSecretShareTheMark(t *testing.T) {
 	addr, job := testredis.Addr(t), testredis.JobID(t)
 	ctx := context.Background()
