@@ -795,7 +795,16 @@ func (a *Agent) run(w Watcher) {
 				beats.Add(1)
 				go func() {
 					defer beats.Done()
-					results <- a.beat()
+					ok := a.beat()
+					// The slot is released when the store call returns,
+					// before the refresh a beat may run, so more beats than
+					// results' capacity can be finishing at once: once this
+					// loop stopped reading (a terminal error, or Close),
+					// a plain send would block them, and Close with them.
+					select {
+					case results <- ok:
+					case <-a.stop:
+					}
 				}()
 			default: // maxBeatsInFlight renewals still on the way
 			}
