@@ -45,6 +45,7 @@ type Agent struct {
 	outageLog   time.Time // when the outage was last logged
 	joining     bool
 	started     bool
+	leaving     bool // Leave (or the progress watch's leave) is evicting this member
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
 	prog     progressWatch // the worker loop's progress (Config.ProgressTimeout)
@@ -193,6 +194,19 @@ func (a *Agent) wakeJoin(h Hint) {
 	}
 }
 
+// fencedLocked handles the store's answer that this member is no longer
+// registered: ErrFenced, unless this member is leaving. Then the answer is
+// the leave's own effect, seen by a heartbeat or refresh that ran after the
+// leave's script (the member evicted itself), and the leaver sets the
+// terminal error itself (ErrClosed, or ErrFenced wrapping ErrNoProgress).
+func (a *Agent) fencedLocked() {
+	if a.leaving {
+		a.log.Debug("not registered any more: this member is leaving")
+		return
+	}
+	a.failLocked(fmt.Errorf("%w (job %q, member %s)", ErrFenced, a.cfg.JobID, a.self.ID))
+}
+
 func (a *Agent) fail(err error) {
 	a.mu.Lock()
 	a.failLocked(err)
@@ -215,7 +229,7 @@ func (a *Agent) updatePendingLocked() {
 func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	switch v.Code {
 	case CodeFenced:
-		a.failLocked(fmt.Errorf("%w (job %q, member %s)", ErrFenced, a.cfg.JobID, a.self.ID))
+		a.fencedLocked()
 		return
 	case CodeFinished:
 		a.failLocked(ErrJobFinished)
@@ -649,7 +663,13 @@ func (a *Agent) Leave(ctx context.Context) error {
 	}
 	if inc != "" && err == nil {
 		req := a.memberRequest()
+		a.mu.Lock()
+		a.leaving = true
+		a.mu.Unlock()
 		if _, err := a.call(ctx, "leave", func(c context.Context) (View, error) { return a.store.Leave(c, req) }); err != nil {
+			a.mu.Lock()
+			a.leaving = false
+			a.mu.Unlock()
 			return fmt.Errorf("elastic: leave: %w", err)
 		}
 	}
@@ -897,7 +917,9 @@ func (a *Agent) beat() bool {
 			}
 		}
 	case CodeFenced:
-		a.fail(fmt.Errorf("%w (job %q, member %s)", ErrFenced, a.cfg.JobID, a.self.ID))
+		a.mu.Lock()
+		a.fencedLocked()
+		a.mu.Unlock()
 	case CodeFinished:
 		a.fail(ErrJobFinished)
 	case CodeLost:

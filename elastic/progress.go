@@ -87,6 +87,9 @@ func (a *Agent) checkProgress() bool {
 		"idle", idle, "progress_timeout", a.cfg.ProgressTimeout)
 	req := a.memberRequest()
 	sent := time.Now()
+	a.mu.Lock()
+	a.leaving = true // a beat that sees us gone must not take the error below's place
+	a.mu.Unlock()
 	if _, err := bounded(a, context.Background(), "leave", a.opTimeout(),
 		func(c context.Context) (View, error) { return a.store.Leave(c, req) }, nil, nil); err != nil && !errors.Is(err, ErrClosed) {
 		// The lease still lapses once the Agent stops renewing it.
