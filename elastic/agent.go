@@ -80,11 +80,14 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		store:    store,
-		self:     self,
-		cfg:      cfg,
-		params:   cfg.params(),
-		log:      log.With("job", cfg.JobID, "member", self.ID),
+		store:  store,
+		self:   self,
+		cfg:    cfg,
+		params: cfg.params(),
+		// The job is the caller's attribute: a logger that serves
+		// several jobs carries it already (trainer workers' loggers do),
+		// and adding it here repeated it on every line.
+		log:      log.With("member", self.ID),
 		start:    time.Now(),
 		changes:  make(chan struct{}, 1),
 		joinWake: make(chan Hint, 1),

@@ -86,7 +86,10 @@ type Config struct {
 	// 0 turns it off. Default 15 s.
 	ProgressTimeout time.Duration
 
-	// Logger receives debug and warning records. Default: discard.
+	// Logger receives debug and warning records, each with the attribute
+	// member (this Agent's member ID). The job ID is not added: a logger
+	// that serves more than one job should carry it (Logger.With("job",
+	// id)), once. Default: discard.
 	Logger *slog.Logger
 }
 

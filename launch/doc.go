@@ -88,6 +88,18 @@
 // are outside the launcher's reach. Wait returns only after every worker
 // was reaped.
 //
+// # One launcher per job ID
+//
+// With Config.Redis, the launcher keeps a mark on its job ID in that Redis
+// while the job runs: a hash of the job secret, its pid and host, under
+// the job's key prefix (et:{JOB}:launcher), refreshed every 3.3 s, deleted
+// when the job is over and expiring 10 s after a launcher that was killed.
+// Start refuses a job ID whose mark holds another secret's hash with
+// ErrJobInUse, before any worker starts: its workers would be strangers to
+// the running job. Launchers that are given the same secret (EnvSecret on
+// several hosts) share the job and its mark. The embedded store is the
+// launcher's own, so it needs no mark.
+//
 // # Exit status
 //
 // Result.Outcome, Result.ExitStatus and Wait's error follow one rule, over

@@ -62,6 +62,7 @@ type Job struct {
 	store      string
 	secret     []byte
 	srv        *standalone.Server
+	mark       *marker  // the launcher's mark on the job in Config.Redis; nil with the embedded store
 	env        []string // every worker's environment before its launch variables
 	gomaxprocs string   // "GOMAXPROCS=n", or "" to leave it unset
 	stdout     io.Writer
@@ -132,10 +133,16 @@ func Run(ctx context.Context, spec Spec, cfg Config, opts ...Option) (Result, er
 }
 
 // Start checks spec and cfg, opens the store (checks that Config.Redis
-// answers PING within 3 s, or starts the embedded one), starts
+// answers PING within 3 s and holds no other launcher's mark on the job
+// ID, or starts the embedded one), starts
 // Config.Workers worker processes and returns the running job. ctx is the
 // job's life: when it is done the launcher stops the job as Stop(SIGTERM)
-// does. Errors: ErrInvalidConfig wrapped, the store's error, a worker that
+// does. While the job runs the launcher keeps a mark on it in Config.Redis
+// (a key beside the rendezvous' keys of the job, holding a hash of the job
+// secret, refreshed every 3.3 s, expiring 10 s after the launcher stops), so
+// that a second launcher of the job ID with another secret is refused with
+// ErrJobInUse instead of sending the running job strangers. Errors:
+// ErrInvalidConfig wrapped, ErrJobInUse, the store's error, a worker that
 // cannot start (then every worker started is killed and reaped, and the
 // embedded store closed, before Start returns), or ctx's error.
 func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, error) {
@@ -182,7 +189,13 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 		if err := ping(ctx, cfg.Redis); err != nil {
 			return nil, err
 		}
-		j.store = cfg.Redis
+		// A Redis others share may run this job ID under another
+		// launcher: refuse, rather than start strangers to that job.
+		m, err := claimMark(ctx, cfg.Redis, j.jobID, j.secret, j.log)
+		if err != nil {
+			return nil, err
+		}
+		j.store, j.mark = cfg.Redis, m
 	} else {
 		srv, err := standalone.Start(ctx, cfg.StoreListen)
 		if err != nil {
@@ -360,6 +373,9 @@ func (j *Job) armFinish() *time.Timer {
 // finish reaps, closes the store and publishes the result.
 func (j *Job) finish() {
 	j.waiters.Wait()
+	if j.mark != nil {
+		j.mark.release()
+	}
 	if j.srv != nil {
 		j.srv.Close()
 	}
@@ -394,6 +410,9 @@ func (j *Job) abort() {
 		delete(j.running, e.p)
 	}
 	j.waiters.Wait()
+	if j.mark != nil {
+		j.mark.release()
+	}
 	if j.srv != nil {
 		j.srv.Close()
 	}

@@ -1,6 +1,7 @@
 package sync
 
 import (
+	"container/list"
 	"errors"
 	"net"
 	"sync/atomic"
@@ -98,11 +99,8 @@ func TestSilentFloodFromAnotherAddressIsParked(t *testing.T) {
 	if st.Parked != uint64(total-maxPendingPerAddr) || st.Evicted != 0 {
 		t.Fatalf("stats %+v: want %d parked, none closed", st, total-maxPendingPerAddr)
 	}
-	a.mu.Lock()
-	pending := a.adm.addrs["127.0.0.2"].pending.Len()
-	a.mu.Unlock()
-	if pending != maxPendingPerAddr {
-		t.Fatalf("%d connections of the flood read at once, want its share %d", pending, maxPendingPerAddr)
+	if pending, _ := admissionOf(a, "127.0.0.2"); len(pending) != maxPendingPerAddr {
+		t.Fatalf("%d connections of the flood read at once, want its share %d", len(pending), maxPendingPerAddr)
 	}
 	connectTwo(t, a, b, 1)
 	connectTwo(t, b, a, 2) // a accepts as the higher rank too
@@ -215,15 +213,61 @@ func TestParkingSkipsConnectionsWithBytes(t *testing.T) {
 	}
 	clock.advance(time.Second)
 	f.open(t, "127.0.0.2", a.Addr(), 1)
-	waitFor(t, 10*time.Second, func() bool { return a.Stats().Parked == 1 })
-	a.mu.Lock()
-	first := a.adm.addrs["127.0.0.2"].pending.Front().Value.(*inConn)
-	parked := a.adm.parked.Front().Value.(*inConn)
-	a.mu.Unlock()
-	if first.parked || !first.active || parked.c.RemoteAddr().String() != f.conns[1].LocalAddr().String() {
-		t.Fatalf("parked %v, want the second-oldest connection", parked.c.RemoteAddr())
+	// The one with a byte may be parked for an instant (its goroutine
+	// read the byte just before the park looked for it) and taken back
+	// at once; its address then makes room from its silent ones.
+	talker := f.conns[0].LocalAddr().String()
+	waitFor(t, 10*time.Second, func() bool {
+		pending, parked := admissionOf(a, "127.0.0.2")
+		c, ok := find(pending, talker)
+		return len(pending) == maxPendingPerAddr && len(parked) == 1 && ok && c.active
+	})
+	_, parked := admissionOf(a, "127.0.0.2")
+	if parked[0].remote != f.conns[1].LocalAddr().String() {
+		t.Fatalf("parked %v, want the second-oldest connection %v", parked[0].remote, f.conns[1].LocalAddr())
 	}
 	connectTwo(t, b, a, 1)
+}
+
+// admittedConn is what a test reads of an inConn while the Transport's lock
+// is held.
+type admittedConn struct {
+	remote         string
+	parked, active bool
+}
+
+// admissionOf returns, copied under tr's lock, the connections of the remote
+// address addr that are read for their handshake and every parked
+// connection, oldest first. It never fails while the lock is held: a test
+// that dies holding it leaves its cleanup's Close waiting for the lock
+// until the test binary times out (with the serveConn goroutines all
+// blocked behind it).
+func admissionOf(tr *Transport, addr string) (pending, parked []admittedConn) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	read := func(l *list.List) []admittedConn {
+		var out []admittedConn
+		for el := l.Front(); el != nil; el = el.Next() {
+			if e, ok := el.Value.(*inConn); ok {
+				out = append(out, admittedConn{remote: e.c.RemoteAddr().String(), parked: e.parked, active: e.active})
+			}
+		}
+		return out
+	}
+	if a := tr.adm.addrs[addr]; a != nil {
+		pending = read(&a.pending)
+	}
+	return pending, read(&tr.adm.parked)
+}
+
+// find returns the connection of cs from remote.
+func find(cs []admittedConn, remote string) (admittedConn, bool) {
+	for _, c := range cs {
+		if c.remote == remote {
+			return c, true
+		}
+	}
+	return admittedConn{}, false
 }
 
 // A dialer whose hello goes unanswered (the listener parked the connection,

@@ -104,7 +104,8 @@ type Config struct {
 	// authenticates them, and they keep shared memory. Default nil (plain
 	// TCP; the secret still authenticates but does not encrypt).
 	ServerTLS, ClientTLS *tls.Config
-	// Logger receives warnings (refused handshakes) and debug messages.
+	// Logger receives warnings (refused handshakes: the first 5 of every
+	// 10 s one by one, then one line counting the rest) and debug messages.
 	// Default: discard.
 	Logger *slog.Logger
 }

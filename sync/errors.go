@@ -73,8 +73,9 @@ func (e *PeerError) Is(target error) bool { return target == ErrPeerLost }
 // errors.As for what the rank that gave up knew of its peers then:
 // which were silent (neither waiting in the operation nor marked busy:
 // hung, stopped, or slower than OpTimeout allows) and which were busy.
-// Ranks that learn of the timeout from that rank's abort notice get its
-// verdict on the first silent rank only.
+// Ranks that learn of the timeout from that rank's abort notice (directly
+// or passed on by another rank) get the same verdict: the same From,
+// Silent, Busy and Waited.
 type TimeoutError struct {
 	Round uint64 // the round of the Ring
 	// From is the rank that gave up (this rank, or the one whose abort
@@ -88,8 +89,7 @@ type TimeoutError struct {
 	// Busy lists the ranks that were marked busy (Ring.Busy); non-empty
 	// only when the wait for them outlasted Config.BusyTimeout.
 	Busy []int
-	// Waited is how long the operation had run, on rank From; zero when
-	// only an abort notice told this rank.
+	// Waited is how long the operation had run, on rank From.
 	Waited time.Duration
 }
 

@@ -392,7 +392,7 @@ func (r *Ring) fail(cause error, reason uint8, blamed int) error {
 	close(r.dead)
 	r.mu.Unlock()
 	if reason != 0 {
-		r.sendCtrl(wire.KindAbort, &wire.Abort{Origin: int32(r.rank), Blamed: int32(blamed), Reason: reason})
+		r.sendCtrl(wire.KindAbort, abortFor(cause, r.rank, reason, blamed))
 	}
 	for _, p := range r.peers {
 		if p != nil {
@@ -406,24 +406,46 @@ func (r *Ring) fail(cause error, reason uint8, blamed int) error {
 	return cause
 }
 
-// sendCtrl writes a control frame to every peer, bounded by ctrlWriteTimeout.
+// abortFor is the abort notice of a Ring failing with cause: from this
+// rank, unless cause is a timeout this rank learnt of from another's
+// notice; a timeout carries its verdict (the silent and busy ranks, how
+// long it waited), so every rank that hears of it, first or second hand,
+// names the same ranks.
+func abortFor(cause error, rank int, reason uint8, blamed int) *wire.Abort {
+	a := &wire.Abort{Origin: int32(rank), Blamed: int32(blamed), Reason: reason}
+	var te *TimeoutError
+	if reason == wire.ReasonTimeout && errors.As(cause, &te) {
+		a.Origin, a.Verdict = int32(te.From), true
+		a.Waited, a.Silent, a.Busy = int64(te.Waited), te.Silent, te.Busy
+	}
+	return a
+}
+
+// sendCtrl writes a control frame (an abort notice when a is not nil,
+// otherwise an empty frame of kind) to every peer, bounded by
+// ctrlWriteTimeout.
 func (r *Ring) sendCtrl(kind wire.Kind, a *wire.Abort) {
 	deadline := time.Now().Add(ctrlWriteTimeout)
+	var frame []byte // an abort: built once (it is sent once in a Ring's life)
+	if a != nil {
+		h := wire.Header{Kind: kind, Round: r.round, Length: uint32(a.Size())}
+		frame = make([]byte, wire.HeaderSize, wire.HeaderSize+a.Size())
+		h.Put(frame)
+		frame = wire.AppendAbort(frame, a)
+	}
 	for _, p := range r.peers {
 		if p == nil {
 			continue
 		}
 		p.ctrlMu.Lock()
-		h := wire.Header{Kind: kind, Round: r.round}
-		n := wire.HeaderSize
-		if a != nil {
-			h.Length = wire.AbortSize
-			a.Put(p.ctrlW[wire.HeaderSize:])
-			n += wire.AbortSize
+		b := frame
+		if b == nil {
+			h := wire.Header{Kind: kind, Round: r.round}
+			h.Put(p.ctrlW[:])
+			b = p.ctrlW[:wire.HeaderSize]
 		}
-		h.Put(p.ctrlW[:])
 		p.ctrl.SetWriteDeadline(deadline)
-		p.ctrl.Write(p.ctrlW[:n])
+		p.ctrl.Write(b)
 		p.ctrlMu.Unlock()
 	}
 }
@@ -434,6 +456,9 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 	br := bufio.NewReaderSize(p.ctrl, 256)
 	var hb [wire.HeaderSize]byte
 	var pb [wire.HeaderSize]byte
+	// The longest control payload: an announced header, or an abort
+	// notice with a timeout's verdict (read into a buffer of its own).
+	maxLen := max(len(pb), wire.MaxAbortSize(r.size))
 	for {
 		if _, err := io.ReadFull(br, hb[:]); err != nil {
 			if r.closing.Load() || p.closed.Load() {
@@ -442,16 +467,21 @@ func (r *Ring) ctrlLoop(p *peerLink) {
 			r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("control connection: %w", err)}, wire.ReasonPeerLost, p.rank)
 			return
 		}
-		h, err := wire.ParseHeader(hb[:], len(pb))
+		h, err := wire.ParseHeader(hb[:], maxLen)
 		if err == nil && h.Round != r.round {
 			err = fmt.Errorf("control frame of round %d in round %d", h.Round, r.round)
 		}
 		if err == nil && h.Kind == wire.KindAbort {
-			if _, err = io.ReadFull(br, pb[:h.Length]); err == nil {
+			ab := pb[:min(int(h.Length), len(pb))]
+			if int(h.Length) > len(pb) {
+				ab = make([]byte, h.Length) // bounded by maxLen
+			}
+			if _, err = io.ReadFull(br, ab); err == nil {
 				var a wire.Abort
-				if a, err = wire.ParseAbort(pb[:h.Length], r.size); err == nil {
-					// Pass the notice on unchanged, so a rank whose
-					// link to the origin is slow still learns the cause.
+				if a, err = wire.ParseAbort(ab, r.size); err == nil {
+					// Pass the notice on (a timeout with its origin and
+					// verdict), so a rank whose link to the origin is
+					// slow still learns the cause.
 					r.fail(r.abortCause(p.rank, a), a.Reason, int(a.Blamed))
 					return
 				}
@@ -491,7 +521,9 @@ func (r *Ring) abortCause(from int, a wire.Abort) error {
 		return &PeerError{Rank: int(a.Blamed), Round: r.round, Err: fmt.Errorf("connection lost (reported by rank %d)", from)}
 	case wire.ReasonTimeout:
 		te := &TimeoutError{Round: r.round, From: int(a.Origin)}
-		if a.Blamed >= 0 {
+		if a.Verdict {
+			te.Silent, te.Busy, te.Waited = a.Silent, a.Busy, time.Duration(a.Waited)
+		} else if a.Blamed >= 0 {
 			te.Silent = []int{int(a.Blamed)}
 		}
 		return te

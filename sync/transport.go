@@ -71,7 +71,8 @@ type Transport struct {
 	adm        admission
 	rings      map[*Ring]struct{}
 	stats      TransportStats
-	now        func() time.Time // the clock of connection ages (tests move it)
+	refuseLog  refuseLog
+	now        func() time.Time // the clock of connection ages and log intervals (tests move it)
 }
 
 // TransportStats counts handshakes; see Transport.Stats.
@@ -285,6 +286,11 @@ func (t *Transport) Close() error {
 		r.Close()
 	}
 	t.wg.Wait()
+	// The refusals not logged one by one, up to the last handshake's.
+	t.mu.Lock()
+	summary := t.takeSummaryLocked()
+	t.mu.Unlock()
+	t.logSummary(summary)
 	return nil
 }
 
@@ -331,11 +337,17 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 	}
 }
 
+// refused counts the refusal of a connection from remote and logs it
+// (rate-limited: see refuseLog).
 func (t *Transport) refused(remote string, err error) {
 	t.mu.Lock()
+	one, prev := t.noteRefusalLocked(remote, err) // prev: the refusals before this one
 	t.refusedLocked(err)
 	t.mu.Unlock()
-	t.log.Warn("sync: refused connection", "remote", remote, "err", err)
+	t.logSummary(prev)
+	if one {
+		t.log.Warn("sync: refused connection", "remote", remote, "err", err)
+	}
 }
 
 func (t *Transport) refusedLocked(err error) {
@@ -408,7 +420,12 @@ func (t *Transport) serveConn(e *inConn) {
 		t.log.Debug("sync: dropped a silent connection", "remote", remote, "err", rerr)
 		return
 	case e.parked:
-		t.unparkLocked(e) // its first byte arrived as it was parked
+		// Its first byte arrived as it was parked (the byte was read
+		// before the park's peek could see it): it is taken back, and its
+		// address, over its share again, makes room from its silent ones.
+		t.unparkLocked(e)
+		e.active = true
+		t.enforceShareLocked(e.a, e)
 	}
 	e.active = true
 	t.mu.Unlock()
@@ -421,6 +438,9 @@ func (t *Transport) serveConn(e *inConn) {
 		tc := tls.Server(c, t.cfg.ServerTLS)
 		if err := tc.Handshake(); err != nil {
 			t.refused(remote, fmt.Errorf("%w: TLS handshake: %v", ErrAuth, err))
+			// The TLS alert was written: drain before closing, as after
+			// a refusal, so that a reset does not overtake it.
+			e.rejected = true
 			return
 		}
 		c = tc

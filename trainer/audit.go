@@ -29,6 +29,11 @@ import (
 // restored round itself failed before its first step and the lineage goes on
 // from a later round's commit. A step recorded by a rank that died before contributing
 // cannot have been applied anywhere, so the next agreement always drops it.
+// A round that ends by a decision every rank took from the same agreed
+// values not to apply the step they recorded (a diverged step, a failed
+// StepFunc) may be the run's last, so no later agreement would drop that
+// step: rank 0 then records an agreement with Ended set, which drops the
+// steps of its own round after its step.
 // The rules depend on rounds and lineages only, never on the order of the
 // lines, so workers may write concurrently.
 type Audit interface {
@@ -65,6 +70,12 @@ type AuditEntry struct {
 	// Restored marks an agreement that came from a durable checkpoint
 	// (then Base equals Step).
 	Restored bool `json:"restored,omitempty"`
+	// Ended marks an agreement recorded as its round ended without
+	// applying the step after Step, by a decision every rank took (the
+	// step's gradients or loss were not finite, a StepFunc failed): the
+	// steps of lineage Gen after Step recorded in Round itself do not
+	// count either ("agreed" only).
+	Ended bool `json:"ended,omitempty"`
 }
 
 // MemoryAudit is an Audit kept in memory, for tests with several trainers in
@@ -161,6 +172,9 @@ func appendAuditJSON(dst []byte, e AuditEntry) []byte {
 	if e.Restored {
 		dst = append(dst, `,"restored":true`...)
 	}
+	if e.Ended {
+		dst = append(dst, `,"ended":true`...)
+	}
 	return append(dst, '}')
 }
 
@@ -232,8 +246,8 @@ type AuditReport struct {
 
 // VerifyAudit replays a log and checks exactly-once. It keeps the "step"
 // entries that no agreement rolled back: an agreement of lineage G in round
-// R at step c drops every step entry of G from a round before R with a step
-// after c; an agreement of lineage G with base b drops every step entry of
+// R at step c drops every step entry of G from a round before R (with
+// Ended: up to and including R) with a step after c; an agreement of lineage G with base b drops every step entry of
 // an older lineage (smaller Gen) with a step after b. expected(epoch) lists the
 // indices each of epochs 0..epochs-1 must hold exactly once; occurrences of
 // anything else count as duplicates.
@@ -247,7 +261,7 @@ func VerifyAudit(entries []AuditEntry, epochs int, expected func(epoch int) []in
 			if e.Kind != "step" {
 				continue
 			}
-			rolledBack := e.Gen == m.Gen && e.Round < m.Round && e.Step > m.Step
+			rolledBack := e.Gen == m.Gen && (e.Round < m.Round || m.Ended && e.Round == m.Round) && e.Step > m.Step
 			olderLineage := e.Gen < m.Gen && e.Step > m.Base
 			if rolledBack || olderLineage {
 				dropped[j] = true

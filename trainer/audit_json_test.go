@@ -16,6 +16,7 @@ func TestAuditLinesAreEncodingJSONs(t *testing.T) {
 		{Kind: "step", Gen: 1764600000123, Round: 3, Rank: 2, Step: 41, Epoch: 1, Indices: []int{5, 0, 59999, -1}, Base: 0},
 		{Kind: "agreed", Gen: math.MaxUint64, Round: math.MaxUint64, Rank: -1, Step: math.MinInt64, Base: math.MaxInt64, Restored: true},
 		{Kind: "step", Indices: []int{}, Epoch: -3},
+		{Kind: "agreed", Gen: 7, Round: 2, Step: 12, Base: 3, Ended: true},
 		{Kind: "odd \"kind\" <&> \\ \n é \u2028", Step: 1},
 	}
 	for _, e := range entries {

@@ -122,8 +122,10 @@
 // data cursor is part of every commit and the loader decides which samples
 // form a global batch independently of the world size, the samples of the
 // rolled-back steps are trained again, exactly once. The optional Audit
-// records every rank's indices before each step and every round's agreed
-// commit; VerifyAudit replays it and counts missing and duplicate samples.
+// records every rank's indices before each step, every round's agreed
+// commit, and the end of a round that every rank decided not to apply its
+// step (ErrDiverged, ErrStepFailed); VerifyAudit replays it and counts
+// missing and duplicate samples.
 //
 // # Preemption, stragglers and the failure budget
 //

@@ -8,8 +8,10 @@ import "fmt"
 // or from the others having finished it before this worker joined. It
 // wraps err (elastic.ErrJobFinished), so callers test it with errors.Is.
 func (t *Trainer[B]) finishedBeforeJoin(err error) error {
+	// No job attribute: the logger is the caller's (WithLogger), and one
+	// that needs the job carries it already.
 	t.log.Error("the job had already finished when this worker joined; nothing was trained",
-		"job", t.cfg.JobID, "hint", "use a new job ID to train again")
+		"hint", "use a new job ID to train again")
 	return fmt.Errorf("trainer: job %q had already finished when this worker joined, and this worker trained no step (a new job ID trains again): %w",
 		t.cfg.JobID, err)
 }
@@ -21,7 +23,7 @@ func (t *Trainer[B]) finishedBeforeJoin(err error) error {
 // caller that saves them.
 func (t *Trainer[B]) finishedWithout(err error) error {
 	t.log.Error("the job finished without this worker; its parameters are not the final model",
-		"job", t.cfg.JobID, "step", t.step, "epoch", t.epoch, "epochs", t.cfg.Epochs)
+		"step", t.step, "epoch", t.epoch, "epochs", t.cfg.Epochs)
 	return fmt.Errorf("trainer: job %q finished without this worker, whose parameters are those of step %d (epoch %d of %d), not the final model: %w",
 		t.cfg.JobID, t.step, t.epoch, t.cfg.Epochs, err)
 }

@@ -49,9 +49,12 @@ type job struct {
 	delay  func(i int) time.Duration
 	// afterReduce, when set, is installed on every worker before it runs.
 	afterReduce func(rank int, step int64) error
-	mu          stdsync.Mutex
-	workers     []*inproc
-	wg          stdsync.WaitGroup
+	// failCall, when positive, makes every worker's StepFunc fail on its
+	// failCall-th call.
+	failCall int
+	mu       stdsync.Mutex
+	workers  []*inproc
+	wg       stdsync.WaitGroup
 }
 
 type inproc struct {
@@ -113,7 +116,17 @@ func (j *job) start() *inproc {
 	if lr == 0 {
 		lr = 0.3
 	}
-	tr, err := New(m.Params(), NewSGD(lr), loader, m.Step, j.store(), j.config(), opts...)
+	step := m.Step
+	if j.failCall > 0 {
+		calls := 0
+		step = func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			if calls++; calls == j.failCall {
+				return 0, fmt.Errorf("worker %d fails its step on purpose", idx)
+			}
+			return m.Step(ctx, b)
+		}
+	}
+	tr, err := New(m.Params(), NewSGD(lr), loader, step, j.store(), j.config(), opts...)
 	require.NoError(j.t, err)
 	w.tr = tr
 	if j.afterReduce != nil {
@@ -180,6 +193,25 @@ func (j *job) wait() {
 func (j *job) expected(epoch int) []int {
 	n := len(j.prob.Samples)
 	return dataloader.Order(3, epoch, n)[:n/j.batch*j.batch]
+}
+
+// checkAuditApplied checks that the audit holds the samples of global
+// steps 1..steps exactly once, and nothing else: a run that ended early
+// (diverged, every StepFunc failed) after applying steps steps.
+func (j *job) checkAuditApplied(steps int64) {
+	t := j.t
+	t.Helper()
+	n := len(j.prob.Samples)
+	perEpoch := int64(n / j.batch)
+	epochs := int((steps + perEpoch - 1) / perEpoch)
+	rep := VerifyAudit(j.audit.Entries(), epochs, func(epoch int) []int {
+		done := min(steps-int64(epoch)*perEpoch, perEpoch)
+		return dataloader.Order(3, epoch, n)[:done*int64(j.batch)]
+	})
+	require.Zero(t, rep.Missing, "audit missing: %+v", rep)
+	require.Zero(t, rep.Duplicates, "audit duplicates (the samples of a step no rank applied?): %+v", rep)
+	require.Equal(t, int(steps), rep.Steps, "audit steps")
+	require.Equal(t, int(steps)*j.batch, rep.Samples, "audit samples")
 }
 
 func (j *job) checkFinished(finishers []*inproc) {
@@ -848,6 +880,44 @@ func TestDeterministicDivergenceStopsEveryRank(t *testing.T) {
 		require.Equal(t, 1, w.res.Rounds, "no round was re-formed")
 	}
 	require.Equal(t, ws[0].res.Step, ws[1].res.Step, "both stopped after the same step")
+	require.Positive(t, ws[0].res.Step, "a step was applied before the diverged one")
+	// Every rank recorded the diverged step's samples before its control
+	// exchange, and no later round drops them: the round's end does.
+	j.checkAuditApplied(ws[0].res.Step)
+}
+
+// In the default mode a loss that overflows stops every rank with
+// ErrDiverged after its gradient allreduce; the audit holds the steps
+// applied before it only.
+func TestANonFiniteLossLeavesOnlyTheAppliedStepsInTheAudit(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.lr = 1e30
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	ws := []*inproc{j.start(), j.start()}
+	j.wait()
+	for _, w := range ws {
+		require.ErrorIs(t, w.err, ErrDiverged, "worker %d", w.idx)
+		require.ErrorContains(t, w.err, "the loss over the global batch")
+	}
+	require.Equal(t, ws[0].res.Step, ws[1].res.Step, "both stopped after the same step")
+	require.Positive(t, ws[0].res.Step)
+	j.checkAuditApplied(ws[0].res.Step)
+}
+
+// When every rank's StepFunc fails at the same step, every rank ends with
+// ErrStepFailed and nobody forms a later round: the audit holds the steps
+// applied before it only.
+func TestAStepEveryRankFailedIsNotInTheAudit(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.failCall = 4
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	ws := []*inproc{j.start(), j.start()}
+	j.wait()
+	for _, w := range ws {
+		require.ErrorIs(t, w.err, ErrStepFailed, "worker %d", w.idx)
+		require.Equal(t, int64(3), w.res.Step, "worker %d", w.idx)
+	}
+	j.checkAuditApplied(3)
 }
 
 // Strangers that are restarted whenever they give up (a crash-looping pod

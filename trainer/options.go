@@ -59,6 +59,8 @@ func WithHooks(h Hooks) Option { return func(o *options) { o.hooks = h } }
 // becomes Config.Elastic.Logger and Config.Sync.Logger where those are
 // nil, so the rendezvous' waits (fewer than MinWorkers arrived) and store
 // outages are logged as they begin and then every 2 s, with their cause.
+// No part adds the job ID to it: a logger that should name the job carries
+// it (l.With("job", id)), and each record then names it once.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
 
 // WithTracerProvider sets the OpenTelemetry tracer provider; default: the global one.

@@ -439,6 +439,11 @@ func TestVerifyAudit(t *testing.T) {
 			newGen(AuditEntry{Kind: "agreed", Round: 2, Step: 1, Base: 1}), newGen(step(2, 2, 3, 4, 5))}, 0, 0},
 		{"agreement written after the round's first steps", []AuditEntry{
 			step(1, 1, 0, 1, 2), step(1, 2, 3, 4), step(2, 2, 3, 4, 5), agreed(2, 1, false)}, 0, 0},
+		{"a round that ended without applying its step drops it", []AuditEntry{
+			agreed(1, 0, true), step(1, 1, 0, 1, 2), step(1, 2, 3, 4, 5), {Kind: "agreed", Gen: gen, Round: 1, Step: 1, Ended: true}}, 3, 0},
+		{"a round's end drops nothing of a later round", []AuditEntry{
+			agreed(1, 0, true), step(1, 1, 0, 1, 2), step(1, 2, 3, 4), {Kind: "agreed", Gen: gen, Round: 1, Step: 1, Ended: true},
+			agreed(2, 1, false), step(2, 2, 3, 4, 5)}, 0, 0},
 		{"kept step of a dead rank counts", []AuditEntry{
 			step(1, 1, 0, 1), step(1, 1, 2), step(1, 2, 3, 4), step(1, 2, 5), agreed(2, 2, false)}, 0, 0},
 	}

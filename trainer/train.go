@@ -117,11 +117,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
 		}
 		watch.enter()
+		exchanged := false // every rank's control values arrived: every rank took part in this step
 		if merged {
 			// One collective: the gradients, then the control values.
 			packControl(t.ctlPacked, ctl)
 			err = t.grads.AllReduce(actx, comm, sync.OpSum)
 			if err == nil {
+				exchanged = true
 				unpackControl(ctl, t.ctlPacked)
 				readControl(ctl, W, false, o)
 				if !o.stepFailed && o.samples > 0 && t.afterReduce != nil {
@@ -131,6 +133,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		} else {
 			err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
 			if err == nil {
+				exchanged = true
 				readControl(ctl, W, t.cfg.Deterministic, o)
 				switch {
 				case o.diverged:
@@ -148,26 +151,30 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if aspan != nil {
 			endSpan(aspan, err)
 		}
-		if err != nil {
-			if span != nil {
-				endSpan(span, err)
-			}
-			if errors.Is(err, ErrDiverged) {
-				return endFatal, fmt.Errorf("trainer: step %d: %w", t.step+1, err)
-			}
-			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
-		}
-		if agreement != nil {
+		if exchanged && agreement != nil {
 			// Every rank has installed the round's state (it took part in
-			// this allreduce), so the agreement is final: record it once.
+			// this step's control exchange), so the agreement is final:
+			// record it once, also when the step goes no further.
 			if err := t.o.audit.RecordAgreed(*agreement); err != nil {
 				return endFatal, err
 			}
 			agreement = nil
 		}
+		if err != nil {
+			if span != nil {
+				endSpan(span, err)
+			}
+			if errors.Is(err, ErrDiverged) {
+				return endFatal, t.withAuditEnded(world, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
+			}
+			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
+		}
 		if o.stepFailed {
 			if span != nil {
 				endSpan(span, stepErr)
+			}
+			if err := t.auditEnded(world); err != nil {
+				return endFatal, err
 			}
 			t.shareStepFailure(ctx, comm, world, watch, stepErr)
 			if stepErr != nil {
@@ -195,7 +202,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			if !t.cfg.Deterministic && (math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0)) {
 				// Every rank sees the same sum: all stop here.
-				return endFatal, fmt.Errorf("%w: step %d: the loss over the global batch is %v", ErrDiverged, t.step+1, o.lossSum)
+				return endFatal, t.withAuditEnded(world, fmt.Errorf("%w: step %d: the loss over the global batch is %v", ErrDiverged, t.step+1, o.lossSum))
 			}
 			if t.o.sched != nil {
 				t.opt.SetLearningRate(t.o.sched.LR(t.step))
@@ -327,6 +334,28 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return endEvicted, nil
 		}
 	}
+}
+
+// auditEnded records, on rank 0 with an Audit, that round world.Round
+// applies no step after t.step: every rank decided from the same agreed
+// values not to apply the step it recorded (ErrDiverged, a failed
+// StepFunc), and the round ends there. No later agreement drops that step
+// when the run ends with this round (a diverged job), so without this the
+// audit would count the samples of a step the model never took.
+func (t *Trainer[B]) auditEnded(world elastic.World) error {
+	if t.o.audit == nil || world.Rank != 0 {
+		return nil
+	}
+	return t.o.audit.RecordAgreed(AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: world.Rank, Step: t.step, Ended: true})
+}
+
+// withAuditEnded is err, the reason every rank ends the round without
+// applying its step, after auditEnded (joined with its error, if any).
+func (t *Trainer[B]) withAuditEnded(world elastic.World, err error) error {
+	if aerr := t.auditEnded(world); aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	return err
 }
 
 // leavePreempted ends the round after a step at which some rank was

@@ -454,3 +454,38 @@ func TestEtrunEndsAJobWhoseStoppedWorkerTheOthersFinishedWithout(t *testing.T) {
 		require.True(t, gone(pid), "worker %d (pid %d) left behind", i, pid)
 	}
 }
+
+// A second etrun started on the job ID of a running one (the same -redis
+// and -job; each draws its own job secret) once started strangers to the
+// running job, which re-formed its rounds for them while nothing said why.
+// Now it exits 1 at once, starting no worker, with one line that names the
+// job ID and what to do; the first trains on, undisturbed, to its end.
+func TestASecondEtrunOnARunningJobIDIsRefused(t *testing.T) {
+	etrun, worker := build(t, t.TempDir())
+	redisAddr, job := testredis.Addr(t), testredis.JobID(t)
+	args := []string{"-workers", "2", "-redis", redisAddr, "-job", job, "--", worker, "-min", "2"}
+	first := startEtrun(t, etrun, append(args, "-epochs", "100000")...)
+	first.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 2 && e.Step >= 5 })
+
+	second := startEtrun(t, etrun, append(args, "-epochs", "1")...)
+	code, evs := second.wait(t)
+	require.Equal(t, 1, code, "stderr:\n%s", &second.stderr)
+	require.Empty(t, evs, "no worker of the second etrun started")
+	msg := strings.TrimSpace(second.stderr.String())
+	require.NotContains(t, msg, "\n", "one line")
+	require.Contains(t, msg, "etrun: launch: the job ID is in use by another launcher: job "+job+" is running on the store "+redisAddr)
+	require.Contains(t, msg, "pass another job ID, or stop that launcher first")
+
+	// The first job goes on in its round of 2 and hears of no stranger.
+	evs = first.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.Step >= 40 })
+	for _, e := range evs {
+		if e.Ev == "step" {
+			require.Equal(t, 2, e.WorldSize, "%+v", e)
+		}
+	}
+	require.NoError(t, first.cmd.Process.Signal(syscall.SIGTERM))
+	code, _ = first.wait(t)
+	require.Equal(t, 143, code, "stderr:\n%s", &first.stderr)
+	require.NotContains(t, first.stderr.String(), "does not hold the job secret")
+	require.NotContains(t, first.stderr.String(), "refused connection")
+}

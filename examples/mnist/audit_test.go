@@ -33,7 +33,7 @@ func auditLogOf(n int, seed uint64, batch, epochs int, from int64) []trainer.Aud
 // samples trained before it are not missing.
 func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T) {
 	const seed, batch, epochs = 1, 20000, 2 // 3 steps an epoch
-	rep := auditEntries(auditLog(seed, batch, epochs, 4), TrainSamples, seed, batch, epochs)
+	rep := auditEntries(auditLog(seed, batch, epochs, 4), TrainSamples, seed, batch, epochs, allSteps)
 	require.Equal(t, int64(4), rep.FromStep)
 	require.Zero(t, rep.Missing, "samples of steps 1..4 were trained before the resume")
 	require.Zero(t, rep.Duplicates)
@@ -48,15 +48,15 @@ func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T
 
 	// A fresh run expects every step, and still finds a lost one.
 	fresh := auditLog(seed, batch, epochs, 0)
-	rep = auditEntries(fresh, TrainSamples, seed, batch, epochs)
+	rep = auditEntries(fresh, TrainSamples, seed, batch, epochs, allSteps)
 	require.Zero(t, rep.FromStep)
 	require.Zero(t, rep.Missing)
-	rep = auditEntries(append(fresh[:3:3], fresh[4:]...), TrainSamples, seed, batch, epochs) // step 3 lost
+	rep = auditEntries(append(fresh[:3:3], fresh[4:]...), TrainSamples, seed, batch, epochs, allSteps) // step 3 lost
 	require.Equal(t, batch, rep.Missing)
 
 	// A resumed run that lost a step after its checkpoint says so.
 	resumed := auditLog(seed, batch, epochs, 4)
-	rep = auditEntries(resumed[:len(resumed)-1], TrainSamples, seed, batch, epochs)
+	rep = auditEntries(resumed[:len(resumed)-1], TrainSamples, seed, batch, epochs, allSteps)
 	require.Equal(t, batch, rep.Missing)
 }
 
@@ -65,7 +65,7 @@ func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T
 // TrainSamples (a breaker's run of 997 images reported 118 006 missing).
 func TestTheAuditOfASmallTrainingSetExpectsItsOwnSamples(t *testing.T) {
 	const n, seed, batch, epochs = 997, 1, 10, 2
-	rep := auditEntries(auditLogOf(n, seed, batch, epochs, 0), n, seed, batch, epochs)
+	rep := auditEntries(auditLogOf(n, seed, batch, epochs, 0), n, seed, batch, epochs, allSteps)
 	require.Zero(t, rep.Missing)
 	require.Zero(t, rep.Duplicates)
 	require.Equal(t, epochs*(n/batch)*batch, rep.Samples)

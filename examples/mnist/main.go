@@ -315,7 +315,13 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	} else {
 		res.Diverged = true
 	}
-	rep, err := verifyAudit(c)
+	upTo := int64(allSteps)
+	if res.Diverged {
+		// The run stopped after its last applied step: the audit covers
+		// the steps up to it, not the epochs it never trained.
+		upTo = d.Step
+	}
+	rep, err := verifyAudit(c, upTo)
 	if err != nil {
 		return err
 	}
@@ -336,6 +342,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	auditFrom := ""
 	if res.AuditFromStep > 0 {
 		auditFrom = fmt.Sprintf(" of the steps after %d (resumed from its checkpoint)", res.AuditFromStep)
+	}
+	if res.Diverged {
+		auditFrom += fmt.Sprintf(" of the steps up to %d (the last one applied)", d.Step)
 	}
 	fmt.Fprintf(stdout, "test accuracy %.4f after %d steps (%d epochs) in %.1f s; world sizes %v; %s, %s; audit%s: %d missing, %d duplicates\n",
 		res.TestAccuracy, res.Steps, res.Epochs, res.WallSeconds, res.WorldSizes, plural(res.Rounds, "round", "rounds"),

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"image/png"
 	"io"
 	"math"
@@ -163,6 +164,36 @@ func TestADivergedRunSaysSoAndFails(t *testing.T) {
 	require.Nil(t, res["loss"], "a NaN loss is null in the JSON line")
 	steps, _ := res["steps"].(float64)
 	require.Less(t, steps, 3.0, "it stopped at the first step whose loss was not finite, before the epoch's last")
+}
+
+// A deterministic run of two worker processes whose gradients turn
+// non-finite stops at that step on both; each recorded its share of the
+// step's samples before the control exchange, and no later round drops
+// them. The audit holds the samples of the applied steps only: it once
+// counted the diverged step's too (samples_applied one global batch too
+// many, and an audit of the applied steps found those as extras).
+func TestTheAuditOfADivergedRunHoldsTheAppliedStepsOnly(t *testing.T) {
+	const batch = 2000
+	code, stdout, stderr := runMain(t, "-workers", "2", "-epochs", "1", "-batch", fmt.Sprint(batch), "-lr", "1e30",
+		"-deterministic", "-json", "-quiet")
+	require.Equal(t, 1, code, "stderr: %s", stderr)
+	require.Contains(t, stderr, "non-finite gradient", "it diverged in the control exchange")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	var res struct {
+		Steps           int64 `json:"steps"`
+		Diverged        bool  `json:"diverged"`
+		SamplesApplied  int   `json:"samples_applied"`
+		AuditMissing    int   `json:"audit_missing"`
+		AuditDuplicates int   `json:"audit_duplicates"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), stdout)
+	require.True(t, res.Diverged)
+	require.Positive(t, res.Steps, "a step was applied before the diverged one")
+	require.Less(t, res.Steps, int64(TrainSamples/batch), "it stopped before the epoch's end")
+	require.Equal(t, int(res.Steps)*batch, res.SamplesApplied, "the audit counts the applied steps' samples")
+	require.Zero(t, res.AuditMissing)
+	require.Zero(t, res.AuditDuplicates, "no sample of the unapplied step")
+	require.Contains(t, stdout, fmt.Sprintf("audit of the steps up to %d (the last one applied): 0 missing, 0 duplicates", res.Steps))
 }
 
 // finishJob marks job finished in the store at addr, as the final rank 0

@@ -56,8 +56,9 @@ func freeLoopbackPort(t *testing.T) int {
 // The real example, launched as a user would with -metrics and
 // -log-format json: while it trains, its worker's /metrics parses as the
 // Prometheus text format and carries the trainer's metrics with the job's
-// label, /healthz answers, and every line the worker logs is one JSON
-// object with the documented fields.
+// label, /healthz answers, and every line the worker logs (at debug, so
+// the rendezvous' and the transport's lines too) is one JSON object with
+// the documented fields, the job among them once.
 func TestMetricsScrapeAndJSONLogsOfARealRun(t *testing.T) {
 	port := freeLoopbackPort(t)
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
@@ -69,7 +70,7 @@ func TestMetricsScrapeAndJSONLogsOfARealRun(t *testing.T) {
 	done := make(chan out, 1)
 	go func() {
 		code, o, e := runMain(t, "-workers", "1", "-epochs", "1", "-batch", "256", "-job", job,
-			"-metrics", fmt.Sprintf("127.0.0.1:%d", port), "-log-format", "json", "-log-level", "info", "-quiet")
+			"-metrics", fmt.Sprintf("127.0.0.1:%d", port), "-log-format", "json", "-log-level", "debug", "-quiet")
 		done <- out{code, o, e}
 	}()
 
@@ -157,6 +158,9 @@ func TestMetricsScrapeAndJSONLogsOfARealRun(t *testing.T) {
 		}
 		var rec map[string]any
 		require.NoError(t, json.Unmarshal([]byte(line), &rec), "not a JSON log line: %q", line)
+		// Once: a decoded map keeps the last of repeated keys (the
+		// rendezvous' lines carried the job twice).
+		require.Equal(t, 1, jsonKeyCount(t, line, "job"), "line %q", line)
 		n++
 		for _, k := range []string{"time", "level", "msg", "job", "worker", "pid"} {
 			require.Contains(t, rec, k, "line %q", line)
@@ -176,6 +180,26 @@ func TestMetricsScrapeAndJSONLogsOfARealRun(t *testing.T) {
 	require.NotNil(t, fin, "messages: %v", keysOf(seen))
 	require.Greater(t, fin["test_accuracy"].(float64), 0.8)
 	require.EqualValues(t, 234, fin["step"])
+}
+
+// jsonKeyCount counts the top-level keys named key of the JSON object line.
+func jsonKeyCount(t *testing.T, line, key string) int {
+	t.Helper()
+	dec := json.NewDecoder(strings.NewReader(line))
+	tok, err := dec.Token()
+	require.NoError(t, err)
+	require.Equal(t, json.Delim('{'), tok)
+	n := 0
+	for dec.More() {
+		k, err := dec.Token()
+		require.NoError(t, err)
+		if k == key {
+			n++
+		}
+		var v json.RawMessage
+		require.NoError(t, dec.Decode(&v))
+	}
+	return n
 }
 
 func keysOf[V any](m map[string]V) []string {

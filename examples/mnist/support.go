@@ -20,8 +20,10 @@ type auditResult struct {
 
 // verifyAudit replays the workers' audit log and checks that every sample of
 // every epoch was part of exactly one step of the final model's history,
-// from the step the run started at.
-func verifyAudit(c *config) (auditResult, error) {
+// from the step the run started at; upTo >= 0 (a run that diverged after
+// applying upTo steps) expects the samples of steps up to upTo only,
+// allSteps those of every step of every epoch.
+func verifyAudit(c *config, upTo int64) (auditResult, error) {
 	f, err := os.Open(c.audit)
 	if err != nil {
 		return auditResult{}, fmt.Errorf("audit: %w", err)
@@ -43,19 +45,30 @@ func verifyAudit(c *config) (auditResult, error) {
 	}
 	n := train.Len()
 	train.Close()
-	return auditEntries(entries, n, c.seed, c.batch, c.epochs), nil
+	return auditEntries(entries, n, c.seed, c.batch, c.epochs, upTo), nil
 }
 
+// allSteps is the upTo of verifyAudit and auditEntries that expects every
+// step of every epoch.
+const allSteps = -1
+
 // auditEntries checks entries against the data order of seed, global batch
-// batch and epochs epochs of a training set of n samples.
-func auditEntries(entries []trainer.AuditEntry, n int, seed uint64, batch, epochs int) auditResult {
+// batch and epochs epochs of a training set of n samples; upTo >= 0: of
+// its steps up to upTo only (allSteps: of every step).
+func auditEntries(entries []trainer.AuditEntry, n int, seed uint64, batch, epochs int, upTo int64) auditResult {
 	steps := n / batch // a step per global batch; the loader drops the last partial batch
 	from := resumedFrom(entries)
 	expected := func(epoch int) []int {
 		// Step s (1-based) trains positions (s-1)%steps of epoch
-		// (s-1)/steps; those of steps up to from are not this run's.
-		done := min(max(from-int64(epoch)*int64(steps), 0), int64(steps))
-		return dataloader.Order(seed, epoch, n)[done*int64(batch) : steps*batch]
+		// (s-1)/steps; those of steps up to from are not this run's,
+		// those after upTo were never applied.
+		first := int64(epoch) * int64(steps)
+		end := int64(steps)
+		if upTo != allSteps {
+			end = min(max(upTo-first, 0), end)
+		}
+		done := min(max(from-first, 0), end)
+		return dataloader.Order(seed, epoch, n)[done*int64(batch) : end*int64(batch)]
 	}
 	return auditResult{AuditReport: trainer.VerifyAudit(entries, epochs, expected), FromStep: from}
 }

@@ -399,7 +399,10 @@ func (n *Net) Close() error {
 		// Deleting the namespace deletes eth0 and so its peer, soon after
 		// (the kernel tears the namespace down in the background); a veth
 		// made before its peer moved is removed here.
-		if out, err := run(ctx, "ip", "link", "del", h.veth); err != nil && !bytes.Contains(out, []byte("Cannot find device")) {
+		// The kernel may remove it between the two steps: "Cannot find
+		// device" when it was gone before the call, "No such device" when
+		// it went during it.
+		if out, err := run(ctx, "ip", "link", "del", h.veth); err != nil && !bytes.Contains(out, []byte("Cannot find device")) && !bytes.Contains(out, []byte("No such device")) {
 			keep(fmt.Errorf("netns: ip link del %s: %v: %s", h.veth, err, out))
 		}
 	}

@@ -149,18 +149,55 @@ const (
 	maxReason      = ReasonProtocol
 )
 
-// AbortSize is the payload size of a KindAbort frame in bytes.
+// AbortSize is the size in bytes of the fixed part of a KindAbort payload
+// (Origin, Blamed, Reason), which is all of it unless a verdict follows.
 const AbortSize = 9
 
+// A ReasonTimeout abort may carry the origin's verdict after the fixed
+// part, so that the ranks that learn of the timeout from the notice name
+// the same ranks as the one that gave up (little-endian):
+//
+//	offset size            field
+//	9      8               waited: how long the operation had run, ns (>= 0)
+//	17     4               nSilent
+//	21     4               nBusy
+//	25     4*nSilent       the silent ranks, strictly ascending
+//	...    4*nBusy         the busy ranks, strictly ascending
+//
+// The lists are disjoint, hold ranks of the world other than the origin,
+// and together at most worldSize-1 of them; MaxAbortSize bounds the payload.
+const abortVerdictFixed = 8 + 4 + 4
+
+// MaxAbortSize is the largest KindAbort payload a world of worldSize ranks
+// can carry, in bytes (a verdict naming every other rank).
+func MaxAbortSize(worldSize int) int {
+	return AbortSize + abortVerdictFixed + 4*max(worldSize-1, 0)
+}
+
 // Abort is the payload of a KindAbort frame: which rank sent it, which rank it
-// blames (-1 for none) and why.
+// blames (-1 for none) and why, and for a timeout optionally the origin's
+// verdict on its peers (Verdict true: Waited, Silent, Busy are set).
 type Abort struct {
 	Origin int32
 	Blamed int32
 	Reason uint8
+
+	Verdict bool
+	Waited  int64 // ns the operation had run on Origin
+	Silent  []int // ascending
+	Busy    []int // ascending
 }
 
-// Put writes a into b[:AbortSize].
+// Size is the encoded size of a in bytes.
+func (a *Abort) Size() int {
+	if !a.Verdict {
+		return AbortSize
+	}
+	return AbortSize + abortVerdictFixed + 4*(len(a.Silent)+len(a.Busy))
+}
+
+// Put writes the fixed part of a into b[:AbortSize] (use AppendAbort for
+// an Abort with a verdict).
 func (a *Abort) Put(b []byte) {
 	_ = b[AbortSize-1]
 	binary.LittleEndian.PutUint32(b[0:], uint32(a.Origin))
@@ -168,10 +205,34 @@ func (a *Abort) Put(b []byte) {
 	b[8] = a.Reason
 }
 
-// ParseAbort decodes an abort payload; ranks are checked against worldSize.
+// AppendAbort appends the encoded payload of a (Size bytes) to dst.
+func AppendAbort(dst []byte, a *Abort) []byte {
+	var fixed [AbortSize]byte
+	a.Put(fixed[:])
+	dst = append(dst, fixed[:]...)
+	if !a.Verdict {
+		return dst
+	}
+	dst = binary.LittleEndian.AppendUint64(dst, uint64(a.Waited))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(a.Silent)))
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(a.Busy)))
+	for _, r := range a.Silent {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(r))
+	}
+	for _, r := range a.Busy {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(r))
+	}
+	return dst
+}
+
+// ParseAbort decodes an abort payload (with or without a verdict); ranks
+// are checked against worldSize. Any inconsistency (a length that does not
+// match the counts, a count over the world, a rank outside it, a list out
+// of order or overlapping the other, a verdict on another reason than
+// ReasonTimeout) gives an error wrapping ErrMalformed.
 func ParseAbort(b []byte, worldSize int) (Abort, error) {
-	if len(b) != AbortSize {
-		return Abort{}, fmt.Errorf("%w: abort payload of %d bytes, want %d", ErrMalformed, len(b), AbortSize)
+	if len(b) != AbortSize && len(b) < AbortSize+abortVerdictFixed {
+		return Abort{}, fmt.Errorf("%w: abort payload of %d bytes, want %d or at least %d", ErrMalformed, len(b), AbortSize, AbortSize+abortVerdictFixed)
 	}
 	a := Abort{
 		Origin: int32(binary.LittleEndian.Uint32(b[0:])),
@@ -183,6 +244,57 @@ func ParseAbort(b []byte, worldSize int) (Abort, error) {
 	}
 	if a.Reason == 0 || a.Reason > maxReason {
 		return Abort{}, fmt.Errorf("%w: unknown abort reason %d", ErrMalformed, a.Reason)
+	}
+	if len(b) == AbortSize {
+		return a, nil
+	}
+	if a.Reason != ReasonTimeout {
+		return Abort{}, fmt.Errorf("%w: abort of reason %d carries a verdict", ErrMalformed, a.Reason)
+	}
+	v := b[AbortSize:]
+	a.Verdict = true
+	a.Waited = int64(binary.LittleEndian.Uint64(v[0:]))
+	nS := uint64(binary.LittleEndian.Uint32(v[8:]))
+	nB := uint64(binary.LittleEndian.Uint32(v[12:]))
+	if a.Waited < 0 {
+		return Abort{}, fmt.Errorf("%w: abort verdict waited %d ns", ErrMalformed, a.Waited)
+	}
+	if nS+nB > uint64(max(worldSize-1, 0)) {
+		return Abort{}, fmt.Errorf("%w: abort verdict names %d+%d ranks in a world of %d", ErrMalformed, nS, nB, worldSize)
+	}
+	if uint64(len(v)) != abortVerdictFixed+4*(nS+nB) {
+		return Abort{}, fmt.Errorf("%w: abort verdict of %d bytes for %d+%d ranks", ErrMalformed, len(v), nS, nB)
+	}
+	list := func(at, n int) ([]int, error) {
+		if n == 0 {
+			return nil, nil
+		}
+		out := make([]int, n)
+		for i := range out {
+			r := binary.LittleEndian.Uint32(v[at+4*i:])
+			if uint64(r) >= uint64(worldSize) || int32(r) == a.Origin || (i > 0 && int(r) <= out[i-1]) {
+				return nil, fmt.Errorf("%w: abort verdict rank %d (at %d) outside the world of %d, the origin or out of order", ErrMalformed, r, i, worldSize)
+			}
+			out[i] = int(r)
+		}
+		return out, nil
+	}
+	var err error
+	if a.Silent, err = list(abortVerdictFixed, int(nS)); err != nil {
+		return Abort{}, err
+	}
+	if a.Busy, err = list(abortVerdictFixed+4*int(nS), int(nB)); err != nil {
+		return Abort{}, err
+	}
+	for i, j := 0, 0; i < len(a.Silent) && j < len(a.Busy); {
+		switch {
+		case a.Silent[i] == a.Busy[j]:
+			return Abort{}, fmt.Errorf("%w: abort verdict names rank %d both silent and busy", ErrMalformed, a.Silent[i])
+		case a.Silent[i] < a.Busy[j]:
+			i++
+		default:
+			j++
+		}
 	}
 	return a, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"testing"
 )
 
@@ -99,6 +100,79 @@ func FuzzReadMsg(f *testing.F) {
 		}
 		if a, err := ParseAbort(b, 4); err == nil && (a.Origin < 0 || a.Origin >= 4 || a.Blamed < -1 || a.Blamed >= 4) {
 			t.Fatalf("accepted abort %+v", a)
+		}
+	})
+}
+
+// TestAbortVerdictRoundTrip: a timeout's verdict survives the wire, the
+// plain 9-byte form still decodes, and malformed verdicts are refused.
+func TestAbortVerdictRoundTrip(t *testing.T) {
+	a := Abort{Origin: 0, Blamed: 2, Reason: ReasonTimeout, Verdict: true, Waited: 1500e6, Silent: []int{2, 3}, Busy: []int{1}}
+	b := AppendAbort(nil, &a)
+	if len(b) != a.Size() || len(b) > MaxAbortSize(5) {
+		t.Fatalf("encoded %d bytes, Size %d, max %d", len(b), a.Size(), MaxAbortSize(5))
+	}
+	got, err := ParseAbort(b, 5)
+	if err != nil || got.Origin != 0 || got.Blamed != 2 || !got.Verdict || got.Waited != a.Waited ||
+		!slices.Equal(got.Silent, a.Silent) || !slices.Equal(got.Busy, a.Busy) {
+		t.Fatalf("got %+v %v, want %+v", got, err, a)
+	}
+	plain := Abort{Origin: 1, Blamed: -1, Reason: ReasonTimeout}
+	if got, err := ParseAbort(AppendAbort(nil, &plain), 5); err != nil || got.Verdict || got.Origin != 1 || got.Blamed != -1 {
+		t.Fatalf("plain abort: got %+v %v", got, err)
+	}
+	for name, bad := range map[string]Abort{
+		"rank outside the world": {Reason: ReasonTimeout, Verdict: true, Silent: []int{5}},
+		"the origin named":       {Reason: ReasonTimeout, Verdict: true, Busy: []int{0}},
+		"out of order":           {Reason: ReasonTimeout, Verdict: true, Silent: []int{3, 2}},
+		"both lists":             {Reason: ReasonTimeout, Verdict: true, Silent: []int{2}, Busy: []int{2}},
+		"too many":               {Reason: ReasonTimeout, Verdict: true, Silent: []int{1, 2, 3, 4, 4}},
+		"negative wait":          {Reason: ReasonTimeout, Verdict: true, Waited: -1},
+		"verdict on a cancel":    {Reason: ReasonCanceled, Verdict: true},
+	} {
+		if _, err := ParseAbort(AppendAbort(nil, &bad), 5); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+	if _, err := ParseAbort(b[:len(b)-1], 5); !errors.Is(err, ErrMalformed) {
+		t.Errorf("truncated verdict: %v, want ErrMalformed", err)
+	}
+}
+
+// FuzzParseAbort: the abort decoder never panics, accepts only ranks of the
+// world (ascending, disjoint lists, at most worldSize-1 of them), never more
+// than MaxAbortSize bytes, and what it accepts re-encodes to the same bytes.
+func FuzzParseAbort(f *testing.F) {
+	f.Add(AppendAbort(nil, &Abort{Origin: 1, Blamed: 0, Reason: ReasonProtocol}), uint8(4))
+	f.Add(AppendAbort(nil, &Abort{Origin: 0, Blamed: 2, Reason: ReasonTimeout, Verdict: true, Waited: 7, Silent: []int{2}, Busy: []int{1, 3}}), uint8(4))
+	f.Add(AppendAbort(nil, &Abort{Origin: 0, Blamed: -1, Reason: ReasonTimeout, Verdict: true}), uint8(1))
+	f.Add([]byte{0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0}, uint8(3))
+	f.Fuzz(func(t *testing.T, b []byte, size uint8) {
+		n := int(size)
+		a, err := ParseAbort(b, n)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if len(b) > MaxAbortSize(n) {
+			t.Fatalf("accepted %d bytes, over MaxAbortSize(%d) = %d", len(b), n, MaxAbortSize(n))
+		}
+		if len(a.Silent)+len(a.Busy) > n-1 {
+			t.Fatalf("accepted %d+%d ranks in a world of %d", len(a.Silent), len(a.Busy), n)
+		}
+		seen := make(map[int]bool)
+		for _, l := range [][]int{a.Silent, a.Busy} {
+			for i, r := range l {
+				if r < 0 || r >= n || r == int(a.Origin) || seen[r] || (i > 0 && r <= l[i-1]) {
+					t.Fatalf("accepted verdict %+v in a world of %d", a, n)
+				}
+				seen[r] = true
+			}
+		}
+		if !bytes.Equal(AppendAbort(nil, &a), b) {
+			t.Fatalf("re-encoding of %+v differs", a)
 		}
 	})
 }
