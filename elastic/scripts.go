@@ -70,6 +70,19 @@ local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local C = {changed = false, reopen = false, closed = false, opened = false}
+
+-- The job's time (core.go, tick): leases and the last-call deadline run on
+-- VNOW = NOW - credit; a gap between two calls of the job longer than
+-- LeaseTTL/2 is credited beyond that, up to LeaseTTL per gap. last and
+-- credit live in the meta hash.
+local VNOW = NOW
+local function tick(last, credit)
+  last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
+  local thr = math.floor(P.lease / 2)
+  if last and NOW - last > thr then credit = credit + math.min(NOW - last - thr, P.lease) end
+  redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
+  VNOW = NOW - credit
+end
 `
 
 const luaBody = `
@@ -135,7 +148,7 @@ local function settle(st)
 end
 
 local function sweep(st)
-  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW)
+  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW)
   table.sort(expired)
   for _, id in ipairs(expired) do evict(st, id) end
   settle(st)
@@ -149,8 +162,8 @@ local function try_close(st)
   if st.reform and redis.call('SCARD', K_BACK) > 0 and n >= P.min then close = true
   elseif n >= P.max then close = true
   elseif n >= P.min then
-    if st.dl == 0 then st.dl = NOW + P.lastcall end
-    close = NOW >= st.dl
+    if st.dl == 0 then st.dl = VNOW + P.lastcall end
+    close = VNOW >= st.dl
   else st.dl = 0 end
   if not close then return end
   local a = redis.call('SMEMBERS', K_ARRIVED)
@@ -241,7 +254,7 @@ local function view(st, code)
   if st.open then
     if is(K_ARRIVED, ID) then r[6] = ROLE_ARRIVED
     elseif is(K_EXPECTED, ID) then r[6] = ROLE_EXPECTED end
-    if st.dl > 0 then r[10] = math.max(0, st.dl - NOW) end
+    if st.dl > 0 then r[10] = math.max(0, st.dl - VNOW) end
     r[9] = redis.call('SCARD', K_ARRIVED) -- the pending slot carries the arrivals while open
     return r
   end
@@ -261,9 +274,11 @@ local function member_pre(st)
   if not st then return LOST end
   if st.fin then return FINISHED end
   if st.inc ~= INC then return LOST end
+  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  tick(m[1], m[2])
   sweep(st)
   if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return FENCED end
-  redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+  redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
   return OK
 end
 `
@@ -291,8 +306,15 @@ if not st then
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
     fin = false, dl = 0, seq = 0, ver = 0, size = 0}
   C.changed = true
+  st.fresh = true
 end
 if st.fin then return view(st, FINISHED) end
+if st.fresh then
+  redis.call('HSET', K_META, 'last', NOW, 'credit', 0)
+else
+  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  tick(m[1], m[2])
+end
 sweep(st)
 local known = redis.call('HEXISTS', K_MEMBERS, ID) == 1
 if INC ~= '' and INC == st.inc and not known then
@@ -312,7 +334,7 @@ if not known then
   redis.call('HSET', K_ORD, ID, order)
   if SINCE > 0 and SINCE <= HINT then redis.call('HSET', K_SINCE, ID, SINCE) end
 end
-redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
 if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
   if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st) end
@@ -321,7 +343,7 @@ if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
     for _, p in ipairs(PEERS) do all[#all + 1] = p end
     for _, p in ipairs(all) do
       if not is(K_ARRIVED, p) and not is(K_EXPECTED, p) then
-        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, NOW + P.lease, p) end
+        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, VNOW + P.lease, p) end
         redis.call('SADD', K_EXPECTED, p)
       end
     end
@@ -399,13 +421,14 @@ return view(st, code)
 // HMGET, one ZRANGEBYSCORE, one HEXISTS, one ZADD); the transitions
 // (luaBody) are built only when an expired lease must be swept.
 const luaHeartbeat = luaHead + `
-local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin')
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit')
 local inc = m[1]
 if not inc then return {LOST, '', 0} end
 local ver = tonumber(m[2] or '0') or 0
 if m[3] == '1' then return {FINISHED, inc, ver} end
 if inc ~= INC then return {LOST, inc, ver} end
-local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW, 'LIMIT', 0, 1)
+tick(m[4], m[5])
+local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1)
 if #expired > 0 then
   local lost = false
   ver, lost = (function()
@@ -423,6 +446,6 @@ if redis.call('PTTL', K_META) < P.ttl / 2 then
   for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], P.ttl) end
 end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
-redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 return {OK, inc, ver, NOW}
 `
