@@ -533,16 +533,15 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
-		if slow := max(a.cfg.PollInterval, 4*a.cfg.LeaseTTL); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+		if slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
 			// Arrived in a round that waits for more members: apart from
 			// its last-call deadline (Wait), nothing changes for us until
 			// the job's version does (a close, an eviction, a new round),
-			// and the Pub/Sub hint and the heartbeat's version poll (every
-			// HeartbeatInterval) both wake this loop when it does.
-			// Re-reading the store on a timer too would cost the store n
-			// calls per interval while n members gather (O(n^2) over a
-			// gathering that lasts O(n)); a slow re-read remains as a
-			// safety net.
+			// and the Pub/Sub hint and the heartbeat's version poll both
+			// wake this loop when it does. Re-reading the store every
+			// PollInterval too would cost the store n calls per
+			// PollInterval while n members gather; a slow re-read remains
+			// as a safety net.
 			wait = slow
 			if v.Wait > 0 && v.Wait < slow {
 				wait = v.Wait + time.Millisecond
@@ -839,19 +838,6 @@ func (a *Agent) run(w Watcher) {
 func (a *Agent) onHint(h Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
-	if !joining && h.Open && h.Incarnation == inc && a.err == nil && a.hasWorld && h.Round > a.world.Round &&
-		h.Version > a.view.Version && a.view.Incarnation == inc {
-		// Our round is superseded: a round opened after it. That is all a
-		// refresh would tell us (we are expected in it, or were evicted,
-		// which the next call tells), so take it from the hint: n members
-		// of a round then cost the store no call each when it re-forms.
-		a.view.Version, a.view.Round, a.view.Open = h.Version, h.Round, true
-		a.view.Role, a.view.Rank, a.view.Size, a.view.Members = RoleExpected, -1, 0, nil
-		a.viewAt = time.Now()
-		a.updatePendingLocked()
-		a.mu.Unlock()
-		return
-	}
 	a.mu.Unlock()
 	if joining {
 		a.wakeJoin(h)

@@ -41,30 +41,6 @@ type coreJob struct {
 	st      *coreState
 	members map[string]string
 	leases  map[string]int64
-	last    int64 // store time (ms) of the job's last call (see tick)
-	credit  int64 // silence credit (ms): job time = store time - credit
-}
-
-// silenceGap is the longest gap (ms) between two calls of the job that is
-// not silence: LeaseTTL/2, the longest HeartbeatInterval the configuration
-// allows, so a job with one live member never gaps beyond it.
-func silenceGap(p Params) int64 { return ms(p.LeaseTTL) / 2 }
-
-// tick records a call that reached the job at store time now and returns
-// the job's time, on which leases and the last-call deadline run. A gap
-// since the previous call longer than silenceGap, in which no member of the
-// job reached the store (a machine too starved to run any of them), is
-// credited beyond silenceGap, up to LeaseTTL per gap: through such a gap the
-// job's time advances by at most silenceGap (LeaseTTL/2), which a member
-// that renewed within its HeartbeatInterval before the gap survives. A
-// member silent while others call gains nothing; a job-wide silence longer
-// than silenceGap + LeaseTTL still lets every lease lapse.
-func (j *coreJob) tick(now int64, p Params) int64 {
-	if gap := now - j.last; gap > silenceGap(p) {
-		j.credit += min(gap-silenceGap(p), ms(p.LeaseTTL))
-	}
-	j.last = now
-	return now - j.credit
 }
 
 // opCtx collects the effects of one transition.
@@ -72,15 +48,13 @@ type opCtx struct {
 	changed bool // a visible change: bump Version and publish
 	reopen  bool // a ranked member of the closed round was evicted
 	closed  bool // the forming round closed
-	opened  bool // a round opened after a closed one
 }
 
 // rawView is a View before member records are parsed.
 type rawView struct {
 	View
 	records []string
-	members []Member // the records already parsed (shared, see parseRoster); used instead of records
-	omitted bool     // ranked in the round the caller holds: records left out
+	omitted bool // ranked in the round the caller holds: records left out
 }
 
 func ms(d time.Duration) int64 { return int64(d / time.Millisecond) }
@@ -130,7 +104,7 @@ func (j *coreJob) openNext(c *opCtx) {
 	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
-	c.changed, c.opened = true, true
+	c.changed = true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
@@ -248,23 +222,32 @@ func (j *coreJob) save(c *opCtx) {
 	}
 }
 
-// hint is what a visible change publishes. When the change closed a round
-// it names the round and carries its members (the Redis watcher reads them
-// from the roster key; the in-memory store has them at hand).
+// hintRosterMax bounds the roster a hint carries (bytes, about 600 members).
+// A larger round's close is announced by its version alone: every member
+// then reads the roster once with a Check, instead of receiving it twice
+// (a hint to every subscriber, and the Check that a member whose heartbeat
+// saw the new version first makes anyway), and the small hint reaches
+// thousands of subscribers fast.
+const hintRosterMax = 64 << 10
+
+// hint is what a visible change publishes.
 func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
 	if c.closed && !j.st.Open {
+		h.Round, h.Incarnation = j.st.Round, j.st.Inc
 		recs := make([]string, len(j.st.Ranked))
 		for i, id := range j.st.Ranked {
 			recs[i] = j.members[id]
 		}
-		ms, err := parseRoster(strings.Join(recs, "\n"))
-		if err != nil || len(ms) == 0 {
-			return h
+		roster := strings.Join(recs, "\n")
+		if len(roster) > hintRosterMax {
+			return Hint{Version: j.st.Ver}
 		}
-		h.Round, h.Incarnation, h.Members = j.st.Round, j.st.Inc, ms
-	} else if c.opened && j.st.Open {
-		h.Round, h.Incarnation, h.Open = j.st.Round, j.st.Inc, true
+		ms, err := parseRoster(roster)
+		if err != nil || len(ms) == 0 {
+			return Hint{Version: j.st.Ver}
+		}
+		h.Members = ms
 	}
 	return h
 }
@@ -328,8 +311,7 @@ func (j *coreJob) precheck(inc string) (Code, bool) {
 func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	p, id := r.Params, r.Member.ID
 	var c opCtx
-	fresh := j.st == nil
-	if fresh {
+	if j.st == nil {
 		j.st = newCoreState(r.NewIncarnation, r.RoundHint)
 		j.members, j.leases = map[string]string{}, map[string]int64{}
 		c.changed = true
@@ -337,11 +319,6 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	st := j.st
 	if st.Fin {
 		return j.view(id, CodeFinished, now, p, 0), opCtx{}
-	}
-	if fresh {
-		j.last, j.credit = now, 0
-	} else {
-		now = j.tick(now, p)
 	}
 	j.sweep(now, &c)
 	_, known := j.members[id]
@@ -408,23 +385,21 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 
 // member runs the common prologue of the calls by a registered member:
 // precheck, sweep, fencing check, lease renewal.
-// It returns the job's time (see tick), or now when the precheck failed.
-func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, int64, bool) {
+func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, bool) {
 	if code, ok := j.precheck(r.Incarnation); !ok {
-		return code, now, false
+		return code, false
 	}
-	now = j.tick(now, r.Params)
 	j.sweep(now, c)
 	if _, known := j.members[r.MemberID]; !known {
-		return CodeFenced, now, false
+		return CodeFenced, false
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
-	return CodeOK, now, true
+	return CodeOK, true
 }
 
 func (j *coreJob) check(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, now, ok := j.member(r, now, &c)
+	code, ok := j.member(r, now, &c)
 	if ok {
 		j.tryClose(now, r.Params, &c)
 	}
@@ -443,8 +418,6 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 		return b, opCtx{}
 	}
 	var c opCtx
-	stamp := now
-	now = j.tick(now, r.Params)
 	for _, exp := range j.leases {
 		if exp <= now {
 			j.sweep(now, &c)
@@ -458,13 +431,13 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 		return b, c
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
-	b.StoreTime = stamp // the store's clock, not the job's: the Agent maps it to its own
+	b.StoreTime = now
 	return b, c
 }
 
 func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, now, ok := j.member(r.MemberRequest, now, &c)
+	code, ok := j.member(r.MemberRequest, now, &c)
 	if ok {
 		st := j.st
 		switch {
@@ -484,7 +457,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 
 func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, now, ok := j.member(r, now, &c)
+	code, ok := j.member(r, now, &c)
 	if ok {
 		j.evict(r.MemberID, &c)
 		j.settle(&c)
@@ -498,7 +471,7 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 
 func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, now, ok := j.member(r, now, &c)
+	code, ok := j.member(r, now, &c)
 	if ok {
 		j.st.Fin = true
 		c.changed = true
@@ -513,13 +486,6 @@ func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 func (v rawView) toView() (View, error) {
 	out := v.View
 	if v.Role != RoleRanked || (v.omitted && len(v.records) == 0 && v.Rank >= 0 && v.Rank < v.Size) {
-		return out, nil
-	}
-	if v.members != nil {
-		if len(v.members) != v.Size || v.Rank < 0 || v.Rank >= v.Size {
-			return View{}, fmt.Errorf("%w: %d members for size %d, rank %d", ErrBadState, len(v.members), v.Size, v.Rank)
-		}
-		out.Members = v.members
 		return out, nil
 	}
 	if len(v.records) != v.Size || v.Rank < 0 || v.Rank >= v.Size {

@@ -57,24 +57,6 @@
 // Lease expiry follows the store's clock (Redis TIME), so the members' clocks
 // need not agree.
 //
-// Silence credit: leases run on the job's time, the store's clock minus a
-// credit for stretches in which no member of the job reached the store (a
-// machine so loaded that it ran none of the job's processes for a second).
-// The store keeps, per job, the time of its last call and the credit (O(1)
-// per call: two fields of the meta hash). A call that comes more than
-// LeaseTTL/2 after the job's previous one (LeaseTTL/2 is the longest
-// HeartbeatInterval allowed, so a job with one live member never gaps
-// longer) adds the excess to the credit, at most LeaseTTL per gap. Through
-// a job-wide gap of g the job's time thus advances by g up to LeaseTTL/2,
-// by LeaseTTL/2 up to 1.5 x LeaseTTL, and by g - LeaseTTL beyond: a member
-// that renewed within its HeartbeatInterval before the gap survives one of
-// up to 1.5 x LeaseTTL, and a gap longer than 2 x LeaseTTL (a job-wide
-// stall, a partition of every member from the store) still fences everyone.
-// A member silent while others call earns nothing: its lease lapses
-// LeaseTTL after its last renewal, as before. Beat.StoreTime stays the
-// store's clock, so the Agent's own view of its lease (ChangePending) is
-// earlier than the store's, never later.
-//
 // An evicted member is fenced: its record is gone, every later call answers
 // ErrFenced (the member must come back as a new Member with a new Agent),
 // and it can never act under its old rank. A member that was paused (SIGSTOP)
@@ -103,14 +85,8 @@
 // call costs O(1) Redis commands whatever the job's size (O(log n) for the
 // leases' sorted set): a join, a heartbeat, a poll and a lease sweep touch
 // only what they change; only the close of a round and the opening of the
-// next are O(n), once per round. Replies and hints are O(1) bytes: the
-// roster (every member's record, in rank order) is written once when a
-// round closes, to one key headed by its incarnation and round, and a
-// member that needs it reads it with a plain GET; Agents of one process
-// read it once per round between them and share the parsed slice
-// (World.Members is read-only). A member that holds a round's World is not
-// sent its roster again. A close hint names the round and a reopen hint the
-// new round, so members learn of both without a store call. On a Cluster the
+// next are O(n), once per round. A member that holds a round's World is not
+// sent its roster again. On a Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
 // rendezvous on a three-master cluster). NewMemoryStore has the
@@ -143,9 +119,8 @@
 // job re-forms. A key that holds another Redis type than the rendezvous
 // uses (Redis answers WRONGTYPE: something else wrote it) never heals by
 // itself: the Agent fails at once with ErrWrongType (which wraps
-// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
-// forgiven as a job-wide silence, see above) while Redis keeps its data (a
-// network partition) lets every lease lapse on Redis' clock: the members are then
+// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than LeaseTTL while Redis keeps its data (a network
+// partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew
 // its lease cannot be told apart from a paused one; the trainer rejoins with
 // new Members and a fresh round forms.
@@ -178,17 +153,13 @@
 // a few milliseconds from a SIGKILL to the survivors' next World through a
 // failure report, and LeaseTTL plus a few milliseconds through lease expiry.
 // With 1024 members (goroutines of the bench process, sharing the two cores
-// with Redis and other work, load 1.5-2.0) every member holds its World
-// 60-120 ms after the last arrival (the first after about 55 ms), for
-// 0.35-0.53 s of Redis CPU for the whole formation; Redis CPU per formation
-// grows 4.2-5.8x from 256 to 1024 members (4x is linear). Losing one member
-// of 1024 costs 0.57 s to the survivors' next World through a failure
-// report (60 ms at 256) and LeaseTTL plus about 0.5 s through lease expiry.
-// A heartbeat is one EVALSHA of a few commands, 30-50 us of
-// Redis CPU a call on this loaded machine (mostly the EVALSHA round trip
-// itself); a held round of 256 costs 3.5 % of a core. 4096 members did not
-// form on this machine in this release's measurements (load 3-6): leases
-// lapsed while the bench process started them, see issue 16.
+// with Redis) the first member holds its World about 10 ms after the last
+// arrival and all of them within 0.35-0.75 s, for 0.36 s of Redis CPU in
+// all; 4096 form too (first World 32 ms after the last arrival, all in 20 s,
+// 5.5 s of Redis CPU). A heartbeat and a Check cost 20-50 us of Redis CPU at
+// 64 and at 1024 members alike (BenchmarkRedisCallCost); what still grows
+// with n^2 is the bytes, as every member reads the whole roster (n records)
+// once per round.
 //
 // # References
 //

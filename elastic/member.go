@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -102,9 +103,9 @@ func parseRecord(s string) (Member, error) {
 // line) parsed in this process. Every member of a round receives the same
 // roster; when many members are goroutines of one process (tests, the
 // rendezvous bench, single-host jobs) it is parsed once instead of once per
-// member, and they share the one slice (a copy each would be n^2 Members at
-// thousands of members). The lock is held while parsing, so members that
-// receive a new roster together wait for one parse instead of each doing it.
+// member, which at a thousand members is a million JSON decodes. The lock is
+// held while parsing, so members that receive a new roster together wait for
+// one parse instead of each doing it.
 var rosterCache struct {
 	mu      sync.Mutex
 	roster  string
@@ -112,9 +113,8 @@ var rosterCache struct {
 }
 
 // parseRoster parses a roster: records joined by "\n" (JSON of Member never
-// holds a raw newline). The slice is shared with every other caller that
-// parsed the same roster (World.Members is read-only), or ErrBadState if a
-// record is malformed.
+// holds a raw newline). It returns a copy the caller owns (Endpoints maps
+// included), or ErrBadState if a record is malformed.
 func parseRoster(roster string) ([]Member, error) {
 	rosterCache.mu.Lock()
 	defer rosterCache.mu.Unlock()
@@ -128,17 +128,19 @@ func parseRoster(roster string) ([]Member, error) {
 			}
 			ms[i] = m
 		}
-		rosterCache.roster, rosterCache.members = roster, slices.Clip(ms)
+		rosterCache.roster, rosterCache.members = roster, ms
 	}
-	return rosterCache.members, nil
+	out := slices.Clone(rosterCache.members)
+	for i := range out {
+		out[i].Endpoints = maps.Clone(out[i].Endpoints)
+	}
+	return out, nil
 }
 
 // World is one member's view of a closed round: the job, the round number
 // (only ever grows within a job), this member's rank, the world size, and all
 // members in rank order (len(Members) == Size, Members[Rank] is this member).
-// A World is a plain value, safe to copy and share. Members (with its
-// Endpoints maps) is shared with the other Agents of this process that hold
-// the same round: read it, never modify it (copy it first).
+// A World is a plain value, safe to copy and share.
 type World struct {
 	JobID   string
 	Round   uint64

@@ -110,22 +110,8 @@ func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
 	if !hadPrev || prev.Round == w.Round {
 		return
 	}
-	// Survivors keep their relative order in the next round (seniority),
-	// so one walk over both rosters finds them: O(n) for a member, not
-	// O(n^2) (a million comparisons per member at a thousand). A member
-	// not at the walk's position is looked up in the rest of the roster
-	// (a newcomer ranked between survivors moves the walk past it).
-	j := 0
 	for rank, m := range prev.Members {
-		if j < len(w.Members) && w.Members[j].ID == m.ID {
-			j++
-			continue
-		}
-		if k := slices.IndexFunc(w.Members[j:], func(n Member) bool { return n.ID == m.ID }); k >= 0 {
-			j += k + 1
-			continue
-		}
-		if m.ID == a.self.ID || slices.ContainsFunc(w.Members[:j], func(n Member) bool { return n.ID == m.ID }) {
+		if m.ID == a.self.ID || slices.ContainsFunc(w.Members, func(n Member) bool { return n.ID == m.ID }) {
 			continue
 		}
 		a.log.Warn("a member of the last round is gone (evicted: crashed, hung, left, or reported)",

@@ -7,7 +7,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -59,7 +58,7 @@ func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
 	}
 }
 
-func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID, memberID string, p Params, have uint64, args []any) (View, error) {
+func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, have uint64, args []any) (View, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
@@ -67,42 +66,14 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 	if err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
 	}
-	return s.finishView(ctx, op, jobID, memberID, p, have, res)
-}
-
-// finishView decodes a view reply and, for a member ranked in a round whose
-// World it does not hold, adds the round's roster (see roster).
-func (s *RedisStore) finishView(ctx context.Context, op, jobID, memberID string, p Params, have uint64, res []any) (View, error) {
-	for attempt := 0; ; attempt++ {
-		rv, err := parseView(res)
-		if err != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
-		}
-		if rv.Code != CodeOK || rv.Role != RoleRanked || rv.Open || len(rv.records) > 0 {
-			return wrapView(rv, op, jobID)
-		}
-		if have != 0 && rv.Round == have {
-			// Ranked in the round the caller holds: no roster needed.
-			rv.omitted = true
-			return wrapView(rv, op, jobID)
-		}
-		ms, err := s.roster(ctx, jobID, rv.Incarnation, rv.Round, rv.Size, rv.Rank, memberID)
-		if errors.Is(err, errRosterGone) && attempt < 3 {
-			// The next round opened between the script and the GET: the
-			// view is stale. Read the caller's view again (a Check: it
-			// changes nothing that the call did not already change).
-			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
-			if err != nil {
-				return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
-			}
-			continue
-		}
-		if err != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
-		}
-		rv.members = ms
-		return wrapView(rv, op, jobID)
+	rv, err := parseView(res)
+	if err != nil {
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
+	// The scripts leave the roster out of a view ranked in the round the
+	// caller said it holds; anywhere else a missing roster is an error.
+	rv.omitted = have != 0 && rv.Round == have && rv.Role == RoleRanked && len(rv.records) == 0
+	return wrapView(rv, op, jobID)
 }
 
 // Join implements Store.
@@ -115,56 +86,32 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if r.Arrive {
 		arrive = 1
 	}
-	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10), len(r.Peers))
-	if len(r.Peers) > 0 {
-		// First without the peers (see luaJoin): the script asks for them
-		// only when the caller's incarnation is gone.
-		if err := ValidateJobID(r.JobID); err != nil {
-			return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
-		}
-		res, err := scriptJoin.Run(ctx, s.c, jobKeys(r.JobID), args...).Slice()
-		if err != nil {
-			return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
-		}
-		if !needsPeers(res) {
-			return s.finishView(ctx, "join", r.JobID, r.Member.ID, r.Params, 0, res)
-		}
-		for _, p := range r.Peers {
-			args = append(args, p)
-		}
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10))
+	for _, p := range r.Peers {
+		args = append(args, p)
 	}
-	return s.runView(ctx, "join", scriptJoin, r.JobID, r.Member.ID, r.Params, 0, args)
-}
-
-// needsPeers reports whether a join reply is the script's request for the
-// caller's peers ({-1}).
-func needsPeers(res []any) bool {
-	if len(res) != 1 {
-		return false
-	}
-	n, err := replyInt(res[0])
-	return err == nil && n == -1
+	return s.runView(ctx, "join", scriptJoin, r.JobID, 0, args)
 }
 
 // Check implements Store.
 func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "check", scriptCheck, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "check", scriptCheck, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
 func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
 	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
-	return s.runView(ctx, "report", scriptReport, r.JobID, r.MemberID, r.Params, r.HaveRound, args)
+	return s.runView(ctx, "report", scriptReport, r.JobID, r.HaveRound, args)
 }
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Finish implements Store.
 func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
@@ -323,55 +270,28 @@ func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
 		_ = ps.Close()
 		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
 	}
-	wctx, cancel := context.WithCancel(context.Background())
-	w := &redisWatcher{s: s, jobID: jobID, ctx: wctx, cancel: cancel, ps: ps, c: make(chan Hint, 1), done: make(chan struct{})}
+	w := &redisWatcher{ps: ps, c: make(chan Hint, 1), done: make(chan struct{})}
 	msgs := ps.Channel()
 	go w.forward(msgs)
 	return w, nil
 }
 
 type redisWatcher struct {
-	s      *RedisStore
-	jobID  string
-	ctx    context.Context // cancelled by Close: ends a roster read in flight
-	cancel context.CancelFunc
-	ps     *redis.PubSub
-	c      chan Hint
-	done   chan struct{}
-	once   sync.Once
+	ps   *redis.PubSub
+	c    chan Hint
+	done chan struct{}
+	once sync.Once
 }
 
 func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
 	defer close(w.done)
 	for m := range msgs {
-		h := parseHint(m.Payload)
-		if h.Round > 0 && !h.Open && h.Members == nil {
-			// A round closed: read its roster (once per process and
-			// round, see roster), so a waiting member takes its World
-			// from the hint without a store call of its own.
-			ctx, cancel := context.WithTimeout(w.ctx, watchRosterTimeout)
-			ms, err := w.s.roster(ctx, w.jobID, h.Incarnation, h.Round, 0, -1, "")
-			cancel()
-			if err != nil {
-				h = Hint{Version: h.Version}
-			} else {
-				h.Members = ms
-			}
-		}
-		offer(w.c, h)
+		offer(w.c, parseHint(m.Payload))
 	}
 }
 
-// watchRosterTimeout bounds a watcher's read of a closed round's roster; a
-// hint whose roster could not be read is delivered as a plain version hint.
-const watchRosterTimeout = 2 * time.Second
-
-// parseHint decodes a change message (see scripts.go): "<ver>", or
-// "<ver>\n<round>\n<inc>" for a closed round (Members left to the watcher),
-// "<ver>\n<round>\n<inc>\nopen" for a round opened after a closed one,
-// or, from scripts of an older release, the same followed by the roster. A
-// malformed message still counts as a hint, with nothing known but that
-// something changed.
+// parseHint decodes a change message (see scripts.go). A malformed message
+// still counts as a hint, with nothing known but that something changed.
 func parseHint(payload string) Hint {
 	lines := strings.SplitN(payload, "\n", 4)
 	ver, err := strconv.ParseUint(lines[0], 10, 64)
@@ -379,25 +299,18 @@ func parseHint(payload string) Hint {
 		return Hint{}
 	}
 	h := Hint{Version: ver}
-	if len(lines) < 3 {
+	if len(lines) < 4 {
 		return h
 	}
 	round, err := strconv.ParseUint(lines[1], 10, 64)
-	if err != nil || round == 0 || lines[2] == "" {
+	if err != nil {
 		return h
 	}
-	if len(lines) == 4 && lines[3] == "open" {
-		h.Round, h.Incarnation, h.Open = round, lines[2], true
+	members, err := parseRoster(lines[3])
+	if err != nil {
 		return h
 	}
-	if len(lines) == 4 {
-		members, err := parseRoster(lines[3])
-		if err != nil {
-			return h
-		}
-		h.Members = members
-	}
-	h.Round, h.Incarnation = round, lines[2]
+	h.Round, h.Incarnation, h.Members = round, lines[2], members
 	return h
 }
 
@@ -406,7 +319,6 @@ func (w *redisWatcher) C() <-chan Hint { return w.c }
 func (w *redisWatcher) Close() error {
 	var err error
 	w.once.Do(func() {
-		w.cancel()
 		err = w.ps.Close()
 		<-w.done
 	})

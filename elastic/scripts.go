@@ -25,12 +25,8 @@ package elastic
 //	9 back      set: forming round, survivors that arrived
 //	10 pending  set: closed round, waiting joiners
 //	11 rank     hash: closed round, member ID -> rank (0-based)
-//	12 roster   string: closed round, "<inc> <round>" on the first line,
-//	            then the member records in rank order, one per line (JSON
-//	            never contains a raw newline). Written once when the round
-//	            closes; members read it with a plain GET (RedisStore.roster),
-//	            never through a script, and a process reads it once per
-//	            round whatever number of its members need it.
+//	12 roster   string: closed round, the member records in rank order,
+//	            one per line (JSON never contains a raw newline)
 //
 // ARGV (all scripts): 1 Pub/Sub channel, 2 MinWorkers, 3 MaxWorkers,
 // 4 LastCall ms, 5 LeaseTTL ms, 6 StateTTL ms, 7 caller member ID,
@@ -39,23 +35,18 @@ package elastic
 // arguments.
 //
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
-// wait_ms, order, since} (pending is the count of arrived members while
-// open; a view carries no records: a ranked member that lacks the round's
-// roster reads the roster key); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
+// wait_ms, order, since[, roster]} (pending is the count of arrived members
+// while open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
 // ver, now_ms} (the store's clock; Beat.StoreTime).
 //
 // Pub/Sub message on a visible change: "<ver>", or, when the change closed a
-// round, "<ver>\n<round>\n<inc>", and when it opened one after a closed
-// round, "<ver>\n<round>\n<inc>\nopen"; for a close the Watcher reads the roster key
-// (once per process and round) and hands the members on with the hint. A
-// hint is a few bytes whatever the round's size, so publishing to n
-// subscribers costs O(n), not O(n^2).
+// round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
+// roster is at most hintRosterMax bytes (see core.go).
 
-// luaHead is what every script needs: the keys, the arguments and the
-// store's clock. luaBody defines the transitions; building its closures
-// costs more Redis CPU than a heartbeat's own work (about 20 us a call on
-// this 2-core machine), so the heartbeat runs it only when it must sweep.
-const luaHead = `
+// hintRosterMaxLua is hintRosterMax spelled for the scripts.
+const hintRosterMaxLua = "65536"
+
+const luaPrelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local K_STATE, K_META, K_MEMBERS, K_LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
@@ -65,27 +56,12 @@ local P = {min = tonumber(ARGV[2]), max = tonumber(ARGV[3]), lastcall = tonumber
   lease = tonumber(ARGV[5]), ttl = tonumber(ARGV[6])}
 local ID, INC, HAVE = ARGV[7], ARGV[8], tonumber(ARGV[9]) or 0
 local OK, FENCED, LOST, FINISHED = 0, 1, 2, 3
+local HINT_ROSTER_MAX = ` + hintRosterMaxLua + `
 local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 2, 3, 4
 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local C = {changed = false, reopen = false, closed = false, opened = false}
-
--- The job's time (core.go, tick): leases and the last-call deadline run on
--- VNOW = NOW - credit; a gap between two calls of the job longer than
--- LeaseTTL/2 is credited beyond that, up to LeaseTTL per gap. last and
--- credit live in the meta hash.
-local VNOW = NOW
-local function tick(last, credit)
-  last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
-  local thr = math.floor(P.lease / 2)
-  if last and NOW - last > thr then credit = credit + math.min(NOW - last - thr, P.lease) end
-  redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
-  VNOW = NOW - credit
-end
-`
-
-const luaBody = `
+local C = {changed = false, reopen = false, closed = false}
 
 local function num(x) if type(x) == 'number' then return x end return 0 end
 local function is(key, id) return redis.call('SISMEMBER', key, id) == 1 end
@@ -111,7 +87,6 @@ local function load()
   st.dl, st.seq, st.ver = num(st.dl), num(st.seq), num(st.ver)
   st.open, st.reform, st.fin = st.open == true, st.reform == true, st.fin == true
   st.size = num(st.size)
-  st.raw = raw
   -- The closed round's rank hash is written with its size: if they disagree
   -- the keys were damaged, and the job re-forms as after a loss (O(1) check).
   if not st.open and redis.call('HLEN', K_RANK) ~= st.size then return nil end
@@ -140,7 +115,7 @@ local function open_next(st)
   redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
   each('SADD', K_EXPECTED, survivors)
   if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
-  C.changed, C.opened = true, true
+  C.changed = true
 end
 
 local function settle(st)
@@ -148,7 +123,7 @@ local function settle(st)
 end
 
 local function sweep(st)
-  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW)
+  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW)
   table.sort(expired)
   for _, id in ipairs(expired) do evict(st, id) end
   settle(st)
@@ -162,8 +137,8 @@ local function try_close(st)
   if st.reform and redis.call('SCARD', K_BACK) > 0 and n >= P.min then close = true
   elseif n >= P.max then close = true
   elseif n >= P.min then
-    if st.dl == 0 then st.dl = VNOW + P.lastcall end
-    close = VNOW >= st.dl
+    if st.dl == 0 then st.dl = NOW + P.lastcall end
+    close = NOW >= st.dl
   else st.dl = 0 end
   if not close then return end
   local a = redis.call('SMEMBERS', K_ARRIVED)
@@ -206,10 +181,7 @@ local function try_close(st)
   each('SADD', K_PENDING, rest)
   local recs = each('HMGET', K_MEMBERS, ranked)
   for j = 1, #ranked do recs[j] = recs[j] or '' end
-  -- The roster names its incarnation and round on its first line, so a
-  -- member that reads it with a plain GET after the script knows it is the
-  -- roster of the round its view ranked it in (see RedisStore.roster).
-  redis.call('SET', K_ROSTER, st.inc .. ' ' .. tostring(st.round) .. '\n' .. table.concat(recs, '\n'))
+  redis.call('SET', K_ROSTER, table.concat(recs, '\n'))
   st.open, st.reform, st.dl, st.prev, st.size = false, false, 0, st.round, k
   C.changed, C.closed = true, true
 end
@@ -218,30 +190,21 @@ local function expire_all()
   for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], P.ttl) end
 end
 
--- save writes the scalar state back and publishes a visible change. A call
--- that changed nothing (a Check of a member that holds its World, the
--- common case) writes nothing; the keys' TTLs are renewed once half spent,
--- or on every call that may have created a key (force: a join; any visible
--- change).
-local function save(st, force)
+local function save(st)
   if C.changed then st.ver = st.ver + 1 end
-  local enc = cjson.encode({inc = st.inc, round = st.round, prev = st.prev, floor = st.floor,
-    open = st.open, reform = st.reform, fin = st.fin, dl = st.dl, seq = st.seq, ver = st.ver, size = st.size})
-  local dirty = C.changed or enc ~= st.raw
-  if dirty then
-    redis.call('SET', K_STATE, enc, 'PX', P.ttl)
-    redis.call('HSET', K_META, 'inc', st.inc, 'ver', st.ver, 'fin', st.fin and '1' or '0')
-    st.raw = enc
-  end
-  if dirty or force or redis.call('PTTL', K_META) < P.ttl / 2 then expire_all() end
+  redis.call('SET', K_STATE, cjson.encode({inc = st.inc, round = st.round, prev = st.prev, floor = st.floor,
+    open = st.open, reform = st.reform, fin = st.fin, dl = st.dl, seq = st.seq, ver = st.ver, size = st.size}), 'PX', P.ttl)
+  redis.call('HSET', K_META, 'inc', st.inc, 'ver', st.ver, 'fin', st.fin and '1' or '0')
+  expire_all()
   if C.changed then
-    -- The hint: the version, and when a round closed, the round and the
-    -- incarnation (members read the roster with one GET; see scripts.go).
+    -- The hint: the version, and when a round closed, the round, the
+    -- incarnation and the member records in rank order, one per line.
     local msg = tostring(st.ver)
     if C.closed and not st.open then
-      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
-    elseif C.opened and st.open then
-      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\nopen'
+      local roster = redis.call('GET', K_ROSTER) or ''
+      if #roster <= HINT_ROSTER_MAX then
+        msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\n' .. roster
+      end
     end
     redis.call('PUBLISH', CHANNEL, msg)
   end
@@ -254,7 +217,7 @@ local function view(st, code)
   if st.open then
     if is(K_ARRIVED, ID) then r[6] = ROLE_ARRIVED
     elseif is(K_EXPECTED, ID) then r[6] = ROLE_EXPECTED end
-    if st.dl > 0 then r[10] = math.max(0, st.dl - VNOW) end
+    if st.dl > 0 then r[10] = math.max(0, st.dl - NOW) end
     r[9] = redis.call('SCARD', K_ARRIVED) -- the pending slot carries the arrivals while open
     return r
   end
@@ -264,6 +227,7 @@ local function view(st, code)
   local rank = redis.call('HGET', K_RANK, ID)
   if rank then
     r[6], r[7] = ROLE_RANKED, tonumber(rank) or -1
+    if HAVE ~= st.round then r[13] = redis.call('GET', K_ROSTER) or '' end
   elseif is(K_PENDING, ID) then
     r[6] = ROLE_PENDING
   end
@@ -274,51 +238,32 @@ local function member_pre(st)
   if not st then return LOST end
   if st.fin then return FINISHED end
   if st.inc ~= INC then return LOST end
-  local m = redis.call('HMGET', K_META, 'last', 'credit')
-  tick(m[1], m[2])
   sweep(st)
   if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return FENCED end
-  redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
+  redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
   return OK
 end
 `
 
-const luaPrelude = luaHead + luaBody
-
 // ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
-// 14 arrive (0/1), 15 since, 16 count of the caller's peers, 17.. peers.
-// The peers matter only to a re-registration after the job state was lost
-// (the caller's incarnation is gone), and at thousands of members they
-// are most of a join's bytes (O(n) per join, O(n^2) per round): the store
-// sends none at first, and the script answers {-1} (nothing applied) when
-// it needs them; the store then runs it again with them.
+// 14 arrive (0/1), 15 since, 16.. peers.
 const luaJoin = luaPrelude + `
 local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[10], ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-local SINCE, NPEERS = tonumber(ARGV[15]), tonumber(ARGV[16]) or 0
+local SINCE = tonumber(ARGV[15])
 local PEERS = {}
-for i = 17, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 16, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
-if NPEERS > 0 and #PEERS == 0 and INC ~= '' and (not st or (not st.fin and st.inc ~= INC)) then
-  return {-1}
-end
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES, K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED, K_BACK, K_PENDING, K_RANK, K_ROSTER)
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
     fin = false, dl = 0, seq = 0, ver = 0, size = 0}
   C.changed = true
-  st.fresh = true
 end
 if st.fin then return view(st, FINISHED) end
-if st.fresh then
-  redis.call('HSET', K_META, 'last', NOW, 'credit', 0)
-else
-  local m = redis.call('HMGET', K_META, 'last', 'credit')
-  tick(m[1], m[2])
-end
 sweep(st)
 local known = redis.call('HEXISTS', K_MEMBERS, ID) == 1
 if INC ~= '' and INC == st.inc and not known then
-  save(st, true)
+  save(st)
   return view(st, FENCED)
 end
 st.floor = math.max(st.floor, HINT + 1)
@@ -334,7 +279,7 @@ if not known then
   redis.call('HSET', K_ORD, ID, order)
   if SINCE > 0 and SINCE <= HINT then redis.call('HSET', K_SINCE, ID, SINCE) end
 end
-redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
 if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
   if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st) end
@@ -343,7 +288,7 @@ if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
     for _, p in ipairs(PEERS) do all[#all + 1] = p end
     for _, p in ipairs(all) do
       if not is(K_ARRIVED, p) and not is(K_EXPECTED, p) then
-        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, VNOW + P.lease, p) end
+        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, NOW + P.lease, p) end
         redis.call('SADD', K_EXPECTED, p)
       end
     end
@@ -365,14 +310,14 @@ if ARRIVE then
   end
 end
 try_close(st)
-save(st, true)
+save(st)
 return view(st, OK)
 `
 const luaCheck = luaPrelude + `
 local st = load()
 local code = member_pre(st)
 if code == OK then try_close(st) end
-if st and (code == OK or code == FENCED) then save(st, false) end
+if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
@@ -390,7 +335,7 @@ if code == OK then
   settle(st)
   try_close(st)
 end
-if st and (code == OK or code == FENCED) then save(st, false) end
+if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
@@ -402,7 +347,7 @@ if code == OK then
   settle(st)
   try_close(st)
 end
-if st and (code == OK or code == FENCED) then save(st, false) end
+if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
@@ -413,39 +358,28 @@ if code == OK then
   st.fin = true
   C.changed = true
 end
-if st and (code == OK or code == FENCED) then save(st, false) end
+if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
-// luaHeartbeat renews the caller's lease with a handful of commands (one
-// HMGET, one ZRANGEBYSCORE, one HEXISTS, one ZADD); the transitions
-// (luaBody) are built only when an expired lease must be swept.
-const luaHeartbeat = luaHead + `
-local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit')
-local inc = m[1]
+const luaHeartbeat = luaPrelude + `
+local inc = redis.call('HGET', K_META, 'inc')
 if not inc then return {LOST, '', 0} end
-local ver = tonumber(m[2] or '0') or 0
-if m[3] == '1' then return {FINISHED, inc, ver} end
+local ver = tonumber(redis.call('HGET', K_META, 'ver') or '0') or 0
+if redis.call('HGET', K_META, 'fin') == '1' then return {FINISHED, inc, ver} end
 if inc ~= INC then return {LOST, inc, ver} end
-tick(m[4], m[5])
-local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1)
+local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW, 'LIMIT', 0, 1)
 if #expired > 0 then
-  local lost = false
-  ver, lost = (function()
-` + luaBody + `
-    local st = load()
-    if not st then return 0, true end
-    sweep(st)
-    save(st, false)
-    return st.ver, false
-  end)()
-  if lost then return {LOST, '', 0} end
+  local st = load()
+  if not st then return {LOST, '', 0} end
+  sweep(st)
+  save(st)
+  ver = st.ver
 end
--- Renew the job's TTL once it is half spent, not on every beat.
-if redis.call('PTTL', K_META) < P.ttl / 2 then
-  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], P.ttl) end
-end
+-- Renew the job's TTL once it is half spent, not on every beat: a
+-- heartbeat stays a handful of commands.
+if redis.call('PTTL', K_STATE) < P.ttl / 2 then expire_all() end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
-redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
 return {OK, inc, ver, NOW}
 `

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"time"
 
@@ -38,8 +37,6 @@ type formationResult struct {
 	change      time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
-	changeSeen  time.Duration // from the loss until the last survivor saw the change (its Join began)
-	holdStats   string        // busiest Redis commands while the round was held
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
@@ -121,9 +118,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		defer wg.Done()
 		worlds[i], errs[i] = agents[i].Join(ctx)
 		done[i] = time.Now()
-		if errs[i] != nil {
-			fmt.Fprintf(os.Stderr, "%s member %d of %d: %v\n", done[i].Format("15:04:05.000"), i, n, errs[i])
-		}
 	}
 	// Members start in a stream with at most startWindow of them not yet
 	// arrived, so thousands do not dial and join at the same instant; the
@@ -187,7 +181,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	}
 	if hold > 0 {
 		h0, err0 := redisCPU(ctx, clients[0])
-		hs0, _ := commandStats(ctx, clients[0])
 		start := time.Now()
 		select {
 		case <-time.After(hold):
@@ -203,9 +196,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		if err0 == nil && err1 == nil {
 			res.holdCPU, res.hold = h1-h0, time.Since(start)
 		}
-		if hs1, err := commandStats(ctx, clients[0]); err == nil && hs0 != nil {
-			res.holdStats = statsDelta(hs0, hs1)
-		}
 	}
 	if change == "" || n < 3 {
 		return res, nil
@@ -215,7 +205,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	lost := time.Now()
 	c0, cErr := redisCPU(ctx, clients[0])
 	survivors := agents[:n-1]
-	saw := make([]time.Time, n-1)
 	var cwg sync.WaitGroup
 	for i, a := range survivors {
 		cwg.Add(1)
@@ -230,7 +219,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 					return
 				}
 			}
-			saw[i] = time.Now()
 			var w elastic.World
 			w, errs[i] = a.Join(ctx)
 			done[i] = time.Now()
@@ -259,9 +247,6 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
-	for _, t := range saw {
-		res.changeSeen = max(res.changeSeen, t.Sub(lost))
-	}
 	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
 		res.changeCPU = c1 - c0
 	}

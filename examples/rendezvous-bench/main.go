@@ -149,20 +149,16 @@ func main() {
 			fmt.Println(string(b))
 			return
 		}
-		goal := ""
-		if f.Goal != "" {
-			goal = "(goal: " + f.Goal + ")" // a bar, not a verdict
-		}
 		switch {
 		case f.Figure == "formation_cpu_ratio":
 			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f members_ratio=%.2f %s\n",
-				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, goal)
+				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, f.Goal)
 		case f.Figure == "hold":
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
-				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, goal)
+				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.Goal)
 		default:
 			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
+				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -184,12 +180,6 @@ func main() {
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
 			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
 			if *verbose && res.stats != "" {
-				if res.change > 0 {
-					fmt.Fprintf(os.Stderr, "change of %d: the last survivor saw it after %v\n", n, res.changeSeen.Round(time.Millisecond))
-				}
-				if res.holdStats != "" {
-					fmt.Fprintf(os.Stderr, "hold of %d for %v: redis %s\n", n, res.hold.Round(time.Second), res.holdStats)
-				}
 				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
 					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
 			}
