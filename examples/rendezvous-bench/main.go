@@ -149,16 +149,20 @@ func main() {
 			fmt.Println(string(b))
 			return
 		}
+		goal := ""
+		if f.Goal != "" {
+			goal = "(goal: " + f.Goal + ")" // a bar, not a verdict
+		}
 		switch {
 		case f.Figure == "formation_cpu_ratio":
 			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f members_ratio=%.2f %s\n",
-				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, f.Goal)
+				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, goal)
 		case f.Figure == "hold":
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
-				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.Goal)
+				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, goal)
 		default:
 			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, f.Goal)
+				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
