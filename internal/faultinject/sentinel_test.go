@@ -80,6 +80,11 @@ func failoverLosing(t *testing.T, lost func(t *testing.T, h *faultinject.Harness
 			}
 			t.Logf("log of the first master:\n%s", set.Log(set.MasterAddr()))
 			t.Logf("log of the replica:\n%s", set.Log(set.ReplicaAddr()))
+			// The Sentinels' own logs say why a failover did not happen
+			// (+tilt under a starved machine, -failover-abort-no-good-slave).
+			for _, a := range set.SentinelAddrs() {
+				t.Logf("log of Sentinel %s:\n%s", a, set.Log(a))
+			}
 		}
 	})
 
