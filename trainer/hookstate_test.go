@@ -233,5 +233,11 @@ func TestFailedFinalCheckpointFailsEveryRank(t *testing.T) {
 	steps, err := dir.List(context.Background())
 	require.NoError(t, err)
 	require.NotContains(t, steps, int64(90))
-	require.Contains(t, steps, int64(80), "the periodic checkpoints were written")
+	// Periodic checkpoints were written; which ones depends on timing (a
+	// newer submission replaces one waiting behind a slow write, and the
+	// final save replaces a waiting one: under -race only step 20 may be).
+	require.NotEmpty(t, steps, "the periodic checkpoints were written")
+	for _, s := range steps {
+		require.True(t, s%20 == 0 && s < 90, "checkpoint of step %d: want periodic ones (every 20 steps) only", s)
+	}
 }
