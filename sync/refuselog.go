@@ -93,21 +93,29 @@ func (t *Transport) flushRefusals() {
 	t.logSummary(s)
 }
 
-// refuseKinds is the number of kinds refusalKind tells apart.
-const refuseKinds = 5
+// Kinds of refusal, as TransportStats counts them and the log's rate
+// limit tells them apart.
+const (
+	refusedMalformed = iota
+	refusedAuth
+	refusedJob
+	refusedRound
+	refusedOther
+	refuseKinds // the number of kinds
+)
 
-// refusalKind classifies a refusal for the rate limit, as TransportStats
-// counts them.
+// refusalKind classifies a refusal. An authentication failure counts as
+// one even when it also wraps ErrBadFrame.
 func refusalKind(err error) int {
 	switch {
-	case errors.Is(err, ErrBadFrame):
-		return 0
 	case errors.Is(err, ErrAuth):
-		return 1
+		return refusedAuth
 	case errors.Is(err, ErrJobMismatch):
-		return 2
+		return refusedJob
 	case errors.Is(err, ErrRoundMismatch):
-		return 3
+		return refusedRound
+	case errors.Is(err, ErrBadFrame):
+		return refusedMalformed
 	}
-	return 4
+	return refusedOther
 }

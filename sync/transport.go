@@ -352,14 +352,14 @@ func (t *Transport) refused(remote string, err error) {
 
 func (t *Transport) refusedLocked(err error) {
 	t.stats.Refused++
-	switch {
-	case errors.Is(err, ErrAuth):
+	switch refusalKind(err) {
+	case refusedAuth:
 		t.stats.RefusedAuth++
-	case errors.Is(err, ErrJobMismatch):
+	case refusedJob:
 		t.stats.RefusedJob++
-	case errors.Is(err, ErrRoundMismatch):
+	case refusedRound:
 		t.stats.RefusedRound++
-	case errors.Is(err, ErrBadFrame):
+	case refusedMalformed:
 		t.stats.RefusedMalformed++
 	}
 	t.stats.LastRefusal = err
