@@ -311,18 +311,51 @@ func (s *SentinelSet) Stop() {
 // offset it has processed (slave_repl_offset). The difference between a
 // master's and its replica's is the bytes of writes the replica lacks.
 func ReplOffset(ctx context.Context, addr string) (int64, error) {
+	info, err := replicationInfo(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	field := "master_repl_offset"
+	if strings.Contains(info, "role:slave") {
+		field = "slave_repl_offset"
+	}
+	return infoInt(info, addr, field)
+}
+
+// PromotionOffset returns the replication offset a server at addr held
+// when it was promoted from replica to master: Redis (4.0 and later)
+// reports it as second_repl_offset minus one, and it stays fixed while the
+// new master takes writes, so it tells which of the old master's writes
+// the new one had received however long after the promotion it is read.
+// A server that was never promoted (second_repl_offset -1) is an error.
+func PromotionOffset(ctx context.Context, addr string) (int64, error) {
+	info, err := replicationInfo(ctx, addr)
+	if err != nil {
+		return 0, err
+	}
+	second, err := infoInt(info, addr, "second_repl_offset")
+	if err != nil {
+		return 0, err
+	}
+	if second < 1 {
+		return 0, fmt.Errorf("testredis: %s was never promoted (second_repl_offset %d)", addr, second)
+	}
+	return second - 1, nil
+}
+
+func replicationInfo(ctx context.Context, addr string) (string, error) {
 	rc := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second, ReadTimeout: time.Second})
 	defer rc.Close()
 	info, err := rc.Info(ctx, "replication").Result()
 	if err != nil {
-		return 0, fmt.Errorf("testredis: INFO replication of %s: %w", addr, err)
+		return "", fmt.Errorf("testredis: INFO replication of %s: %w", addr, err)
 	}
-	field := "master_repl_offset:"
-	if strings.Contains(info, "role:slave") {
-		field = "slave_repl_offset:"
-	}
+	return info, nil
+}
+
+func infoInt(info, addr, field string) (int64, error) {
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			return strconv.ParseInt(v, 10, 64)
 		}
 	}
