@@ -57,6 +57,7 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	require.NoError(t, h.WaitStep(ctx, 50))
 
 	t0 := time.Now()

@@ -72,12 +72,9 @@ func failoverLosing(t *testing.T, lost func(t *testing.T, h *faultinject.Harness
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	t.Cleanup(func() {
 		if t.Failed() {
-			for _, w := range h.Workers() {
-				b, _ := os.ReadFile(w.LogPath)
-				t.Logf("log of worker %d:\n%s", w.Index, b)
-			}
 			t.Logf("log of the first master:\n%s", set.Log(set.MasterAddr()))
 			t.Logf("log of the replica:\n%s", set.Log(set.ReplicaAddr()))
 			// The Sentinels' own logs say why a failover did not happen
@@ -159,6 +156,19 @@ func failoverLosing(t *testing.T, lost func(t *testing.T, h *faultinject.Harness
 }
 
 type testStatus = faultinject.Status
+
+// logWorkersOnFailure logs every worker's log file when t has failed, at
+// cleanup (registered before the harness closes, so it runs after).
+func logWorkersOnFailure(t *testing.T, h *faultinject.Harness) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, w := range h.Workers() {
+				b, _ := os.ReadFile(w.LogPath)
+				t.Logf("log of worker %d:\n%s", w.Index, b)
+			}
+		}
+	})
+}
 
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
