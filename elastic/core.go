@@ -41,6 +41,30 @@ type coreJob struct {
 	st      *coreState
 	members map[string]string
 	leases  map[string]int64
+	last    int64 // store time (ms) of the job's last call (see tick)
+	credit  int64 // silence credit (ms): job time = store time - credit
+}
+
+// silenceGap is the longest gap (ms) between two calls of the job that is
+// not silence: LeaseTTL/2, the longest HeartbeatInterval the configuration
+// allows, so a job with one live member never gaps beyond it.
+func silenceGap(p Params) int64 { return ms(p.LeaseTTL) / 2 }
+
+// tick records a call that reached the job at store time now and returns
+// the job's time, on which leases and the last-call deadline run. A gap
+// since the previous call longer than silenceGap, in which no member of the
+// job reached the store (a machine too starved to run any of them), is
+// credited beyond silenceGap, up to LeaseTTL per gap: through such a gap the
+// job's time advances by at most silenceGap (LeaseTTL/2), which a member
+// that renewed within its HeartbeatInterval before the gap survives. A
+// member silent while others call gains nothing; a job-wide silence longer
+// than silenceGap + LeaseTTL still lets every lease lapse.
+func (j *coreJob) tick(now int64, p Params) int64 {
+	if gap := now - j.last; gap > silenceGap(p) {
+		j.credit += min(gap-silenceGap(p), ms(p.LeaseTTL))
+	}
+	j.last = now
+	return now - j.credit
 }
 
 // opCtx collects the effects of one transition.
@@ -311,7 +335,8 @@ func (j *coreJob) precheck(inc string) (Code, bool) {
 func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	p, id := r.Params, r.Member.ID
 	var c opCtx
-	if j.st == nil {
+	fresh := j.st == nil
+	if fresh {
 		j.st = newCoreState(r.NewIncarnation, r.RoundHint)
 		j.members, j.leases = map[string]string{}, map[string]int64{}
 		c.changed = true
@@ -319,6 +344,11 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	st := j.st
 	if st.Fin {
 		return j.view(id, CodeFinished, now, p, 0), opCtx{}
+	}
+	if fresh {
+		j.last, j.credit = now, 0
+	} else {
+		now = j.tick(now, p)
 	}
 	j.sweep(now, &c)
 	_, known := j.members[id]
@@ -385,21 +415,23 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 
 // member runs the common prologue of the calls by a registered member:
 // precheck, sweep, fencing check, lease renewal.
-func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, bool) {
+// It returns the job's time (see tick), or now when the precheck failed.
+func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, int64, bool) {
 	if code, ok := j.precheck(r.Incarnation); !ok {
-		return code, false
+		return code, now, false
 	}
+	now = j.tick(now, r.Params)
 	j.sweep(now, c)
 	if _, known := j.members[r.MemberID]; !known {
-		return CodeFenced, false
+		return CodeFenced, now, false
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
-	return CodeOK, true
+	return CodeOK, now, true
 }
 
 func (j *coreJob) check(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, ok := j.member(r, now, &c)
+	code, now, ok := j.member(r, now, &c)
 	if ok {
 		j.tryClose(now, r.Params, &c)
 	}
@@ -418,6 +450,8 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 		return b, opCtx{}
 	}
 	var c opCtx
+	stamp := now
+	now = j.tick(now, r.Params)
 	for _, exp := range j.leases {
 		if exp <= now {
 			j.sweep(now, &c)
@@ -431,13 +465,13 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 		return b, c
 	}
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
-	b.StoreTime = now
+	b.StoreTime = stamp // the store's clock, not the job's: the Agent maps it to its own
 	return b, c
 }
 
 func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, ok := j.member(r.MemberRequest, now, &c)
+	code, now, ok := j.member(r.MemberRequest, now, &c)
 	if ok {
 		st := j.st
 		switch {
@@ -457,7 +491,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 
 func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, ok := j.member(r, now, &c)
+	code, now, ok := j.member(r, now, &c)
 	if ok {
 		j.evict(r.MemberID, &c)
 		j.settle(&c)
@@ -471,7 +505,7 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 
 func (j *coreJob) finish(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
-	code, ok := j.member(r, now, &c)
+	code, now, ok := j.member(r, now, &c)
 	if ok {
 		j.st.Fin = true
 		c.changed = true

@@ -44,7 +44,10 @@ func TestCoreClock(t *testing.T) {
 		{"at the deadline it closes", time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 && v.Rank == 0 }},
 		{"c arrives late: pending, admissible", 0, func() View { return join("c", "") }, func(v View) bool { return v.Role == RolePending }},
 		{"a sees one admissible pending joiner", 0, func() View { return check("a") }, func(v View) bool { return v.Pending == 1 && v.Round == 1 }},
-		{"at t=2.9s a renews; b (last renewed at t=0) and c go quiet", 2400 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
+		// a calls at least every LeaseTTL/2, so the job is never silent
+		// and nobody earns a silence credit (see TestSilenceCredit).
+		{"at t=1.9s a renews; b (last renewed at t=0) and c go quiet", 1400 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
+		{"at t=2.9s a renews", 1000 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
 		{"at 3s after b's last renewal b's lease lapses: one new round", 100 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return v.Open && v.Round == 2 && v.Role == RoleExpected }},
 		{"b is fenced", 0, func() View { return check("b") }, func(v View) bool { return v.Code == CodeFenced }},
 	}

@@ -57,6 +57,24 @@
 // Lease expiry follows the store's clock (Redis TIME), so the members' clocks
 // need not agree.
 //
+// Silence credit: leases run on the job's time, the store's clock minus a
+// credit for stretches in which no member of the job reached the store (a
+// machine so loaded that it ran none of the job's processes for a second).
+// The store keeps, per job, the time of its last call and the credit (O(1)
+// per call: two fields of the meta hash). A call that comes more than
+// LeaseTTL/2 after the job's previous one (LeaseTTL/2 is the longest
+// HeartbeatInterval allowed, so a job with one live member never gaps
+// longer) adds the excess to the credit, at most LeaseTTL per gap. Through
+// a job-wide gap of g the job's time thus advances by g up to LeaseTTL/2,
+// by LeaseTTL/2 up to 1.5 x LeaseTTL, and by g - LeaseTTL beyond: a member
+// that renewed within its HeartbeatInterval before the gap survives one of
+// up to 1.5 x LeaseTTL, and a gap longer than 2 x LeaseTTL (a job-wide
+// stall, a partition of every member from the store) still fences everyone.
+// A member silent while others call earns nothing: its lease lapses
+// LeaseTTL after its last renewal, as before. Beat.StoreTime stays the
+// store's clock, so the Agent's own view of its lease (ChangePending) is
+// earlier than the store's, never later.
+//
 // An evicted member is fenced: its record is gone, every later call answers
 // ErrFenced (the member must come back as a new Member with a new Agent),
 // and it can never act under its old rank. A member that was paused (SIGSTOP)
@@ -119,8 +137,9 @@
 // job re-forms. A key that holds another Redis type than the rendezvous
 // uses (Redis answers WRONGTYPE: something else wrote it) never heals by
 // itself: the Agent fails at once with ErrWrongType (which wraps
-// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than LeaseTTL while Redis keeps its data (a network
-// partition) lets every lease lapse on Redis' clock: the members are then
+// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
+// forgiven as a job-wide silence, see above) while Redis keeps its data (a
+// network partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew
 // its lease cannot be told apart from a paused one; the trainer rejoins with
 // new Members and a fresh round forms.

@@ -63,6 +63,19 @@ local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local C = {changed = false, reopen = false, closed = false}
 
+-- The job's time (core.go, tick): leases and the last-call deadline run on
+-- VNOW = NOW - credit; a gap between two calls of the job longer than
+-- LeaseTTL/2 is credited beyond that, up to LeaseTTL per gap. last and
+-- credit live in the meta hash.
+local VNOW = NOW
+local function tick(last, credit)
+  last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
+  local thr = math.floor(P.lease / 2)
+  if last and NOW - last > thr then credit = credit + math.min(NOW - last - thr, P.lease) end
+  redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
+  VNOW = NOW - credit
+end
+
 local function num(x) if type(x) == 'number' then return x end return 0 end
 local function is(key, id) return redis.call('SISMEMBER', key, id) == 1 end
 local function hnum(key, id) return tonumber(redis.call('HGET', key, id) or '0') or 0 end
@@ -123,7 +136,7 @@ local function settle(st)
 end
 
 local function sweep(st)
-  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW)
+  local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW)
   table.sort(expired)
   for _, id in ipairs(expired) do evict(st, id) end
   settle(st)
@@ -137,8 +150,8 @@ local function try_close(st)
   if st.reform and redis.call('SCARD', K_BACK) > 0 and n >= P.min then close = true
   elseif n >= P.max then close = true
   elseif n >= P.min then
-    if st.dl == 0 then st.dl = NOW + P.lastcall end
-    close = NOW >= st.dl
+    if st.dl == 0 then st.dl = VNOW + P.lastcall end
+    close = VNOW >= st.dl
   else st.dl = 0 end
   if not close then return end
   local a = redis.call('SMEMBERS', K_ARRIVED)
@@ -217,7 +230,7 @@ local function view(st, code)
   if st.open then
     if is(K_ARRIVED, ID) then r[6] = ROLE_ARRIVED
     elseif is(K_EXPECTED, ID) then r[6] = ROLE_EXPECTED end
-    if st.dl > 0 then r[10] = math.max(0, st.dl - NOW) end
+    if st.dl > 0 then r[10] = math.max(0, st.dl - VNOW) end
     r[9] = redis.call('SCARD', K_ARRIVED) -- the pending slot carries the arrivals while open
     return r
   end
@@ -238,9 +251,11 @@ local function member_pre(st)
   if not st then return LOST end
   if st.fin then return FINISHED end
   if st.inc ~= INC then return LOST end
+  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  tick(m[1], m[2])
   sweep(st)
   if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return FENCED end
-  redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+  redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
   return OK
 end
 `
@@ -258,8 +273,15 @@ if not st then
   st = {inc = NEWINC, round = HINT, prev = HINT, floor = HINT + 1, open = false, reform = false,
     fin = false, dl = 0, seq = 0, ver = 0, size = 0}
   C.changed = true
+  st.fresh = true
 end
 if st.fin then return view(st, FINISHED) end
+if st.fresh then
+  redis.call('HSET', K_META, 'last', NOW, 'credit', 0)
+else
+  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  tick(m[1], m[2])
+end
 sweep(st)
 local known = redis.call('HEXISTS', K_MEMBERS, ID) == 1
 if INC ~= '' and INC == st.inc and not known then
@@ -279,7 +301,7 @@ if not known then
   redis.call('HSET', K_ORD, ID, order)
   if SINCE > 0 and SINCE <= HINT then redis.call('HSET', K_SINCE, ID, SINCE) end
 end
-redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
 if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
   if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st) end
@@ -288,7 +310,7 @@ if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
     for _, p in ipairs(PEERS) do all[#all + 1] = p end
     for _, p in ipairs(all) do
       if not is(K_ARRIVED, p) and not is(K_EXPECTED, p) then
-        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, NOW + P.lease, p) end
+        if not redis.call('ZSCORE', K_LEASES, p) then redis.call('ZADD', K_LEASES, VNOW + P.lease, p) end
         redis.call('SADD', K_EXPECTED, p)
       end
     end
@@ -363,12 +385,14 @@ return view(st, code)
 `
 
 const luaHeartbeat = luaPrelude + `
-local inc = redis.call('HGET', K_META, 'inc')
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit')
+local inc = m[1]
 if not inc then return {LOST, '', 0} end
-local ver = tonumber(redis.call('HGET', K_META, 'ver') or '0') or 0
-if redis.call('HGET', K_META, 'fin') == '1' then return {FINISHED, inc, ver} end
+local ver = tonumber(m[2] or '0') or 0
+if m[3] == '1' then return {FINISHED, inc, ver} end
 if inc ~= INC then return {LOST, inc, ver} end
-local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', NOW, 'LIMIT', 0, 1)
+tick(m[4], m[5])
+local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1)
 if #expired > 0 then
   local st = load()
   if not st then return {LOST, '', 0} end
@@ -380,6 +404,6 @@ end
 -- heartbeat stays a handful of commands.
 if redis.call('PTTL', K_STATE) < P.ttl / 2 then expire_all() end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
-redis.call('ZADD', K_LEASES, NOW + P.lease, ID)
+redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 return {OK, inc, ver, NOW}
 `
