@@ -48,6 +48,7 @@ type Agent struct {
 	leaving     bool // Leave (or the progress watch's leave) is evicting this member
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
+	rtt      rttEstimate   // the store link's round trip, from heartbeats (opTimeout)
 	prog     progressWatch // the worker loop's progress (Config.ProgressTimeout)
 	pending  atomic.Bool
 	changes  chan struct{}
@@ -317,8 +318,12 @@ func (a *Agent) memberRequest() MemberRequest {
 	return r
 }
 
-// opTimeout bounds one store call.
-func (a *Agent) opTimeout() time.Duration { return max(a.cfg.LeaseTTL/2, 100*time.Millisecond) }
+// opTimeout bounds one store call other than a heartbeat: the link's
+// retransmission-style timeout (rttEstimate), at least LeaseTTL/2 (and
+// 100 ms), at most a heartbeat's deadline.
+func (a *Agent) opTimeout() time.Duration {
+	return a.rtt.timeout(max(a.cfg.LeaseTTL/2, 100*time.Millisecond), a.beatTimeout())
+}
 
 // noteOutage records a failed store call that started at started; it
 // returns the terminal ErrStoreUnavailable once the outage lasted longer than
@@ -894,6 +899,7 @@ func (a *Agent) beat() bool {
 		return false
 	}
 	recv := time.Now()
+	a.rtt.sample(recv.Sub(sent))
 	a.noteOK()
 	switch b.Code {
 	case CodeOK:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -69,6 +70,48 @@ func bounded[T any](a *Agent, ctx context.Context, op string, d time.Duration, f
 		return zero, &StoreError{Op: op, JobID: a.cfg.JobID,
 			Err: fmt.Errorf("no answer within the agent's deadline of %v: %w", d, context.DeadlineExceeded)}
 	}
+}
+
+// rttEstimate follows the round trip of the Agent's store calls, measured
+// on its answered heartbeats, as TCP's retransmission timer does (RFC 6298,
+// section 2: SRTT and RTTVAR with gains 1/8 and 1/4, RTO = SRTT + 4 x
+// RTTVAR). Store calls other than heartbeats (Join, Check, Leave) use it for
+// their deadline: a link whose round trip is longer than the floor (half a
+// lease) but within the heartbeat's deadline then still answers a Join, so
+// latency below the lease never keeps a member out of a round; a blackholed
+// link that was fast still fails a call after the floor.
+type rttEstimate struct {
+	mu     sync.Mutex
+	have   bool
+	srtt   time.Duration
+	rttvar time.Duration
+}
+
+// sample records one measured round trip.
+func (e *rttEstimate) sample(r time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.have {
+		e.have, e.srtt, e.rttvar = true, r, r/2
+		return
+	}
+	d := e.srtt - r
+	if d < 0 {
+		d = -d
+	}
+	e.rttvar = (3*e.rttvar + d) / 4
+	e.srtt = (7*e.srtt + r) / 8
+}
+
+// timeout returns the retransmission-style timeout SRTT + 4 x RTTVAR,
+// clamped to [floor, ceil]; floor before any sample.
+func (e *rttEstimate) timeout(floor, ceil time.Duration) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.have {
+		return floor
+	}
+	return min(max(e.srtt+4*e.rttvar, floor), ceil)
 }
 
 // beatTimeout bounds one heartbeat: twice the lease, so a link whose round

@@ -123,8 +123,10 @@
 // emptied store before the survivors do still ranks after them: round
 // numbers grow across the restart, and the survivors' seniority is an older
 // round than any the newcomer can first hold a rank in. Every store call
-// runs under a deadline the Agent enforces itself (LeaseTTL/2, at least
-// 100 ms; a heartbeat 2 x LeaseTTL), whatever the client does with context
+// runs under a deadline the Agent enforces itself (a heartbeat 2 x
+// LeaseTTL; any other call SRTT + 4 x RTTVAR of the heartbeats' round trips,
+// RFC 6298, between LeaseTTL/2 (at least 100 ms) and 2 x LeaseTTL, so a
+// link slower than half a lease still carries a Join), whatever the client does with context
 // deadlines: go-redis applies them only with Options.ContextTimeoutEnabled,
 // and without it a call through a blackholed link would wait for
 // ReadTimeout (3 s). While the store is unreachable, calls retry with

@@ -126,6 +126,49 @@ func TestSlowStoreLinkKeepsRound(t *testing.T) {
 		took, cfg.LeaseTTL+time.Second, loadavg())
 }
 
+// TestSlowStoreLinkJoinsNextRound: a member whose store link has 0.7 x
+// LeaseTTL of latency each way (a round trip of 1.4 leases, longer than the
+// half lease that bounded a Join before) keeps its lease, and when a
+// newcomer changes the membership it joins the next round like the others:
+// its Join's deadline follows the link's measured round trip. With the old
+// fixed deadline every Join attempt timed out and the member stopped with
+// ErrStoreUnavailable once the outage budget ran out.
+func TestSlowStoreLinkJoinsNextRound(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, 100*time.Millisecond
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, 200*time.Millisecond
+	cfg.OutageBudget = 4 * time.Second
+	addr := testredis.Addr(t)
+	p := newProxy(t, addr)
+	fast := plainAgent(t, addr, cfg, "1")
+	slow := plainAgent(t, p.Addr(), cfg, "2")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
+	checkRound(t, ws, []*elastic.Agent{fast, slow})
+	first := ws[0].Round
+
+	p.SetLatency(cfg.LeaseTTL * 7 / 10)
+	// Two leases of renewals over the slow link, so its round trip is
+	// measured (the member must not notice a change meanwhile).
+	settle := time.Now().Add(2 * cfg.LeaseTTL)
+	for time.Now().Before(settle) {
+		if slow.ChangePending() {
+			t.Fatalf("ChangePending under 0.7 x LeaseTTL latency before anything changed (err %v)", slow.Err())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	newcomer := plainAgent(t, addr, cfg, "3")
+	start := time.Now()
+	ws = joinAll(t, ctx, []*elastic.Agent{fast, slow, newcomer})
+	checkRound(t, ws, []*elastic.Agent{fast, slow, newcomer})
+	if ws[0].Round <= first || ws[0].Size != 3 {
+		t.Fatalf("round %d of %d members after the newcomer, want a round after %d with all 3", ws[0].Round, ws[0].Size, first)
+	}
+	t.Logf("the slow member joined round %d of 3 %v after the newcomer arrived (round trip %v); load %s",
+		ws[0].Round, time.Since(start).Round(time.Millisecond), 2*cfg.LeaseTTL*7/10, loadavg())
+}
+
 // TestBlackholedStoreLink (issue 14, Must show 5): with a plain
 // redis.NewClient (ContextTimeoutEnabled off, ReadTimeout 3 s), a store call
 // through a blackholed link fails within the Agent's own deadline, and an
