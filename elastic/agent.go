@@ -30,22 +30,26 @@ type Agent struct {
 	log    *slog.Logger
 	start  time.Time // origin of leaseAt (monotonic)
 
-	mu          sync.Mutex
-	inc         string // incarnation of the job state we are registered in
-	order       int64
-	since       uint64 // first round this member held a rank in (View.Since)
-	maxRound    uint64 // highest closed round seen
-	world       World
-	hasWorld    bool
-	view        View      // last view seen
-	viewAt      time.Time // when view was taken (its reply arrived)
-	lost        bool      // the store answered CodeLost; re-registration pending
-	err         error
-	outageSince time.Time
-	outageLog   time.Time // when the outage was last logged
-	joining     bool
-	started     bool
-	leaving     bool // Leave (or the progress watch's leave) is evicting this member
+	mu       sync.Mutex
+	inc      string // incarnation of the job state we are registered in
+	order    int64
+	since    uint64 // first round this member held a rank in (View.Since)
+	maxRound uint64 // highest closed round seen
+	world    World
+	hasWorld bool
+	view     View      // last view seen
+	viewAt   time.Time // when view was taken (its reply arrived)
+	lost     bool      // the store answered CodeLost; re-registration pending
+	// superseded is an open hint newer than view: the store opened round
+	// supRound (version supVer) of our incarnation after the round of our
+	// World, so a change is pending without a store call to say so.
+	supRound, supVer uint64
+	err              error
+	outageSince      time.Time
+	outageLog        time.Time // when the outage was last logged
+	joining          bool
+	started          bool
+	leaving          bool // Leave (or the progress watch's leave) is evicting this member
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
 	rtt      rttEstimate   // the store link's round trip, from heartbeats (opTimeout)
@@ -218,7 +222,8 @@ func (a *Agent) fail(err error) {
 func (a *Agent) updatePendingLocked() {
 	v := a.view
 	p := a.err != nil || a.lost || !a.hasWorld ||
-		v.Round != a.world.Round || v.Open || v.Pending > 0 || v.Role != RoleRanked
+		v.Round != a.world.Round || v.Open || v.Pending > 0 || v.Role != RoleRanked ||
+		a.supRound > a.world.Round
 	if p && !a.pending.Swap(true) {
 		a.notify(a.changes)
 	} else if !p {
@@ -269,6 +274,9 @@ func (a *Agent) handleViewLocked(v View, sent time.Time) {
 	default:
 		a.updatePendingLocked()
 		return
+	}
+	if v.Incarnation != a.inc || v.Version >= a.supVer {
+		a.supRound, a.supVer = 0, 0 // the view is at least as new as the hint
 	}
 	a.inc = v.Incarnation
 	a.view, a.viewAt = v, now
@@ -843,6 +851,14 @@ func (a *Agent) run(w Watcher) {
 func (a *Agent) onHint(h Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
+	if !joining && a.supersededLocked(h) {
+		// The hint says all a refresh would: our round is over. Not reading
+		// the store here saves a call per member on every change of a
+		// large round; the next heartbeat still reads it if its version
+		// moved on again.
+		a.mu.Unlock()
+		return
+	}
 	a.mu.Unlock()
 	if joining {
 		a.wakeJoin(h)
@@ -851,6 +867,21 @@ func (a *Agent) onHint(h Hint) {
 	if inc != "" {
 		a.refresh()
 	}
+}
+
+// supersededLocked records an open hint that supersedes the round of our
+// World (same incarnation, a later round, newer than the view held) and
+// reports whether it did; called with a.mu held.
+func (a *Agent) supersededLocked(h Hint) bool {
+	if !h.Open || h.Incarnation == "" || h.Incarnation != a.inc || !a.hasWorld || a.err != nil || a.lost ||
+		h.Round <= a.world.Round || h.Version <= a.view.Version {
+		return false
+	}
+	if h.Version > a.supVer {
+		a.supRound, a.supVer = h.Round, h.Version
+	}
+	a.updatePendingLocked()
+	return true
 }
 
 // refresh re-reads the caller's view (a Check); errors count as outage.
@@ -912,7 +943,9 @@ func (a *Agent) beat() bool {
 		}
 		a.lease.answered(sentNs)
 		a.mu.Lock()
-		stale := b.Version != a.view.Version || a.lost
+		// A version an open hint already explained (supersededLocked)
+		// needs no refresh.
+		stale := (b.Version != a.view.Version && (a.supVer == 0 || b.Version != a.supVer)) || a.lost
 		joining := a.joining
 		a.mu.Unlock()
 		if stale {

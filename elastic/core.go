@@ -72,6 +72,7 @@ type opCtx struct {
 	changed bool // a visible change: bump Version and publish
 	reopen  bool // a ranked member of the closed round was evicted
 	closed  bool // the forming round closed
+	opened  bool // a round opened after a closed one (openNext)
 }
 
 // rawView is a View before member records are parsed.
@@ -128,7 +129,7 @@ func (j *coreJob) openNext(c *opCtx) {
 	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
-	c.changed = true
+	c.changed, c.opened = true, true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
@@ -246,32 +247,31 @@ func (j *coreJob) save(c *opCtx) {
 	}
 }
 
-// hintRosterMax bounds the roster a hint carries (bytes, about 600 members).
-// A larger round's close is announced by its version alone: every member
-// then reads the roster once with a Check, instead of receiving it twice
-// (a hint to every subscriber, and the Check that a member whose heartbeat
-// saw the new version first makes anyway), and the small hint reaches
-// thousands of subscribers fast.
+// hintRosterMax bounds the roster a hint message carries (bytes, about 600
+// members). A larger round's close is announced by its version, round and
+// incarnation: each process reads the roster once (RedisStore's hub) and
+// hands it to its members, instead of thousands of subscribers each
+// receiving it, and the small message reaches them fast. The in-memory
+// store hands its members the parsed roster whatever its size.
 const hintRosterMax = 64 << 10
 
 // hint is what a visible change publishes.
 func (j *coreJob) hint(c opCtx) Hint {
 	h := Hint{Version: j.st.Ver}
-	if c.closed && !j.st.Open {
+	switch {
+	case c.closed && !j.st.Open:
 		h.Round, h.Incarnation = j.st.Round, j.st.Inc
 		recs := make([]string, len(j.st.Ranked))
 		for i, id := range j.st.Ranked {
 			recs[i] = j.members[id]
 		}
-		roster := strings.Join(recs, "\n")
-		if len(roster) > hintRosterMax {
-			return Hint{Version: j.st.Ver}
-		}
-		ms, err := parseRoster(roster)
+		ms, err := parseRoster(strings.Join(recs, "\n"))
 		if err != nil || len(ms) == 0 {
 			return Hint{Version: j.st.Ver}
 		}
 		h.Members = ms
+	case c.opened && j.st.Open:
+		h.Round, h.Incarnation, h.Open = j.st.Round, j.st.Inc, true
 	}
 	return h
 }

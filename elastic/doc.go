@@ -103,8 +103,18 @@
 // call costs O(1) Redis commands whatever the job's size (O(log n) for the
 // leases' sorted set): a join, a heartbeat, a poll and a lease sweep touch
 // only what they change; only the close of a round and the opening of the
-// next are O(n), once per round. A member that holds a round's World is not
-// sent its roster again. On a Cluster the
+// next are O(n), once per round. A heartbeat is a short script of its own
+// (the full transition runs only when a lease expired), and the job's keys
+// get their TTL when a call may have created one, on a visible change, and
+// otherwise once half of StateTTL is spent. A member that holds a round's
+// World is not sent its roster again, and the Agents of one process that
+// share a go-redis client share one Pub/Sub subscription of the job and
+// read a closed round's roster once: a hint too large to carry the roster
+// ("<ver>\n<round>\n<inc>") is completed by one read per process, and a
+// view of a round whose roster the process holds leaves it out. A round
+// opened after a closed one is announced as open ("...\nopen"), so members
+// of the closed round learn that it is over without a store call. On a
+// Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
 // rendezvous on a three-master cluster). NewMemoryStore has the

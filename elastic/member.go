@@ -142,11 +142,15 @@ func parseRoster(roster string) ([]Member, error) {
 // members in rank order (len(Members) == Size, Members[Rank] is this member).
 // A World is a plain value, safe to copy and share.
 type World struct {
-	JobID   string
-	Round   uint64
-	Rank    int
-	Size    int
-	Members []Member // in rank order; len == Size
+	JobID string
+	Round uint64
+	Rank  int
+	Size  int
+	// Members in rank order; len == Size. The slice may be shared with
+	// the other Agents of this process that are in the same round (one
+	// roster per process, not one per member): read it, copy it before
+	// changing it.
+	Members []Member
 }
 
 // Addrs returns the members' peer addresses in rank order (len == Size).

@@ -110,8 +110,38 @@ func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
 	if !hadPrev || prev.Round == w.Round {
 		return
 	}
+	// Survivors keep their relative order (ranks follow seniority, then
+	// arrival order), so one forward scan through the new roster finds
+	// them in O(members); a member not found ahead is looked for in the
+	// whole roster (gone, or an order the scan did not expect), and past a
+	// few such members a set takes over. A nested search was O(members^2)
+	// per Agent: seconds for a process of a thousand Agents.
+	const scansBeforeSet = 8
+	var in map[string]bool
+	j, misses := 0, 0
 	for rank, m := range prev.Members {
-		if m.ID == a.self.ID || slices.ContainsFunc(w.Members, func(n Member) bool { return n.ID == m.ID }) {
+		if m.ID == a.self.ID {
+			continue
+		}
+		if in == nil {
+			k := j
+			for k < len(w.Members) && w.Members[k].ID != m.ID {
+				k++
+			}
+			if k < len(w.Members) {
+				j = k + 1
+				continue
+			}
+			if misses++; misses > scansBeforeSet {
+				in = make(map[string]bool, len(w.Members))
+				for _, n := range w.Members {
+					in[n.ID] = true
+				}
+			} else if slices.ContainsFunc(w.Members[:j], func(n Member) bool { return n.ID == m.ID }) {
+				continue
+			}
+		}
+		if in != nil && in[m.ID] {
 			continue
 		}
 		a.log.Warn("a member of the last round is gone (evicted: crashed, hung, left, or reported)",

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"sync"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -26,6 +25,8 @@ var (
 	scriptLeave     = redis.NewScript(luaLeave)
 	scriptFinish    = redis.NewScript(luaFinish)
 	scriptHeartbeat = redis.NewScript(luaHeartbeat)
+	scriptBeat      = redis.NewScript(luaBeat)
+	scriptRoster    = redis.NewScript(luaRoster)
 )
 
 // RedisStore is the Store over Redis (one node, Sentinel or Cluster through
@@ -49,7 +50,14 @@ func jobKeys(jobID string) []string {
 
 func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
 
+// commonArgs are the ARGV every script starts with. have is the round
+// whose roster the caller needs no copy of: the round of the World it holds,
+// or a later one whose roster this process has read already (rosterOf);
+// runView tells the two apart.
 func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
+	if inc != "" {
+		have = max(have, cachedRosterRound(jobID, inc))
+	}
 	return []any{
 		jobChannel(jobID),
 		p.MinWorkers, p.MaxWorkers,
@@ -58,22 +66,61 @@ func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
 	}
 }
 
-func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID string, have uint64, args []any) (View, error) {
+func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID, memberID string, p Params, have uint64, args []any) (View, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
 	res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
-	if err != nil {
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
-	}
-	rv, err := parseView(res)
-	if err != nil {
+	for attempt := 0; ; attempt++ {
+		if err != nil {
+			return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
+		}
+		rv, err := parseView(res)
+		if err != nil {
+			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		}
+		if rv.Code != CodeOK || rv.Role != RoleRanked || rv.Open {
+			return wrapView(rv, op, jobID)
+		}
+		if len(rv.records) > 0 {
+			out, err := wrapView(rv, op, jobID)
+			if err == nil {
+				keepRoster(jobID, out.Incarnation, out.Round, out.Members)
+			}
+			return out, err
+		}
+		// Ranked in a closed round whose roster the script left out: the
+		// caller holds its World, or this process has read the roster
+		// already (commonArgs); the records of a large round then cross
+		// the link once per process, not once per member.
+		rv.omitted = true
+		out, err := wrapView(rv, op, jobID)
+		if err != nil || (have != 0 && rv.Round == have) {
+			return out, err
+		}
+		ms, err := s.rosterOf(ctx, jobID, rv.Incarnation, rv.Round)
+		switch {
+		case err == nil && len(ms) == rv.Size && ms[rv.Rank].ID == memberID:
+			out.Members = ms
+			return out, nil
+		case err == nil && attempt < 3:
+			// Not the roster this view names: a cached one of the same
+			// round number and incarnation from before the store went back
+			// to an older state (a failover that lost writes). Read again.
+			forgetRoster(jobID, rv.Incarnation, rv.Round)
+			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
+			continue
+		case err == nil:
+			err = fmt.Errorf("%w: the roster of round %d has %d members, the view %d (rank %d)", ErrBadState, rv.Round, len(ms), rv.Size, rv.Rank)
+		case errors.Is(err, errRosterGone) && attempt < 3:
+			// The next round opened between the script and the read: the
+			// view is stale. Read it again (a Check changes nothing the
+			// call did not already change).
+			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
+			continue
+		}
 		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
 	}
-	// The scripts leave the roster out of a view ranked in the round the
-	// caller said it holds; anywhere else a missing roster is an error.
-	rv.omitted = have != 0 && rv.Round == have && rv.Role == RoleRanked && len(rv.records) == 0
-	return wrapView(rv, op, jobID)
 }
 
 // Join implements Store.
@@ -90,28 +137,28 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	for _, p := range r.Peers {
 		args = append(args, p)
 	}
-	return s.runView(ctx, "join", scriptJoin, r.JobID, 0, args)
+	return s.runView(ctx, "join", scriptJoin, r.JobID, r.Member.ID, r.Params, 0, args)
 }
 
 // Check implements Store.
 func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "check", scriptCheck, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "check", scriptCheck, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
 func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
 	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
-	return s.runView(ctx, "report", scriptReport, r.JobID, r.HaveRound, args)
+	return s.runView(ctx, "report", scriptReport, r.JobID, r.MemberID, r.Params, r.HaveRound, args)
 }
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Finish implements Store.
 func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
@@ -122,7 +169,14 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err := ValidateJobID(r.JobID); err != nil {
 		return fail(err)
 	}
-	res, err := scriptHeartbeat.Run(ctx, s.c, jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)...).Slice()
+	keys, args := jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)
+	res, err := scriptBeat.Run(ctx, s.c, keys, args...).Slice()
+	if err == nil && len(res) == 1 {
+		if n, e := replyInt(res[0]); e == nil && n == -1 {
+			// A lease expired: the heartbeat that sweeps.
+			res, err = scriptHeartbeat.Run(ctx, s.c, keys, args...).Slice()
+		}
+	}
 	if err != nil {
 		return fail(s.mapErr(ctx, r.JobID, err))
 	}
@@ -258,71 +312,13 @@ func parseView(res []any) (rawView, error) {
 	return v, nil
 }
 
-// Watch implements Store: a Pub/Sub subscription to the job's channel.
+// Watch implements Store: a Pub/Sub subscription to the job's channel,
+// shared by every Watcher of this process on the same client (see hub).
 func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
 	if err := ValidateJobID(jobID); err != nil {
 		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
 	}
-	ps := s.c.Subscribe(ctx, jobChannel(jobID))
-	// Wait for the subscription to be confirmed, so no change published after
-	// Watch returns is missed (unless the connection drops).
-	if _, err := ps.Receive(ctx); err != nil {
-		_ = ps.Close()
-		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
-	}
-	w := &redisWatcher{ps: ps, c: make(chan Hint, 1), done: make(chan struct{})}
-	msgs := ps.Channel()
-	go w.forward(msgs)
-	return w, nil
-}
-
-type redisWatcher struct {
-	ps   *redis.PubSub
-	c    chan Hint
-	done chan struct{}
-	once sync.Once
-}
-
-func (w *redisWatcher) forward(msgs <-chan *redis.Message) {
-	defer close(w.done)
-	for m := range msgs {
-		offer(w.c, parseHint(m.Payload))
-	}
-}
-
-// parseHint decodes a change message (see scripts.go). A malformed message
-// still counts as a hint, with nothing known but that something changed.
-func parseHint(payload string) Hint {
-	lines := strings.SplitN(payload, "\n", 4)
-	ver, err := strconv.ParseUint(lines[0], 10, 64)
-	if err != nil {
-		return Hint{}
-	}
-	h := Hint{Version: ver}
-	if len(lines) < 4 {
-		return h
-	}
-	round, err := strconv.ParseUint(lines[1], 10, 64)
-	if err != nil {
-		return h
-	}
-	members, err := parseRoster(lines[3])
-	if err != nil {
-		return h
-	}
-	h.Round, h.Incarnation, h.Members = round, lines[2], members
-	return h
-}
-
-func (w *redisWatcher) C() <-chan Hint { return w.c }
-
-func (w *redisWatcher) Close() error {
-	var err error
-	w.once.Do(func() {
-		err = w.ps.Close()
-		<-w.done
-	})
-	return err
+	return s.watch(ctx, jobID)
 }
 
 // DropJob deletes every key of a job. For tests and operators: a running

@@ -15,7 +15,9 @@ package elastic
 //	1 state     string: JSON of the scalar fields of coreState (inc, round,
 //	            prev, floor, open, reform, fin, dl, seq, ver) and size (of
 //	            the closed round: HLEN of rank, checked on every load)
-//	2 meta      hash: inc, ver, fin, for the cheap heartbeat
+//	2 meta      hash: inc, ver, fin, for the cheap heartbeat; last, credit
+//	            (the job's time, see tick); ttlat (store time of the last
+//	            renewal of the keys' TTL)
 //	3 members   hash: member ID -> JSON of Member
 //	4 leases    sorted set: member ID scored by lease expiry (ms, Redis' clock)
 //	5 ord       hash: member ID -> arrival order
@@ -39,9 +41,11 @@ package elastic
 // while open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
 // ver, now_ms} (the store's clock; Beat.StoreTime).
 //
-// Pub/Sub message on a visible change: "<ver>", or, when the change closed a
+// Pub/Sub message on a visible change: "<ver>"; when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
-// roster is at most hintRosterMax bytes (see core.go).
+// roster is at most hintRosterMax bytes (see core.go), else
+// "<ver>\n<round>\n<inc>" (a process reads the roster once, luaRoster); when
+// it opened a round after a closed one, "<ver>\n<round>\n<inc>\nopen".
 
 // hintRosterMaxLua is hintRosterMax spelled for the scripts.
 const hintRosterMaxLua = "65536"
@@ -61,19 +65,34 @@ local ROLE_NONE, ROLE_RANKED, ROLE_ARRIVED, ROLE_EXPECTED, ROLE_PENDING = 0, 1, 
 
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local C = {changed = false, reopen = false, closed = false}
+-- created: the call may have created a key of the job (a set's first
+-- member, the first member record), which must get the job's TTL now.
+local C = {changed = false, reopen = false, closed = false, opened = false, created = false}
+-- META: fields of the meta hash this call writes, all in one HSET at its end.
+local META = {}
 
 -- The job's time (core.go, tick): leases and the last-call deadline run on
 -- VNOW = NOW - credit; a gap between two calls of the job longer than
 -- LeaseTTL/2 is credited beyond that, up to LeaseTTL per gap. last and
--- credit live in the meta hash.
+-- credit live in the meta hash, written with the call's other meta fields.
 local VNOW = NOW
+` + luaCredit + `
 local function tick(last, credit)
-  last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
-  local thr = math.floor(P.lease / 2)
-  if last and NOW - last > thr then credit = credit + math.min(NOW - last - thr, P.lease) end
-  redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
+  credit = job_credit(NOW, P.lease, last, credit)
+  META.last, META.credit = NOW, credit
   VNOW = NOW - credit
+end
+
+-- The job's keys get StateTTL when a call may have created one, on a
+-- visible change, and otherwise once half of it is spent (ttlat in the
+-- meta hash: the store time of the last renewal), not on every call: twelve
+-- PEXPIREs were most of a call's writes.
+local TTLAT = nil
+local function ttl_due() return TTLAT == nil or NOW - TTLAT >= P.ttl / 2 end
+local function write_meta()
+  local args = {}
+  for k, v in pairs(META) do args[#args + 1] = k; args[#args + 1] = v end
+  if #args > 0 then redis.call('HSET', K_META, unpack(args)) end
 end
 
 local function num(x) if type(x) == 'number' then return x end return 0 end
@@ -96,6 +115,7 @@ local function load()
   if not raw then return nil end
   local ok, st = pcall(cjson.decode, raw)
   if not ok or type(st) ~= 'table' or type(st.inc) ~= 'string' then return nil end
+  st.raw = raw
   st.round, st.prev, st.floor = num(st.round), num(st.prev), num(st.floor)
   st.dl, st.seq, st.ver = num(st.dl), num(st.seq), num(st.ver)
   st.open, st.reform, st.fin = st.open == true, st.reform == true, st.fin == true
@@ -128,7 +148,7 @@ local function open_next(st)
   redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
   each('SADD', K_EXPECTED, survivors)
   if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
-  C.changed = true
+  C.changed, C.opened = true, true
 end
 
 local function settle(st)
@@ -205,19 +225,24 @@ end
 
 local function save(st)
   if C.changed then st.ver = st.ver + 1 end
-  redis.call('SET', K_STATE, cjson.encode({inc = st.inc, round = st.round, prev = st.prev, floor = st.floor,
-    open = st.open, reform = st.reform, fin = st.fin, dl = st.dl, seq = st.seq, ver = st.ver, size = st.size}), 'PX', P.ttl)
-  redis.call('HSET', K_META, 'inc', st.inc, 'ver', st.ver, 'fin', st.fin and '1' or '0')
-  expire_all()
+  local enc = cjson.encode({inc = st.inc, round = st.round, prev = st.prev, floor = st.floor,
+    open = st.open, reform = st.reform, fin = st.fin, dl = st.dl, seq = st.seq, ver = st.ver, size = st.size})
+  local renew = C.changed or C.created or ttl_due()
+  if renew or enc ~= st.raw then redis.call('SET', K_STATE, enc, 'PX', P.ttl) end
+  META.inc, META.ver, META.fin = st.inc, st.ver, st.fin and '1' or '0'
+  if renew then META.ttlat = NOW end
+  write_meta() -- first: it may create the meta hash, which needs its TTL too
+  if renew then expire_all() end
   if C.changed then
     -- The hint: the version, and when a round closed, the round, the
     -- incarnation and the member records in rank order, one per line.
     local msg = tostring(st.ver)
     if C.closed and not st.open then
       local roster = redis.call('GET', K_ROSTER) or ''
-      if #roster <= HINT_ROSTER_MAX then
-        msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\n' .. roster
-      end
+      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
+      if #roster <= HINT_ROSTER_MAX then msg = msg .. '\n' .. roster end
+    elseif C.opened and st.open then
+      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\nopen'
     end
     redis.call('PUBLISH', CHANNEL, msg)
   end
@@ -251,12 +276,25 @@ local function member_pre(st)
   if not st then return LOST end
   if st.fin then return FINISHED end
   if st.inc ~= INC then return LOST end
-  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  local m = redis.call('HMGET', K_META, 'last', 'credit', 'ttlat')
+  TTLAT = tonumber(m[3] or '')
   tick(m[1], m[2])
   sweep(st)
   if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return FENCED end
   redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
   return OK
+end
+`
+
+// luaCredit is the silence credit of core.go's tick, shared by the prelude
+// and luaBeat: the credit after a call at now, given the meta hash's last
+// and credit fields (strings or false).
+const luaCredit = `
+local function job_credit(now, lease, last, credit)
+  last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
+  local thr = math.floor(lease / 2)
+  if last and now - last > thr then credit = credit + math.min(now - last - thr, lease) end
+  return credit
 end
 `
 
@@ -277,9 +315,10 @@ if not st then
 end
 if st.fin then return view(st, FINISHED) end
 if st.fresh then
-  redis.call('HSET', K_META, 'last', NOW, 'credit', 0)
+  META.last, META.credit = NOW, 0
 else
-  local m = redis.call('HMGET', K_META, 'last', 'credit')
+  local m = redis.call('HMGET', K_META, 'last', 'credit', 'ttlat')
+  TTLAT = tonumber(m[3] or '')
   tick(m[1], m[2])
 end
 sweep(st)
@@ -299,7 +338,11 @@ if not known then
   end
   redis.call('HSET', K_MEMBERS, ID, REC)
   redis.call('HSET', K_ORD, ID, order)
-  if SINCE > 0 and SINCE <= HINT then redis.call('HSET', K_SINCE, ID, SINCE) end
+  if redis.call('HLEN', K_MEMBERS) == 1 then C.created = true end -- and ord's, leases' first entry
+  if SINCE > 0 and SINCE <= HINT then
+    redis.call('HSET', K_SINCE, ID, SINCE)
+    C.created = true
+  end
 end
 redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
@@ -327,8 +370,9 @@ if ARRIVE then
     end
   end
   if st.open then
-    if redis.call('SREM', K_EXPECTED, ID) == 1 then redis.call('SADD', K_BACK, ID) end
-    redis.call('SADD', K_ARRIVED, ID)
+    if redis.call('SREM', K_EXPECTED, ID) == 1 and redis.call('SADD', K_BACK, ID) == 1 and
+        redis.call('SCARD', K_BACK) == 1 then C.created = true end
+    if redis.call('SADD', K_ARRIVED, ID) == 1 and redis.call('SCARD', K_ARRIVED) == 1 then C.created = true end
   end
 end
 try_close(st)
@@ -384,8 +428,43 @@ if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
+// luaBeat is the heartbeat of a job with no expired lease: a few commands,
+// without the prelude (its closures and its state decoding were most of a
+// heartbeat's cost, and a round of thousands renews thousands of leases a
+// second). When a lease expired it writes nothing and answers {-1}: the
+// caller then runs luaHeartbeat, which sweeps. Same KEYS and ARGV as every
+// script; replies as luaHeartbeat's.
+const luaBeat = `
+local K_META, K_MEMBERS, K_LEASES = KEYS[2], KEYS[3], KEYS[4]
+local LEASE, TTL, ID, INC = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local t = redis.call('TIME')
+local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+` + luaCredit + `
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat')
+local inc = m[1]
+if not inc then return {2, '', 0} end
+local ver = tonumber(m[2] or '0') or 0
+if m[3] == '1' then return {3, inc, ver} end
+if inc ~= INC then return {2, inc, ver} end
+local credit = job_credit(NOW, LEASE, m[4], m[5])
+local VNOW = NOW - credit
+if #redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1) > 0 then return {-1} end
+local ttlat = tonumber(m[6] or '')
+if ttlat == nil or NOW - ttlat >= TTL / 2 then
+  redis.call('HSET', K_META, 'last', NOW, 'credit', credit, 'ttlat', NOW)
+  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], TTL) end
+else
+  redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
+end
+if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {1, inc, ver} end
+redis.call('ZADD', K_LEASES, VNOW + LEASE, ID)
+return {0, inc, ver, NOW}
+`
+
+// luaHeartbeat is the heartbeat that sweeps (luaBeat answered {-1}).
 const luaHeartbeat = luaPrelude + `
-local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit')
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat')
+TTLAT = tonumber(m[6] or '')
 local inc = m[1]
 if not inc then return {LOST, '', 0} end
 local ver = tonumber(m[2] or '0') or 0
@@ -399,11 +478,28 @@ if #expired > 0 then
   sweep(st)
   save(st)
   ver = st.ver
+else
+  -- Renew the job's TTL once it is half spent, not on every beat: a
+  -- heartbeat stays a handful of commands.
+  local due = ttl_due()
+  if due then META.ttlat = NOW end
+  write_meta()
+  if due then expire_all() end
 end
--- Renew the job's TTL once it is half spent, not on every beat: a
--- heartbeat stays a handful of commands.
-if redis.call('PTTL', K_STATE) < P.ttl / 2 then expire_all() end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
 redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 return {OK, inc, ver, NOW}
+`
+
+// luaRoster reads a closed round's roster for a hint that did not carry it.
+// KEYS 1 state, 2 roster. Reply {inc, round, roster}, or {} while a round
+// forms or when there is no state. Read-only.
+const luaRoster = `
+local raw = redis.call('GET', KEYS[1])
+if not raw then return {} end
+local ok, st = pcall(cjson.decode, raw)
+if not ok or type(st) ~= 'table' or type(st.inc) ~= 'string' or st.open == true or type(st.round) ~= 'number' then return {} end
+local roster = redis.call('GET', KEYS[2])
+if not roster then return {} end
+return {st.inc, st.round, roster}
 `

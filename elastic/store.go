@@ -134,11 +134,18 @@ type ReportRequest struct {
 // after the change (0 if unknown). When the change closed a round, Round,
 // Incarnation and Members (in rank order) describe it, so a waiting member
 // can take its World without another store call; otherwise Members is nil.
+// Members is shared by every Watcher of the process: read it, do not modify
+// it. When the change opened a round after a closed one (a member of the
+// running round was evicted or left, or a ranked member arrived for the next
+// round), Open is true and Round and Incarnation name the new round: every
+// member of the closed round learns that its round is superseded without a
+// store call.
 type Hint struct {
 	Version     uint64
 	Round       uint64
 	Incarnation string
 	Members     []Member
+	Open        bool
 }
 
 // Watcher delivers change hints of one job. C has capacity 1; the sender

@@ -15,5 +15,6 @@ func (a *Agent) RoundSuperseded() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v := a.view
-	return a.err != nil || a.lost || !a.hasWorld || v.Round != a.world.Round || v.Open || v.Role != RoleRanked
+	return a.err != nil || a.lost || !a.hasWorld || v.Round != a.world.Round || v.Open || v.Role != RoleRanked ||
+		a.supRound > a.world.Round // an open hint said so (supersededLocked)
 }

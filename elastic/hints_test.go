@@ -1,0 +1,186 @@
+package elastic_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// nextHint waits for a hint that satisfies ok.
+func nextHint(t *testing.T, w elastic.Watcher, what string, ok func(elastic.Hint) bool) elastic.Hint {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case h := <-w.C():
+			if ok(h) {
+				return h
+			}
+		case <-timeout:
+			t.Fatalf("no %s hint", what)
+		}
+	}
+}
+
+// formRound registers n members (records padded to pad bytes of Host) and
+// closes a round of all of them; it returns the incarnation and round.
+func formRound(t *testing.T, s elastic.Store, job string, n, pad int) (string, uint64) {
+	t.Helper()
+	ctx := context.Background()
+	p := elastic.Params{MinWorkers: 1, MaxWorkers: n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+	var v elastic.View
+	for i := range n {
+		var err error
+		v, err = s.Join(ctx, elastic.JoinRequest{JobID: job, NewIncarnation: "inc-" + job, Arrive: true, Params: p,
+			Member: elastic.Member{ID: fmt.Sprintf("m%04d", i), Host: strings.Repeat("h", pad), Addr: "127.0.0.1:1"}})
+		if err != nil || v.Code != elastic.CodeOK {
+			t.Fatalf("join %d: %+v %v", i, v, err)
+		}
+	}
+	if v.Open || v.Size != n {
+		t.Fatalf("round of %d did not close: %+v", n, v)
+	}
+	return v.Incarnation, v.Round
+}
+
+// A closed round's hint carries its roster, also when the roster is larger
+// than a Pub/Sub message carries (the Redis store's watcher then reads it
+// once per process), and a round opened after a closed one is announced as
+// open with its number: members learn that their round is over without a
+// store call of their own.
+func TestHintsCarryTheRosterAndTheNextRound(t *testing.T) {
+	for _, k := range allKinds() {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			for _, tc := range []struct {
+				name   string
+				n, pad int
+			}{{"small", 3, 0}, {"larger than a message", 400, 200}} {
+				s := k.make(t)
+				job := testredis.JobID(t) + "-" + strings.ReplaceAll(tc.name, " ", "-")
+				ctx := context.Background()
+				w, err := s.Watch(ctx, job)
+				if err != nil {
+					t.Fatal(err)
+				}
+				inc, round := formRound(t, s, job, tc.n, tc.pad)
+				h := nextHint(t, w, "close", func(h elastic.Hint) bool { return h.Round == round && !h.Open })
+				if h.Incarnation != inc || len(h.Members) != tc.n || h.Members[tc.n-1].ID != fmt.Sprintf("m%04d", tc.n-1) {
+					t.Fatalf("%s: close hint of round %d: inc %q, %d members", tc.name, round, h.Incarnation, len(h.Members))
+				}
+				p := elastic.Params{MinWorkers: 1, MaxWorkers: tc.n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+				v, err := s.Report(ctx, elastic.ReportRequest{MemberRequest: elastic.MemberRequest{JobID: job, MemberID: "m0000", Incarnation: inc, Params: p},
+					Round: round, Target: "m0001"})
+				if err != nil || v.Code != elastic.CodeOK || !v.Open {
+					t.Fatalf("report: %+v %v", v, err)
+				}
+				h = nextHint(t, w, "open", func(h elastic.Hint) bool { return h.Open })
+				if h.Round != v.Round || h.Incarnation != inc || h.Version != v.Version || h.Members != nil {
+					t.Fatalf("%s: open hint %+v, view round %d version %d", tc.name, h, v.Round, v.Version)
+				}
+				if err := w.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// Watchers of one job on one client share one Pub/Sub subscription; each
+// still receives every hint, and the subscription goes with the last one.
+func TestWatchersShareOneSubscription(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testredis.Client(t)
+	job := testredis.JobID(t)
+	channel := elastic.KeyPrefix + "{" + job + "}:events"
+	subs := func() int64 {
+		t.Helper()
+		n, err := c.PubSubNumSub(ctx, channel).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n[channel]
+	}
+	var ws []elastic.Watcher
+	for range 5 {
+		w, err := elastic.NewRedisStore(c).Watch(ctx, job)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ws = append(ws, w)
+	}
+	if n := subs(); n != 1 {
+		t.Fatalf("%d subscriptions for 5 watchers on one client", n)
+	}
+	other := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
+	defer other.Close()
+	w2, err := elastic.NewRedisStore(other).Watch(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := subs(); n != 2 {
+		t.Fatalf("%d subscriptions for watchers on two clients", n)
+	}
+	_, round := formRound(t, elastic.NewRedisStore(c), job, 2, 0)
+	for i, w := range append(ws, w2) {
+		nextHint(t, w, fmt.Sprintf("close (watcher %d)", i), func(h elastic.Hint) bool { return h.Round == round && len(h.Members) == 2 })
+	}
+	for _, w := range ws[:4] {
+		if err := w.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := subs(); n != 2 {
+		t.Fatalf("%d subscriptions with one watcher left on each client", n)
+	}
+	_ = ws[4].Close()
+	_ = w2.Close()
+	waitFor(t, 5*time.Second, "the subscriptions to go", func() bool { return subs() == 0 })
+}
+
+// A member that holds its World learns from the open hint alone that its
+// round is over: ChangePending and RoundSuperseded both turn true, with
+// heartbeats far apart (the hint explains the version they would see, so
+// they do not re-read the view either).
+func TestOpenHintSupersedesTheRound(t *testing.T) {
+	for _, k := range []storeKind{memoryKind(), redisKind()} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			s := k.make(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 2, 3, time.Hour
+			cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+			agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ws := joinAll(t, ctx, agents)
+			checkRound(t, ws, agents)
+			a, b, c := agents[0], agents[1], agents[2]
+			if b.ChangePending() || b.RoundSuperseded() {
+				t.Fatal("change pending in a round nothing happened to")
+			}
+			if err := a.ReportFailure(ctx, ws[0].Round, c.Member().ID); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, 5*time.Second, "the survivor to see its round superseded", func() bool {
+				return b.ChangePending() && b.RoundSuperseded()
+			})
+			next := joinAll(t, ctx, []*elastic.Agent{a, b})
+			checkRound(t, next, []*elastic.Agent{a, b})
+			if next[0].Size != 2 || next[0].Round <= ws[0].Round {
+				t.Fatalf("next round %d of %d", next[0].Round, next[0].Size)
+			}
+			if b.ChangePending() || b.RoundSuperseded() {
+				t.Fatal("change still pending in the next round")
+			}
+		})
+	}
+}

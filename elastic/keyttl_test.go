@@ -1,0 +1,101 @@
+package elastic_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/internal/testredis"
+)
+
+// Every key of a job has a TTL of at most StateTTL after every kind of
+// call, including calls that create a key without a visible change (the
+// first survivor arriving in a re-formed round creates the arrived and back
+// sets), although the scripts renew the TTLs only when a call may have
+// created a key, on a visible change, or once half of StateTTL is spent.
+// And heartbeats alone keep a job's keys past StateTTL.
+func TestEveryKeyOfTheJobHasATTL(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	job := testredis.JobID(t)
+	p := elastic.Params{MinWorkers: 1, MaxWorkers: 4, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: 2 * time.Second}
+	keys := jobKeys(job)
+	checkTTLs := func(when string) {
+		t.Helper()
+		for _, k := range keys {
+			n, err := c.Exists(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if n == 0 {
+				continue
+			}
+			ttl, err := c.PTTL(ctx, k).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ttl <= 0 || ttl > p.StateTTL {
+				t.Fatalf("%s: %s has TTL %v (StateTTL %v)", when, k, ttl, p.StateTTL)
+			}
+		}
+	}
+	var inc string
+	registered := map[string]bool{}
+	join := func(id string) elastic.View {
+		t.Helper()
+		r := elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: id, Addr: id + ":1"},
+			NewIncarnation: "inc-" + job, Arrive: true, Params: p}
+		if registered[id] {
+			r.Incarnation = inc
+		}
+		v, err := s.Join(ctx, r)
+		if err != nil || v.Code != elastic.CodeOK {
+			t.Fatalf("join %s: %+v %v", id, v, err)
+		}
+		inc, registered[id] = v.Incarnation, true
+		return v
+	}
+	mr := func(id string) elastic.MemberRequest {
+		return elastic.MemberRequest{JobID: job, MemberID: id, Incarnation: inc, Params: p}
+	}
+	var round uint64
+	for _, id := range []string{"a", "b", "c", "d"} {
+		round = join(id).Round
+		checkTTLs("join " + id)
+	}
+	// d is lost: the next round opens with a, b and c expected and nobody
+	// arrived yet, so the arrived and back sets do not exist.
+	if _, err := s.Report(ctx, elastic.ReportRequest{MemberRequest: mr("a"), Round: round, Target: "d"}); err != nil {
+		t.Fatal(err)
+	}
+	checkTTLs("report")
+	if v := join("a"); !v.Open || v.Role != elastic.RoleArrived {
+		t.Fatalf("a: %+v", v) // the round still waits for b and c: no visible change
+	}
+	checkTTLs("first survivor arrives")
+	join("b")
+	if v := join("c"); v.Open || v.Role != elastic.RoleRanked {
+		t.Fatalf("c: %+v", v)
+	}
+	checkTTLs("round closes")
+	join("e")
+	checkTTLs("newcomer")
+	// Heartbeats alone, for longer than StateTTL: the job's keys stay.
+	deadline := time.Now().Add(p.StateTTL + p.StateTTL/2)
+	for time.Now().Before(deadline) {
+		for _, id := range []string{"a", "b", "c", "e"} {
+			b, err := s.Heartbeat(ctx, mr(id))
+			if err != nil || b.Code != elastic.CodeOK {
+				t.Fatalf("heartbeat %s: %+v %v", id, b, err)
+			}
+		}
+		checkTTLs("heartbeat")
+		time.Sleep(p.StateTTL / 10) // the heartbeat interval of this test's members
+	}
+	if v, err := s.Check(ctx, mr("a")); err != nil || v.Code != elastic.CodeOK {
+		t.Fatalf("after %v of heartbeats only: %+v %v", p.StateTTL+p.StateTTL/2, v, err)
+	}
+}
