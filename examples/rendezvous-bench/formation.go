@@ -37,7 +37,9 @@ type formationResult struct {
 	change      time.Duration // one member lost: from the loss (its report) until every survivor holds the next World
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
+	changeSeen  time.Duration // from the loss until every survivor's ChangePending was true
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
+	changeStats string        // the same for the membership change
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
 }
@@ -47,8 +49,9 @@ type formationResult struct {
 // still has its own Pub/Sub subscription.
 const membersPerClient = 8
 
-// formationLease is the members' LeaseTTL in the formation figures (-formation-lease).
-var formationLease = elastic.DefaultLeaseTTL
+// formationLease and formationBeat are the members' LeaseTTL and
+// HeartbeatInterval in the formation figures (-formation-lease, -heartbeat).
+var formationLease, formationBeat = elastic.DefaultLeaseTTL, elastic.DefaultHeartbeatInterval
 
 // formation forms one round of n members (it closes at the n-th arrival)
 // and measures the time from the last member's arrival (its Join
@@ -70,7 +73,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
 	cfg.LeaseTTL = formationLease
 	cfg.JoinTimeout = 5 * time.Minute // thousands of members start on two shared cores
-	cfg.HeartbeatInterval = min(cfg.HeartbeatInterval, formationLease/3)
+	cfg.HeartbeatInterval = min(formationBeat, formationLease/3)
 	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)
@@ -157,7 +160,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	var worst, first time.Time
 	for i := range n {
 		if errs[i] != nil {
-			return res, errs[i]
+			return res, fmt.Errorf("member %d forming the round: %w", i, errs[i])
 		}
 		if done[i].After(worst) {
 			worst = done[i]
@@ -204,7 +207,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	_ = victim.Close()
 	lost := time.Now()
 	c0, cErr := redisCPU(ctx, clients[0])
+	cstats0, _ := commandStats(ctx, clients[0])
 	survivors := agents[:n-1]
+	seen := make([]time.Time, len(survivors))
 	var cwg sync.WaitGroup
 	for i, a := range survivors {
 		cwg.Add(1)
@@ -219,6 +224,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 					return
 				}
 			}
+			seen[i] = time.Now()
 			var w elastic.World
 			w, errs[i] = a.Join(ctx)
 			done[i] = time.Now()
@@ -237,7 +243,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	worst, first = time.Time{}, time.Time{}
 	for i := range survivors {
 		if errs[i] != nil {
-			return res, errs[i]
+			return res, fmt.Errorf("member %d after the loss: %w", i, errs[i])
 		}
 		if done[i].After(worst) {
 			worst = done[i]
@@ -247,8 +253,14 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
+	for _, t := range seen {
+		res.changeSeen = max(res.changeSeen, t.Sub(lost))
+	}
 	if c1, err := redisCPU(ctx, clients[0]); err == nil && cErr == nil {
 		res.changeCPU = c1 - c0
+	}
+	if cstats1, err := commandStats(ctx, clients[0]); err == nil && cstats0 != nil {
+		res.changeStats = statsDelta(cstats0, cstats1)
 	}
 	return res, nil
 }

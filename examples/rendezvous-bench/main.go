@@ -30,6 +30,7 @@
 //
 //	go run ./examples/rendezvous-bench [-workers 2,8,32,64] [-procs 4] [-reps 3]
 //	    [-lease 3s] [-redis host:port] [-hold 0] [-kill=true] [-json]
+//	    [-change report|lease|none] [-formation-lease 3s] [-heartbeat 500ms]
 //
 // With -redis empty a private redis-server is started on a free loopback
 // port (an embedded server, elastic/standalone, if redis-server is not on
@@ -66,6 +67,7 @@ type figure struct {
 	AllMS    []float64 `json:"all_ms"`
 	// Formation only: medians over the reps.
 	FirstMS    float64 `json:"first_ms,omitempty"`     // last arrival until the first member holds its World
+	SeenMS     float64 `json:"seen_ms,omitempty"`      // change only: the loss until every survivor's ChangePending was true
 	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"` // Redis CPU (INFO cpu) for one formation
 	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"` // this process' CPU over the same span
 	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"` // Redis CPU from the last arrival until every World
@@ -94,6 +96,7 @@ func main() {
 	verbose := flag.Bool("v", false, "print the busiest Redis commands of each formation (INFO commandstats) on stderr")
 	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
 	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
+	formBeat := flag.Duration("heartbeat", elastic.DefaultHeartbeatInterval, "HeartbeatInterval of the members in the formation figures (at most a third of -formation-lease)")
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
 	flag.Parse()
@@ -108,7 +111,7 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
-	formationLease = *formLease
+	formationLease, formationBeat = *formLease, *formBeat
 	changeMode := *change
 	switch changeMode {
 	case "none":
@@ -158,11 +161,15 @@ func main() {
 			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f members_ratio=%.2f %s\n",
 				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, goal)
 		case f.Figure == "hold":
-			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs %s\n",
-				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, goal)
+			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs (%s) %s\n",
+				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.LeaseTTL, goal)
 		default:
-			fmt.Printf("%-26s %-13s members=%-4d median=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
+			seen := ""
+			if f.SeenMS > 0 {
+				seen = fmt.Sprintf("every survivor saw the change after %.2fms, ", f.SeenMS)
+			}
+			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -173,7 +180,7 @@ func main() {
 	}
 	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU []time.Duration
+		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU, chgSeen []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -187,8 +194,12 @@ func main() {
 				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
 					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
 			}
+			if *verbose && res.changeStats != "" {
+				fmt.Fprintf(os.Stderr, "change in a round of %d: redis %s\n", n, res.changeStats)
+			}
 			if res.change > 0 {
 				chg, chgCPU, chgFirst = append(chg, res.change), append(chgCPU, res.changeCPU), append(chgFirst, res.changeFirst)
+				chgSeen = append(chgSeen, res.changeSeen)
 			}
 			if res.hold > 0 {
 				holdPct = append(holdPct, 100*res.holdCPU.Seconds()/res.hold.Seconds())
@@ -208,7 +219,7 @@ func main() {
 		emit(f)
 		if len(chg) > 0 {
 			c := summarize("change_"+changeMode, storeName, n, chg)
-			c.RedisCPUMS, c.FirstMS = msf(median(chgCPU)), msf(median(chgFirst))
+			c.RedisCPUMS, c.FirstMS, c.SeenMS = msf(median(chgCPU)), msf(median(chgFirst)), msf(median(chgSeen))
 			if changeMode == "report" {
 				c.Goal = "under 100 ms"
 			} else {
@@ -218,7 +229,8 @@ func main() {
 		}
 		if len(holdPct) > 0 {
 			slices.Sort(holdPct)
-			h := figure{Figure: "hold", Store: storeName, Members: n, Reps: len(holdPct), HoldCPUPct: holdPct[len(holdPct)/2], HoldS: holdS}
+			h := figure{Figure: "hold", Store: storeName, Members: n, Reps: len(holdPct), HoldCPUPct: holdPct[len(holdPct)/2], HoldS: holdS,
+				LeaseTTL: fmt.Sprintf("LeaseTTL %v, HeartbeatInterval %v", formationLease, min(formationBeat, formationLease/3))}
 			if n == 4096 {
 				h.Goal = "under 20% of a core"
 			}
