@@ -184,3 +184,32 @@ func TestOpenHintSupersedesTheRound(t *testing.T) {
 		})
 	}
 }
+
+// Anything published on a job's channel is at most a hint: a message that
+// names a closed round the store does not hold (a stale or forged one) is
+// delivered as a version hint without members, garbage as an empty hint,
+// and the watcher goes on delivering real hints after them.
+func TestWatcherSurvivesGarbageOnTheChannel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	job := testredis.JobID(t)
+	channel := elastic.KeyPrefix + "{" + job + "}:events"
+	w, err := s.Watch(ctx, job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for _, msg := range []string{"", "\x00\xff", "5\n7\ninc-none", "9\n3\ninc\nnot json", "18446744073709551616\n1\nx", "6\n0\n\nopen"} {
+		if err := c.Publish(ctx, channel, msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+		h := nextHint(t, w, fmt.Sprintf("%q", msg), func(elastic.Hint) bool { return true })
+		if h.Members != nil || (h.Open && h.Round == 0) {
+			t.Fatalf("%q gave %+v", msg, h)
+		}
+	}
+	_, round := formRound(t, s, job, 2, 0)
+	nextHint(t, w, "close after the garbage", func(h elastic.Hint) bool { return h.Round == round && len(h.Members) == 2 })
+}
