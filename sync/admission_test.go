@@ -87,6 +87,11 @@ func TestSilentFloodFromAnotherAddressIsParked(t *testing.T) {
 	var f flood
 	defer f.close()
 	f.open(t, "127.0.0.2", a.Addr(), maxPendingPerAddr+100)
+	// Every connection admitted before the clock moves: a Dial returns
+	// once the kernel completed the handshake, maybe before the Transport
+	// accepted it, and one admitted after the advance is young, so the
+	// second flood below would find fewer old ones to park in its place.
+	waitFor(t, 10*time.Second, func() bool { return a.Stats().Unauthenticated == maxPendingPerAddr+100 })
 	clock.advance(time.Second) // the flood is older than parkMinAge now
 	waitFor(t, 10*time.Second, func() bool {
 		st := a.Stats()
