@@ -119,6 +119,7 @@ func TestLivenessShortPause(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	require.NoError(t, h.WaitStep(ctx, 50))
 	round := h.Status().MaxRound
 	w := h.Workers()[1]
@@ -149,6 +150,7 @@ func TestLivenessStoreBlackholedForGood(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	require.NoError(t, h.WaitStep(ctx, 50))
 	cutOff := h.Workers()[2]
 	cutOff.RedisProxy.SetBlackhole(true)
@@ -197,6 +199,7 @@ func TestLivenessHungStepFunction(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	require.NoError(t, h.WaitStep(ctx, 50))
 	hung := h.Workers()[1]
 	require.NoError(t, h.Hang(hung, true))
@@ -261,6 +264,7 @@ func TestLivenessLongMarkedPhases(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	res := h.Finish(ctx, faultinject.Bounds{Start: 2 * phase})
 	wall := time.Since(start)
 	require.Empty(t, res.Violations)
@@ -327,6 +331,7 @@ func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
 	h, err := faultinject.Start(ctx, cfg)
 	require.NoError(t, err)
 	defer h.Close()
+	logWorkersOnFailure(t, h)
 	require.NoError(t, h.WaitStep(ctx, 50))
 	hung := h.Workers()[1]
 	require.NoError(t, h.Hang(hung, true))
@@ -349,7 +354,7 @@ func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
 			continue
 		}
 		named := logTimeOf(t, w.LogPath, "silent rank", `"silent_addr":"`+hung.Addr+`"`)
-		require.False(t, named.IsZero(), "worker %d never named the hung worker as silent", w.Index)
+		require.False(t, named.IsZero(), "worker %d never named the hung worker as silent (the others stepped without it %v after the hang)", w.Index, took)
 		t.Logf("worker %d named the hung worker %v after the hang (bound OpTimeout + 1 s = %v)", w.Index, named.Sub(at).Round(time.Millisecond), cfg.OpTimeout+time.Second)
 		require.Less(t, named.Sub(at), cfg.OpTimeout+time.Second, "worker %d", w.Index)
 	}
