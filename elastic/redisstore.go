@@ -50,20 +50,25 @@ func jobKeys(jobID string) []string {
 
 func jobChannel(jobID string) string { return KeyPrefix + "{" + jobID + "}:events" }
 
-// commonArgs are the ARGV every script starts with. have is the round
-// whose roster the caller needs no copy of: the round of the World it holds,
-// or a later one whose roster this process has read already (rosterOf);
-// runView tells the two apart.
+// commonArgs are the ARGV every script starts with; have is the round whose
+// roster the caller needs no copy of (ARGV 9).
 func commonArgs(jobID, memberID, inc string, p Params, have uint64) []any {
-	if inc != "" {
-		have = max(have, cachedRosterRound(jobID, inc))
-	}
 	return []any{
 		jobChannel(jobID),
 		p.MinWorkers, p.MaxWorkers,
 		ms(p.LastCall), max(1, ms(p.LeaseTTL)), max(1, ms(p.StateTTL)),
 		memberID, inc, strconv.FormatUint(have, 10),
 	}
+}
+
+// viewArgs are commonArgs for a script that answers a view: have is the
+// round of the World the caller holds, or a later one whose roster this
+// process has read already (rosterOf); runView tells the two apart.
+func viewArgs(jobID, memberID, inc string, p Params, have uint64) []any {
+	if inc != "" {
+		have = max(have, cachedRosterRound(jobID, inc))
+	}
+	return commonArgs(jobID, memberID, inc, p, have)
 }
 
 func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID, memberID string, p Params, have uint64, args []any) (View, error) {
@@ -75,51 +80,50 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 		if err != nil {
 			return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
 		}
-		rv, err := parseView(res)
-		if err != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		rv, perr := parseView(res)
+		if perr != nil {
+			return View{}, &StoreError{Op: op, JobID: jobID, Err: perr}
 		}
 		if rv.Code != CodeOK || rv.Role != RoleRanked || rv.Open {
 			return wrapView(rv, op, jobID)
 		}
 		if len(rv.records) > 0 {
-			out, err := wrapView(rv, op, jobID)
-			if err == nil {
+			out, werr := wrapView(rv, op, jobID)
+			if werr == nil {
 				keepRoster(jobID, out.Incarnation, out.Round, out.Members)
 			}
-			return out, err
+			return out, werr
 		}
 		// Ranked in a closed round whose roster the script left out: the
 		// caller holds its World, or this process has read the roster
-		// already (commonArgs); the records of a large round then cross
+		// already (viewArgs); the records of a large round then cross
 		// the link once per process, not once per member.
 		rv.omitted = true
-		out, err := wrapView(rv, op, jobID)
-		if err != nil || (have != 0 && rv.Round == have) {
-			return out, err
+		out, werr := wrapView(rv, op, jobID)
+		if werr != nil || (have != 0 && rv.Round == have) {
+			return out, werr
 		}
-		ms, err := s.rosterOf(ctx, jobID, rv.Incarnation, rv.Round)
+		ms, rerr := s.rosterOf(ctx, jobID, rv.Incarnation, rv.Round)
 		switch {
-		case err == nil && len(ms) == rv.Size && ms[rv.Rank].ID == memberID:
+		case rerr == nil && len(ms) == rv.Size && ms[rv.Rank].ID == memberID:
 			out.Members = ms
 			return out, nil
-		case err == nil && attempt < 3:
-			// Not the roster this view names: a cached one of the same
-			// round number and incarnation from before the store went back
-			// to an older state (a failover that lost writes). Read again.
-			forgetRoster(jobID, rv.Incarnation, rv.Round)
-			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
+		case attempt < 3 && (rerr == nil || errors.Is(rerr, errRosterGone)):
+			if rerr == nil {
+				// Not the roster this view names: a cached one of the same
+				// round number and incarnation from before the store went
+				// back to an older state (a failover that lost writes).
+				forgetRoster(jobID, rv.Incarnation, rv.Round)
+			}
+			// Else the next round opened between the script and the read:
+			// the view is stale. Either way, read it again (a Check
+			// changes nothing the call did not already change).
+			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), viewArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
 			continue
-		case err == nil:
-			err = fmt.Errorf("%w: the roster of round %d has %d members, the view %d (rank %d)", ErrBadState, rv.Round, len(ms), rv.Size, rv.Rank)
-		case errors.Is(err, errRosterGone) && attempt < 3:
-			// The next round opened between the script and the read: the
-			// view is stale. Read it again (a Check changes nothing the
-			// call did not already change).
-			res, err = scriptCheck.Run(ctx, s.c, jobKeys(jobID), commonArgs(jobID, memberID, rv.Incarnation, p, have)...).Slice()
-			continue
+		case rerr == nil:
+			rerr = fmt.Errorf("%w: the roster of round %d has %d members, the view %d (rank %d)", ErrBadState, rv.Round, len(ms), rv.Size, rv.Rank)
 		}
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		return View{}, &StoreError{Op: op, JobID: jobID, Err: rerr}
 	}
 }
 
@@ -128,7 +132,7 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if err := r.Member.validate(); err != nil {
 		return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
 	}
-	args := commonArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params, 0)
+	args := viewArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params, 0)
 	arrive := 0
 	if r.Arrive {
 		arrive = 1
@@ -142,23 +146,23 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 
 // Check implements Store.
 func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "check", scriptCheck, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "check", scriptCheck, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
 func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
-	args := append(commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
+	args := append(viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
 	return s.runView(ctx, "report", scriptReport, r.JobID, r.MemberID, r.Params, r.HaveRound, args)
 }
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Finish implements Store.
 func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.MemberID, r.Params, r.HaveRound, commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
