@@ -38,6 +38,29 @@ func stepAt(h *faultinject.Harness, t time.Time) int64 {
 	return s
 }
 
+// waitBack waits until worker w, released from a fault, steps again in a
+// round of size, and fails the test if the job finished first: a worker
+// the job finished without exits with an error, which Finish counts as a
+// violation, so a test whose job is too short for the way back would fail
+// there with a less telling message.
+func waitBack(t *testing.T, h *faultinject.Harness, w *faultinject.Worker, size int) {
+	t.Helper()
+	since := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := h.WaitFor(ctx, func(s faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(since) && m.Size == size && m.Worker == w.Index {
+				return true
+			}
+		}
+		return s.Finished > 0
+	})
+	require.NoError(t, err, "worker %d did not step in a round of %d within 60 s of its release", w.Index, size)
+	require.Zero(t, h.Status().Finished, "the job finished before worker %d came back; raise Epochs", w.Index)
+	t.Logf("worker %d stepped in a round of %d again %v after its release", w.Index, size, time.Since(since).Round(time.Millisecond))
+}
+
 // TestLivenessSlowStoreLink (Must show 1): one worker's Redis link gets
 // 0.7 x LeaseTTL of latency each way for several lease periods: no round
 // changes, and the job steps at least half as fast as undisturbed. From a
@@ -48,10 +71,15 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 	cfg := testConfig(t, testredis.Addr(t))
 	cfg.ProxyRedis = true
 	cfg.RedisTimeout = 5 * time.Second // go-redis' own timeouts above the link's round trip
+	// Enough epochs that the job outlasts the slow worker's return: a
+	// worker left behind rejoins once the backlog queued at 1.5 x LeaseTTL
+	// drains (about 1.5 s after the link heals), and the job must not
+	// finish without it (ci of 2026-12-02: 25 epochs ended 1.4 s after the
+	// cut, and the slow worker exited 'finished without this worker').
 	periods := 3
-	cfg.Epochs = 25
+	cfg.Epochs = 45
 	if livenessFull() {
-		periods, cfg.Epochs = 10, 80
+		periods, cfg.Epochs = 10, 100
 	}
 	ctx := context.Background()
 	h, err := faultinject.Start(ctx, cfg)
@@ -104,6 +132,7 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 		left, cfg.LeaseTTL+time.Second, loadavg())
 	require.Less(t, left, cfg.LeaseTTL+time.Second)
 	slow.RedisProxy.SetLatency(0)
+	waitBack(t, h, slow, 3)
 	res := h.Finish(ctx, faultinject.Bounds{})
 	require.Empty(t, res.Violations)
 }
@@ -228,6 +257,7 @@ func TestLivenessHungStepFunction(t *testing.T) {
 		require.Contains(t, string(log), `"gone_addr":"`+hung.Addr+`"`, "worker %d names the hung worker", w.Index)
 	}
 	require.NoError(t, h.Hang(hung, false))
+	waitBack(t, h, hung, 3)
 	res := h.Finish(ctx, faultinject.Bounds{})
 	require.Empty(t, res.Violations)
 	log, err := os.ReadFile(hung.LogPath)
@@ -361,6 +391,7 @@ func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
 	t.Logf("the others train without the hung worker %v after the hang (bound 20 s); load %s", took.Round(time.Millisecond), loadavg())
 	require.Less(t, took, 20*time.Second)
 	require.NoError(t, h.Hang(hung, false))
+	waitBack(t, h, hung, 3)
 	res := h.Finish(ctx, faultinject.Bounds{})
 	require.Empty(t, res.Violations)
 }
