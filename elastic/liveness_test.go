@@ -28,7 +28,20 @@ func livenessFull() bool { return os.Getenv("ELASTICTRAIN_LIVENESS_FULL") == "1"
 // client: ContextTimeoutEnabled off) to addr.
 func plainAgent(t *testing.T, addr string, cfg elastic.Config, name string) *elastic.Agent {
 	t.Helper()
-	c := redis.NewClient(&redis.Options{Addr: addr})
+	return agentWith(t, &redis.Options{Addr: addr}, cfg, name)
+}
+
+// slowLinkAgent is an Agent whose go-redis client waits 10 s for a reply
+// (go-redis' default ReadTimeout, 3 s, is near the 2.8 s round trip of the
+// slow-link tests' 0.7 x LeaseTTL latency at a 2 s lease).
+func slowLinkAgent(t *testing.T, addr string, cfg elastic.Config, name string) *elastic.Agent {
+	t.Helper()
+	return agentWith(t, &redis.Options{Addr: addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}, cfg, name)
+}
+
+func agentWith(t *testing.T, opt *redis.Options, cfg elastic.Config, name string) *elastic.Agent {
+	t.Helper()
+	c := redis.NewClient(opt)
 	a, err := elastic.NewAgent(elastic.NewRedisStore(c), elastic.NewMember("127.0.0.1:"+name), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -59,12 +72,14 @@ func newProxy(t *testing.T, upstream string) *faultinject.Proxy {
 // and the other member holds a round without it within LeaseTTL + 1 s.
 func TestSlowStoreLinkKeepsRound(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, 100*time.Millisecond
+	// 2 s: the slack under 0.7 x LeaseTTL latency is 0.3 x LeaseTTL -
+	// HeartbeatInterval (see TestSlowStoreLinkJoinsNextRound).
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 2*time.Second, 100*time.Millisecond
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
 	addr := testredis.Addr(t)
 	p := newProxy(t, addr)
-	fast := plainAgent(t, addr, cfg, "1")
-	slow := plainAgent(t, p.Addr(), cfg, "2")
+	fast := slowLinkAgent(t, addr, cfg, "1")
+	slow := slowLinkAgent(t, p.Addr(), cfg, "2")
 	ctx := context.Background()
 	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
 	checkRound(t, ws, []*elastic.Agent{fast, slow})
@@ -100,7 +115,9 @@ func TestSlowStoreLinkKeepsRound(t *testing.T) {
 	// reaches Redis for longer than a lease.
 	p.SetLatency(0)
 	waitFor(t, 5*time.Second, "the slow link's backlog to drain", func() bool { return !slow.ChangePending() })
-	healthy := time.Now().Add(2 * cfg.HeartbeatInterval)
+	// What was sent at 0.7 x LeaseTTL latency still arrives that late:
+	// wait it out, so the cut below starts from a link without a backlog.
+	healthy := time.Now().Add(cfg.LeaseTTL*7/10 + 2*cfg.HeartbeatInterval)
 	for time.Now().Before(healthy) {
 		time.Sleep(cfg.HeartbeatInterval)
 	}
@@ -135,13 +152,18 @@ func TestSlowStoreLinkKeepsRound(t *testing.T) {
 // ErrStoreUnavailable once the outage budget ran out.
 func TestSlowStoreLinkJoinsNextRound(t *testing.T) {
 	cfg := testConfig(t)
-	cfg.LeaseTTL, cfg.HeartbeatInterval = time.Second, 100*time.Millisecond
+	// A 2 s lease: when the latency sets in, the renewals reaching Redis
+	// gap by 0.7 x LeaseTTL + HeartbeatInterval, so the lease's slack is
+	// 0.3 x LeaseTTL - HeartbeatInterval; at a 1 s lease that was 200 ms,
+	// which a loaded CI machine's scheduling ate (ci of 2026-12-03: the
+	// slow member saw ChangePending; once it was fenced).
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 2*time.Second, 100*time.Millisecond
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, 200*time.Millisecond
 	cfg.OutageBudget = 4 * time.Second
 	addr := testredis.Addr(t)
 	p := newProxy(t, addr)
-	fast := plainAgent(t, addr, cfg, "1")
-	slow := plainAgent(t, p.Addr(), cfg, "2")
+	fast := slowLinkAgent(t, addr, cfg, "1")
+	slow := slowLinkAgent(t, p.Addr(), cfg, "2")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
@@ -158,7 +180,7 @@ func TestSlowStoreLinkJoinsNextRound(t *testing.T) {
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	newcomer := plainAgent(t, addr, cfg, "3")
+	newcomer := slowLinkAgent(t, addr, cfg, "3")
 	start := time.Now()
 	ws = joinAll(t, ctx, []*elastic.Agent{fast, slow, newcomer})
 	checkRound(t, ws, []*elastic.Agent{fast, slow, newcomer})
