@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -44,12 +45,16 @@ type Agent struct {
 	// supRound (version supVer) of our incarnation after the round of our
 	// World, so a change is pending without a store call to say so.
 	supRound, supVer uint64
-	err              error
-	outageSince      time.Time
-	outageLog        time.Time // when the outage was last logged
-	joining          bool
-	started          bool
-	leaving          bool // Leave (or the progress watch's leave) is evicting this member
+	// offer is a hint of a closed round newer than our World that ranks
+	// us (a round re-formed after a loss counts its survivors as arrived):
+	// the next Join takes its World from it without a store call.
+	offer       Hint
+	err         error
+	outageSince time.Time
+	outageLog   time.Time // when the outage was last logged
+	joining     bool
+	started     bool
+	leaving     bool // Leave (or the progress watch's leave) is evicting this member
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
 	rtt      rttEstimate   // the store link's round trip, from heartbeats (opTimeout)
@@ -301,6 +306,9 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 		Arrive:         arrive,
 		Params:         a.params,
 	}
+	if a.hasWorld {
+		r.HaveRound = a.world.Round
+	}
 	if a.inc != "" {
 		// Used by the store only if our incarnation is gone: re-register
 		// with our old order and ask it to wait for our old peers.
@@ -467,6 +475,18 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	default:
 	}
 	a.ensureStarted(ctx)
+	// The round that replaced ours may already rank us (re-formed after a
+	// loss, announced by a hint): take it without a store call.
+	a.mu.Lock()
+	offer := a.offer
+	a.offer = Hint{}
+	fresh := offer.Version >= a.view.Version // nothing newer seen since
+	a.mu.Unlock()
+	if offer.Members != nil && fresh {
+		if w, ok := a.worldFromHint(offer); ok {
+			return w, nil
+		}
+	}
 
 	jctx, cancel := context.WithTimeout(ctx, a.cfg.JoinTimeout)
 	defer cancel()
@@ -773,7 +793,13 @@ func (a *Agent) run(w Watcher) {
 	var beats sync.WaitGroup
 	defer beats.Wait()
 	inFlight := 0
-	timer := time.NewTimer(a.cfg.HeartbeatInterval)
+	// The first heartbeat at a random point of the first interval: members
+	// started together would otherwise beat together for the whole job, and
+	// a lapsed lease is swept by the first call after it lapsed, so the
+	// job's beats in step would find it up to a HeartbeatInterval late;
+	// spread over the interval, n members find it within about
+	// HeartbeatInterval/n.
+	timer := time.NewTimer(time.Duration(1 + mrand.Int64N(int64(a.cfg.HeartbeatInterval))))
 	defer timer.Stop()
 	warmTick := time.NewTicker(warmEvery)
 	defer warmTick.Stop()
@@ -869,12 +895,24 @@ func (a *Agent) onHint(h Hint) {
 	}
 }
 
-// supersededLocked records an open hint that supersedes the round of our
-// World (same incarnation, a later round, newer than the view held) and
-// reports whether it did; called with a.mu held.
+// supersededLocked records a hint that supersedes the round of our World
+// (same incarnation, a later round, newer than the view held) and reports
+// whether it did: an open round, or a closed one that ranks us (kept as
+// the offer the next Join takes). A closed round without us says less (we
+// may wait as a joiner, or be fenced): the caller reads the store. Called
+// with a.mu held.
 func (a *Agent) supersededLocked(h Hint) bool {
-	if !h.Open || h.Incarnation == "" || h.Incarnation != a.inc || !a.hasWorld || a.err != nil || a.lost ||
+	if h.Incarnation == "" || h.Incarnation != a.inc || !a.hasWorld || a.err != nil || a.lost ||
 		h.Round <= a.world.Round || h.Version <= a.view.Version {
+		return false
+	}
+	switch {
+	case h.Open:
+	case h.Members != nil && slices.ContainsFunc(h.Members, func(m Member) bool { return m.ID == a.self.ID }):
+		if h.Version > a.offer.Version {
+			a.offer = h
+		}
+	default:
 		return false
 	}
 	if h.Version > a.supVer {

@@ -116,27 +116,41 @@ func (j *coreJob) evict(id string, c *opCtx) {
 	c.changed = true
 }
 
-// openNext opens the round after the closed one: survivors (remaining
-// ranked members) are expected, pending joiners have arrived.
-func (j *coreJob) openNext(c *opCtx) {
+// openNext opens the round after the closed one: pending joiners have
+// arrived; survivors (remaining ranked members) are expected, or, with
+// present, have arrived too (see settle).
+func (j *coreJob) openNext(c *opCtx, present bool) {
 	st := j.st
 	st.Round = max(st.Round+1, st.Floor)
 	st.Open = true
 	st.Reform = len(st.Ranked) > 0
 	st.DL = 0
-	st.Expected = st.Ranked
-	st.Back = []string{}
-	st.Ranked = []string{}
 	st.Arrived = st.Pending
 	st.Pending = []string{}
+	if present {
+		st.Expected = []string{}
+		st.Back = st.Ranked
+		st.Arrived = append(st.Arrived, st.Ranked...)
+	} else {
+		st.Expected = st.Ranked
+		st.Back = []string{}
+	}
+	st.Ranked = []string{}
 	c.changed, c.opened = true, true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
+// The survivors count as arrived in it at once: each holds a live lease and
+// a rank in the round that lost a member, so the round re-forms in the call
+// that evicted (tryClose), without a store call per survivor (O(n) calls
+// per loss in a round of thousands). A survivor takes the new World from
+// the change's hint, or from its next Join (JoinRequest.HaveRound tells the
+// store it has not held that round yet); one that died meanwhile is found
+// by its lease as in any closed round.
 func (j *coreJob) settle(c *opCtx) {
 	if c.reopen {
 		c.reopen = false
-		j.openNext(c)
+		j.openNext(c, true)
 	}
 }
 
@@ -379,7 +393,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 		// Re-registration after the state was lost: wait for the old peers
 		// (a grace lease each) instead of declaring them dead.
 		if !st.Open && len(st.Ranked) == 0 {
-			j.openNext(&c)
+			j.openNext(&c, false)
 		}
 		if st.Open {
 			for _, peer := range append([]string{id}, r.Peers...) {
@@ -397,9 +411,17 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	}
 	if r.Arrive {
 		if !st.Open {
-			if contains(st.Ranked, id) || len(st.Ranked) == 0 {
-				j.openNext(&c)
-			} else if !contains(st.Pending, id) {
+			// A ranked member that holds this round's World (or a later
+			// one: the store went back; or says nothing, HaveRound 0)
+			// leaves it: the next round opens, expecting the others. One
+			// that holds an earlier round is ranked in a round it never
+			// held (re-formed after a loss, its hint missed): it just
+			// takes it.
+			ranked := contains(st.Ranked, id)
+			leaves := r.HaveRound == 0 || r.HaveRound >= st.Round
+			if (ranked && leaves) || len(st.Ranked) == 0 {
+				j.openNext(&c, false)
+			} else if !ranked && !contains(st.Pending, id) {
 				st.Pending = append(st.Pending, id)
 				c.changed = true
 			}
@@ -455,6 +477,7 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 	for _, exp := range j.leases {
 		if exp <= now {
 			j.sweep(now, &c)
+			j.tryClose(now, r.Params, &c) // the survivors of a lapsed lease re-form at once
 			break
 		}
 	}

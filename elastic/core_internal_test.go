@@ -48,7 +48,9 @@ func TestCoreClock(t *testing.T) {
 		// and nobody earns a silence credit (see TestSilenceCredit).
 		{"at t=1.9s a renews; b (last renewed at t=0) and c go quiet", 1400 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
 		{"at t=2.9s a renews", 1000 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return !v.Open && v.Size == 2 }},
-		{"at 3s after b's last renewal b's lease lapses: one new round", 100 * time.Millisecond, func() View { return check("a") }, func(v View) bool { return v.Open && v.Round == 2 && v.Role == RoleExpected }},
+		{"at 3s after b's last renewal b's lease lapses: the survivor and the waiting joiner form round 2 at once", 100 * time.Millisecond, func() View { return check("a") }, func(v View) bool {
+			return !v.Open && v.Round == 2 && v.Role == RoleRanked && v.Rank == 0 && v.Size == 2 && v.Members[1].ID == "c"
+		}},
 		{"b is fenced", 0, func() View { return check("b") }, func(v View) bool { return v.Code == CodeFenced }},
 	}
 	for _, st := range steps {

@@ -3,7 +3,9 @@ package elastic_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,10 +78,24 @@ func TestHintsCarryTheRosterAndTheNextRound(t *testing.T) {
 					t.Fatalf("%s: close hint of round %d: inc %q, %d members", tc.name, round, h.Incarnation, len(h.Members))
 				}
 				p := elastic.Params{MinWorkers: 1, MaxWorkers: tc.n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+				// A member lost: the survivors re-form the next round in the
+				// report's own call, and its close hint carries them.
 				v, err := s.Report(ctx, elastic.ReportRequest{MemberRequest: elastic.MemberRequest{JobID: job, MemberID: "m0000", Incarnation: inc, Params: p},
 					Round: round, Target: "m0001"})
-				if err != nil || v.Code != elastic.CodeOK || !v.Open {
+				if err != nil || v.Code != elastic.CodeOK || v.Open || v.Round <= round || v.Size != tc.n-1 {
 					t.Fatalf("report: %+v %v", v, err)
+				}
+				h = nextHint(t, w, "close after the loss", func(h elastic.Hint) bool { return h.Round == v.Round && !h.Open })
+				if h.Incarnation != inc || h.Version != v.Version || len(h.Members) != tc.n-1 ||
+					slices.ContainsFunc(h.Members, func(m elastic.Member) bool { return m.ID == "m0001" }) {
+					t.Fatalf("%s: close hint after the loss: %+v, view round %d version %d", tc.name, h.Round, v.Round, v.Version)
+				}
+				// A ranked member that holds the round leaves it (Join):
+				// the next round opens, announced as open.
+				v, err = s.Join(ctx, elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: "m0000", Host: strings.Repeat("h", tc.pad), Addr: "127.0.0.1:1"},
+					Incarnation: inc, NewIncarnation: "unused", RoundHint: v.Round, HaveRound: v.Round, Arrive: true, Params: p})
+				if err != nil || v.Code != elastic.CodeOK || !v.Open || v.Role != elastic.RoleArrived {
+					t.Fatalf("leaving join: %+v %v", v, err)
 				}
 				h = nextHint(t, w, "open", func(h elastic.Hint) bool { return h.Open })
 				if h.Round != v.Round || h.Incarnation != inc || h.Version != v.Version || h.Members != nil {
@@ -149,8 +165,73 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 // A member that holds its World learns from the open hint alone that its
 // round is over: ChangePending and RoundSuperseded both turn true, with
 // heartbeats far apart (the hint explains the version they would see, so
-// they do not re-read the view either).
+// they do not re-read the view either). Here a peer left the round with
+// Join (as a trainer does to admit a joiner, or after a failed collective).
 func TestOpenHintSupersedesTheRound(t *testing.T) {
+	for _, k := range []storeKind{memoryKind(), redisKind()} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			s := k.make(t)
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 2, 2, time.Hour
+			cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+			agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			ws := joinAll(t, ctx, agents)
+			checkRound(t, ws, agents)
+			a, b := agents[0], agents[1]
+			if b.ChangePending() || b.RoundSuperseded() {
+				t.Fatal("change pending in a round nothing happened to")
+			}
+			next := make(chan elastic.World, 1)
+			go func() {
+				w, err := a.Join(ctx) // a leaves its round: the next one opens, expecting b
+				if err != nil {
+					t.Error(err)
+				}
+				next <- w
+			}()
+			waitFor(t, 5*time.Second, "the survivor to see its round superseded", func() bool {
+				return b.ChangePending() && b.RoundSuperseded()
+			})
+			wb, err := b.Join(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRound(t, []elastic.World{<-next, wb}, agents)
+			if wb.Size != 2 || wb.Round <= ws[0].Round {
+				t.Fatalf("next round %d of %d", wb.Round, wb.Size)
+			}
+			if b.ChangePending() || b.RoundSuperseded() {
+				t.Fatal("change still pending in the next round")
+			}
+		})
+	}
+}
+
+// countingStore counts the store calls of one Agent other than heartbeats.
+type countingStore struct {
+	elastic.Store
+	calls atomic.Int64
+}
+
+func (s *countingStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	s.calls.Add(1)
+	return s.Store.Join(ctx, r)
+}
+
+func (s *countingStore) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+	s.calls.Add(1)
+	return s.Store.Check(ctx, r)
+}
+
+// A member lost from a round: the survivors re-form the next round in the
+// call that evicted it (here a report), and a survivor takes its new World
+// from the close hint alone: ChangePending turns true, and its Join returns
+// the next round without a store call (no Join, no Check), with heartbeats
+// far apart. In a round of n members that is n store calls fewer per loss.
+func TestSurvivorTakesTheReformedRoundFromTheHint(t *testing.T) {
 	for _, k := range []storeKind{memoryKind(), redisKind()} {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
@@ -158,28 +239,35 @@ func TestOpenHintSupersedesTheRound(t *testing.T) {
 			cfg := testConfig(t)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 2, 3, time.Hour
 			cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
-			agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
+			cs := &countingStore{Store: s}
+			a, b, c := newAgent(t, s, cfg), newAgent(t, cs, cfg), newAgent(t, s, cfg)
+			agents := []*elastic.Agent{a, b, c}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
 			ws := joinAll(t, ctx, agents)
 			checkRound(t, ws, agents)
-			a, b, c := agents[0], agents[1], agents[2]
-			if b.ChangePending() || b.RoundSuperseded() {
-				t.Fatal("change pending in a round nothing happened to")
-			}
+			_ = c.Close() // c dies
+			before := cs.calls.Load()
 			if err := a.ReportFailure(ctx, ws[0].Round, c.Member().ID); err != nil {
 				t.Fatal(err)
 			}
-			waitFor(t, 5*time.Second, "the survivor to see its round superseded", func() bool {
+			waitFor(t, 5*time.Second, "the survivor to see the change", func() bool {
 				return b.ChangePending() && b.RoundSuperseded()
 			})
-			next := joinAll(t, ctx, []*elastic.Agent{a, b})
-			checkRound(t, next, []*elastic.Agent{a, b})
-			if next[0].Size != 2 || next[0].Round <= ws[0].Round {
-				t.Fatalf("next round %d of %d", next[0].Round, next[0].Size)
+			wb, err := b.Join(ctx)
+			if err != nil {
+				t.Fatal(err)
 			}
-			if b.ChangePending() || b.RoundSuperseded() {
-				t.Fatal("change still pending in the next round")
+			if n := cs.calls.Load() - before; n != 0 {
+				t.Fatalf("the survivor made %d store calls to take the re-formed round", n)
+			}
+			wa, err := a.Join(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkRound(t, []elastic.World{wa, wb}, []*elastic.Agent{a, b})
+			if wb.Round <= ws[0].Round || wb.Size != 2 || wa.Round != wb.Round || b.ChangePending() || a.ChangePending() {
+				t.Fatalf("after the loss: a in round %d, b in round %d of %d; pending %v %v", wa.Round, wb.Round, wb.Size, a.ChangePending(), b.ChangePending())
 			}
 		})
 	}

@@ -137,7 +137,8 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 	if r.Arrive {
 		arrive = 1
 	}
-	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10))
+	args = append(args, r.NewIncarnation, r.Member.record(), r.Order, strconv.FormatUint(r.RoundHint, 10), arrive, strconv.FormatUint(r.Since, 10),
+		strconv.FormatUint(r.HaveRound, 10))
 	for _, p := range r.Peers {
 		args = append(args, p)
 	}

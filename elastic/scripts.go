@@ -139,20 +139,27 @@ local function evict(st, id)
   C.changed = true
 end
 
-local function open_next(st)
+local function open_next(st, present)
   st.round = math.max(st.round + 1, st.floor)
   st.open = true
   local survivors = redis.call('HKEYS', K_RANK)
   st.reform = #survivors > 0
   st.dl, st.size = 0, 0
   redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
-  each('SADD', K_EXPECTED, survivors)
   if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
+  if present then
+    each('SADD', K_BACK, survivors)
+    each('SADD', K_ARRIVED, survivors)
+  else
+    each('SADD', K_EXPECTED, survivors)
+  end
   C.changed, C.opened = true, true
 end
 
+-- settle: the survivors of an eviction from the running round count as
+-- arrived at once (core.go, settle).
 local function settle(st)
-  if C.reopen then C.reopen = false; open_next(st) end
+  if C.reopen then C.reopen = false; open_next(st, true) end
 end
 
 local function sweep(st)
@@ -299,12 +306,13 @@ end
 `
 
 // ARGV 10 new incarnation, 11 member record, 12 order, 13 round hint,
-// 14 arrive (0/1), 15 since, 16.. peers.
+// 14 arrive (0/1), 15 since, 16 the round whose World the caller holds
+// (JoinRequest.HaveRound), 17.. peers.
 const luaJoin = luaPrelude + `
 local NEWINC, REC, ORDER, HINT, ARRIVE = ARGV[10], ARGV[11], tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-local SINCE = tonumber(ARGV[15])
+local SINCE, HELD = tonumber(ARGV[15]), tonumber(ARGV[16]) or 0
 local PEERS = {}
-for i = 16, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
+for i = 17, #ARGV do PEERS[#PEERS + 1] = ARGV[i] end
 local st = load()
 if not st then
   redis.call('DEL', K_MEMBERS, K_LEASES, K_ORD, K_SINCE, K_ARRIVED, K_EXPECTED, K_BACK, K_PENDING, K_RANK, K_ROSTER)
@@ -347,7 +355,7 @@ end
 redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
 if st.open and st.round < st.floor then st.round = st.floor end
 if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
-  if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st) end
+  if not st.open and redis.call('HLEN', K_RANK) == 0 then open_next(st, false) end
   if st.open then
     local all = {ID}
     for _, p in ipairs(PEERS) do all[#all + 1] = p end
@@ -363,9 +371,11 @@ if #PEERS > 0 and INC ~= '' and INC ~= st.inc then
 end
 if ARRIVE then
   if not st.open then
-    if redis.call('HEXISTS', K_RANK, ID) == 1 or redis.call('HLEN', K_RANK) == 0 then
-      open_next(st)
-    elseif redis.call('SADD', K_PENDING, ID) == 1 then
+    local ranked = redis.call('HEXISTS', K_RANK, ID) == 1
+    local leaves = HELD == 0 or HELD >= st.round
+    if (ranked and leaves) or redis.call('HLEN', K_RANK) == 0 then
+      open_next(st, false)
+    elseif not ranked and redis.call('SADD', K_PENDING, ID) == 1 then
       C.changed = true
     end
   end
@@ -476,6 +486,7 @@ if #expired > 0 then
   local st = load()
   if not st then return {LOST, '', 0} end
   sweep(st)
+  try_close(st) -- the survivors of a lapsed lease re-form at once
   save(st)
   ver = st.ver
 else

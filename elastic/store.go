@@ -108,6 +108,13 @@ type JoinRequest struct {
 	Peers          []string // re-registration after a loss: member IDs of the caller's last World
 	Arrive         bool     // take part in the next/forming round; false = only (re-)register
 	Params         Params
+	// HaveRound is the round whose World the caller holds (0 = not said).
+	// An arrival of a member ranked in the closed round opens the next
+	// round (the caller leaves its round) unless HaveRound is below that
+	// round: then the caller is ranked in a round it never held (the round
+	// re-formed after a loss while the caller missed its hint) and is
+	// simply given it.
+	HaveRound uint64
 }
 
 // MemberRequest names the calling member of a job.
@@ -135,11 +142,14 @@ type ReportRequest struct {
 // Incarnation and Members (in rank order) describe it, so a waiting member
 // can take its World without another store call; otherwise Members is nil.
 // Members is shared by every Watcher of the process: read it, do not modify
-// it. When the change opened a round after a closed one (a member of the
-// running round was evicted or left, or a ranked member arrived for the next
-// round), Open is true and Round and Incarnation name the new round: every
-// member of the closed round learns that its round is superseded without a
-// store call.
+// it. A member lost from a running round re-forms the next round in the
+// same call (its survivors count as arrived): that close's hint ranks the
+// survivors, and each takes its World from it. When the change opened a
+// round after a closed one without closing it (a ranked member arrived for
+// the next round, or the survivors of a loss are fewer than MinWorkers),
+// Open is true and Round and Incarnation name the new round: every member
+// of the closed round learns that its round is superseded without a store
+// call.
 type Hint struct {
 	Version     uint64
 	Round       uint64
