@@ -45,6 +45,10 @@ type coreJob struct {
 	credit  int64 // silence credit (ms): job time = store time - credit
 }
 
+// beatLastStep (ms) is the step in which a plain heartbeat moves the job's
+// last call (see heartbeat).
+const beatLastStep = 10
+
 // silenceGap is the longest gap (ms) between two calls of the job that is
 // not silence: LeaseTTL/2, the longest HeartbeatInterval the configuration
 // allows, so a job with one live member never gaps beyond it.
@@ -117,9 +121,9 @@ func (j *coreJob) evict(id string, c *opCtx) {
 }
 
 // openNext opens the round after the closed one: pending joiners have
-// arrived; survivors (remaining ranked members) are expected, or, with
-// present, have arrived too (see settle).
-func (j *coreJob) openNext(c *opCtx, present bool) {
+// arrived; survivors (remaining ranked members) are expected, except those
+// present says have arrived too (see settle; nil: none).
+func (j *coreJob) openNext(c *opCtx, present func(id string) bool) {
 	st := j.st
 	st.Round = max(st.Round+1, st.Floor)
 	st.Open = true
@@ -127,30 +131,35 @@ func (j *coreJob) openNext(c *opCtx, present bool) {
 	st.DL = 0
 	st.Arrived = st.Pending
 	st.Pending = []string{}
-	if present {
-		st.Expected = []string{}
-		st.Back = st.Ranked
-		st.Arrived = append(st.Arrived, st.Ranked...)
-	} else {
-		st.Expected = st.Ranked
-		st.Back = []string{}
+	st.Expected, st.Back = []string{}, []string{}
+	for _, id := range st.Ranked {
+		if present != nil && present(id) {
+			st.Back = append(st.Back, id)
+			st.Arrived = append(st.Arrived, id)
+		} else {
+			st.Expected = append(st.Expected, id)
+		}
 	}
 	st.Ranked = []string{}
 	c.changed, c.opened = true, true
 }
 
 // settle opens exactly one new round if an eviction hit the running round.
-// The survivors count as arrived in it at once: each holds a live lease and
-// a rank in the round that lost a member, so the round re-forms in the call
-// that evicted (tryClose), without a store call per survivor (O(n) calls
-// per loss in a round of thousands). A survivor takes the new World from
-// the change's hint, or from its next Join (JoinRequest.HaveRound tells the
-// store it has not held that round yet); one that died meanwhile is found
-// by its lease as in any closed round.
-func (j *coreJob) settle(c *opCtx) {
+// A survivor that renewed its lease within the last silenceGap (LeaseTTL/2,
+// the longest HeartbeatInterval allowed) counts as arrived in it at once,
+// so the round usually re-forms in the call that evicted (tryClose),
+// without a store call per survivor (O(n) calls per loss in a round of
+// thousands); it takes the new World from the change's hint, or from its
+// next Join (JoinRequest.HaveRound tells the store it has not held that
+// round yet). A survivor silent for longer is expected as before: members
+// that died together (a host of several workers) lapse within a heartbeat
+// of each other, and the first lapse must not rank the others in a round
+// that would fail at once. At now (job time).
+func (j *coreJob) settle(now int64, p Params, c *opCtx) {
 	if c.reopen {
 		c.reopen = false
-		j.openNext(c, true)
+		recent := now + ms(p.LeaseTTL) - silenceGap(p) // lease end of a renewal silenceGap ago
+		j.openNext(c, func(id string) bool { return j.leases[id] >= recent })
 	}
 }
 
@@ -159,7 +168,7 @@ func (j *coreJob) settle(c *opCtx) {
 // member from everything, or with the whole job), so the expired leases are
 // all there is to look at: a sweep costs O(expired) (a ZRANGEBYSCORE in the
 // Lua scripts), not O(members).
-func (j *coreJob) sweep(now int64, c *opCtx) {
+func (j *coreJob) sweep(now int64, p Params, c *opCtx) {
 	var expired []string
 	for id, exp := range j.leases {
 		if exp <= now {
@@ -170,7 +179,7 @@ func (j *coreJob) sweep(now int64, c *opCtx) {
 	for _, id := range expired {
 		j.evict(id, c)
 	}
-	j.settle(c)
+	j.settle(now, p, c)
 }
 
 func (j *coreJob) arrive(id string) {
@@ -364,7 +373,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 	} else {
 		now = j.tick(now, p)
 	}
-	j.sweep(now, &c)
+	j.sweep(now, p, &c)
 	_, known := j.members[id]
 	if r.Incarnation != "" && r.Incarnation == st.Inc && !known {
 		j.save(&c)
@@ -393,7 +402,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 		// Re-registration after the state was lost: wait for the old peers
 		// (a grace lease each) instead of declaring them dead.
 		if !st.Open && len(st.Ranked) == 0 {
-			j.openNext(&c, false)
+			j.openNext(&c, nil)
 		}
 		if st.Open {
 			for _, peer := range append([]string{id}, r.Peers...) {
@@ -420,7 +429,7 @@ func (j *coreJob) join(r JoinRequest, now int64) (rawView, opCtx) {
 			ranked := contains(st.Ranked, id)
 			leaves := r.HaveRound == 0 || r.HaveRound >= st.Round
 			if (ranked && leaves) || len(st.Ranked) == 0 {
-				j.openNext(&c, false)
+				j.openNext(&c, nil)
 			} else if !ranked && !contains(st.Pending, id) {
 				st.Pending = append(st.Pending, id)
 				c.changed = true
@@ -443,7 +452,7 @@ func (j *coreJob) member(r MemberRequest, now int64, c *opCtx) (Code, int64, boo
 		return code, now, false
 	}
 	now = j.tick(now, r.Params)
-	j.sweep(now, c)
+	j.sweep(now, r.Params, c)
 	if _, known := j.members[r.MemberID]; !known {
 		return CodeFenced, now, false
 	}
@@ -473,13 +482,23 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 	}
 	var c opCtx
 	stamp := now
+	last, credit := j.last, j.credit
 	now = j.tick(now, r.Params)
+	swept := false
 	for _, exp := range j.leases {
 		if exp <= now {
-			j.sweep(now, &c)
+			j.sweep(now, r.Params, &c)
 			j.tryClose(now, r.Params, &c) // the survivors of a lapsed lease re-form at once
+			swept = true
 			break
 		}
+	}
+	if !swept && j.credit == credit && stamp-last < beatLastStep {
+		// A plain heartbeat moves the job's last call in steps of
+		// beatLastStep ms, not on every beat (a round of thousands beats
+		// thousands of times a second): a later gap then counts up to that
+		// much longer, so a silence credit may be that much larger.
+		j.last = last
 	}
 	j.save(&c)
 	b := Beat{Code: CodeOK, Incarnation: j.st.Inc, Version: j.st.Ver}
@@ -503,7 +522,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 		case st.Open && st.Prev == r.Round && contains(st.Expected, r.Target):
 			j.evict(r.Target, &c)
 		}
-		j.settle(&c)
+		j.settle(now, r.Params, &c)
 		j.tryClose(now, r.Params, &c)
 	}
 	if j.st != nil {
@@ -517,7 +536,7 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	code, now, ok := j.member(r, now, &c)
 	if ok {
 		j.evict(r.MemberID, &c)
-		j.settle(&c)
+		j.settle(now, r.Params, &c)
 		j.tryClose(now, r.Params, &c)
 	}
 	if j.st != nil {

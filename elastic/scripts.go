@@ -50,6 +50,9 @@ package elastic
 // hintRosterMaxLua is hintRosterMax spelled for the scripts.
 const hintRosterMaxLua = "65536"
 
+// beatLastStepLua is beatLastStep spelled for the scripts.
+const beatLastStepLua = "10"
+
 const luaPrelude = `
 if redis.replicate_commands then pcall(redis.replicate_commands) end
 local K_STATE, K_META, K_MEMBERS, K_LEASES = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
@@ -147,17 +150,23 @@ local function open_next(st, present)
   st.dl, st.size = 0, 0
   redis.call('DEL', K_EXPECTED, K_BACK, K_ARRIVED, K_RANK, K_ROSTER)
   if redis.call('EXISTS', K_PENDING) == 1 then redis.call('RENAME', K_PENDING, K_ARRIVED) end
-  if present then
-    each('SADD', K_BACK, survivors)
-    each('SADD', K_ARRIVED, survivors)
-  else
-    each('SADD', K_EXPECTED, survivors)
+  local back, expected = {}, survivors
+  if present and #survivors > 0 then
+    -- survivors that renewed within the last LeaseTTL/2 have arrived
+    -- (core.go, settle)
+    local recent = VNOW + P.lease - math.floor(P.lease / 2)
+    local scores = each('ZMSCORE', K_LEASES, survivors)
+    expected = {}
+    for i, id in ipairs(survivors) do
+      if (tonumber(scores[i]) or 0) >= recent then back[#back + 1] = id else expected[#expected + 1] = id end
+    end
   end
+  each('SADD', K_BACK, back)
+  each('SADD', K_ARRIVED, back)
+  each('SADD', K_EXPECTED, expected)
   C.changed, C.opened = true, true
 end
 
--- settle: the survivors of an eviction from the running round count as
--- arrived at once (core.go, settle).
 local function settle(st)
   if C.reopen then C.reopen = false; open_next(st, true) end
 end
@@ -460,14 +469,21 @@ local credit = job_credit(NOW, LEASE, m[4], m[5])
 local VNOW = NOW - credit
 if #redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1) > 0 then return {-1} end
 local ttlat = tonumber(m[6] or '')
+local last = tonumber(m[4] or '')
 if ttlat == nil or NOW - ttlat >= TTL / 2 then
   redis.call('HSET', K_META, 'last', NOW, 'credit', credit, 'ttlat', NOW)
   for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], TTL) end
-else
+elseif last == nil or NOW - last >= ` + beatLastStepLua + ` or credit ~= (tonumber(m[5] or '0') or 0) then
+  -- The job's last call moves in steps (core.go, heartbeat): thousands
+  -- of beats a second need not each rewrite it.
   redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
 end
-if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {1, inc, ver} end
-redis.call('ZADD', K_LEASES, VNOW + LEASE, ID)
+-- Every lease belongs to a registered member here (the grace leases of a
+-- re-registration are for members of another incarnation, whose beats
+-- answer {2}), so a renewal that changed a score is the fencing check too;
+-- 0 (absent, or renewed already at this very time) asks the members hash.
+if redis.call('ZADD', K_LEASES, 'XX', 'CH', VNOW + LEASE, ID) == 0 and
+    redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {1, inc, ver} end
 return {0, inc, ver, NOW}
 `
 
@@ -490,6 +506,11 @@ if #expired > 0 then
   save(st)
   ver = st.ver
 else
+  -- As luaBeat: the job's last call moves in steps.
+  local last0, credit0 = tonumber(m[4] or ''), tonumber(m[5] or '0') or 0
+  if last0 and NOW - last0 < ` + beatLastStepLua + ` and META.credit == credit0 then
+    META.last, META.credit = nil, nil
+  end
   -- Renew the job's TTL once it is half spent, not on every beat: a
   -- heartbeat stays a handful of commands.
   local due = ttl_due()
