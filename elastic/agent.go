@@ -812,6 +812,7 @@ func (a *Agent) run(w Watcher) {
 	}
 	warm()
 	backoff := 10 * time.Millisecond
+	var lastSent time.Time
 	for {
 		var hints <-chan Hint
 		if w != nil {
@@ -832,6 +833,9 @@ func (a *Agent) run(w Watcher) {
 				backoff = min(2*backoff, time.Second)
 			} else if ok {
 				backoff = 10 * time.Millisecond
+				// An answer may let the next beat go sooner than the
+				// pacing chose when it knew less (beatGap).
+				timer.Reset(max(time.Until(lastSent.Add(a.beatGap())), 0))
 			}
 			if err := a.Err(); err != nil {
 				// Terminal: nothing left to renew. Close still waits for us.
@@ -851,6 +855,7 @@ func (a *Agent) run(w Watcher) {
 			select {
 			case a.beatSlots <- struct{}{}: // released when the store call returns
 				inFlight++
+				lastSent = time.Now()
 				beats.Add(1)
 				go func() {
 					defer beats.Done()
@@ -867,9 +872,56 @@ func (a *Agent) run(w Watcher) {
 				}()
 			default: // maxBeatsInFlight renewals still on the way
 			}
-			timer.Reset(a.cfg.HeartbeatInterval)
+			timer.Reset(a.beatGap())
 		}
 	}
+}
+
+// beatGap is the time from one heartbeat to the next: beatInterval, or
+// more on a link whose round trip needs more heartbeats in flight than
+// maxBeatsInFlight allows. Sent every HeartbeatInterval there, the
+// heartbeats would fill every slot within a fraction of the round trip and
+// then wait for the first answer, so they would reach the store in bursts
+// with gaps of nearly a round trip between them (a 2 s lease with 1.4 s of
+// latency each way lapsed so). Spaced over the round trip instead, they
+// reach the store evenly: SRTT / (slots - 1) apart; before the first answer
+// (or once the oldest heartbeat in flight is older than SRTT: the link got
+// slower), the free slots are spread over the time already waited, which
+// the round trip exceeds. At most LeaseTTL/2.
+func (a *Agent) beatGap() time.Duration {
+	d := a.beatInterval()
+	slots := cap(a.beatSlots)
+	srtt := a.rtt.smoothed()
+	if slots > 1 {
+		d = max(d, srtt/time.Duration(slots-1))
+	}
+	if o := a.lease.oldest.Load(); o != 0 {
+		age := time.Duration(int64(time.Since(a.start)) - (o - 1))
+		if srtt == 0 || age > srtt {
+			free := max(slots-len(a.beatSlots), 1)
+			d = max(d, age/time.Duration(free))
+		}
+	}
+	return min(d, max(a.cfg.LeaseTTL/2, a.cfg.HeartbeatInterval))
+}
+
+// beatInterval is the time to the next heartbeat: HeartbeatInterval, or
+// longer in a round too large for the job's heartbeat rate
+// (Config.MaxHeartbeatRate), up to LeaseTTL/3.
+func (a *Agent) beatInterval() time.Duration {
+	d := a.cfg.HeartbeatInterval
+	rate := a.cfg.MaxHeartbeatRate
+	if rate == 0 {
+		rate = DefaultMaxHeartbeatRate
+	}
+	if rate < 0 {
+		return d
+	}
+	a.mu.Lock()
+	n := a.world.Size
+	a.mu.Unlock()
+	spread := time.Duration(float64(time.Second) * float64(n) / float64(rate))
+	return max(d, min(spread, a.cfg.LeaseTTL/3))
 }
 
 // onHint handles a change hint: a waiting Join re-reads the state itself;

@@ -103,6 +103,13 @@ func (e *rttEstimate) sample(r time.Duration) {
 	e.srtt = (7*e.srtt + r) / 8
 }
 
+// smoothed returns SRTT, 0 before any sample.
+func (e *rttEstimate) smoothed() time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.srtt
+}
+
 // timeout returns the retransmission-style timeout SRTT + 4 x RTTVAR,
 // clamped to [floor, ceil]; floor before any sample.
 func (e *rttEstimate) timeout(floor, ceil time.Duration) time.Duration {

@@ -53,6 +53,28 @@ func agentWith(t *testing.T, opt *redis.Options, cfg elastic.Config, name string
 	return a
 }
 
+// awaitRenewals waits until Redis (at addr) saw n renewals of member's
+// lease in job, so the member's heartbeats flow (and its connection pool,
+// which the Agent warms when it starts, is open) before a test slows its
+// link: a pool still dialling when the latency sets in pays the go-redis
+// handshake's round trips on every new connection, which no deadline of
+// the Agent's controls (a run that slowed the link as the member joined
+// saw no renewal for 3.8 s, and the member was fenced).
+func awaitRenewals(t *testing.T, addr, job, member string, n int) {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	key := elastic.KeyPrefix + "{" + job + "}:leases"
+	var last float64
+	seen := -1
+	waitFor(t, 10*time.Second, "the member's lease renewals", func() bool {
+		if sc, err := c.ZScore(context.Background(), key, member).Result(); err == nil && sc != last {
+			last, seen = sc, seen+1
+		}
+		return seen >= n
+	})
+}
+
 func newProxy(t *testing.T, upstream string) *faultinject.Proxy {
 	t.Helper()
 	p, err := faultinject.NewProxy("127.0.0.1:0", upstream)
@@ -84,10 +106,7 @@ func TestSlowStoreLinkKeepsRound(t *testing.T) {
 	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
 	checkRound(t, ws, []*elastic.Agent{fast, slow})
 	round := ws[0].Round
-	settle := time.Now().Add(3 * cfg.HeartbeatInterval) // let the slow member's heartbeats overlap once
-	for time.Now().Before(settle) {
-		time.Sleep(cfg.HeartbeatInterval)
-	}
+	awaitRenewals(t, addr, cfg.JobID, slow.Member().ID, 3)
 
 	periods := 3
 	if livenessFull() {
@@ -169,6 +188,7 @@ func TestSlowStoreLinkJoinsNextRound(t *testing.T) {
 	ws := joinAll(t, ctx, []*elastic.Agent{fast, slow})
 	checkRound(t, ws, []*elastic.Agent{fast, slow})
 	first := ws[0].Round
+	awaitRenewals(t, addr, cfg.JobID, slow.Member().ID, 3)
 
 	p.SetLatency(cfg.LeaseTTL * 7 / 10)
 	// Two leases of renewals over the slow link, so its round trip is
