@@ -154,10 +154,15 @@ func (j *coreJob) openNext(c *opCtx, present func(id string) bool) {
 // round yet). A survivor silent for longer is expected as before: members
 // that died together (a host of several workers) lapse within a heartbeat
 // of each other, and the first lapse must not rank the others in a round
-// that would fail at once. At now (job time).
-func (j *coreJob) settle(now int64, p Params, c *opCtx) {
+// that would fail at once. At now (job time). Without present (a Leave),
+// every survivor is expected.
+func (j *coreJob) settle(now int64, p Params, c *opCtx, present bool) {
 	if c.reopen {
 		c.reopen = false
+		if !present {
+			j.openNext(c, nil)
+			return
+		}
 		recent := now + ms(p.LeaseTTL) - silenceGap(p) // lease end of a renewal silenceGap ago
 		j.openNext(c, func(id string) bool { return j.leases[id] >= recent })
 	}
@@ -179,7 +184,7 @@ func (j *coreJob) sweep(now int64, p Params, c *opCtx) {
 	for _, id := range expired {
 		j.evict(id, c)
 	}
-	j.settle(now, p, c)
+	j.settle(now, p, c, true)
 }
 
 func (j *coreJob) arrive(id string) {
@@ -522,7 +527,7 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 		case st.Open && st.Prev == r.Round && contains(st.Expected, r.Target):
 			j.evict(r.Target, &c)
 		}
-		j.settle(now, r.Params, &c)
+		j.settle(now, r.Params, &c, true)
 		j.tryClose(now, r.Params, &c)
 	}
 	if j.st != nil {
@@ -536,7 +541,12 @@ func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	code, now, ok := j.member(r, now, &c)
 	if ok {
 		j.evict(r.MemberID, &c)
-		j.settle(now, r.Params, &c)
+		// A leave does not re-form at once: members leave in waves (a
+		// scale-down, preemptions, the end of a job), and each leave closing
+		// a round of n would cost O(n) and a round change per member; the
+		// survivors arrive again instead, and the wave's later leaves only
+		// leave the forming round.
+		j.settle(now, r.Params, &c, false)
 		j.tryClose(now, r.Params, &c)
 	}
 	if j.st != nil {

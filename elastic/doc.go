@@ -33,15 +33,16 @@
 //     LastCall after MinWorkers arrived (so workers starting a moment apart
 //     land in one round). With LastCall 0 the arrival that reaches
 //     MinWorkers closes it.
-//   - A member lost from a running round (lease lapsed, reported, left):
-//     the survivors count as arrived in the next round at once, with any
-//     pending joiners, and it closes in the same store call if they are at
-//     least MinWorkers, without LastCall. Each survivor takes its new World
+//   - A member lost from a running round (its lease lapsed, or it was
+//     reported): the survivors that renewed their lease within the last
+//     LeaseTTL/2 count as arrived in the next round at once, with any
+//     pending joiners, and it closes in the same store call if nobody else
+//     is expected and they are at least MinWorkers, without LastCall. Each survivor takes its new World
 //     from the change's hint (its next Join makes no store call), so a loss
 //     costs the store O(1) calls and one O(n) close, not a Join per
 //     survivor.
-//   - A round re-formed because a ranked member left it with Join (to
-//     admit joiners, after a failed collective) closes as soon as every
+//   - A round re-formed because a ranked member left it (Leave, or Join to
+//     admit joiners or after a failed collective) closes as soon as every
 //     other survivor arrived again (or was evicted meanwhile), if at least
 //     MinWorkers did; it does not wait for LastCall.
 //   - Members arriving while a round runs wait as pending; the running

@@ -167,15 +167,15 @@ local function open_next(st, present)
   C.changed, C.opened = true, true
 end
 
-local function settle(st)
-  if C.reopen then C.reopen = false; open_next(st, true) end
+local function settle(st, present)
+  if C.reopen then C.reopen = false; open_next(st, present) end
 end
 
 local function sweep(st)
   local expired = redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW)
   table.sort(expired)
   for _, id in ipairs(expired) do evict(st, id) end
-  settle(st)
+  settle(st, true)
 end
 
 local function try_close(st)
@@ -417,7 +417,7 @@ if code == OK then
   elseif st.open and st.prev == ROUND and is(K_EXPECTED, TARGET) then
     evict(st, TARGET)
   end
-  settle(st)
+  settle(st, true)
   try_close(st)
 end
 if st and (code == OK or code == FENCED) then save(st) end
@@ -429,7 +429,7 @@ local st = load()
 local code = member_pre(st)
 if code == OK then
   evict(st, ID)
-  settle(st)
+  settle(st, false) -- a leave re-forms as before (core.go, leave)
   try_close(st)
 end
 if st and (code == OK or code == FENCED) then save(st) end

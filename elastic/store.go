@@ -142,11 +142,12 @@ type ReportRequest struct {
 // Incarnation and Members (in rank order) describe it, so a waiting member
 // can take its World without another store call; otherwise Members is nil.
 // Members is shared by every Watcher of the process: read it, do not modify
-// it. A member lost from a running round re-forms the next round in the
-// same call (its survivors count as arrived): that close's hint ranks the
-// survivors, and each takes its World from it. When the change opened a
-// round after a closed one without closing it (a ranked member arrived for
-// the next round, or the survivors of a loss are fewer than MinWorkers),
+// it. A member lost from a running round (lease lapsed, reported) re-forms
+// the next round in the same call (its survivors count as arrived): that
+// close's hint ranks the survivors, and each takes its World from it. When
+// the change opened a round after a closed one without closing it (a
+// ranked member left or arrived for the next round, or the survivors of a
+// loss are fewer than MinWorkers or some were silent for LeaseTTL/2),
 // Open is true and Round and Incarnation name the new round: every member
 // of the closed round learns that its round is superseded without a store
 // call.
