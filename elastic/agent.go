@@ -918,7 +918,10 @@ func (a *Agent) beatInterval() time.Duration {
 		return d
 	}
 	a.mu.Lock()
-	n := a.world.Size
+	// The job's size as known: the round held, the closed round seen, or
+	// the members arrived in a forming one (a round of thousands gathers
+	// for a while, its members beating all along).
+	n := max(a.world.Size, a.view.Size, a.view.Arrived)
 	a.mu.Unlock()
 	spread := time.Duration(float64(time.Second) * float64(n) / float64(rate))
 	return max(d, min(spread, a.cfg.LeaseTTL/3))

@@ -81,6 +81,7 @@ type Config struct {
 
 	// MaxHeartbeatRate bounds the heartbeats a second that the members of
 	// the job send the store together: an Agent whose round has n members
+	// (or that waits in a forming round with n arrived)
 	// renews every max(HeartbeatInterval, n / MaxHeartbeatRate seconds),
 	// but at least three times a lease (LeaseTTL/3), which wins over the
 	// rate when both cannot hold. Up to 2048 members the default interval

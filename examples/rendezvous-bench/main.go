@@ -230,7 +230,8 @@ func main() {
 		if len(holdPct) > 0 {
 			slices.Sort(holdPct)
 			h := figure{Figure: "hold", Store: storeName, Members: n, Reps: len(holdPct), HoldCPUPct: holdPct[len(holdPct)/2], HoldS: holdS,
-				LeaseTTL: fmt.Sprintf("LeaseTTL %v, HeartbeatInterval %v", formationLease, min(formationBeat, formationLease/3))}
+				LeaseTTL: fmt.Sprintf("LeaseTTL %v, HeartbeatInterval %v, beats every %v (MaxHeartbeatRate %d a second)",
+					formationLease, min(formationBeat, formationLease/3), effectiveBeat(n), elastic.DefaultMaxHeartbeatRate)}
 			if n == 4096 {
 				h.Goal = "under 20% of a core"
 			}
@@ -294,4 +295,12 @@ func baseConfig(job string) elastic.Config {
 	c.LastCall = 0
 	c.JoinTimeout = time.Minute
 	return c
+}
+
+// effectiveBeat is the interval at which each of n members renews under the
+// default MaxHeartbeatRate (elastic.Config.MaxHeartbeatRate).
+func effectiveBeat(n int) time.Duration {
+	d := min(formationBeat, formationLease/3)
+	spread := time.Duration(float64(time.Second) * float64(n) / elastic.DefaultMaxHeartbeatRate)
+	return max(d, min(spread, formationLease/3))
 }
