@@ -196,9 +196,9 @@
 // the two cores with Redis) every member holds its World about 20 ms after
 // the last arrival, for 0.13 s of Redis CPU in all; 4096 in about 80 ms,
 // for 0.45 s (9.3x the Redis CPU of 256 members, for 16x the members). A
-// held round of 4096 costs Redis about 31 % of a core with the default
-// HeartbeatInterval (500 ms) and 17 % with 1 s: a heartbeat is about 40 us
-// of Redis CPU. A member lost in a round of 1024 and reported: every
+// held round of 4096 costs Redis about 16 % of a core with the defaults
+// (MaxHeartbeatRate spaces its beats to one a second per member): a
+// heartbeat is about 40-60 us of Redis CPU. A member lost in a round of 1024 and reported: every
 // survivor holds the next World about 30 ms after the report, for about
 // 11 ms of Redis CPU; through lease expiry about 3.05 s after the loss
 // (LeaseTTL 3 s; heartbeats start at a random point of their interval, so
