@@ -168,46 +168,40 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 // they do not re-read the view either). Here a peer left the round with
 // Join (as a trainer does to admit a joiner, or after a failed collective).
 func TestOpenHintSupersedesTheRound(t *testing.T) {
-	for _, k := range []storeKind{memoryKind(), redisKind()} {
-		t.Run(k.name, func(t *testing.T) {
-			t.Parallel()
-			s := k.make(t)
-			cfg := testConfig(t)
-			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 2, 2, time.Hour
-			cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
-			agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			ws := joinAll(t, ctx, agents)
-			checkRound(t, ws, agents)
-			a, b := agents[0], agents[1]
-			if b.ChangePending() || b.RoundSuperseded() {
-				t.Fatal("change pending in a round nothing happened to")
-			}
-			next := make(chan elastic.World, 1)
-			go func() {
-				w, err := a.Join(ctx) // a leaves its round: the next one opens, expecting b
-				if err != nil {
-					t.Error(err)
-				}
-				next <- w
-			}()
-			waitFor(t, 5*time.Second, "the survivor to see its round superseded", func() bool {
-				return b.ChangePending() && b.RoundSuperseded()
-			})
-			wb, err := b.Join(ctx)
+	onBothStores(t, 2, 2, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+		cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+		agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ws := joinAll(t, ctx, agents)
+		checkRound(t, ws, agents)
+		a, b := agents[0], agents[1]
+		if b.ChangePending() || b.RoundSuperseded() {
+			t.Fatal("change pending in a round nothing happened to")
+		}
+		next := make(chan elastic.World, 1)
+		go func() {
+			w, err := a.Join(ctx) // a leaves its round: the next one opens, expecting b
 			if err != nil {
-				t.Fatal(err)
+				t.Error(err)
 			}
-			checkRound(t, []elastic.World{<-next, wb}, agents)
-			if wb.Size != 2 || wb.Round <= ws[0].Round {
-				t.Fatalf("next round %d of %d", wb.Round, wb.Size)
-			}
-			if b.ChangePending() || b.RoundSuperseded() {
-				t.Fatal("change still pending in the next round")
-			}
+			next <- w
+		}()
+		waitFor(t, 5*time.Second, "the survivor to see its round superseded", func() bool {
+			return b.ChangePending() && b.RoundSuperseded()
 		})
-	}
+		wb, err := b.Join(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRound(t, []elastic.World{<-next, wb}, agents)
+		if wb.Size != 2 || wb.Round <= ws[0].Round {
+			t.Fatalf("next round %d of %d", wb.Round, wb.Size)
+		}
+		if b.ChangePending() || b.RoundSuperseded() {
+			t.Fatal("change still pending in the next round")
+		}
+	})
 }
 
 // countingStore counts the store calls of one Agent other than heartbeats.
@@ -232,45 +226,39 @@ func (s *countingStore) Check(ctx context.Context, r elastic.MemberRequest) (ela
 // the next round without a store call (no Join, no Check), with heartbeats
 // far apart. In a round of n members that is n store calls fewer per loss.
 func TestSurvivorTakesTheReformedRoundFromTheHint(t *testing.T) {
-	for _, k := range []storeKind{memoryKind(), redisKind()} {
-		t.Run(k.name, func(t *testing.T) {
-			t.Parallel()
-			s := k.make(t)
-			cfg := testConfig(t)
-			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 2, 3, time.Hour
-			cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
-			cs := &countingStore{Store: s}
-			a, b, c := newAgent(t, s, cfg), newAgent(t, cs, cfg), newAgent(t, s, cfg)
-			agents := []*elastic.Agent{a, b, c}
-			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-			defer cancel()
-			ws := joinAll(t, ctx, agents)
-			checkRound(t, ws, agents)
-			_ = c.Close() // c dies
-			before := cs.calls.Load()
-			if err := a.ReportFailure(ctx, ws[0].Round, c.Member().ID); err != nil {
-				t.Fatal(err)
-			}
-			waitFor(t, 5*time.Second, "the survivor to see the change", func() bool {
-				return b.ChangePending() && b.RoundSuperseded()
-			})
-			wb, err := b.Join(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := cs.calls.Load() - before; n != 0 {
-				t.Fatalf("the survivor made %d store calls to take the re-formed round", n)
-			}
-			wa, err := a.Join(ctx)
-			if err != nil {
-				t.Fatal(err)
-			}
-			checkRound(t, []elastic.World{wa, wb}, []*elastic.Agent{a, b})
-			if wb.Round <= ws[0].Round || wb.Size != 2 || wa.Round != wb.Round || b.ChangePending() || a.ChangePending() {
-				t.Fatalf("after the loss: a in round %d, b in round %d of %d; pending %v %v", wa.Round, wb.Round, wb.Size, a.ChangePending(), b.ChangePending())
-			}
+	onBothStores(t, 2, 3, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+		cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
+		cs := &countingStore{Store: s}
+		a, b, c := newAgent(t, s, cfg), newAgent(t, cs, cfg), newAgent(t, s, cfg)
+		agents := []*elastic.Agent{a, b, c}
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		ws := joinAll(t, ctx, agents)
+		checkRound(t, ws, agents)
+		_ = c.Close() // c dies
+		before := cs.calls.Load()
+		if err := a.ReportFailure(ctx, ws[0].Round, c.Member().ID); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 5*time.Second, "the survivor to see the change", func() bool {
+			return b.ChangePending() && b.RoundSuperseded()
 		})
-	}
+		wb, err := b.Join(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := cs.calls.Load() - before; n != 0 {
+			t.Fatalf("the survivor made %d store calls to take the re-formed round", n)
+		}
+		wa, err := a.Join(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkRound(t, []elastic.World{wa, wb}, []*elastic.Agent{a, b})
+		if wb.Round <= ws[0].Round || wb.Size != 2 || wa.Round != wb.Round || b.ChangePending() || a.ChangePending() {
+			t.Fatalf("after the loss: a in round %d, b in round %d of %d; pending %v %v", wa.Round, wb.Round, wb.Size, a.ChangePending(), b.ChangePending())
+		}
+	})
 }
 
 // Anything published on a job's channel is at most a hint: a message that

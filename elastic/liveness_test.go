@@ -330,64 +330,58 @@ func (s *stepper) hang() time.Time {
 // when it wakes. A marked phase three times as long as the timeout, and a
 // Join, are no hang.
 func TestHungWorkerIsLeftBehind(t *testing.T) {
-	for _, k := range []storeKind{memoryKind(), redisKind()} {
-		t.Run(k.name, func(t *testing.T) {
-			t.Parallel()
-			s := k.make(t)
-			cfg := testConfig(t)
-			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
-			cfg.ProgressTimeout = 500 * time.Millisecond
-			logA := &warnLog{}
-			cfgA := cfg
-			cfgA.Logger = slog.New(logA)
-			A, B := newAgent(t, s, cfgA), newAgent(t, s, cfg)
-			ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
-			checkRound(t, ws, []*elastic.Agent{A, B})
-			sa, sb := startStepper(A), startStepper(B)
-			defer sa.hang()
+	onBothStores(t, 1, 2, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+		cfg.ProgressTimeout = 500 * time.Millisecond
+		logA := &warnLog{}
+		cfgA := cfg
+		cfgA.Logger = slog.New(logA)
+		A, B := newAgent(t, s, cfgA), newAgent(t, s, cfg)
+		ws := joinAll(t, context.Background(), []*elastic.Agent{A, B})
+		checkRound(t, ws, []*elastic.Agent{A, B})
+		sa, sb := startStepper(A), startStepper(B)
+		defer sa.hang()
 
-			// B runs a long marked phase (an evaluation): nothing changes.
-			sb.hang()
-			done := B.Busy("evaluation")
-			phaseEnd := time.Now().Add(3 * cfg.ProgressTimeout)
-			for time.Now().Before(phaseEnd) {
-				if A.ChangePending() || B.ChangePending() {
-					t.Fatalf("change pending during a marked phase: A %v, B %v", A.Err(), B.Err())
-				}
-				time.Sleep(5 * time.Millisecond)
+		// B runs a long marked phase (an evaluation): nothing changes.
+		sb.hang()
+		done := B.Busy("evaluation")
+		phaseEnd := time.Now().Add(3 * cfg.ProgressTimeout)
+		for time.Now().Before(phaseEnd) {
+			if A.ChangePending() || B.ChangePending() {
+				t.Fatalf("change pending during a marked phase: A %v, B %v", A.Err(), B.Err())
 			}
-			done()
-			sb = startStepper(B)
+			time.Sleep(5 * time.Millisecond)
+		}
+		done()
+		sb = startStepper(B)
 
-			// Now B's step function blocks forever.
-			waitFor(t, 5*time.Second, "B to step again", func() bool { return sb.last.Load() != 0 })
-			hungAt := sb.hang()
-			bound := cfg.ProgressTimeout + time.Second
-			waitFor(t, bound, "A sees the change", A.ChangePending)
-			jctx, cancel := context.WithTimeout(context.Background(), bound-time.Since(hungAt))
-			defer cancel()
-			w, err := A.Join(jctx)
-			if err != nil {
-				t.Fatalf("A's Join %v after B hung: %v", time.Since(hungAt), err)
-			}
-			took := time.Since(hungAt)
-			if w.Size != 1 || w.Members[0].ID != A.Member().ID {
-				t.Fatalf("round %d holds %v, want A alone", w.Round, w.MemberIDs())
-			}
-			if !logA.has("gone_member=" + B.Member().ID) {
-				t.Fatalf("A's WARNs do not name the hung member %s: %q", B.Member().ID, logA.all())
-			}
-			// B wakes.
-			if !B.ChangePending() {
-				t.Fatal("hung B sees no change when it wakes")
-			}
-			_, err = B.Join(context.Background())
-			if !errors.Is(err, elastic.ErrFenced) || !errors.Is(err, elastic.ErrNoProgress) {
-				t.Fatalf("hung B's Join: %v, want ErrFenced and ErrNoProgress", err)
-			}
-			t.Logf("A trains alone %v after B's last step (bound %v); B woke to: %v; load %s", took, bound, err, loadavg())
-		})
-	}
+		// Now B's step function blocks forever.
+		waitFor(t, 5*time.Second, "B to step again", func() bool { return sb.last.Load() != 0 })
+		hungAt := sb.hang()
+		bound := cfg.ProgressTimeout + time.Second
+		waitFor(t, bound, "A sees the change", A.ChangePending)
+		jctx, cancel := context.WithTimeout(context.Background(), bound-time.Since(hungAt))
+		defer cancel()
+		w, err := A.Join(jctx)
+		if err != nil {
+			t.Fatalf("A's Join %v after B hung: %v", time.Since(hungAt), err)
+		}
+		took := time.Since(hungAt)
+		if w.Size != 1 || w.Members[0].ID != A.Member().ID {
+			t.Fatalf("round %d holds %v, want A alone", w.Round, w.MemberIDs())
+		}
+		if !logA.has("gone_member=" + B.Member().ID) {
+			t.Fatalf("A's WARNs do not name the hung member %s: %q", B.Member().ID, logA.all())
+		}
+		// B wakes.
+		if !B.ChangePending() {
+			t.Fatal("hung B sees no change when it wakes")
+		}
+		_, err = B.Join(context.Background())
+		if !errors.Is(err, elastic.ErrFenced) || !errors.Is(err, elastic.ErrNoProgress) {
+			t.Fatalf("hung B's Join: %v, want ErrFenced and ErrNoProgress", err)
+		}
+		t.Logf("A trains alone %v after B's last step (bound %v); B woke to: %v; load %s", took, bound, err, loadavg())
+	})
 }
 
 // warnLog is a slog.Handler that keeps every WARN with its attributes.

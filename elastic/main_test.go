@@ -36,6 +36,20 @@ func redisKind() storeKind {
 	return storeKind{"redis", func(t *testing.T) elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) }}
 }
 
+// onBothStores runs f as parallel subtests, "memory" and "redis", each
+// with its own store and a fresh testConfig whose MinWorkers, MaxWorkers
+// and LastCall are set to min, max and lastCall.
+func onBothStores(t *testing.T, min, max int, lastCall time.Duration, f func(t *testing.T, s elastic.Store, cfg elastic.Config)) {
+	for _, k := range []storeKind{memoryKind(), redisKind()} {
+		t.Run(k.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := testConfig(t)
+			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = min, max, lastCall
+			f(t, k.make(t), cfg)
+		})
+	}
+}
+
 // standaloneKind runs the Redis store against the embedded server
 // (elastic/standalone), checking that the Lua scripts run there too.
 func standaloneKind() storeKind {
