@@ -66,6 +66,7 @@ type Agent struct {
 	calls       sync.WaitGroup // store calls in flight (bounded); Close waits for them
 	callsClosed bool           // under mu: Close began, no new store call starts
 	beatSlots   chan struct{}  // one token per heartbeat in flight (maxBeatsInFlight)
+	jobLeases   atomic.Int64   // the job's lease count in the last renewal's reply (Beat.Leases)
 
 	stop      chan struct{}
 	done      chan struct{}
@@ -603,6 +604,14 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			if w, ok := a.worldFromHint(h); ok {
 				return w, nil
 			}
+			if d := a.rereadSpread(v, h); d > 0 {
+				// Every member gathering sees the same hint: their
+				// re-reads go out spread over d, not in one burst.
+				if at := time.Now().Add(d); callAt.IsZero() || at.Before(callAt) {
+					callAt = at
+				}
+				continue
+			}
 		case <-timer.C:
 			if logOnly {
 				continue // note logs the line from the view in hand
@@ -615,6 +624,33 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			v, err = a.call(jctx, "check", check)
 		}
 	}
+}
+
+// rereadSpread is how long a Join waiting in a forming round (v: arrived,
+// open) waits at random before it re-reads the store after hint h, when h
+// names no round (a version moved: a peer evicted or registered): up to
+// n / MaxHeartbeatRate seconds for n members in the job, at most
+// LeaseTTL/3, so the n re-reads reach the store at about the job's
+// heartbeat rate instead of n at once (at 4096 members such bursts, one
+// per eviction, saturated Redis until more leases lapsed). 0: re-read at
+// once (a hint that names a round, another state, or no rate bound).
+func (a *Agent) rereadSpread(v View, h Hint) time.Duration {
+	if h.Round != 0 || v.Code != CodeOK || !v.Open || v.Role != RoleArrived {
+		return 0
+	}
+	rate := a.cfg.MaxHeartbeatRate
+	if rate == 0 {
+		rate = DefaultMaxHeartbeatRate
+	}
+	if rate < 0 {
+		return 0
+	}
+	n := max(v.Arrived, int(a.jobLeases.Load()))
+	spread := min(time.Duration(float64(time.Second)*float64(n)/float64(rate)), a.cfg.LeaseTTL/3)
+	if spread <= 0 {
+		return 0
+	}
+	return time.Duration(1 + mrand.Int64N(int64(spread)))
 }
 
 // worldFromHint takes this member's World from a hint that announces a
@@ -909,22 +945,16 @@ func (a *Agent) beatGap() time.Duration {
 // longer in a round too large for the job's heartbeat rate
 // (Config.MaxHeartbeatRate), up to LeaseTTL/3.
 func (a *Agent) beatInterval() time.Duration {
-	d := a.cfg.HeartbeatInterval
-	rate := a.cfg.MaxHeartbeatRate
-	if rate == 0 {
-		rate = DefaultMaxHeartbeatRate
-	}
-	if rate < 0 {
-		return d
-	}
 	a.mu.Lock()
 	// The job's size as known: the round held, the closed round seen, or
 	// the members arrived in a forming one (a round of thousands gathers
 	// for a while, its members beating all along).
 	n := max(a.world.Size, a.view.Size, a.view.Arrived)
 	a.mu.Unlock()
-	spread := time.Duration(float64(time.Second) * float64(n) / float64(rate))
-	return max(d, min(spread, a.cfg.LeaseTTL/3))
+	// And the leases held in the job, which every renewal reports: a
+	// member that arrived early in a gathering of thousands learns so how
+	// many gathered after it (its view counts those before it).
+	return a.cfg.HeartbeatEvery(max(n, int(a.jobLeases.Load())))
 }
 
 // onHint handles a change hint: a waiting Join re-reads the state itself;
@@ -1027,6 +1057,7 @@ func (a *Agent) beat() bool {
 	a.noteOK()
 	switch b.Code {
 	case CodeOK:
+		a.jobLeases.Store(int64(b.Leases))
 		if b.StoreTime > 0 {
 			if _, jumped := a.lease.observe(sentNs, int64(recv.Sub(a.start)), b.StoreTime, a.cfg.LeaseTTL); jumped {
 				a.log.Info("the store's clock jumped (failover?); lease estimate restarted")

@@ -8,7 +8,7 @@ import (
 // The heartbeat interval follows the round's size once the job would
 // exceed MaxHeartbeatRate: 4096 members at the default rate renew every
 // second, never beyond LeaseTTL/3, and a negative rate keeps
-// HeartbeatInterval.
+// HeartbeatInterval. Config.HeartbeatEvery says the same.
 func TestBeatIntervalFollowsTheRoundSize(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.JobID = "beat-rate"
@@ -36,6 +36,9 @@ func TestBeatIntervalFollowsTheRoundSize(t *testing.T) {
 		a.world.Size = tc.size
 		if got := a.beatInterval(); got != tc.want {
 			t.Errorf("rate %d, %d members, lease %v: interval %v, want %v", tc.rate, tc.size, tc.lease, got, tc.want)
+		}
+		if got := c.HeartbeatEvery(tc.size); got != tc.want {
+			t.Errorf("rate %d, %d members, lease %v: HeartbeatEvery %v, want %v", tc.rate, tc.size, tc.lease, got, tc.want)
 		}
 		_ = a.Close()
 	}

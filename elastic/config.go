@@ -179,6 +179,26 @@ func ValidateJobID(id string) error {
 	return nil
 }
 
+// HeartbeatEvery is the interval, in time, at which an Agent with this
+// Config renews its lease in a job of n members (the round it holds, the
+// closed round it saw, or the members arrived in a forming round):
+// max(HeartbeatInterval, min(n / MaxHeartbeatRate seconds, LeaseTTL/3)),
+// or HeartbeatInterval when MaxHeartbeatRate is negative (0 means
+// DefaultMaxHeartbeatRate). A link whose round trip needs more heartbeats
+// in flight than an Agent keeps spaces them further, over the round trip.
+func (c Config) HeartbeatEvery(n int) time.Duration {
+	d := c.HeartbeatInterval
+	rate := c.MaxHeartbeatRate
+	if rate == 0 {
+		rate = DefaultMaxHeartbeatRate
+	}
+	if rate < 0 {
+		return d
+	}
+	spread := time.Duration(float64(time.Second) * float64(max(n, 0)) / float64(rate))
+	return max(d, min(spread, c.LeaseTTL/3))
+}
+
 // params returns the part of the config the store applies.
 func (c Config) params() Params {
 	return Params{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 
@@ -185,21 +186,25 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err != nil {
 		return fail(s.mapErr(ctx, r.JobID, err))
 	}
-	if len(res) != 3 && len(res) != 4 {
+	if len(res) < 3 || len(res) > 5 {
 		return fail(fmt.Errorf("%w: heartbeat reply has %d elements", ErrBadState, len(res)))
 	}
 	code, e1 := replyInt(res[0])
 	inc, e2 := replyString(res[1])
 	ver, e3 := replyInt(res[2])
-	var now int64
-	var e4 error
-	if len(res) == 4 {
+	var now, leases int64
+	var e4, e5 error
+	if len(res) >= 4 {
 		now, e4 = replyInt(res[3])
 	}
-	if err := errors.Join(e1, e2, e3, e4); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 || now < 0 {
+	if len(res) == 5 {
+		leases, e5 = replyInt(res[4])
+	}
+	if err := errors.Join(e1, e2, e3, e4, e5); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 || now < 0 ||
+		leases < 0 || leases > math.MaxInt32 {
 		return fail(fmt.Errorf("%w: heartbeat reply %v", ErrBadState, res))
 	}
-	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now}, nil
+	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now, Leases: int(leases)}, nil
 }
 
 // keyTypes is the Redis type of each of a job's keys (jobKeys), by the

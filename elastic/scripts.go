@@ -39,7 +39,8 @@ package elastic
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
 // wait_ms, order, since[, roster]} (pending is the count of arrived members
 // while open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
-// ver, now_ms} (the store's clock; Beat.StoreTime).
+// ver, now_ms, leases} (the store's clock, Beat.StoreTime; the number of
+// leases held, Beat.Leases).
 //
 // Pub/Sub message on a visible change: "<ver>"; when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
@@ -484,7 +485,7 @@ end
 -- 0 (absent, or renewed already at this very time) asks the members hash.
 if redis.call('ZADD', K_LEASES, 'XX', 'CH', VNOW + LEASE, ID) == 0 and
     redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {1, inc, ver} end
-return {0, inc, ver, NOW}
+return {0, inc, ver, NOW, redis.call('ZCARD', K_LEASES)}
 `
 
 // luaHeartbeat is the heartbeat that sweeps (luaBeat answered {-1}).
@@ -520,7 +521,7 @@ else
 end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
 redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
-return {OK, inc, ver, NOW}
+return {OK, inc, ver, NOW, redis.call('ZCARD', K_LEASES)}
 `
 
 // luaRoster reads a closed round's roster for a hint that did not carry it.

@@ -93,6 +93,12 @@ type Beat struct {
 	// to its own clock to judge its lease from the store's view rather than
 	// from round-trip times.
 	StoreTime int64
+	// Leases is the number of members holding a lease in the job (Code
+	// CodeOK; 0 when the store did not say): arrived, ranked, expected or
+	// pending alike. The Agent spaces its heartbeats by it
+	// (Config.HeartbeatEvery), so members that gather for a forming round
+	// learn the job's size as it grows, not only the arrivals before theirs.
+	Leases int
 }
 
 // JoinRequest registers a member (if needed) and, with Arrive, makes it take

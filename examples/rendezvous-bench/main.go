@@ -297,10 +297,11 @@ func baseConfig(job string) elastic.Config {
 	return c
 }
 
-// effectiveBeat is the interval at which each of n members renews under the
-// default MaxHeartbeatRate (elastic.Config.MaxHeartbeatRate).
+// effectiveBeat is the interval at which each of n members of the
+// formation figures renews (elastic.Config.HeartbeatEvery at the default
+// MaxHeartbeatRate).
 func effectiveBeat(n int) time.Duration {
-	d := min(formationBeat, formationLease/3)
-	spread := time.Duration(float64(time.Second) * float64(n) / elastic.DefaultMaxHeartbeatRate)
-	return max(d, min(spread, formationLease/3))
+	c := elastic.DefaultConfig()
+	c.LeaseTTL, c.HeartbeatInterval = formationLease, min(formationBeat, formationLease/3)
+	return c.HeartbeatEvery(n)
 }
