@@ -43,3 +43,48 @@ func TestBeatIntervalFollowsTheRoundSize(t *testing.T) {
 		_ = a.Close()
 	}
 }
+
+// A Join waiting in a forming round spreads its re-read after a hint that
+// names no round over n/MaxHeartbeatRate (at most LeaseTTL/3), n the
+// members gathered or the leases the job's last renewal reported; a hint
+// that names a round, or another state than arrived-and-open, re-reads at
+// once.
+func TestRereadSpreadFollowsTheJobsSize(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.JobID = "reread-spread"
+	a, err := NewAgent(NewMemoryStore(), NewMember("127.0.0.1:1"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	gathering := View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: 2048}
+	for range 100 {
+		if d := a.rereadSpread(gathering, Hint{Version: 7}); d <= 0 || d > 500*time.Millisecond {
+			t.Fatalf("2048 gathered: spread %v, want in (0, 500ms]", d)
+		}
+	}
+	a.jobLeases.Store(8192) // the job is larger than the arrivals seen: LeaseTTL/3 caps it
+	var longest time.Duration
+	for range 100 {
+		longest = max(longest, a.rereadSpread(gathering, Hint{Version: 7}))
+	}
+	if longest <= 500*time.Millisecond || longest > cfg.LeaseTTL/3 {
+		t.Fatalf("8192 leases: longest spread %v, want in (500ms, %v]", longest, cfg.LeaseTTL/3)
+	}
+	for name, tc := range map[string]struct {
+		v View
+		h Hint
+	}{
+		"hint names a round": {gathering, Hint{Version: 7, Round: 3, Incarnation: "x"}},
+		"ranked":             {View{Code: CodeOK, Role: RoleRanked}, Hint{Version: 7}},
+		"expected":           {View{Code: CodeOK, Open: true, Role: RoleExpected}, Hint{Version: 7}},
+	} {
+		if d := a.rereadSpread(tc.v, tc.h); d != 0 {
+			t.Errorf("%s: spread %v, want 0", name, d)
+		}
+	}
+	a.cfg.MaxHeartbeatRate = -1
+	if d := a.rereadSpread(gathering, Hint{Version: 7}); d != 0 {
+		t.Errorf("no rate bound: spread %v, want 0", d)
+	}
+}

@@ -140,7 +140,10 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 				t.Fatalf("step %d heartbeat by %s: store time %d / %d with codes %v / %v", step, c.m.ID, bm.StoreTime, bo.StoreTime, bm.Code, bo.Code)
 			}
 			bm.StoreTime, bo.StoreTime = 0, 0
-			if bm != bo {
+			if bm.Code == elastic.CodeOK && bm.Leases < 1 {
+				t.Fatalf("step %d heartbeat by %s renewed, but %d leases are held", step, c.m.ID, bm.Leases)
+			}
+			if bm != bo { // the lease count too
 				t.Fatalf("step %d heartbeat by %s: memory %+v, redis %+v", step, c.m.ID, bm, bo)
 			}
 			continue
