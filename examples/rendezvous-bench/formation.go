@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 
@@ -38,6 +40,7 @@ type formationResult struct {
 	changeCPU   time.Duration // Redis CPU over the same span
 	changeFirst time.Duration // from the loss until the first survivor holds the next World
 	changeSeen  time.Duration // from the loss until every survivor's ChangePending was true
+	afterLapse  time.Duration // "lease" only: from the victim's lease end until every survivor holds the next World
 	stats       string        // busiest Redis commands of the formation (INFO commandstats)
 	changeStats string        // the same for the membership change
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
@@ -204,8 +207,17 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		return res, nil
 	}
 	victim := agents[n-1]
+	if change == "lease" {
+		// Every member renewed its lease with the Join that formed the
+		// round just now; a member dies at some point of its heartbeat
+		// interval instead. Let heartbeats take over, then lose the victim
+		// at a random point of its interval.
+		beat := cfg.HeartbeatEvery(n)
+		time.Sleep(beat + time.Duration(mrand.Int64N(int64(beat))))
+	}
 	_ = victim.Close()
 	lost := time.Now()
+	lapse, lapseErr := leaseEnd(ctx, clients[0], cfg.JobID, victim.Member().ID, lost)
 	c0, cErr := redisCPU(ctx, clients[0])
 	cstats0, _ := commandStats(ctx, clients[0])
 	survivors := agents[:n-1]
@@ -253,6 +265,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.change, res.changeFirst = worst.Sub(lost), first.Sub(lost)
+	if change == "lease" && lapseErr == nil {
+		res.afterLapse = worst.Sub(lapse)
+	}
 	for _, t := range seen {
 		res.changeSeen = max(res.changeSeen, t.Sub(lost))
 	}
@@ -263,4 +278,24 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		res.changeStats = statsDelta(cstats0, cstats1)
 	}
 	return res, nil
+}
+
+// leaseEnd is when member id's lease lapses, on this process' clock (at
+// about now, its reading): its lease's score against the job's time on the
+// store (Redis TIME less the job's outage credit; see scripts.go).
+func leaseEnd(ctx context.Context, c redis.UniversalClient, job, id string, now time.Time) (time.Time, error) {
+	p := elastic.KeyPrefix + "{" + job + "}:"
+	pipe := c.Pipeline()
+	score := pipe.ZScore(ctx, p+"leases", id)
+	credit := pipe.HGet(ctx, p+"meta", "credit")
+	tm := pipe.Time(ctx)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return time.Time{}, err
+	}
+	if score.Err() != nil || tm.Err() != nil {
+		return time.Time{}, errors.Join(score.Err(), tm.Err())
+	}
+	cr, _ := credit.Int64() // absent: no credit
+	jobNow := tm.Val().UnixMilli() - cr
+	return now.Add(time.Duration(int64(score.Val())-jobNow) * time.Millisecond), nil
 }

@@ -66,11 +66,12 @@ type figure struct {
 	MaxMS    float64   `json:"max_ms"`
 	AllMS    []float64 `json:"all_ms"`
 	// Formation only: medians over the reps.
-	FirstMS    float64 `json:"first_ms,omitempty"`     // last arrival until the first member holds its World
-	SeenMS     float64 `json:"seen_ms,omitempty"`      // change only: the loss until every survivor's ChangePending was true
-	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"` // Redis CPU (INFO cpu) for one formation
-	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"` // this process' CPU over the same span
-	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"` // Redis CPU from the last arrival until every World
+	FirstMS    float64 `json:"first_ms,omitempty"`       // last arrival until the first member holds its World
+	SeenMS     float64 `json:"seen_ms,omitempty"`        // change only: the loss until every survivor's ChangePending was true
+	LapseMS    float64 `json:"after_lapse_ms,omitempty"` // change_lease only: the victim's lease end until every survivor holds the next World
+	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"`   // Redis CPU (INFO cpu) for one formation
+	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"`   // this process' CPU over the same span
+	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"`   // Redis CPU from the last arrival until every World
 	// Hold only: Redis CPU while a formed round was held, in % of one core.
 	HoldCPUPct float64 `json:"hold_cpu_pct,omitempty"`
 	HoldS      float64 `json:"hold_s,omitempty"`
@@ -168,6 +169,9 @@ func main() {
 			if f.SeenMS > 0 {
 				seen = fmt.Sprintf("every survivor saw the change after %.2fms, ", f.SeenMS)
 			}
+			if f.LapseMS != 0 {
+				seen += fmt.Sprintf("next World %.2fms after the lease lapsed, ", f.LapseMS)
+			}
 			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
 				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
 		}
@@ -180,7 +184,7 @@ func main() {
 	}
 	cpuPer := map[int]time.Duration{}
 	for _, n := range counts {
-		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU, chgSeen []time.Duration
+		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU, chgSeen, chgLapse []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -200,6 +204,9 @@ func main() {
 			if res.change > 0 {
 				chg, chgCPU, chgFirst = append(chg, res.change), append(chgCPU, res.changeCPU), append(chgFirst, res.changeFirst)
 				chgSeen = append(chgSeen, res.changeSeen)
+				if res.afterLapse != 0 {
+					chgLapse = append(chgLapse, res.afterLapse)
+				}
 			}
 			if res.hold > 0 {
 				holdPct = append(holdPct, 100*res.holdCPU.Seconds()/res.hold.Seconds())
@@ -220,6 +227,9 @@ func main() {
 		if len(chg) > 0 {
 			c := summarize("change_"+changeMode, storeName, n, chg)
 			c.RedisCPUMS, c.FirstMS, c.SeenMS = msf(median(chgCPU)), msf(median(chgFirst)), msf(median(chgSeen))
+			if len(chgLapse) > 0 {
+				c.LapseMS = msf(median(chgLapse))
+			}
 			if changeMode == "report" {
 				c.Goal = "under 100 ms"
 			} else {
