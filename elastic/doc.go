@@ -200,9 +200,10 @@
 // (MaxHeartbeatRate spaces its beats to one a second per member): a
 // heartbeat is about 40-60 us of Redis CPU. A member lost in a round of 1024 and reported: every
 // survivor holds the next World about 30 ms after the report, for about
-// 11 ms of Redis CPU; through lease expiry about 3.05 s after the loss
-// (LeaseTTL 3 s; heartbeats start at a random point of their interval, so
-// the first call after the lapse sweeps it).
+// 11 ms of Redis CPU; through lease expiry about 60 ms after the lease
+// lapsed (LeaseTTL 3 s after its last renewal: 2.7-2.9 s after a loss at a
+// random point of the heartbeat interval; heartbeats start at a random
+// point of their interval, so the first call after the lapse sweeps it).
 // What still grows with n^2 is the bytes, as every process reads the whole
 // roster (n records) once per round.
 //
