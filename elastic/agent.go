@@ -638,15 +638,7 @@ func (a *Agent) rereadSpread(v View, h Hint) time.Duration {
 	if h.Round != 0 || v.Code != CodeOK || !v.Open || v.Role != RoleArrived {
 		return 0
 	}
-	rate := a.cfg.MaxHeartbeatRate
-	if rate == 0 {
-		rate = DefaultMaxHeartbeatRate
-	}
-	if rate < 0 {
-		return 0
-	}
-	n := max(v.Arrived, int(a.jobLeases.Load()))
-	spread := min(time.Duration(float64(time.Second)*float64(n)/float64(rate)), a.cfg.LeaseTTL/3)
+	spread := a.cfg.rateSpread(max(v.Arrived, int(a.jobLeases.Load())))
 	if spread <= 0 {
 		return 0
 	}

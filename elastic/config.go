@@ -187,16 +187,22 @@ func ValidateJobID(id string) error {
 // DefaultMaxHeartbeatRate). A link whose round trip needs more heartbeats
 // in flight than an Agent keeps spaces them further, over the round trip.
 func (c Config) HeartbeatEvery(n int) time.Duration {
-	d := c.HeartbeatInterval
+	return max(c.HeartbeatInterval, c.rateSpread(n))
+}
+
+// rateSpread is the time over which n calls, one per member, keep to
+// MaxHeartbeatRate: n / rate seconds, at most LeaseTTL/3; 0 without a
+// bound (a negative rate).
+func (c Config) rateSpread(n int) time.Duration {
 	rate := c.MaxHeartbeatRate
 	if rate == 0 {
 		rate = DefaultMaxHeartbeatRate
 	}
 	if rate < 0 {
-		return d
+		return 0
 	}
 	spread := time.Duration(float64(time.Second) * float64(max(n, 0)) / float64(rate))
-	return max(d, min(spread, c.LeaseTTL/3))
+	return min(spread, c.LeaseTTL/3)
 }
 
 // params returns the part of the config the store applies.
