@@ -81,8 +81,8 @@ type Config struct {
 
 	// MaxHeartbeatRate bounds the heartbeats a second that the members of
 	// the job send the store together: an Agent whose round has n members
-	// (or that waits in a forming round with n arrived)
-	// renews every max(HeartbeatInterval, n / MaxHeartbeatRate seconds),
+	// (or that waits in a forming round with n arrived, or whose last
+	// renewal counted n leases in the job) renews every max(HeartbeatInterval, n / MaxHeartbeatRate seconds),
 	// but at least three times a lease (LeaseTTL/3), which wins over the
 	// rate when both cannot hold. Up to 2048 members the default interval
 	// stands; a round of 4096 renews every second. The lease, and so the
@@ -90,7 +90,8 @@ type Config struct {
 	// DefaultMaxHeartbeatRate (4096 a second); negative: no bound (every
 	// HeartbeatInterval whatever the job's size). A limit in the manner of
 	// Nomad's max_heartbeats_per_second, which spaces its clients'
-	// heartbeats as the cluster grows.
+	// heartbeats as the cluster grows. The members waiting in a forming
+	// round spread their re-reads after a change over the same n / rate.
 	MaxHeartbeatRate int
 
 	// ProgressTimeout is how long the worker's loop may go without progress
