@@ -45,12 +45,15 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
@@ -101,6 +104,9 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
 	flag.Parse()
+	// go-redis' own lines (a closed client's Pub/Sub reader at the end of
+	// each formation) go to Debug, which the bench does not print.
+	redis.SetLogger(elastic.RedisLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
