@@ -81,8 +81,15 @@ func TestAWorkerHungAfterTheJobFinishedIsKilledAfterTheGracePeriod(t *testing.T)
 	require.NoError(t, err)
 	pids := readyPIDs(t, lines, 3)
 	deadline := time.Now().Add(20 * time.Second)
-	for procState(pids[2]) != "T" {
-		require.True(t, time.Now().Before(deadline), "worker 2 never stopped itself")
+	for st := procState(pids[2]); st != "T"; st = procState(pids[2]) {
+		if time.Now().After(deadline) {
+			// "" is a worker gone: killed (by whom the job's result says)
+			// or exited, not one still running.
+			job.Kill()
+			<-job.Done()
+			res, err := job.Wait()
+			t.Fatalf("worker 2 never stopped itself: its state is %q; the job: %+v, %v", st, res, err)
+		}
 		time.Sleep(10 * time.Millisecond)
 	}
 	require.NoError(t, job.Signal(0, syscall.SIGUSR1))
