@@ -82,9 +82,10 @@ type Config struct {
 	// MaxHeartbeatRate bounds the heartbeats a second that the members of
 	// the job send the store together: an Agent whose round has n members
 	// (or that waits in a forming round with n arrived, or whose last
-	// renewal counted n leases in the job) renews every max(HeartbeatInterval, n / MaxHeartbeatRate seconds),
-	// but at least three times a lease (LeaseTTL/3), which wins over the
-	// rate when both cannot hold. Up to 2048 members the default interval
+	// renewal counted n leases in the job) renews every
+	// max(HeartbeatInterval, n / MaxHeartbeatRate seconds), but at least
+	// three times a lease (LeaseTTL/3), which wins over the rate when both
+	// cannot hold. Up to 2048 members the default interval
 	// stands; a round of 4096 renews every second. The lease, and so the
 	// detection time of a silent death, does not change. 0 means
 	// DefaultMaxHeartbeatRate (4096 a second); negative: no bound (every

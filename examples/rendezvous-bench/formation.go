@@ -213,7 +213,11 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		// interval instead. Let heartbeats take over, then lose the victim
 		// at a random point of its interval.
 		beat := cfg.HeartbeatEvery(n)
-		time.Sleep(beat + time.Duration(mrand.Int64N(int64(beat))))
+		select {
+		case <-time.After(beat + time.Duration(mrand.Int64N(int64(beat)))):
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
 	}
 	_ = victim.Close()
 	lost := time.Now()
@@ -282,7 +286,8 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 
 // leaseEnd is when member id's lease lapses, on this process' clock (at
 // about now, its reading): its lease's score against the job's time on the
-// store (Redis TIME less the job's outage credit; see scripts.go).
+// store (Redis TIME less the job's outage credit; see scripts.go). Good to
+// a few ms: the reading's round trip, and the credit as last written.
 func leaseEnd(ctx context.Context, c redis.UniversalClient, job, id string, now time.Time) (time.Time, error) {
 	p := elastic.KeyPrefix + "{" + job + "}:"
 	pipe := c.Pipeline()
