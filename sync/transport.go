@@ -509,12 +509,11 @@ func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connK
 	if hello.JobID != t.cfg.JobID {
 		return reject(wire.RejectJob, fmt.Errorf("%w: dialer is in job %q, this rank serves job %q", ErrJobMismatch, hello.JobID, t.cfg.JobID))
 	}
-	t.mu.Lock()
-	stale, cur := t.haveRound && hello.Round < t.round, t.round
-	t.mu.Unlock()
-	if stale {
-		return reject(wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, hello.Round, cur))
-	}
+	// A dialer of an older round is refused only after the secrets are
+	// checked both ways (place): a stranger whose peers evicted it and
+	// moved on must still learn that they do not share its secret, or it
+	// takes its failed round for an ordinary change and joins again (see
+	// AuthError), and an unauthenticated dialer learns no round number.
 	var nonce [wire.NonceSize]byte
 	rand.Read(nonce[:])
 	challenge := append(nonce[:], proof(t.cfg.Secret, "server", helloBytes, nonce[:])...)
