@@ -97,6 +97,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		loss, gmax, stepErr := t.compute(sctx, b)
 		t.microCount = len(b.Micro)
 		compute := time.Since(stepStart)
+		if t.computeTime != nil {
+			compute = t.computeTime(b, compute)
+		}
 		if stepErr != nil && (ctx.Err() != nil || roundBroken(stepErr)) {
 			// The StepFunc's own communication failed (a partition's pull
 			// or push: a peer lost, a timeout, the round aborted): the

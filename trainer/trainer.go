@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
 )
@@ -111,6 +112,11 @@ type Trainer[B any] struct {
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
 	afterReduce func(rank int, step int64) error
+	// computeTime, when set (tests only), replaces a step's measured
+	// compute time (seconds of the StepFunc) with what it returns: the
+	// balancing and straggler tests give each worker an exact speed that
+	// a loaded machine's scheduling cannot blur.
+	computeTime func(b dataloader.Batch[B], measured time.Duration) time.Duration
 
 	// live is the current round's Agent, for marked phases (progress.go).
 	live liveness
