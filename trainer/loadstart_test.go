@@ -131,7 +131,11 @@ func hogCPU() (stop func()) {
 // Fault-free starts of four worker processes on a loaded machine (a CPU
 // hog on every core, and one rank slowed down for its first steps): no
 // member is fenced and no round fails, however late a worker arrives or
-// however slowly a round connects or steps. (A worker arriving
+// however slowly a round connects or steps. The workers hold elastic's
+// default lease (3 s): the 1 s lease of the fault tests is a detection
+// time for an idle machine, and CI's fresh-clone run (the compiler and
+// other packages' tests beside this hog) once starved a worker past it,
+// which the lease rightly took for a hang. (A worker arriving
 // while the first round connected once made the others' collective watch
 // cancel that Connect on purpose, and the peers, seeing a broken
 // connection, reported the healthy rank as lost.)
@@ -151,15 +155,16 @@ func TestFaultFreeStartsUnderLoad(t *testing.T) {
 		// The second worker's first 10 steps take 350 ms each (a rank
 		// the load slows down): its peers wait that long in each step's
 		// control allreduce, as the fourth arrives.
-		j.startLogged(lines)
-		j.startLogged(lines, envSlowSteps+"=10:350ms")
-		j.startLogged(lines)
+		lease := envLease + "=1"
+		j.startLogged(lines, lease)
+		j.startLogged(lines, lease, envSlowSteps+"=10:350ms")
+		j.startLogged(lines, lease)
 		// The fourth arrives late, as a slow process start does: after
 		// the first round closed (LastCall 300 ms), at another moment
 		// of its connecting or first steps in each start (the
 		// scenario's input, not a wait).
 		time.Sleep(400*time.Millisecond + time.Duration(s%6)*150*time.Millisecond)
-		j.startLogged(lines)
+		j.startLogged(lines, lease)
 		j.waitAll()
 		close(lines)
 		var problems []string

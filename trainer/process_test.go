@@ -40,6 +40,10 @@ const (
 	envEpochs    = "ELASTICTRAIN_TRAINER_TEST_EPOCHS"
 	envCkptEvery = "ELASTICTRAIN_TRAINER_TEST_CKPT_EVERY"
 	envDet       = "ELASTICTRAIN_TRAINER_TEST_DETERMINISTIC"
+	// envLease, when set, gives the worker elastic's default LeaseTTL and
+	// HeartbeatInterval (3 s, 500 ms) instead of the 1 s lease the fault
+	// tests detect a death with.
+	envLease = "ELASTICTRAIN_TRAINER_TEST_DEFAULT_LEASE"
 )
 
 // Process-test problem: big enough that faults land mid-epoch.
@@ -105,6 +109,10 @@ func workerMain() int {
 	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
 	cfg.Elastic.LeaseTTL = time.Second
 	cfg.Elastic.HeartbeatInterval = 150 * time.Millisecond
+	if os.Getenv(envLease) != "" {
+		cfg.Elastic.LeaseTTL = elastic.DefaultLeaseTTL
+		cfg.Elastic.HeartbeatInterval = elastic.DefaultHeartbeatInterval
+	}
 	cfg.Elastic.LastCall = 300 * time.Millisecond
 	cfg.CheckpointEvery = 20
 	if v := os.Getenv(envCkptEvery); v != "" {
