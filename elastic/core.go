@@ -279,8 +279,10 @@ func (j *coreJob) save(c *opCtx) {
 // members). A larger round's close is announced by its version, round and
 // incarnation: each process reads the roster once (RedisStore's hub) and
 // hands it to its members, instead of thousands of subscribers each
-// receiving it, and the small message reaches them fast. The in-memory
-// store hands its members the parsed roster whatever its size.
+// receiving it, and the small message reaches them fast. The Redis
+// store's views leave such a roster out too (the client reads it through
+// the same one read per process). The in-memory store hands its members
+// the parsed roster whatever its size.
 const hintRosterMax = 64 << 10
 
 // hint is what a visible change publishes.

@@ -96,9 +96,10 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 			return out, werr
 		}
 		// Ranked in a closed round whose roster the script left out: the
-		// caller holds its World, or this process has read the roster
-		// already (viewArgs); the records of a large round then cross
-		// the link once per process, not once per member.
+		// caller holds its World, this process has read the roster
+		// already (viewArgs), or it is larger than hintRosterMax; the
+		// records of a large round then cross the link once per process,
+		// not once per member.
 		rv.omitted = true
 		out, werr := wrapView(rv, op, jobID)
 		if werr != nil || (have != 0 && rv.Round == have) {

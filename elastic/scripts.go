@@ -282,7 +282,11 @@ local function view(st, code)
   local rank = redis.call('HGET', K_RANK, ID)
   if rank then
     r[6], r[7] = ROLE_RANKED, tonumber(rank) or -1
-    if HAVE ~= st.round then r[13] = redis.call('GET', K_ROSTER) or '' end
+    -- A large roster is left out too: the client reads it once per
+    -- process (RedisStore.rosterOf), not once per member that asks.
+    if HAVE ~= st.round and redis.call('STRLEN', K_ROSTER) <= HINT_ROSTER_MAX then
+      r[13] = redis.call('GET', K_ROSTER) or ''
+    end
   elseif is(K_PENDING, ID) then
     r[6] = ROLE_PENDING
   end
