@@ -567,7 +567,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
-		if slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+		if slow := a.gatherReread(v); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
 			// Arrived in a round that waits for more members: apart from
 			// its last-call deadline (Wait), nothing changes for us until
 			// the job's version does (a close, an eviction, a new round),
@@ -625,6 +625,27 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		}
 	}
 }
+
+// gatherReread is how long a Join that arrived in a forming round (v)
+// waits before it re-reads the store when nothing woke it: the safety net
+// behind the Pub/Sub hint and the heartbeat's version poll, which both
+// wake it on a change. At least max(PollInterval, LeaseTTL/2), and
+// gatherRereadFactor x n / MaxHeartbeatRate seconds for n members in the
+// job, so a gathering's safety-net re-reads stay a fraction of its
+// heartbeats whatever its size: at a fixed LeaseTTL/2 the 4096 members
+// of a gathering re-read 2700 times a second, more than they beat, and
+// saturated a bench's two cores until leases lapsed.
+func (a *Agent) gatherReread(v View) time.Duration {
+	slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2)
+	if per := a.cfg.perMember(max(v.Arrived, int(a.jobLeases.Load()))); per > 0 {
+		slow = max(slow, gatherRereadFactor*per)
+	}
+	return slow
+}
+
+// gatherRereadFactor: the members of a gathering re-read the store at most
+// MaxHeartbeatRate / gatherRereadFactor times a second together.
+const gatherRereadFactor = 4
 
 // rereadSpread is how long a Join waiting in a forming round (v: arrived,
 // open) waits at random before it re-reads the store after hint h, when h
@@ -821,13 +842,19 @@ func (a *Agent) run(w Watcher) {
 	var beats sync.WaitGroup
 	defer beats.Wait()
 	inFlight := 0
-	// The first heartbeat at a random point of the first interval: members
-	// started together would otherwise beat together for the whole job, and
-	// a lapsed lease is swept by the first call after it lapsed, so the
-	// job's beats in step would find it up to a HeartbeatInterval late;
-	// spread over the interval, n members find it within about
-	// HeartbeatInterval/n.
-	timer := time.NewTimer(time.Duration(1 + mrand.Int64N(int64(a.cfg.HeartbeatInterval))))
+	// The first heartbeat at a random point of an interval, half an
+	// interval to one and a half after the start (the first Join, which
+	// registers and so renews the lease itself): members started together
+	// would otherwise beat together for the whole job, and a lapsed lease
+	// is swept by the first call after it lapsed, so the job's beats in
+	// step would find it up to a HeartbeatInterval late; spread over the
+	// interval, n members find it within about HeartbeatInterval/n. Not
+	// sooner than half an interval: a renewal just after the Join's renews
+	// nothing (members gathering for a round of thousands over a second or
+	// two spent most of their heartbeats so), and the lease, at least three
+	// intervals, still has one and a half to spare.
+	hi := int64(a.cfg.HeartbeatInterval)
+	timer := time.NewTimer(time.Duration(hi/2 + 1 + mrand.Int64N(hi)))
 	defer timer.Stop()
 	warmTick := time.NewTicker(warmEvery)
 	defer warmTick.Stop()

@@ -88,3 +88,38 @@ func TestRereadSpreadFollowsTheJobsSize(t *testing.T) {
 		t.Errorf("no rate bound: spread %v, want 0", d)
 	}
 }
+
+// A Join waiting in a forming round re-reads the store, when nothing woke
+// it, at most every max(PollInterval, LeaseTTL/2) in a small job and every
+// 4 x n / MaxHeartbeatRate seconds in a large one: the gathering's
+// safety-net re-reads stay a quarter of its heartbeat rate (at a fixed
+// LeaseTTL/2, 4096 members gathering re-read 2700 times a second).
+func TestGatherRereadFollowsTheJobsSize(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.JobID = "gather-reread"
+	a, err := NewAgent(NewMemoryStore(), NewMember("127.0.0.1:1"), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	for _, tc := range []struct {
+		arrived, leases int
+		want            time.Duration
+	}{
+		{2, 0, cfg.LeaseTTL / 2},
+		{1024, 0, cfg.LeaseTTL / 2}, // 4 x 0.25 s is below LeaseTTL/2
+		{4096, 0, 4 * time.Second},
+		{100, 8192, 8 * time.Second}, // the leases count the job
+	} {
+		a.jobLeases.Store(int64(tc.leases))
+		v := View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: tc.arrived}
+		if got := a.gatherReread(v); got != tc.want {
+			t.Errorf("%d arrived, %d leases: re-read every %v, want %v", tc.arrived, tc.leases, got, tc.want)
+		}
+	}
+	a.jobLeases.Store(0)
+	a.cfg.MaxHeartbeatRate = -1
+	if got := a.gatherReread(View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: 4096}); got != cfg.LeaseTTL/2 {
+		t.Errorf("no rate bound: re-read every %v, want %v", got, cfg.LeaseTTL/2)
+	}
+}

@@ -196,6 +196,14 @@ func (c Config) HeartbeatEvery(n int) time.Duration {
 // MaxHeartbeatRate: n / rate seconds, at most LeaseTTL/3; 0 without a
 // bound (a negative rate).
 func (c Config) rateSpread(n int) time.Duration {
+	return min(c.perMember(n), c.LeaseTTL/3)
+}
+
+// perMember is n / MaxHeartbeatRate seconds: the interval at which n
+// members, each calling once an interval, call the store
+// MaxHeartbeatRate times a second together; 0 without a bound (a negative
+// rate).
+func (c Config) perMember(n int) time.Duration {
 	rate := c.MaxHeartbeatRate
 	if rate == 0 {
 		rate = DefaultMaxHeartbeatRate
@@ -203,8 +211,7 @@ func (c Config) rateSpread(n int) time.Duration {
 	if rate < 0 {
 		return 0
 	}
-	spread := time.Duration(float64(time.Second) * float64(max(n, 0)) / float64(rate))
-	return min(spread, c.LeaseTTL/3)
+	return time.Duration(float64(time.Second) * float64(max(n, 0)) / float64(rate))
 }
 
 // params returns the part of the config the store applies.
