@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -14,18 +16,56 @@ import (
 )
 
 // arrivalSpy reports each member whose Join left it waiting in the forming
-// round, so the benchmark can start the last member after all others arrived.
+// round, so the benchmark can start the last member after all others
+// arrived, and counts the members' store calls by kind (calls, shared by
+// every member of a formation).
 type arrivalSpy struct {
 	elastic.Store
 	arrived chan struct{}
+	calls   *callCounts
+}
+
+// callCounts counts store calls by kind, and the answers that fenced.
+type callCounts struct {
+	arrived, joins, checks, beats, fenced atomic.Int64
+}
+
+func (c *callCounts) String() string {
+	return fmt.Sprintf("arrived %d, store calls: joins %d checks %d beats %d (fenced %d)",
+		c.arrived.Load(), c.joins.Load(), c.checks.Load(), c.beats.Load(), c.fenced.Load())
 }
 
 func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	s.calls.joins.Add(1)
 	v, err := s.Store.Join(ctx, r)
-	if err == nil && v.Role == elastic.RoleArrived {
+	if err == nil && v.Code == elastic.CodeFenced {
+		s.calls.fenced.Add(1)
+	}
+	if err == nil && v.Role == elastic.RoleArrived && r.Incarnation == "" {
+		// A member's first arrival only: a waiting member's re-read Join
+		// answers RoleArrived again.
+		s.calls.arrived.Add(1)
 		s.arrived <- struct{}{}
 	}
 	return v, err
+}
+
+func (s *arrivalSpy) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+	s.calls.checks.Add(1)
+	v, err := s.Store.Check(ctx, r)
+	if err == nil && v.Code == elastic.CodeFenced {
+		s.calls.fenced.Add(1)
+	}
+	return v, err
+}
+
+func (s *arrivalSpy) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+	s.calls.beats.Add(1)
+	b, err := s.Store.Heartbeat(ctx, r)
+	if err == nil && b.Code == elastic.CodeFenced {
+		s.calls.fenced.Add(1)
+	}
+	return b, err
 }
 
 // formationResult is one formation run.
@@ -45,6 +85,7 @@ type formationResult struct {
 	changeStats string        // the same for the membership change
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
+	calls       *callCounts   // the members' store calls (and first arrivals) over the whole run
 }
 
 // membersPerClient members share one go-redis client (its pool), so a run
@@ -68,7 +109,7 @@ var formationLease, formationBeat = elastic.DefaultLeaseTTL, elastic.DefaultHear
 // once (ReportFailure, as a trainer does when its ring connection to the
 // dead peer closes), "lease" lets its lease lapse. "" skips it.
 func formation(ctx context.Context, addr string, n, rep int, hold time.Duration, change string) (formationResult, error) {
-	var res formationResult
+	res := formationResult{calls: &callCounts{}}
 	cfg := baseConfig(jobID("formation", rep))
 	// The fresh round closes at its n-th arrival (MaxWorkers); LastCall is
 	// long so it cannot close earlier, and MinWorkers 1 lets the survivors
@@ -107,11 +148,34 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	for i := range n {
-		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i/membersPerClient]), arrived: arrived}, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i%30000)), cfg)
+		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i/membersPerClient]), arrived: arrived, calls: res.calls},
+			elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i%30000)), cfg)
 		if err != nil {
 			return res, err
 		}
 		agents[i] = a
+	}
+	if progressEvery > 0 {
+		stop := make(chan struct{})
+		var pwg sync.WaitGroup
+		pwg.Add(1)
+		go func() {
+			defer pwg.Done()
+			start, c0 := time.Now(), time.Duration(0)
+			c0, _ = redisCPU(ctx, clients[0])
+			tick := time.NewTicker(progressEvery)
+			defer tick.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-tick.C:
+				}
+				c, _ := redisCPU(ctx, clients[0])
+				fmt.Fprintf(os.Stderr, "  %d members, %6.2fs: %v; redis cpu %v\n", n, time.Since(start).Seconds(), res.calls, (c - c0).Round(time.Millisecond))
+			}
+		}()
+		defer func() { close(stop); pwg.Wait() }()
 	}
 	cpu0, cpuErr := redisCPU(ctx, clients[0])
 	stats0, _ := commandStats(ctx, clients[0])
@@ -304,3 +368,7 @@ func leaseEnd(ctx context.Context, c redis.UniversalClient, job, id string, now 
 	jobNow := tm.Val().UnixMilli() - cr
 	return now.Add(time.Duration(int64(score.Val())-jobNow) * time.Millisecond), nil
 }
+
+// progressEvery, when > 0 (-v), is how often a formation prints its
+// members' store calls so far on stderr.
+var progressEvery time.Duration

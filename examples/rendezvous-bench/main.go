@@ -97,7 +97,7 @@ func main() {
 	redisAddr := flag.String("redis", "", "Redis address; empty = start a private redis-server on a free port (embedded server if not installed)")
 	hold := flag.Duration("hold", 0, "after each formation, hold the round this long and report Redis CPU per second (0 = skip)")
 	kill := flag.Bool("kill", true, "run the kill-recovery figures")
-	verbose := flag.Bool("v", false, "print the busiest Redis commands of each formation (INFO commandstats) on stderr")
+	verbose := flag.Bool("v", false, "print the busiest Redis commands of each formation (INFO commandstats) and, every 250 ms, the members' store calls so far, on stderr")
 	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
 	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
 	formBeat := flag.Duration("heartbeat", elastic.DefaultHeartbeatInterval, "HeartbeatInterval of the members in the formation figures (at most a third of -formation-lease)")
@@ -119,6 +119,9 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	formationLease, formationBeat = *formLease, *formBeat
+	if *verbose {
+		progressEvery = 250 * time.Millisecond
+	}
 	changeMode := *change
 	switch changeMode {
 	case "none":
