@@ -61,7 +61,7 @@ type Agent struct {
 	prog     progressWatch // the worker loop's progress (Config.ProgressTimeout)
 	pending  atomic.Bool
 	changes  chan struct{}
-	joinWake chan Hint // hints for a waiting Join (capacity 1, newest wins)
+	joinWake chan joinWake // wake-ups of a waiting Join (capacity 1; the more telling one wins)
 
 	calls       sync.WaitGroup // store calls in flight (bounded); Close waits for them
 	callsClosed bool           // under mu: Close began, no new store call starts
@@ -101,7 +101,7 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		log:      log.With("member", self.ID),
 		start:    time.Now(),
 		changes:  make(chan struct{}, 1),
-		joinWake: make(chan Hint, 1),
+		joinWake: make(chan joinWake, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
 	}
@@ -193,15 +193,51 @@ func (a *Agent) failLocked(err error) {
 	a.err = err
 	a.log.Debug("agent stopped", "err", err)
 	a.updatePendingLocked()
-	a.wakeJoin(Hint{})
+	a.wakeJoin(joinWake{})
 }
 
-// wakeJoin hands a hint to a waiting Join. Several goroutines may call it,
-// so it does not replace an unread hint (a Join re-reads the store anyway).
-func (a *Agent) wakeJoin(h Hint) {
-	select {
-	case a.joinWake <- h:
-	default:
+// joinWake is what wakes a waiting Join: a hint, or a heartbeat's answer
+// that the version moved (a zero Hint), which with closing set said that
+// the forming round the Join waits in has closed.
+type joinWake struct {
+	h Hint
+	// closing: the close's own hint, which brings the World, is on its
+	// way; the Join re-reads the store only if it does not come
+	// (closeWait).
+	closing bool
+}
+
+// telling orders wake-ups by what they let a Join do without the store.
+func (w joinWake) telling() int {
+	switch {
+	case w.h.Members != nil:
+		return 3 // a World, perhaps
+	case w.h.Round != 0:
+		return 2
+	case w.closing:
+		return 1
+	}
+	return 0
+}
+
+// wakeJoin hands a wake-up to a waiting Join. Several goroutines may call
+// it; an unread wake-up is replaced only by a more telling one (a plain
+// version change by the hint that brings the World), so a heartbeat's
+// answer never pushes that hint out.
+func (a *Agent) wakeJoin(w joinWake) {
+	for {
+		select {
+		case a.joinWake <- w:
+			return
+		default:
+		}
+		select {
+		case old := <-a.joinWake:
+			if old.telling() > w.telling() {
+				w = old
+			}
+		default:
+		}
 	}
 }
 
@@ -600,11 +636,19 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			return fail(jctx.Err())
 		case <-a.stop:
 			return World{}, ErrClosed
-		case h := <-a.joinWake:
+		case jw := <-a.joinWake:
+			h := jw.h
 			if w, ok := a.worldFromHint(h); ok {
 				return w, nil
 			}
-			if d := a.rereadSpread(v, h); d > 0 {
+			if h.Version != 0 && h.Version <= v.Version && h.Members == nil && !jw.closing {
+				continue // a change the view in hand already shows (an older hint, read late)
+			}
+			d := a.rereadSpread(v, h)
+			if jw.closing {
+				d = a.closeWait(v)
+			}
+			if d > 0 {
 				// Every member gathering sees the same hint: their
 				// re-reads go out spread over d, not in one burst.
 				if at := time.Now().Add(d); callAt.IsZero() || at.Before(callAt) {
@@ -664,6 +708,19 @@ func (a *Agent) rereadSpread(v View, h Hint) time.Duration {
 		return 0
 	}
 	return time.Duration(1 + mrand.Int64N(int64(spread)))
+}
+
+// closeWait is how long a Join whose heartbeat said that its forming round
+// closed waits for the close's hint (which brings its World) before it
+// reads the store itself: LeaseTTL/3, plus the gathering's re-read spread
+// (rereadSpread), so that a hint lost to every member (a Pub/Sub
+// reconnect) still does not send n reads at once.
+func (a *Agent) closeWait(v View) time.Duration {
+	d := a.cfg.LeaseTTL / 3
+	if spread := a.cfg.rateSpread(max(v.Arrived, int(a.jobLeases.Load()))); spread > 0 {
+		d += time.Duration(mrand.Int64N(int64(spread)))
+	}
+	return d
 }
 
 // worldFromHint takes this member's World from a hint that announces a
@@ -981,7 +1038,13 @@ func (a *Agent) beatInterval() time.Duration {
 func (a *Agent) onHint(h Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
-	if !joining && a.supersededLocked(h) {
+	// A hint of a version this member has seen already says nothing new
+	// (the view came from a store call after the change, or from the hint
+	// of a close); a version hint carries no incarnation, so one of a new
+	// incarnation with a lower version is missed here, and the heartbeat's
+	// version poll (any other version) catches it.
+	known := h.Version != 0 && h.Version <= a.view.Version
+	if !joining && (known || a.supersededLocked(h)) {
 		// The hint says all a refresh would: our round is over. Not reading
 		// the store here saves a call per member on every change of a
 		// large round; the next heartbeat still reads it if its version
@@ -991,7 +1054,7 @@ func (a *Agent) onHint(h Hint) {
 	}
 	a.mu.Unlock()
 	if joining {
-		a.wakeJoin(h)
+		a.wakeJoin(joinWake{h: h})
 		return
 	}
 	if inc != "" {
@@ -1090,10 +1153,16 @@ func (a *Agent) beat() bool {
 		// needs no refresh.
 		stale := (b.Version != a.view.Version && (a.supVer == 0 || b.Version != a.supVer)) || a.lost
 		joining := a.joining
+		// The forming round this member arrived in has closed: the close's
+		// hint brings the World to every member of the round; a read of the
+		// store by each as its heartbeat comes (thousands when a large
+		// round closes) would only race it.
+		closing := stale && !a.lost && b.Round != 0 && !b.Open && a.view.Code == CodeOK && a.view.Open &&
+			a.view.Role == RoleArrived && a.view.Round == b.Round && a.view.Incarnation == b.Incarnation
 		a.mu.Unlock()
 		if stale {
 			if joining {
-				a.wakeJoin(Hint{})
+				a.wakeJoin(joinWake{closing: closing})
 			} else {
 				a.refresh()
 			}

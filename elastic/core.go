@@ -516,6 +516,7 @@ func (j *coreJob) heartbeat(r MemberRequest, now int64) (Beat, opCtx) {
 	j.leases[r.MemberID] = now + ms(r.Params.LeaseTTL)
 	b.StoreTime = stamp // the store's clock, not the job's: the Agent maps it to its own
 	b.Leases = len(j.leases)
+	b.Round, b.Open = j.st.Round, j.st.Open
 	return b, c
 }
 

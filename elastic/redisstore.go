@@ -176,18 +176,21 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if err := ValidateJobID(r.JobID); err != nil {
 		return fail(err)
 	}
-	keys, args := jobKeys(r.JobID), commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)
-	res, err := scriptBeat.Run(ctx, s.c, keys, args...).Slice()
+	keys := jobKeys(r.JobID)
+	res, err := scriptBeat.Run(ctx, s.c, keys[1:4], max(1, ms(r.Params.LeaseTTL)), max(1, ms(r.Params.StateTTL)),
+		r.MemberID, r.Incarnation).Slice()
 	if err == nil && len(res) == 1 {
 		if n, e := replyInt(res[0]); e == nil && n == -1 {
-			// A lease expired: the heartbeat that sweeps.
+			// A lease expired, or the keys' TTL is due: the heartbeat
+			// that sweeps and renews.
+			args := commonArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound)
 			res, err = scriptHeartbeat.Run(ctx, s.c, keys, args...).Slice()
 		}
 	}
 	if err != nil {
 		return fail(s.mapErr(ctx, r.JobID, err))
 	}
-	if len(res) < 3 || len(res) > 5 {
+	if len(res) < 3 || len(res) > 7 {
 		return fail(fmt.Errorf("%w: heartbeat reply has %d elements", ErrBadState, len(res)))
 	}
 	code, e1 := replyInt(res[0])
@@ -198,14 +201,21 @@ func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, erro
 	if len(res) >= 4 {
 		now, e4 = replyInt(res[3])
 	}
-	if len(res) == 5 {
+	if len(res) >= 5 {
 		leases, e5 = replyInt(res[4])
 	}
-	if err := errors.Join(e1, e2, e3, e4, e5); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 || now < 0 ||
-		leases < 0 || leases > math.MaxInt32 {
+	var round, open int64
+	var e6, e7 error
+	if len(res) == 7 {
+		round, e6 = replyInt(res[5])
+		open, e7 = replyInt(res[6])
+	}
+	if err := errors.Join(e1, e2, e3, e4, e5, e6, e7); err != nil || code < 0 || code > int64(CodeFinished) || ver < 0 || now < 0 ||
+		leases < 0 || leases > math.MaxInt32 || round < 0 || open < 0 || open > 1 {
 		return fail(fmt.Errorf("%w: heartbeat reply %v", ErrBadState, res))
 	}
-	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now, Leases: int(leases)}, nil
+	return Beat{Code: Code(code), Incarnation: inc, Version: uint64(ver), StoreTime: now, Leases: int(leases),
+		Round: uint64(round), Open: open == 1}, nil
 }
 
 // keyTypes is the Redis type of each of a job's keys (jobKeys), by the

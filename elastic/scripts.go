@@ -15,7 +15,7 @@ package elastic
 //	1 state     string: JSON of the scalar fields of coreState (inc, round,
 //	            prev, floor, open, reform, fin, dl, seq, ver) and size (of
 //	            the closed round: HLEN of rank, checked on every load)
-//	2 meta      hash: inc, ver, fin, for the cheap heartbeat; last, credit
+//	2 meta      hash: inc, ver, fin, round, open, for the cheap heartbeat; last, credit
 //	            (the job's time, see tick); ttlat (store time of the last
 //	            renewal of the keys' TTL)
 //	3 members   hash: member ID -> JSON of Member
@@ -39,8 +39,9 @@ package elastic
 // Replies: view = {code, inc, ver, round, open, role, rank, size, pending,
 // wait_ms, order, since[, roster]} (pending is the count of arrived members
 // while open); heartbeat = {code, inc, ver} or, on a renewal, {code, inc,
-// ver, now_ms, leases} (the store's clock, Beat.StoreTime; the number of
-// leases held, Beat.Leases).
+// ver, now_ms, leases, round, open} (the store's clock, Beat.StoreTime; the
+// number of leases held, Beat.Leases; the latest round and 1 while it
+// forms, Beat.Round and Beat.Open).
 //
 // Pub/Sub message on a visible change: "<ver>"; when the change closed a
 // round, "<ver>\n<round>\n<inc>\n<roster>" (records in rank order) if the
@@ -247,6 +248,7 @@ local function save(st)
   local renew = C.changed or C.created or ttl_due()
   if renew or enc ~= st.raw then redis.call('SET', K_STATE, enc, 'PX', P.ttl) end
   META.inc, META.ver, META.fin = st.inc, st.ver, st.fin and '1' or '0'
+  META.round, META.open = st.round, st.open and '1' or '0'
   if renew then META.ttlat = NOW end
   write_meta() -- first: it may create the meta hash, which needs its TTL too
   if renew then expire_all() end
@@ -456,15 +458,20 @@ return view(st, code)
 // without the prelude (its closures and its state decoding were most of a
 // heartbeat's cost, and a round of thousands renews thousands of leases a
 // second). When a lease expired it writes nothing and answers {-1}: the
-// caller then runs luaHeartbeat, which sweeps. Same KEYS and ARGV as every
-// script; replies as luaHeartbeat's.
+// caller then runs luaHeartbeat, which sweeps. Replies as luaHeartbeat's.
+// It also answers {-1} when the job's keys are due for their TTL renewal
+// (at half of StateTTL), which luaHeartbeat does. KEYS and ARGV are only
+// what it reads (RedisStore.Heartbeat; every argument costs Redis an
+// object to build, and a round of 4096 sends 4096 heartbeats a second):
+// KEYS 1 meta, 2 members, 3 leases; ARGV 1 LeaseTTL ms, 2 StateTTL ms,
+// 3 caller member ID, 4 caller incarnation.
 const luaBeat = `
-local K_META, K_MEMBERS, K_LEASES = KEYS[2], KEYS[3], KEYS[4]
-local LEASE, TTL, ID, INC = tonumber(ARGV[5]), tonumber(ARGV[6]), ARGV[7], ARGV[8]
+local K_META, K_MEMBERS, K_LEASES = KEYS[1], KEYS[2], KEYS[3]
+local LEASE, TTL, ID, INC = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], ARGV[4]
 local t = redis.call('TIME')
 local NOW = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 ` + luaCredit + `
-local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat')
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat', 'round', 'open')
 local inc = m[1]
 if not inc then return {2, '', 0} end
 local ver = tonumber(m[2] or '0') or 0
@@ -475,10 +482,8 @@ local VNOW = NOW - credit
 if #redis.call('ZRANGEBYSCORE', K_LEASES, '-inf', VNOW, 'LIMIT', 0, 1) > 0 then return {-1} end
 local ttlat = tonumber(m[6] or '')
 local last = tonumber(m[4] or '')
-if ttlat == nil or NOW - ttlat >= TTL / 2 then
-  redis.call('HSET', K_META, 'last', NOW, 'credit', credit, 'ttlat', NOW)
-  for i = 1, #KEYS do redis.call('PEXPIRE', KEYS[i], TTL) end
-elseif last == nil or NOW - last >= ` + beatLastStepLua + ` or credit ~= (tonumber(m[5] or '0') or 0) then
+if ttlat == nil or NOW - ttlat >= TTL / 2 then return {-1} end
+if last == nil or NOW - last >= ` + beatLastStepLua + ` or credit ~= (tonumber(m[5] or '0') or 0) then
   -- The job's last call moves in steps (core.go, heartbeat): thousands
   -- of beats a second need not each rewrite it.
   redis.call('HSET', K_META, 'last', NOW, 'credit', credit)
@@ -489,13 +494,14 @@ end
 -- 0 (absent, or renewed already at this very time) asks the members hash.
 if redis.call('ZADD', K_LEASES, 'XX', 'CH', VNOW + LEASE, ID) == 0 and
     redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {1, inc, ver} end
-return {0, inc, ver, NOW, redis.call('ZCARD', K_LEASES)}
+return {0, inc, ver, NOW, redis.call('ZCARD', K_LEASES), tonumber(m[7] or '0') or 0, m[8] == '1' and 1 or 0}
 `
 
 // luaHeartbeat is the heartbeat that sweeps (luaBeat answered {-1}).
 const luaHeartbeat = luaPrelude + `
-local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat')
+local m = redis.call('HMGET', K_META, 'inc', 'ver', 'fin', 'last', 'credit', 'ttlat', 'round', 'open')
 TTLAT = tonumber(m[6] or '')
+local round, open = tonumber(m[7] or '0') or 0, m[8] == '1'
 local inc = m[1]
 if not inc then return {LOST, '', 0} end
 local ver = tonumber(m[2] or '0') or 0
@@ -509,7 +515,7 @@ if #expired > 0 then
   sweep(st)
   try_close(st) -- the survivors of a lapsed lease re-form at once
   save(st)
-  ver = st.ver
+  ver, round, open = st.ver, st.round, st.open
 else
   -- As luaBeat: the job's last call moves in steps.
   local last0, credit0 = tonumber(m[4] or ''), tonumber(m[5] or '0') or 0
@@ -525,7 +531,7 @@ else
 end
 if redis.call('HEXISTS', K_MEMBERS, ID) == 0 then return {FENCED, inc, ver} end
 redis.call('ZADD', K_LEASES, VNOW + P.lease, ID)
-return {OK, inc, ver, NOW, redis.call('ZCARD', K_LEASES)}
+return {OK, inc, ver, NOW, redis.call('ZCARD', K_LEASES), round, open and 1 or 0}
 `
 
 // luaRoster reads a closed round's roster for a hint that did not carry it.

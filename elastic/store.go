@@ -99,6 +99,13 @@ type Beat struct {
 	// (Config.HeartbeatEvery), so members that gather for a forming round
 	// learn the job's size as it grows, not only the arrivals before theirs.
 	Leases int
+	// Round is the job's latest round and Open whether it is still
+	// forming (Code CodeOK; 0 when the store did not say): a Join waiting
+	// in a forming round learns from its heartbeat that the round closed,
+	// and waits for the hint that brings its World rather than reading the
+	// store at once (a round of thousands closing sent thousands of reads).
+	Round uint64
+	Open  bool
 }
 
 // JoinRequest registers a member (if needed) and, with Arrive, makes it take
