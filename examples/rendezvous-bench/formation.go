@@ -86,6 +86,16 @@ type formationResult struct {
 	arrivals    time.Duration // from the first member's start until n-1 had arrived
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
 	calls       *callCounts   // the members' store calls (and first arrivals) over the whole run
+	formBeats   int64         // heartbeats over the span of redisCPU
+	beatPrice   time.Duration // Redis CPU per heartbeat while the formed round was held (0: unknown)
+}
+
+// upkeep is the Redis CPU of the heartbeats sent while the members
+// gathered (formBeats at beatPrice): the leases' upkeep, which grows with
+// the member-seconds of waiting, not with the protocol's work. 0 when the
+// price is unknown.
+func (r formationResult) upkeep() time.Duration {
+	return time.Duration(r.formBeats) * r.beatPrice
 }
 
 // membersPerClient members share one go-redis client (its pool), so a run
@@ -177,6 +187,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}()
 		defer func() { close(stop); pwg.Wait() }()
 	}
+	beats0 := res.calls.beats.Load()
 	cpu0, cpuErr := redisCPU(ctx, clients[0])
 	stats0, _ := commandStats(ctx, clients[0])
 	self0 := selfCPU()
@@ -249,22 +260,43 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 			}
 		}
 	}
-	if hold > 0 {
-		h0, err0 := redisCPU(ctx, clients[0])
-		start := time.Now()
-		select {
-		case <-time.After(hold):
-		case <-ctx.Done():
-			return res, ctx.Err()
+	res.formBeats = res.calls.beats.Load() - beats0
+	// The formed round is held (its members only heartbeat): for -hold
+	// the figure of that, and in any case the price of one heartbeat, what
+	// the heartbeats of the gathering cost (formationResult.upkeep). The
+	// re-reads a close sets off (spread over up to LeaseTTL/3) and the
+	// heartbeats' phases settle first.
+	beat := cfg.HeartbeatEvery(n)
+	select {
+	case <-time.After(max(beat, cfg.LeaseTTL/3)):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	holdFor := hold
+	if holdFor <= 0 {
+		holdFor = max(2*beat, time.Second)
+	}
+	h0, err0 := redisCPU(ctx, clients[0])
+	b0, chk0 := res.calls.beats.Load(), res.calls.checks.Load()
+	start := time.Now()
+	select {
+	case <-time.After(holdFor):
+	case <-ctx.Done():
+		return res, ctx.Err()
+	}
+	for i, a := range agents {
+		if a.ChangePending() {
+			return res, fmt.Errorf("member %d saw a change while the round of %d was held (a lease lapsed?)", i, n)
 		}
-		for i, a := range agents {
-			if a.ChangePending() {
-				return res, fmt.Errorf("member %d saw a change while the round of %d was held (a lease lapsed?)", i, n)
-			}
-		}
-		h1, err1 := redisCPU(ctx, clients[0])
-		if err0 == nil && err1 == nil {
+	}
+	h1, err1 := redisCPU(ctx, clients[0])
+	beats, checks := res.calls.beats.Load()-b0, res.calls.checks.Load()-chk0
+	if err0 == nil && err1 == nil {
+		if hold > 0 {
 			res.holdCPU, res.hold = h1-h0, time.Since(start)
+		}
+		if beats > 0 && checks == 0 {
+			res.beatPrice = (h1 - h0) / time.Duration(beats)
 		}
 	}
 	if change == "" || n < 3 {

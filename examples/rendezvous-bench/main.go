@@ -75,15 +75,24 @@ type figure struct {
 	RedisCPUMS float64 `json:"redis_cpu_ms,omitempty"`   // Redis CPU (INFO cpu) for one formation
 	BenchCPUMS float64 `json:"bench_cpu_ms,omitempty"`   // this process' CPU over the same span
 	CloseCPUMS float64 `json:"close_cpu_ms,omitempty"`   // Redis CPU from the last arrival until every World
+	// Formation only: the part of RedisCPUMS that is the leases' upkeep
+	// while the members gathered (their heartbeats, priced at what a
+	// heartbeat cost while the formed round was held), and the rest: the
+	// protocol's work (joins, the close, views, re-reads, connections).
+	UpkeepCPUMS   float64 `json:"upkeep_cpu_ms,omitempty"`
+	ProtocolCPUMS float64 `json:"protocol_cpu_ms,omitempty"`
+	GatherBeats   int64   `json:"gather_beats,omitempty"`  // heartbeats over the formation
+	BeatPriceUS   float64 `json:"beat_price_us,omitempty"` // Redis CPU per heartbeat of the held round
 	// Hold only: Redis CPU while a formed round was held, in % of one core.
 	HoldCPUPct float64 `json:"hold_cpu_pct,omitempty"`
 	HoldS      float64 `json:"hold_s,omitempty"`
 	// formation_cpu_ratio only.
-	Ratio        float64 `json:"ratio,omitempty"`         // Redis CPU per formation, largest count / smallest
-	MembersRatio float64 `json:"members_ratio,omitempty"` // largest count / smallest
-	FromMembers  int     `json:"from_members,omitempty"`
-	LeaseTTL     string  `json:"lease_ttl,omitempty"`
-	Goal         string  `json:"goal,omitempty"`
+	Ratio         float64 `json:"ratio,omitempty"`          // Redis CPU per formation, largest count / smallest
+	ProtocolRatio float64 `json:"protocol_ratio,omitempty"` // the same for ProtocolCPUMS
+	MembersRatio  float64 `json:"members_ratio,omitempty"`  // largest count / smallest
+	FromMembers   int     `json:"from_members,omitempty"`
+	LeaseTTL      string  `json:"lease_ttl,omitempty"`
+	Goal          string  `json:"goal,omitempty"`
 }
 
 func main() {
@@ -168,8 +177,8 @@ func main() {
 		}
 		switch {
 		case f.Figure == "formation_cpu_ratio":
-			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f members_ratio=%.2f %s\n",
-				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.MembersRatio, goal)
+			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f protocol_cpu_ratio=%.2f members_ratio=%.2f %s\n",
+				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.ProtocolRatio, f.MembersRatio, goal)
 		case f.Figure == "hold":
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs (%s) %s\n",
 				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.LeaseTTL, goal)
@@ -181,8 +190,12 @@ func main() {
 			if f.LapseMS != 0 {
 				seen += fmt.Sprintf("next World %.2fms after the lease lapsed, ", f.LapseMS)
 			}
-			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms (after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
+			upkeep := ""
+			if f.UpkeepCPUMS > 0 {
+				upkeep = fmt.Sprintf("(upkeep %.0fms: %d heartbeats at %.0fus; protocol %.0fms) ", f.UpkeepCPUMS, f.GatherBeats, f.BeatPriceUS, f.ProtocolCPUMS)
+			}
+			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s(after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -191,9 +204,11 @@ func main() {
 		slices.Sort(ds)
 		return ds[len(ds)/2]
 	}
-	cpuPer := map[int]time.Duration{}
+	cpuPer, protoPer := map[int]time.Duration{}, map[int]time.Duration{}
 	for _, n := range counts {
 		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU, chgSeen, chgLapse []time.Duration
+		var upkeep, proto, prices []time.Duration
+		var beats []int64
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -203,6 +218,10 @@ func main() {
 			}
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
 			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
+			if res.beatPrice > 0 && res.redisCPU > 0 {
+				upkeep, proto = append(upkeep, res.upkeep()), append(proto, res.redisCPU-res.upkeep())
+				prices, beats = append(prices, res.beatPrice), append(beats, res.formBeats)
+			}
 			if *verbose && res.stats != "" {
 				fmt.Fprintf(os.Stderr, "formation of %d: %d members arrived in %v; redis cpu after the last arrival %v; redis %s\n",
 					n, n-1, res.arrivals.Round(time.Millisecond), res.closeCPU.Round(time.Millisecond), res.stats)
@@ -226,6 +245,12 @@ func main() {
 		f.RedisCPUMS, f.BenchCPUMS, f.FirstMS = msf(median(rcpu)), msf(median(bcpu)), msf(median(firsts))
 		f.CloseCPUMS = msf(median(ccpu))
 		cpuPer[n] = median(rcpu)
+		if len(proto) > 0 {
+			f.UpkeepCPUMS, f.ProtocolCPUMS, f.BeatPriceUS = msf(median(upkeep)), msf(median(proto)), msf(median(prices))*1000
+			slices.Sort(beats)
+			f.GatherBeats = beats[len(beats)/2]
+			protoPer[n] = median(proto)
+		}
 		switch n {
 		case 64:
 			f.Goal = "under 50 ms"
@@ -258,9 +283,13 @@ func main() {
 		}
 	}
 	if lo, hi := slices.Min(counts), slices.Max(counts); hi > lo && cpuPer[lo] > 0 {
-		emit(figure{Figure: "formation_cpu_ratio", Store: storeName, Members: hi, FromMembers: lo,
+		r := figure{Figure: "formation_cpu_ratio", Store: storeName, Members: hi, FromMembers: lo,
 			Ratio: cpuPer[hi].Seconds() / cpuPer[lo].Seconds(), MembersRatio: float64(hi) / float64(lo),
-			Goal: "ratio at most members_ratio (linear)"})
+			Goal: "ratio at most members_ratio (linear)"}
+		if protoPer[lo] > 0 && protoPer[hi] > 0 {
+			r.ProtocolRatio = protoPer[hi].Seconds() / protoPer[lo].Seconds()
+		}
+		emit(r)
 	}
 	if !*kill {
 		return
