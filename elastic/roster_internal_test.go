@@ -2,6 +2,8 @@ package elastic
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"sync"
@@ -30,11 +32,24 @@ func (c *replyCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		err := next(ctx, cmd)
 		args := cmd.Args()
 		rc, ok := cmd.(*redis.Cmd)
-		if err != nil || !ok || len(args) < 2 || !strings.EqualFold(fmt.Sprint(args[0]), "evalsha") {
+		if err != nil || !ok || len(args) < 2 {
+			return err
+		}
+		// go-redis' Script.Run sends EVALSHA, and the script's source with
+		// EVAL when the server does not know it yet (NOSCRIPT on a fresh
+		// Redis): both are counted, by the script's SHA1.
+		var sha string
+		switch strings.ToLower(fmt.Sprint(args[0])) {
+		case "evalsha":
+			sha = fmt.Sprint(args[1])
+		case "eval":
+			sum := sha1.Sum([]byte(fmt.Sprint(args[1])))
+			sha = hex.EncodeToString(sum[:])
+		default:
 			return err
 		}
 		reply, _ := rc.Val().([]any)
-		switch sha := fmt.Sprint(args[1]); {
+		switch {
 		case sha == scriptRoster.Hash():
 			c.rosterReads.Add(1)
 		case sha != scriptBeat.Hash() && sha != scriptHeartbeat.Hash() && len(reply) == 13:
