@@ -87,6 +87,8 @@ type formationResult struct {
 	closeCPU    time.Duration // Redis CPU from the last arrival until every World
 	calls       *callCounts   // the members' store calls (and first arrivals) over the whole run
 	formBeats   int64         // heartbeats over the span of redisCPU
+	formJoins   int64         // Joins over the same span (first arrivals and re-reads)
+	formChecks  int64         // Checks over the same span
 	beatPrice   time.Duration // Redis CPU per heartbeat while the formed round was held (0: unknown)
 }
 
@@ -103,9 +105,39 @@ func (r formationResult) upkeep() time.Duration {
 // still has its own Pub/Sub subscription.
 const membersPerClient = 8
 
+// warmPool dials k connections of c's pool before the figure starts, as
+// the workers of a job have their Redis connection before they join: n
+// dials (each a TCP accept and go-redis' HELLO and CLIENT SETINFO) during
+// the gathering would be counted as the protocol's work, and would stretch
+// the gathering, whose leases' upkeep grows with its length.
+func warmPool(ctx context.Context, c *redis.Client, k int) error {
+	conns := make([]*redis.Conn, 0, k)
+	defer func() {
+		for _, cn := range conns {
+			_ = cn.Close() // back to the pool
+		}
+	}()
+	for range k {
+		cn := c.Conn()
+		conns = append(conns, cn)
+		if err := cn.Ping(ctx).Err(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // formationLease and formationBeat are the members' LeaseTTL and
 // HeartbeatInterval in the formation figures (-formation-lease, -heartbeat).
 var formationLease, formationBeat = elastic.DefaultLeaseTTL, elastic.DefaultHeartbeatInterval
+
+// formationArrival spreads the members' starts evenly over this span
+// (-arrival), as the workers of a job start over the seconds their
+// scheduler takes, whatever their number; 0 starts them as fast as this one
+// process can, a span that grows with the member count. The leases' upkeep
+// while the members gather (their heartbeats) grows with the span times the
+// member count.
+var formationArrival time.Duration
 
 // formation forms one round of n members (it closes at the n-th arrival)
 // and measures the time from the last member's arrival (its Join
@@ -128,7 +160,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	cfg.LeaseTTL = formationLease
 	cfg.JoinTimeout = 5 * time.Minute // thousands of members start on two shared cores
 	cfg.HeartbeatInterval = min(formationBeat, formationLease/3)
-	clients := make([]redis.UniversalClient, (n+membersPerClient-1)/membersPerClient)
+	clients := make([]*redis.Client, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)
 	defer func() {
@@ -151,9 +183,9 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}()
 	for i := range clients {
-		clients[i] = redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}, PoolSize: 2 * membersPerClient,
+		clients[i] = redis.NewClient(&redis.Options{Addr: addr, PoolSize: 2 * membersPerClient,
 			DialTimeout: 30 * time.Second, ReadTimeout: 30 * time.Second, WriteTimeout: 30 * time.Second})
-		if err := clients[i].Ping(ctx).Err(); err != nil {
+		if err := warmPool(ctx, clients[i], membersPerClient); err != nil {
 			return res, err
 		}
 	}
@@ -187,7 +219,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}()
 		defer func() { close(stop); pwg.Wait() }()
 	}
-	beats0 := res.calls.beats.Load()
+	beats0, joins0, checks0 := res.calls.beats.Load(), res.calls.joins.Load(), res.calls.checks.Load()
 	cpu0, cpuErr := redisCPU(ctx, clients[0])
 	stats0, _ := commandStats(ctx, clients[0])
 	self0 := selfCPU()
@@ -215,6 +247,17 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	inFlight := 0
 	started := time.Now()
 	for i := range n - 1 {
+		if formationArrival > 0 && n > 1 {
+			// Member i starts at i/(n-1) of the arrival window.
+			at := started.Add(time.Duration(int64(formationArrival) * int64(i) / int64(n-1)))
+			if d := time.Until(at); d > 0 {
+				select {
+				case <-time.After(d):
+				case <-ctx.Done():
+					return res, ctx.Err()
+				}
+			}
+		}
 		wg.Add(1)
 		go join(i)
 		if inFlight++; inFlight >= startWindow {
@@ -261,6 +304,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	res.formBeats = res.calls.beats.Load() - beats0
+	res.formJoins, res.formChecks = res.calls.joins.Load()-joins0, res.calls.checks.Load()-checks0
 	// The formed round is held (its members only heartbeat): for -hold
 	// the figure of that, and in any case the price of one heartbeat, what
 	// the heartbeats of the gathering cost (formationResult.upkeep). The

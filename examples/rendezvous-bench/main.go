@@ -83,12 +83,19 @@ type figure struct {
 	ProtocolCPUMS float64 `json:"protocol_cpu_ms,omitempty"`
 	GatherBeats   int64   `json:"gather_beats,omitempty"`  // heartbeats over the formation
 	BeatPriceUS   float64 `json:"beat_price_us,omitempty"` // Redis CPU per heartbeat of the held round
+	// Formation only: the members' store calls over the formation, per
+	// member (medians over the reps), and the span over which they arrived.
+	JoinsPerMember  float64 `json:"joins_per_member,omitempty"`
+	BeatsPerMember  float64 `json:"beats_per_member,omitempty"`
+	ChecksPerMember float64 `json:"checks_per_member,omitempty"`
+	ArrivalMS       float64 `json:"arrival_ms,omitempty"` // first member's start until n-1 had arrived
 	// Hold only: Redis CPU while a formed round was held, in % of one core.
 	HoldCPUPct float64 `json:"hold_cpu_pct,omitempty"`
 	HoldS      float64 `json:"hold_s,omitempty"`
 	// formation_cpu_ratio only.
 	Ratio         float64 `json:"ratio,omitempty"`          // Redis CPU per formation, largest count / smallest
 	ProtocolRatio float64 `json:"protocol_ratio,omitempty"` // the same for ProtocolCPUMS
+	ArrivalSpanMS float64 `json:"arrival_span_ms"`          // -arrival (0: as fast as the bench can start members)
 	MembersRatio  float64 `json:"members_ratio,omitempty"`  // largest count / smallest
 	FromMembers   int     `json:"from_members,omitempty"`
 	LeaseTTL      string  `json:"lease_ttl,omitempty"`
@@ -110,6 +117,7 @@ func main() {
 	change := flag.String("change", "report", "after each formation lose one member and time the next round: report, lease or none")
 	formLease := flag.Duration("formation-lease", elastic.DefaultLeaseTTL, "LeaseTTL of the members in the formation figures")
 	formBeat := flag.Duration("heartbeat", elastic.DefaultHeartbeatInterval, "HeartbeatInterval of the members in the formation figures (at most a third of -formation-lease)")
+	arrival := flag.Duration("arrival", 0, "spread the starts of a formation's members evenly over this span, the same for every member count (0 = as fast as this process can, a span that grows with the count)")
 	cpuProfile := flag.String("cpuprofile", "", "write this process' CPU profile to the file (to see what the members cost)")
 	asJSON := flag.Bool("json", false, "print one JSON object per figure")
 	flag.Parse()
@@ -128,6 +136,10 @@ func main() {
 		defer pprof.StopCPUProfile()
 	}
 	formationLease, formationBeat = *formLease, *formBeat
+	if *arrival < 0 {
+		fail(fmt.Errorf("-arrival %v: want a span of 0 or more", *arrival))
+	}
+	formationArrival = *arrival
 	if *verbose {
 		progressEvery = 250 * time.Millisecond
 	}
@@ -177,8 +189,8 @@ func main() {
 		}
 		switch {
 		case f.Figure == "formation_cpu_ratio":
-			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f protocol_cpu_ratio=%.2f members_ratio=%.2f %s\n",
-				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.ProtocolRatio, f.MembersRatio, goal)
+			fmt.Printf("%-26s %-13s members=%d->%d redis_cpu_ratio=%.2f protocol_cpu_ratio=%.2f members_ratio=%.2f arrival=%s %s\n",
+				f.Figure, f.Store, f.FromMembers, f.Members, f.Ratio, f.ProtocolRatio, f.MembersRatio, arrivalName(f.ArrivalSpanMS), goal)
 		case f.Figure == "hold":
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs (%s) %s\n",
 				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.LeaseTTL, goal)
@@ -194,8 +206,13 @@ func main() {
 			if f.UpkeepCPUMS > 0 {
 				upkeep = fmt.Sprintf("(upkeep %.0fms: %d heartbeats at %.0fus; protocol %.0fms) ", f.UpkeepCPUMS, f.GatherBeats, f.BeatPriceUS, f.ProtocolCPUMS)
 			}
-			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s(after last arrival %.0fms) bench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, f.CloseCPUMS, f.BenchCPUMS, f.LeaseTTL, goal)
+			calls := ""
+			if f.JoinsPerMember > 0 {
+				calls = fmt.Sprintf("arrived over %.0fms, per member %.2f joins %.2f heartbeats %.2f checks; ",
+					f.ArrivalMS, f.JoinsPerMember, f.BeatsPerMember, f.ChecksPerMember)
+			}
+			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s(after last arrival %.0fms) %sbench_cpu=%.0fms %s %s\n",
+				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, f.CloseCPUMS, calls, f.BenchCPUMS, f.LeaseTTL, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -209,6 +226,8 @@ func main() {
 		var samples, firsts, rcpu, bcpu, ccpu, chg, chgFirst, chgCPU, chgSeen, chgLapse []time.Duration
 		var upkeep, proto, prices []time.Duration
 		var beats []int64
+		var joinsPM, beatsPM, checksPM []float64
+		var arrivalSpans []time.Duration
 		var holdPct []float64
 		var holdS float64
 		for r := range *reps {
@@ -218,6 +237,8 @@ func main() {
 			}
 			samples, rcpu, bcpu = append(samples, res.afterLast), append(rcpu, res.redisCPU), append(bcpu, res.benchCPU)
 			firsts, ccpu = append(firsts, res.firstAt), append(ccpu, res.closeCPU)
+			joinsPM, beatsPM = append(joinsPM, float64(res.formJoins)/float64(n)), append(beatsPM, float64(res.formBeats)/float64(n))
+			checksPM, arrivalSpans = append(checksPM, float64(res.formChecks)/float64(n)), append(arrivalSpans, res.arrivals)
 			if res.beatPrice > 0 && res.redisCPU > 0 {
 				upkeep, proto = append(upkeep, res.upkeep()), append(proto, res.redisCPU-res.upkeep())
 				prices, beats = append(prices, res.beatPrice), append(beats, res.formBeats)
@@ -244,6 +265,8 @@ func main() {
 		f := summarize("formation", storeName, n, samples)
 		f.RedisCPUMS, f.BenchCPUMS, f.FirstMS = msf(median(rcpu)), msf(median(bcpu)), msf(median(firsts))
 		f.CloseCPUMS = msf(median(ccpu))
+		f.JoinsPerMember, f.BeatsPerMember, f.ChecksPerMember = medianF(joinsPM), medianF(beatsPM), medianF(checksPM)
+		f.ArrivalMS = msf(median(arrivalSpans))
 		cpuPer[n] = median(rcpu)
 		if len(proto) > 0 {
 			f.UpkeepCPUMS, f.ProtocolCPUMS, f.BeatPriceUS = msf(median(upkeep)), msf(median(proto)), msf(median(prices))*1000
@@ -285,7 +308,7 @@ func main() {
 	if lo, hi := slices.Min(counts), slices.Max(counts); hi > lo && cpuPer[lo] > 0 {
 		r := figure{Figure: "formation_cpu_ratio", Store: storeName, Members: hi, FromMembers: lo,
 			Ratio: cpuPer[hi].Seconds() / cpuPer[lo].Seconds(), MembersRatio: float64(hi) / float64(lo),
-			Goal: "ratio at most members_ratio (linear)"}
+			ArrivalSpanMS: msf(formationArrival), Goal: "ratio at most members_ratio (linear)"}
 		if protoPer[lo] > 0 && protoPer[hi] > 0 {
 			r.ProtocolRatio = protoPer[hi].Seconds() / protoPer[lo].Seconds()
 		}
@@ -326,6 +349,24 @@ func summarize(name, store string, members int, ds []time.Duration) figure {
 		f.AllMS = append(f.AllMS, msf(d))
 	}
 	return f
+}
+
+// medianF is the median of xs (0 if empty).
+func medianF(xs []float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	xs = slices.Clone(xs)
+	slices.Sort(xs)
+	return xs[len(xs)/2]
+}
+
+// arrivalName says how a formation's members arrived, from -arrival in ms.
+func arrivalName(spanMS float64) string {
+	if spanMS == 0 {
+		return "as-fast-as-the-bench-starts-them"
+	}
+	return fmt.Sprintf("spread-over-%gms", spanMS)
 }
 
 func fail(err error) {
