@@ -194,16 +194,20 @@
 // failure report, and LeaseTTL plus a few milliseconds through lease expiry.
 // With 1024 members (goroutines of the bench process, an Agent each, sharing
 // the two cores with Redis) every member holds its World about 20 ms after
-// the last arrival, for 0.13 s of Redis CPU in all; 4096 in about 80 ms,
-// for 0.45 s (9.3x the Redis CPU of 256 members, for 16x the members). A
+// the last arrival, for about 80 ms of Redis CPU in all; 4096 in about
+// 95 ms, for about 0.31 s (14.5x the Redis CPU of 256 members, for 16x the
+// members; 8x with the members' starts spread over 2 s). Every member
+// joins once; the rest of a formation's cost is the heartbeats of members
+// waiting for the others, which grows with the wait, not the count. A
 // held round of 4096 costs Redis about 16 % of a core with the defaults
 // (MaxHeartbeatRate spaces its beats to one a second per member): a
-// heartbeat is about 40-60 us of Redis CPU. A member lost in a round of 1024 and reported: every
-// survivor holds the next World about 30 ms after the report, for about
-// 11 ms of Redis CPU; through lease expiry about 60 ms after the lease
-// lapsed (LeaseTTL 3 s after its last renewal: 2.7-2.9 s after a loss at a
-// random point of the heartbeat interval; heartbeats start at a random
-// point of their interval, so the first call after the lapse sweeps it).
+// heartbeat is about 35-60 us of Redis CPU. A member lost in a round of
+// 1024 and reported: every survivor holds the next World about 45 ms after
+// the report, for about 25 ms of Redis CPU; through lease expiry about
+// 50 ms after the lease lapsed (LeaseTTL 3 s after its last renewal:
+// 2.6-2.8 s after a loss at a random point of the heartbeat interval;
+// heartbeats start at a random point of their interval, so the first call
+// after the lapse sweeps it).
 // What still grows with n^2 is the bytes, as every process reads the whole
 // roster (n records) once per round.
 //

@@ -211,8 +211,16 @@ func main() {
 				calls = fmt.Sprintf("arrived over %.0fms, per member %.2f joins %.2f heartbeats %.2f checks; ",
 					f.ArrivalMS, f.JoinsPerMember, f.BeatsPerMember, f.ChecksPerMember)
 			}
-			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s(after last arrival %.0fms) %sbench_cpu=%.0fms %s %s\n",
-				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, f.CloseCPUMS, calls, f.BenchCPUMS, f.LeaseTTL, goal)
+			closing := ""
+			if f.Figure == "formation" {
+				closing = fmt.Sprintf("(%.0fms of it after the last arrival) ", f.CloseCPUMS)
+			}
+			bench := ""
+			if f.BenchCPUMS > 0 { // measured for formations only
+				bench = fmt.Sprintf("bench_cpu=%.0fms ", f.BenchCPUMS)
+			}
+			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s%s%s%s%s %s\n",
+				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, closing, calls, bench, f.LeaseTTL, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
