@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/elastictest"
 )
 
 func newClient(addr string) redis.UniversalClient {
@@ -30,23 +30,7 @@ func newAgent(t *testing.T, s elastic.Store, cfg elastic.Config) *elastic.Agent 
 // joinAll runs Join on every agent concurrently and returns the Worlds.
 func joinAll(t *testing.T, ctx context.Context, agents []*elastic.Agent) []elastic.World {
 	t.Helper()
-	worlds := make([]elastic.World, len(agents))
-	errs := make([]error, len(agents))
-	var wg sync.WaitGroup
-	for i, a := range agents {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			worlds[i], errs[i] = a.Join(ctx)
-		}()
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Fatalf("agent %d: Join: %v", i, err)
-		}
-	}
-	return worlds
+	return elastictest.JoinAll(t, ctx, agents...)
 }
 
 // checkRound asserts that worlds are one consistent round: same round
