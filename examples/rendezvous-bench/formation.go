@@ -158,8 +158,8 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 	// of a loss re-form at once.
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
 	cfg.LeaseTTL = formationLease
-	cfg.JoinTimeout = 5 * time.Minute // thousands of members start on two shared cores
-	cfg.HeartbeatInterval = min(formationBeat, formationLease/3)
+	cfg.JoinTimeout = 5 * time.Minute     // thousands of members start on two shared cores
+	cfg.HeartbeatInterval = formationBeat // main checked it is at most LeaseTTL/3
 	clients := make([]*redis.Client, (n+membersPerClient-1)/membersPerClient)
 	agents := make([]*elastic.Agent, n)
 	arrived := make(chan struct{}, n)

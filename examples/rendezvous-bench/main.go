@@ -135,9 +135,21 @@ func main() {
 		}
 		defer pprof.StopCPUProfile()
 	}
+	switch {
+	case *formLease <= 0:
+		usage(fmt.Errorf("-formation-lease %v: want a lease above 0", *formLease))
+	case *formBeat <= 0 || *formBeat > *formLease/3:
+		// Three renewals per lease, so a member that misses one under a
+		// loaded Redis is not evicted (elastic.Config accepts up to a half).
+		usage(fmt.Errorf("-heartbeat %v: want above 0 and at most a third of -formation-lease %v (%v)", *formBeat, *formLease, *formLease/3))
+	case *lease <= 0:
+		usage(fmt.Errorf("-lease %v: want a lease above 0", *lease))
+	case *hold < 0:
+		usage(fmt.Errorf("-hold %v: want a span of 0 or more", *hold))
+	}
 	formationLease, formationBeat = *formLease, *formBeat
 	if *arrival < 0 {
-		fail(fmt.Errorf("-arrival %v: want a span of 0 or more", *arrival))
+		usage(fmt.Errorf("-arrival %v: want a span of 0 or more", *arrival))
 	}
 	formationArrival = *arrival
 	if *verbose {
@@ -149,7 +161,7 @@ func main() {
 		changeMode = ""
 	case "report", "lease":
 	default:
-		fail(fmt.Errorf("-change must be report, lease or none, not %q", changeMode))
+		usage(fmt.Errorf("-change must be report, lease or none, not %q", changeMode))
 	}
 	ctx := context.Background()
 	addr, storeName := *redisAddr, "redis"
@@ -166,16 +178,26 @@ func main() {
 			addr, storeName = srv.Addr(), "standalone"
 		}
 	}
+	if *redisAddr != "" {
+		pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+		err := c.Ping(pctx).Err()
+		_ = c.Close()
+		cancel()
+		if err != nil {
+			fail(fmt.Errorf("-redis %s: Redis does not answer: %w", addr, err))
+		}
+	}
 	var counts []int
 	for _, f := range strings.Split(*workers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || n < 1 {
-			fail(fmt.Errorf("bad -workers entry %q", f))
+			usage(fmt.Errorf("-workers %q: entry %q is not a member count of 1 or more", *workers, f))
 		}
 		counts = append(counts, n)
 	}
 	if *procs < 2 || *reps < 1 {
-		fail(fmt.Errorf("-procs must be >= 2 and -reps >= 1"))
+		usage(fmt.Errorf("-procs must be >= 2 and -reps >= 1"))
 	}
 	emit := func(f figure) {
 		if *asJSON {
@@ -195,32 +217,53 @@ func main() {
 			fmt.Printf("%-26s %-13s members=%-4d redis_cpu=%.1f%% of a core over %.0fs (%s) %s\n",
 				f.Figure, f.Store, f.Members, f.HoldCPUPct, f.HoldS, f.LeaseTTL, goal)
 		default:
-			seen := ""
+			// What the median is of, in words: the time until every member
+			// holds the World, from the last arrival (formation) or from
+			// the loss (change_*, kill_*).
+			what := "every member held its World after the last arrival: "
+			if f.Figure != "formation" {
+				what = "every survivor held the next World after the loss: "
+			}
 			if f.SeenMS > 0 {
-				seen = fmt.Sprintf("every survivor saw the change after %.2fms, ", f.SeenMS)
+				what = fmt.Sprintf("every survivor knew of the loss after %.2fms, ", f.SeenMS) + what
 			}
 			if f.LapseMS != 0 {
-				seen += fmt.Sprintf("next World %.2fms after the lease lapsed, ", f.LapseMS)
+				what = fmt.Sprintf("the next World came %.2fms after the lease lapsed, ", f.LapseMS) + what
+			}
+			var cpuParts []string // what the Redis CPU is made of
+			if f.Figure == "formation" {
+				cpuParts = append(cpuParts, fmt.Sprintf("%.0fms of it after the last arrival", f.CloseCPUMS))
+			}
+			if f.UpkeepCPUMS > 0 {
+				cpuParts = append(cpuParts, fmt.Sprintf("leases' upkeep %.0fms: %d heartbeats at %.0fus; protocol %.0fms", f.UpkeepCPUMS, f.GatherBeats, f.BeatPriceUS, f.ProtocolCPUMS))
 			}
 			upkeep := ""
-			if f.UpkeepCPUMS > 0 {
-				upkeep = fmt.Sprintf("(upkeep %.0fms: %d heartbeats at %.0fus; protocol %.0fms) ", f.UpkeepCPUMS, f.GatherBeats, f.BeatPriceUS, f.ProtocolCPUMS)
+			if len(cpuParts) > 0 {
+				upkeep = "(" + strings.Join(cpuParts, "; ") + ") "
 			}
 			calls := ""
 			if f.JoinsPerMember > 0 {
 				calls = fmt.Sprintf("arrived over %.0fms, per member %.2f joins %.2f heartbeats %.2f checks; ",
 					f.ArrivalMS, f.JoinsPerMember, f.BeatsPerMember, f.ChecksPerMember)
 			}
-			closing := ""
-			if f.Figure == "formation" {
-				closing = fmt.Sprintf("(%.0fms of it after the last arrival) ", f.CloseCPUMS)
-			}
 			bench := ""
 			if f.BenchCPUMS > 0 { // measured for formations only
 				bench = fmt.Sprintf("bench_cpu=%.0fms ", f.BenchCPUMS)
 			}
-			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms first=%.2fms redis_cpu=%.0fms %s%s%s%s%s %s\n",
-				f.Figure, f.Store, f.Members, seen, f.MedianMS, f.MinMS, f.MaxMS, f.FirstMS, f.RedisCPUMS, upkeep, closing, calls, bench, f.LeaseTTL, goal)
+			first := ""
+			if f.FirstMS > 0 {
+				first = fmt.Sprintf(" (the first after %.2fms)", f.FirstMS)
+			}
+			rcpu := ""
+			if f.RedisCPUMS > 0 || f.Figure == "formation" { // the kill figures do not measure it
+				rcpu = fmt.Sprintf("redis_cpu=%.0fms ", f.RedisCPUMS)
+			}
+			lease := ""
+			if f.LeaseTTL != "" {
+				lease = "LeaseTTL " + f.LeaseTTL + " "
+			}
+			fmt.Printf("%-26s %-13s members=%-4d %smedian=%8.2fms min=%8.2fms max=%8.2fms%s; %s%s%s%s%s%s\n",
+				f.Figure, f.Store, f.Members, what, f.MedianMS, f.MinMS, f.MaxMS, first, rcpu, upkeep, calls, bench, lease, goal)
 		}
 	}
 	msf := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -375,6 +418,12 @@ func arrivalName(spanMS float64) string {
 		return "as-fast-as-the-bench-starts-them"
 	}
 	return fmt.Sprintf("spread-over-%gms", spanMS)
+}
+
+// usage reports a bad flag and exits with status 2, as package flag does.
+func usage(err error) {
+	fmt.Fprintln(os.Stderr, "rendezvous-bench:", err)
+	os.Exit(2)
 }
 
 func fail(err error) {
