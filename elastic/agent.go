@@ -425,9 +425,14 @@ func (a *Agent) noteOK() {
 
 // call runs one store operation, retrying with exponential backoff (10 ms to
 // 1 s) while the store is unreachable, within the outage budget. It records
-// the view and returns it.
+// the view and returns it. The budget holds for the call itself too: one
+// that keeps failing (an answer it cannot read, a script error) while
+// other calls, such as the heartbeat's, succeed and so end the Agent's
+// outage, gives up after OutageBudget of its own failures, with
+// ErrStoreUnavailable wrapping its last error.
 func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (View, error)) (View, error) {
 	backoff := 10 * time.Millisecond
+	var failingSince time.Time
 	for {
 		sent := time.Now()
 		v, err := bounded(a, ctx, op, a.opTimeout(), f, nil, nil)
@@ -445,6 +450,20 @@ func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (Vi
 			return View{}, ctx.Err()
 		}
 		if terr := a.noteOutage(err, sent); terr != nil {
+			return View{}, terr
+		}
+		if failingSince.IsZero() {
+			failingSince = sent
+		}
+		if time.Since(failingSince) > a.cfg.OutageBudget {
+			a.mu.Lock()
+			if a.err == nil {
+				a.failLocked(fmt.Errorf("%w: %s kept failing while other calls succeeded (budget %v): %w",
+					ErrStoreUnavailable, op, a.cfg.OutageBudget, err))
+				a.log.Error("a store call failed for the whole outage budget; giving up", "op", op, "err", err, "budget", a.cfg.OutageBudget)
+			}
+			terr := a.err
+			a.mu.Unlock()
 			return View{}, terr
 		}
 		t := time.NewTimer(backoff)

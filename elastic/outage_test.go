@@ -313,3 +313,42 @@ func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
 		t.Fatalf("rank order after the restart %v, want the survivors in their old order, then the newcomer: %v", got, want)
 	}
 }
+
+// TestACallThatKeepsFailingGivesUpWithinTheOutageBudget: the job state
+// says a round number no member can hold, so every Leave script's answer
+// fails to parse, while the heartbeats (which read other keys) go on
+// succeeding and so end the Agent's outage each time. Leave still gives up
+// after OutageBudget of its own failures, with ErrStoreUnavailable naming
+// what it could not read, instead of retrying until its context ends.
+func TestACallThatKeepsFailingGivesUpWithinTheOutageBudget(t *testing.T) {
+	t.Parallel()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+	cfg.OutageBudget = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+	checkRound(t, joinAll(t, ctx, as), as)
+	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	inc, err := c.HGet(ctx, prefix+"meta", "inc").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := `{"inc":"` + inc + `","round":-5,"prev":-5,"floor":-5,"open":false,"size":2,"ver":2}`
+	if err := c.Set(ctx, prefix+"state", bad, time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	err = as[1].Leave(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Leave retried until its context ended: %v", err)
+	}
+	if !errors.Is(err, elastic.ErrStoreUnavailable) || !errors.Is(err, elastic.ErrBadState) {
+		t.Fatalf("Leave over an unreadable state: %v, want ErrStoreUnavailable wrapping ErrBadState", err)
+	}
+	if !strings.Contains(err.Error(), "leave") {
+		t.Fatalf("Leave over an unreadable state: %v, want it to name the call", err)
+	}
+	_ = c.Del(ctx, prefix+"state")
+}
