@@ -114,18 +114,23 @@ var rosterCache struct {
 
 // parseRoster parses a roster: records joined by "\n" (JSON of Member never
 // holds a raw newline). It returns a copy the caller owns (Endpoints maps
-// included), or ErrBadState if a record is malformed.
+// included), or ErrBadState if a record is malformed or an ID is there twice.
 func parseRoster(roster string) ([]Member, error) {
 	rosterCache.mu.Lock()
 	defer rosterCache.mu.Unlock()
 	if rosterCache.members == nil || rosterCache.roster != roster {
 		recs := strings.Split(roster, "\n")
 		ms := make([]Member, len(recs))
+		seen := make(map[string]struct{}, len(recs))
 		for i, rec := range recs {
 			m, err := parseRecord(rec)
 			if err != nil {
 				return nil, err
 			}
+			if _, dup := seen[m.ID]; dup {
+				return nil, fmt.Errorf("%w: roster names member %q twice", ErrBadState, m.ID)
+			}
+			seen[m.ID] = struct{}{}
 			ms[i] = m
 		}
 		rosterCache.roster, rosterCache.members = roster, ms

@@ -352,3 +352,37 @@ func TestACallThatKeepsFailingGivesUpWithinTheOutageBudget(t *testing.T) {
 	}
 	_ = c.Del(ctx, prefix+"state")
 }
+
+// TestAMemberRecordOverwrittenWithAnotherIDIsAnError: a member's record in
+// the store names another member; its next World would put that other
+// member at its rank. Its Join fails with ErrBadState instead.
+func TestAMemberRecordOverwrittenWithAnotherIDIsAnError(t *testing.T) {
+	t.Parallel()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
+	cfg.OutageBudget = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
+	checkRound(t, joinAll(t, ctx, as), as)
+	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	forged := `{"id":"someone-else","host":"h","pid":1,"addr":"127.0.0.1:1"}`
+	if err := c.HSet(ctx, prefix+"members", as[0].Member().ID, forged).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := as[2].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// The other survivor arrives too, so the next round closes; the World
+	// it is given holds the forged record, which it cannot tell apart.
+	go func() { _, _ = as[1].Join(ctx) }()
+	w, err := as[0].Join(ctx)
+	if ctx.Err() != nil {
+		t.Fatalf("Join retried until its context ended: %v", err)
+	}
+	if !errors.Is(err, elastic.ErrBadState) {
+		t.Fatalf("Join over its own record naming another member: World %+v, err %v; want ErrBadState", w, err)
+	}
+}

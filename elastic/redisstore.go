@@ -90,6 +90,11 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 		}
 		if len(rv.records) > 0 {
 			out, werr := wrapView(rv, op, jobID)
+			if werr == nil && (out.Rank >= len(out.Members) || out.Members[out.Rank].ID != memberID) {
+				// A member record another ID was written over: the World
+				// would put someone else at this member's rank.
+				return View{}, &StoreError{Op: op, JobID: jobID, Err: fmt.Errorf("%w: rank %d of round %d is not this member's record", ErrBadState, out.Rank, out.Round)}
+			}
 			if werr == nil {
 				keepRoster(jobID, out.Incarnation, out.Round, out.Members)
 			}
