@@ -228,6 +228,17 @@ func (j *coreJob) tryClose(now int64, p Params, c *opCtx) {
 	if !closeNow {
 		return
 	}
+	// An arrival without a member record (written outside the protocol)
+	// holds no lease, so no sweep removes it: drop it and decide again
+	// (scripts.go, try_close).
+	ghost := func(id string) bool { _, ok := j.members[id]; return !ok }
+	if slices.ContainsFunc(st.Arrived, ghost) {
+		st.Arrived = slices.DeleteFunc(st.Arrived, ghost)
+		st.Back = slices.DeleteFunc(st.Back, ghost)
+		c.changed = true
+		j.tryClose(now, p, c)
+		return
+	}
 	arr := slices.Clone(st.Arrived)
 	sort.SliceStable(arr, func(a, b int) bool { return st.senior(arr[a], arr[b]) })
 	k := min(n, p.MaxWorkers)

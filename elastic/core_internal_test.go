@@ -2,6 +2,7 @@ package elastic
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -115,5 +116,22 @@ func TestParseHint(t *testing.T) {
 func TestHintRosterMaxAgrees(t *testing.T) {
 	if hintRosterMaxLua != strconv.Itoa(hintRosterMax) {
 		t.Fatalf("scripts bound hints at %s bytes, core.go at %d", hintRosterMaxLua, hintRosterMax)
+	}
+}
+
+// TestCoreDropsAnArrivalWithoutARecord: the core's twin of the scripts'
+// ghost check (TestAStrayPendingEntryDoesNotWedgeTheJob): an arrived ID
+// with no member record is left out when the round closes.
+func TestCoreDropsAnArrivalWithoutARecord(t *testing.T) {
+	j := &coreJob{
+		st: &coreState{Inc: "i", Round: 2, Open: true, Reform: true, Arrived: []string{"a", "ghost", "b"}, Back: []string{"a", "ghost"},
+			Ord: map[string]int64{"a": 1, "b": 2, "ghost": 3}, Since: map[string]int64{"a": 1}},
+		members: map[string]string{"a": Member{ID: "a"}.record(), "b": Member{ID: "b"}.record()},
+		leases:  map[string]int64{"a": 1e12, "b": 1e12},
+	}
+	var c opCtx
+	j.tryClose(1000, Params{MinWorkers: 1, MaxWorkers: 3, LastCall: time.Hour, LeaseTTL: 3 * time.Second}, &c)
+	if j.st.Open || !slices.Equal(j.st.Ranked, []string{"a", "b"}) || !c.closed {
+		t.Fatalf("after tryClose: open %v ranked %v closed %v; want [a b] closed", j.st.Open, j.st.Ranked, c.closed)
 	}
 }

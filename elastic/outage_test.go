@@ -386,3 +386,33 @@ func TestAMemberRecordOverwrittenWithAnotherIDIsAnError(t *testing.T) {
 		t.Fatalf("Join over its own record naming another member: World %+v, err %v; want ErrBadState", w, err)
 	}
 }
+
+// TestAStrayPendingEntryDoesNotWedgeTheJob: an ID with no member record
+// and no lease (written outside the protocol) sits in the pending set when
+// the next round opens, so it counts as arrived. The round still closes
+// with the survivors, without it.
+func TestAStrayPendingEntryDoesNotWedgeTheJob(t *testing.T) {
+	t.Parallel()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
+	checkRound(t, joinAll(t, ctx, as), as)
+	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	if err := c.SAdd(ctx, prefix+"pending", "ghost").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := as[2].Leave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ws := joinAll(t, ctx, as[:2])
+	checkRound(t, ws, as[:2])
+	for _, m := range ws[0].Members {
+		if m.ID == "ghost" {
+			t.Fatalf("the stray ID holds a rank: %+v", ws[0])
+		}
+	}
+}

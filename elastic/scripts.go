@@ -193,6 +193,20 @@ local function try_close(st)
   else st.dl = 0 end
   if not close then return end
   local a = redis.call('SMEMBERS', K_ARRIVED)
+  -- An arrival without a member record (a key written outside the
+  -- protocol) holds no lease either, so no sweep would remove it: drop it
+  -- here and decide again, or every later roster holds an empty line
+  -- (core.go, tryClose)
+  local rs, rec, ghosts = each('HMGET', K_MEMBERS, a), {}, {}
+  for i, id in ipairs(a) do
+    if rs[i] then rec[id] = rs[i] else ghosts[#ghosts + 1] = id end
+  end
+  if #ghosts > 0 then
+    each('SREM', K_ARRIVED, ghosts)
+    each('SREM', K_BACK, ghosts)
+    C.changed = true
+    return try_close(st)
+  end
   local ords, sinces = each('HMGET', K_ORD, a), each('HMGET', K_SINCE, a)
   local ord, since = {}, {}
   for i, id in ipairs(a) do
@@ -230,8 +244,8 @@ local function try_close(st)
   each('HSET', K_RANK, rankArgs)
   each('HSET', K_SINCE, sinceArgs)
   each('SADD', K_PENDING, rest)
-  local recs = each('HMGET', K_MEMBERS, ranked)
-  for j = 1, #ranked do recs[j] = recs[j] or '' end
+  local recs = {}
+  for j = 1, #ranked do recs[j] = rec[ranked[j]] end
   redis.call('SET', K_ROSTER, table.concat(recs, '\n'))
   st.open, st.reform, st.dl, st.prev, st.size = false, false, 0, st.round, k
   C.changed, C.closed = true, true
