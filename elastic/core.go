@@ -64,6 +64,9 @@ func silenceGap(p Params) int64 { return ms(p.LeaseTTL) / 2 }
 // member silent while others call gains nothing; a job-wide silence longer
 // than silenceGap + LeaseTTL still lets every lease lapse.
 func (j *coreJob) tick(now int64, p Params) int64 {
+	if j.credit < 0 || j.credit >= now { // as the scripts' job_credit
+		j.credit = 0
+	}
 	if gap := now - j.last; gap > silenceGap(p) {
 		j.credit += min(gap-silenceGap(p), ms(p.LeaseTTL))
 	}

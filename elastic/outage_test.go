@@ -416,3 +416,36 @@ func TestAStrayPendingEntryDoesNotWedgeTheJob(t *testing.T) {
 		}
 	}
 }
+
+// TestANegativeSilenceCreditFencesNobody: the meta hash's silence credit
+// is overwritten with a negative number, which would put the job's clock
+// far ahead and lapse every lease at once. The store starts the credit
+// over, and the members keep their round.
+func TestANegativeSilenceCreditFencesNobody(t *testing.T) {
+	t.Parallel()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
+	ws := joinAll(t, ctx, as)
+	checkRound(t, ws, as)
+	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	for _, bad := range []string{"-1e18", "-inf", "nan"} {
+		if err := c.HSet(ctx, prefix+"meta", "credit", bad).Err(); err != nil {
+			t.Fatal(err)
+		}
+		// A report of a member that is not in the round runs the full
+		// script (the clock, the lease sweep) and changes nothing else.
+		if err := as[0].ReportFailure(ctx, ws[0].Round, "nobody"); err != nil {
+			t.Fatalf("credit %s: %v", bad, err)
+		}
+		for i, a := range as {
+			if a.ChangePending() || a.Err() != nil {
+				t.Fatalf("credit %s: member %d: change pending %v, err %v; want the round kept", bad, i, a.ChangePending(), a.Err())
+			}
+		}
+	}
+}

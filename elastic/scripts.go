@@ -329,6 +329,9 @@ end
 const luaCredit = `
 local function job_credit(now, lease, last, credit)
   last, credit = tonumber(last or ''), tonumber(credit or '0') or 0
+  -- a credit outside [0, now) was not written by a call (NaN fails both):
+  -- negative, every lease would lapse at once; start it over
+  if not (credit >= 0 and credit < now) then credit = 0 end
   local thr = math.floor(lease / 2)
   if last and now - last > thr then credit = credit + math.min(now - last - thr, lease) end
   return credit
