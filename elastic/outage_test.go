@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
@@ -314,6 +316,38 @@ func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
 	}
 }
 
+// damagedJob is a round of n members (MaxWorkers n, MinWorkers 1) formed
+// over real Redis, for a test that then damages the job's keys: the
+// client, the members, their Worlds, the prefix of the job's keys and a
+// context of a minute.
+type damagedJob struct {
+	c      redis.UniversalClient
+	as     []*elastic.Agent
+	ws     []elastic.World
+	prefix string
+	ctx    context.Context
+}
+
+func formDamagedJob(t *testing.T, n int, outageBudget time.Duration) damagedJob {
+	t.Helper()
+	c := testredis.Client(t)
+	s := elastic.NewRedisStore(c)
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
+	if outageBudget > 0 {
+		cfg.OutageBudget = outageBudget
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	t.Cleanup(cancel)
+	as := make([]*elastic.Agent, n)
+	for i := range as {
+		as[i] = newAgent(t, s, cfg)
+	}
+	ws := joinAll(t, ctx, as)
+	checkRound(t, ws, as)
+	return damagedJob{c: c, as: as, ws: ws, prefix: elastic.KeyPrefix + "{" + cfg.JobID + "}:", ctx: ctx}
+}
+
 // TestACallThatKeepsFailingGivesUpWithinTheOutageBudget: the job state
 // says a round number no member can hold, so every Leave script's answer
 // fails to parse, while the heartbeats (which read other keys) go on
@@ -322,16 +356,8 @@ func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
 // what it could not read, instead of retrying until its context ends.
 func TestACallThatKeepsFailingGivesUpWithinTheOutageBudget(t *testing.T) {
 	t.Parallel()
-	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
-	cfg := testConfig(t)
-	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
-	cfg.OutageBudget = time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
-	checkRound(t, joinAll(t, ctx, as), as)
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	j := formDamagedJob(t, 2, time.Second)
+	c, as, prefix, ctx := j.c, j.as, j.prefix, j.ctx
 	inc, err := c.HGet(ctx, prefix+"meta", "inc").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -358,16 +384,8 @@ func TestACallThatKeepsFailingGivesUpWithinTheOutageBudget(t *testing.T) {
 // member at its rank. Its Join fails with ErrBadState instead.
 func TestAMemberRecordOverwrittenWithAnotherIDIsAnError(t *testing.T) {
 	t.Parallel()
-	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
-	cfg := testConfig(t)
-	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-	cfg.OutageBudget = time.Second
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
-	checkRound(t, joinAll(t, ctx, as), as)
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	j := formDamagedJob(t, 3, time.Second)
+	c, as, prefix, ctx := j.c, j.as, j.prefix, j.ctx
 	forged := `{"id":"someone-else","host":"h","pid":1,"addr":"127.0.0.1:1"}`
 	if err := c.HSet(ctx, prefix+"members", as[0].Member().ID, forged).Err(); err != nil {
 		t.Fatal(err)
@@ -393,15 +411,8 @@ func TestAMemberRecordOverwrittenWithAnotherIDIsAnError(t *testing.T) {
 // with the survivors, without it.
 func TestAStrayPendingEntryDoesNotWedgeTheJob(t *testing.T) {
 	t.Parallel()
-	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
-	cfg := testConfig(t)
-	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)}
-	checkRound(t, joinAll(t, ctx, as), as)
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	j := formDamagedJob(t, 3, 0)
+	c, as, prefix, ctx := j.c, j.as, j.prefix, j.ctx
 	if err := c.SAdd(ctx, prefix+"pending", "ghost").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -423,16 +434,8 @@ func TestAStrayPendingEntryDoesNotWedgeTheJob(t *testing.T) {
 // over, and the members keep their round.
 func TestANegativeSilenceCreditFencesNobody(t *testing.T) {
 	t.Parallel()
-	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
-	cfg := testConfig(t)
-	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	as := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
-	ws := joinAll(t, ctx, as)
-	checkRound(t, ws, as)
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	j := formDamagedJob(t, 2, 0)
+	c, as, ws, prefix, ctx := j.c, j.as, j.ws, j.prefix, j.ctx
 	for _, bad := range []string{"-1e18", "-inf", "nan"} {
 		if err := c.HSet(ctx, prefix+"meta", "credit", bad).Err(); err != nil {
 			t.Fatal(err)
