@@ -425,11 +425,13 @@ func (a *Agent) noteOK() {
 
 // call runs one store operation, retrying with exponential backoff (10 ms to
 // 1 s) while the store is unreachable, within the outage budget. It records
-// the view and returns it. The budget holds for the call itself too: one
-// that keeps failing (an answer it cannot read, a script error) while
-// other calls, such as the heartbeat's, succeed and so end the Agent's
+// the view and returns it. The budget holds for the call itself too when
+// the store answers what the call cannot read (ErrBadState): such a call,
+// while other calls (the heartbeat's) succeed and so end the Agent's
 // outage, gives up after OutageBudget of its own failures, with
-// ErrStoreUnavailable wrapping its last error.
+// ErrStoreUnavailable wrapping its last error. A call that only times out
+// keeps the Agent's budget: a slow store is an outage only while nothing
+// gets through.
 func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (View, error)) (View, error) {
 	backoff := 10 * time.Millisecond
 	var failingSince time.Time
@@ -452,15 +454,17 @@ func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (Vi
 		if terr := a.noteOutage(err, sent); terr != nil {
 			return View{}, terr
 		}
-		if failingSince.IsZero() {
+		if !errors.Is(err, ErrBadState) {
+			failingSince = time.Time{}
+		} else if failingSince.IsZero() {
 			failingSince = sent
 		}
-		if time.Since(failingSince) > a.cfg.OutageBudget {
+		if !failingSince.IsZero() && time.Since(failingSince) > a.cfg.OutageBudget {
 			a.mu.Lock()
 			if a.err == nil {
-				a.failLocked(fmt.Errorf("%w: %s kept failing while other calls succeeded (budget %v): %w",
+				a.failLocked(fmt.Errorf("%w: %s kept getting answers it cannot read while other calls succeeded (budget %v): %w",
 					ErrStoreUnavailable, op, a.cfg.OutageBudget, err))
-				a.log.Error("a store call failed for the whole outage budget; giving up", "op", op, "err", err, "budget", a.cfg.OutageBudget)
+				a.log.Error("a store call got unreadable answers for the whole outage budget; giving up", "op", op, "err", err, "budget", a.cfg.OutageBudget)
 			}
 			terr := a.err
 			a.mu.Unlock()
