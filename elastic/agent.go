@@ -381,9 +381,13 @@ func (a *Agent) opTimeout() time.Duration {
 // noteOutage records a failed store call that started at started; it
 // returns the terminal ErrStoreUnavailable once the outage lasted longer than
 // OutageBudget. The outage clock starts at the start of the first failed
-// call, not at its end (a call may take its whole timeout to fail). An
-// ErrWrongType is no outage: it is terminal at once.
-func (a *Agent) noteOutage(err error, started time.Time) error {
+// call, not at its end (a call may take its whole timeout to fail), and
+// any call that gets through stops it. unreadable, when not zero, is when
+// the retried call's run of answers it could not read (ErrBadState)
+// began: the budget runs from it too, as the heartbeats that get through
+// meanwhile say nothing of that call. An ErrWrongType is no outage: it is
+// terminal at once.
+func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if errors.Is(err, ErrWrongType) {
@@ -407,8 +411,16 @@ func (a *Agent) noteOutage(err error, started time.Time) error {
 		a.log.Warn("store still unreachable; retrying", "err", err,
 			"for", now.Sub(a.outageSince).Round(time.Millisecond), "budget", a.cfg.OutageBudget)
 	}
-	if now.Sub(a.outageSince) > a.cfg.OutageBudget && a.err == nil {
-		a.failLocked(fmt.Errorf("%w: unreachable for longer than the outage budget of %v: %v", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+	since := a.outageSince
+	if !unreadable.IsZero() && unreadable.Before(since) {
+		since = unreadable
+	}
+	if now.Sub(since) > a.cfg.OutageBudget && a.err == nil {
+		if since.Equal(unreadable) {
+			a.failLocked(fmt.Errorf("%w: answers it cannot read for longer than the outage budget of %v: %w", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+		} else {
+			a.failLocked(fmt.Errorf("%w: unreachable for longer than the outage budget of %v: %v", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+		}
 		a.log.Error("store unreachable for the whole outage budget; giving up", "err", err, "budget", a.cfg.OutageBudget)
 	}
 	return a.err
@@ -425,16 +437,13 @@ func (a *Agent) noteOK() {
 
 // call runs one store operation, retrying with exponential backoff (10 ms to
 // 1 s) while the store is unreachable, within the outage budget. It records
-// the view and returns it. The budget holds for the call itself too when
-// the store answers what the call cannot read (ErrBadState): such a call,
-// while other calls (the heartbeat's) succeed and so end the Agent's
-// outage, gives up after OutageBudget of its own failures, with
-// ErrStoreUnavailable wrapping its last error. A call that only times out
-// keeps the Agent's budget: a slow store is an outage only while nothing
-// gets through.
+// the view and returns it. A run of answers it cannot read (ErrBadState)
+// spends the budget even while other calls get through (noteOutage); a
+// call that only times out does not: a slow store is an outage only while
+// nothing gets through.
 func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (View, error)) (View, error) {
 	backoff := 10 * time.Millisecond
-	var failingSince time.Time
+	var unreadable time.Time // start of this call's run of ErrBadState answers
 	for {
 		sent := time.Now()
 		v, err := bounded(a, ctx, op, a.opTimeout(), f, nil, nil)
@@ -451,23 +460,12 @@ func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (Vi
 		if ctx.Err() != nil {
 			return View{}, ctx.Err()
 		}
-		if terr := a.noteOutage(err, sent); terr != nil {
-			return View{}, terr
-		}
 		if !errors.Is(err, ErrBadState) {
-			failingSince = time.Time{}
-		} else if failingSince.IsZero() {
-			failingSince = sent
+			unreadable = time.Time{}
+		} else if unreadable.IsZero() {
+			unreadable = sent
 		}
-		if !failingSince.IsZero() && time.Since(failingSince) > a.cfg.OutageBudget {
-			a.mu.Lock()
-			if a.err == nil {
-				a.failLocked(fmt.Errorf("%w: %s kept getting answers it cannot read while other calls succeeded (budget %v): %w",
-					ErrStoreUnavailable, op, a.cfg.OutageBudget, err))
-				a.log.Error("a store call got unreadable answers for the whole outage budget; giving up", "op", op, "err", err, "budget", a.cfg.OutageBudget)
-			}
-			terr := a.err
-			a.mu.Unlock()
+		if terr := a.noteOutage(err, sent, unreadable); terr != nil {
 			return View{}, terr
 		}
 		t := time.NewTimer(backoff)
@@ -1120,7 +1118,7 @@ func (a *Agent) refresh() {
 		func(c context.Context) (View, error) { return a.store.Check(c, req) }, nil, nil)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
-			_ = a.noteOutage(err, sent)
+			_ = a.noteOutage(err, sent, time.Time{})
 		}
 		return
 	}
@@ -1153,7 +1151,7 @@ func (a *Agent) beat() bool {
 	}
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
-			_ = a.noteOutage(err, sent)
+			_ = a.noteOutage(err, sent, time.Time{})
 		}
 		return false
 	}
@@ -1216,7 +1214,7 @@ func (a *Agent) reregister() {
 		func(c context.Context) (View, error) { return a.store.Join(c, req) }, nil, nil)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
-			_ = a.noteOutage(err, sent)
+			_ = a.noteOutage(err, sent, time.Time{})
 		}
 		return
 	}

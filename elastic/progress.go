@@ -93,7 +93,7 @@ func (a *Agent) checkProgress() bool {
 	if _, err := bounded(a, context.Background(), "leave", a.opTimeout(),
 		func(c context.Context) (View, error) { return a.store.Leave(c, req) }, nil, nil); err != nil && !errors.Is(err, ErrClosed) {
 		// The lease still lapses once the Agent stops renewing it.
-		_ = a.noteOutage(err, sent)
+		_ = a.noteOutage(err, sent, time.Time{})
 		a.log.Warn("could not leave the job; the lease will lapse", "err", err)
 	}
 	a.fail(fmt.Errorf("%w: %w (no step and no marked phase for %v; job %q, member %s)",
