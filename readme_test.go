@@ -52,10 +52,50 @@ func TestREADMEIsShort(t *testing.T) {
 	require.Contains(t, s, "```sh\n"+
 		"go run ./examples/mnist     # the main job: 2 worker processes train on the real MNIST files and print the test accuracy\n"+
 		"go test ./...               # the test suite\n```\n")
-	for _, link := range regexp.MustCompile(`\]\(((?:docs/|CHANGELOG)[^)#]*)`).FindAllStringSubmatch(s, -1) {
-		_, err := os.Stat(link[1])
-		require.NoError(t, err, "README.md links to %s", link[1])
+}
+
+// Every relative link of README.md, CHANGELOG.md and docs/ names a file that
+// exists and, with a #fragment, a heading of that file (GitHub's anchors:
+// lower case, punctuation dropped, spaces to hyphens).
+func TestDocsLinksResolve(t *testing.T) {
+	docs, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	require.NotEmpty(t, docs)
+	fence := regexp.MustCompile("(?s)```.*?```")
+	link := regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	for _, f := range append([]string{"README.md", "CHANGELOG.md"}, docs...) {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		for _, m := range link.FindAllStringSubmatch(fence.ReplaceAllString(string(b), ""), -1) {
+			if strings.Contains(m[1], "://") {
+				continue
+			}
+			path, frag, _ := strings.Cut(m[1], "#")
+			target := f
+			if path != "" {
+				target = filepath.Join(filepath.Dir(f), path)
+			}
+			_, err := os.Stat(target)
+			require.NoError(t, err, "%s links to %s", f, m[1])
+			if frag != "" {
+				require.Contains(t, anchors(t, target), frag, "%s links to %s: no such heading", f, m[1])
+			}
+		}
 	}
+}
+
+// anchors returns the GitHub anchors of the headings of the Markdown file path.
+func anchors(t *testing.T, path string) []string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	var out []string
+	text := regexp.MustCompile("(?s)```.*?```").ReplaceAllString(string(b), "") // a "# comment" in a code block is no heading
+	drop := regexp.MustCompile(`[^\pL\pN_\- ]`)
+	for _, m := range regexp.MustCompile(`(?m)^#+\s+(.*?)\s*$`).FindAllStringSubmatch(text, -1) {
+		out = append(out, strings.ReplaceAll(drop.ReplaceAllString(strings.ToLower(m[1]), ""), " ", "-"))
+	}
+	return out
 }
 
 // The README's worker program is a real one: it builds against this
