@@ -78,9 +78,10 @@ type Net struct {
 	life    context.Context
 	endLife context.CancelFunc
 
-	mu     sync.Mutex
-	hosts  []*Host
-	closed bool
+	mu       sync.Mutex
+	hosts    []*Host
+	forwards []*forwarder
+	closed   bool
 }
 
 // Host is one network namespace of a Net.
@@ -368,8 +369,9 @@ func (n *Net) ip(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// Close kills every process left in the hosts' namespaces, then deletes
-// the namespaces (and with them the veths) and the bridge. Safe to call
+// Close stops every Forward, kills every process left in the hosts'
+// namespaces, then deletes the namespaces (and with them the veths) and
+// the bridge. Safe to call
 // more than once; it returns the first failure but tries every step.
 func (n *Net) Close() error {
 	n.mu.Lock()
@@ -378,9 +380,12 @@ func (n *Net) Close() error {
 		return nil
 	}
 	n.closed = true
-	hosts, made := n.hosts, n.hosts != nil
+	hosts, made, forwards := n.hosts, n.hosts != nil, n.forwards
 	n.mu.Unlock()
 	n.endLife()
+	for _, f := range forwards {
+		f.close()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var first error
