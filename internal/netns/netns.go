@@ -137,11 +137,11 @@ func probe() error {
 	return nil
 }
 
-// ForTest returns a Net with the named hosts for t, removed by t.Cleanup
-// (also when t fails). Where namespaces cannot be made it skips t with the
-// reason, unless CI=true, where it fails t: CI runs as root and these tests
-// must run there.
-func ForTest(t testing.TB, hosts ...string) *Net {
+// RequireForTest skips t, with the reason, where this process cannot make
+// network namespaces (Available), unless CI=true, where it fails t: CI
+// runs as root and these tests must run there. For a test whose program
+// makes the namespaces itself (an example's -hosts); ForTest calls it.
+func RequireForTest(t testing.TB) {
 	t.Helper()
 	if err := Available(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -149,6 +149,15 @@ func ForTest(t testing.TB, hosts ...string) *Net {
 		}
 		t.Skipf("%v; this test needs Linux network namespaces (run it as root with iproute2 installed)", err)
 	}
+}
+
+// ForTest returns a Net with the named hosts for t, removed by t.Cleanup
+// (also when t fails). Where namespaces cannot be made it skips t with the
+// reason, unless CI=true, where it fails t: CI runs as root and these tests
+// must run there.
+func ForTest(t testing.TB, hosts ...string) *Net {
+	t.Helper()
+	RequireForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n, err := New(ctx, hosts...)
