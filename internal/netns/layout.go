@@ -21,7 +21,9 @@ func ParseLayout(s string) (hosts, perHost int, err error) {
 	h, l, ok := strings.Cut(strings.ToLower(strings.TrimSpace(s)), "x")
 	hosts, err1 := strconv.Atoi(h)
 	perHost, err2 := strconv.Atoi(l)
-	if !ok || err1 != nil || err2 != nil || hosts < 1 || perHost < 1 || hosts > MaxLayoutHosts || hosts*perHost > MaxLayoutProcs {
+	// perHost is bounded before the product, which could overflow.
+	if !ok || err1 != nil || err2 != nil || hosts < 1 || perHost < 1 || hosts > MaxLayoutHosts || perHost > MaxLayoutProcs ||
+		hosts*perHost > MaxLayoutProcs {
 		return 0, 0, fmt.Errorf("netns: layout %q: want HxL, H hosts (1..%d) of L processes each, at most %d in all (e.g. 2x2)",
 			s, MaxLayoutHosts, MaxLayoutProcs)
 	}

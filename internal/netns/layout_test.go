@@ -14,7 +14,8 @@ func TestParseLayout(t *testing.T) {
 		require.NoError(t, err, in)
 		require.Equal(t, want, [2]int{h, l}, in)
 	}
-	for _, bad := range []string{"", "2", "x2", "2x", "0x3", "2x0", "-1x2", "axb", "65x1", "2x129", "2x2x2", "2 x 2"} {
+	for _, bad := range []string{"", "2", "x2", "2x", "0x3", "2x0", "-1x2", "axb", "65x1", "2x129", "2x2x2", "2 x 2",
+		"2x4611686018427387904", "4x4611686018427387904", "1x99999999999999999999"} {
 		_, _, err := netns.ParseLayout(bad)
 		require.ErrorContains(t, err, "want HxL", "%q", bad)
 	}
