@@ -92,8 +92,9 @@ func (f *forwarder) untrack(c net.Conn) {
 }
 
 // relay copies between the host's connection c and a new connection to
-// the upstream until either direction ends, then closes both (no
-// half-close: the services this serves, such as Redis, do not use it).
+// the upstream, both ways, until both directions have ended: the end of
+// one direction (EOF) is passed on as a half-close (CloseWrite), and an
+// error in either ends both.
 func (f *forwarder) relay(life context.Context, c net.Conn) {
 	defer f.wg.Done()
 	defer f.untrack(c)
@@ -110,14 +111,18 @@ func (f *forwarder) relay(life context.Context, c net.Conn) {
 	defer f.untrack(up)
 	done := make(chan struct{}, 2)
 	pipe := func(dst, src net.Conn) {
-		io.Copy(dst, src)
-		done <- struct{}{}
+		defer func() { done <- struct{}{} }()
+		if _, err := io.Copy(dst, src); err == nil {
+			if cw, ok := dst.(interface{ CloseWrite() error }); ok && cw.CloseWrite() == nil {
+				return
+			}
+		}
+		c.Close() // ends the other direction's copy too
+		up.Close()
 	}
 	go pipe(up, c)
 	go pipe(c, up)
 	<-done
-	c.Close() // ends the other direction's copy
-	up.Close()
 	<-done
 }
 
