@@ -53,6 +53,7 @@ type config struct {
 	grace               time.Duration
 	logFormat, logLevel string
 	redisOpts           jobenv.Redis
+	hosts               hostFlags // -hosts, -cap (hosts.go)
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -83,7 +84,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable); with -hosts each goes to the host with the fewest live workers, the lowest-numbered such host")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file; with -worker: none)")
 	fs.BoolVar(&c.worker, "worker", false, "run as one worker of a job whose other workers run elsewhere (one per pod), without a launcher: needs -job and -redis, and the job secret (hex) in $"+jobenv.EnvSecret)
@@ -92,7 +93,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.logFormat, "log-format", "text", "workers' log format on standard error: text or json (log/slog, one JSON object per line)")
 	fs.StringVar(&c.logLevel, "log-level", "", "workers' lowest log level: debug, info, warn or error (default: info with -worker, else warn)")
 	c.redisOpts.RegisterFlags(fs)
+	c.hosts.register(fs)
 	if err := jobenv.ParseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := c.hosts.apply(c, fs); err != nil {
 		return nil, err
 	}
 	switch {
@@ -239,6 +244,8 @@ type result struct {
 	Workers  int      `json:"workers"`
 	Model    string   `json:"model"`
 	Redis    string   `json:"redis"`
+	Hosts    string   `json:"hosts,omitempty"` // -hosts HxL; "" when the workers ran in the launcher's namespace
+	Cap      string   `json:"cap,omitempty"`   // -cap with -hosts
 }
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -275,11 +282,24 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.audit = path
 	}
 	logw := stderr
+	var spaces []string // with -hosts: worker i's network namespace
+	if c.hosts.arg != "" {
+		hs, err := startHosts(ctx, &c.hosts, store.Addr, logw)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := hs.net.Close(); err != nil {
+				fmt.Fprintf(logw, "[launcher] removing the hosts: %v\n", err)
+			}
+		}()
+		c.redis, spaces = hs.store, hs.spaces
+	}
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Store: store.Addr, JobID: c.job, GracePeriod: c.grace,
+		Store: store.Addr, JobID: c.job, GracePeriod: c.grace, Netns: spaces,
 	})
 	if errors.Is(err, launch.ErrPreempted) {
 		// A SIGTERM or Ctrl-C: every worker committed, the lowest rank
@@ -298,7 +318,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
-	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Rounds: len(sum.Rounds),
+	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Hosts: c.hosts.arg, Cap: c.hosts.capDesc(), Rounds: len(sum.Rounds),
 		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),
 		Recoveries: sum.RecoveriesFromFailures()}
 	d := sum.Done

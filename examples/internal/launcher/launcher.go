@@ -215,6 +215,11 @@ type Spec struct {
 	MaxWorkers int
 	// Wrap, when set, is launch.Spec.Wrap: worker i's command prefix.
 	Wrap func(worker int) []string
+	// Netns, when set and Wrap is not, places the workers in these
+	// network namespaces as EnvNetns does (worker i < len in the i-th, a
+	// later one in the listed namespace with the fewest live workers,
+	// the first such in list order), in place of EnvNetns.
+	Netns []string
 	// OnEvent, when set, sees every event before Run acts on it, from
 	// Run's goroutine; it must not block.
 	OnEvent func(Event)
@@ -328,7 +333,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	// per worker queues its events, and an exit is queued only after every
 	// event its worker wrote.
 	wrap := spec.Wrap
-	place := newPlacement(os.Getenv(EnvNetns), logw)
+	spaces := os.Getenv(EnvNetns)
+	if len(spec.Netns) > 0 {
+		spaces = strings.Join(spec.Netns, ",")
+	}
+	place := newPlacement(spaces, logw)
 	if wrap == nil && place != nil {
 		wrap = place.wrap
 	} else {
