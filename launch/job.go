@@ -102,6 +102,10 @@ type Job struct {
 	capacity int              // workers the capacity file allows; 0: no bound
 	goal     int              // workers the job aims for: Workers, then Resize, Release and Add move it
 	free     map[int]bool     // indices whose last process left by release or a capacity drop
+	// With Autoscale, a capacity drop waits ReleaseWait for the workers'
+	// own releases before the launcher shrinks what is left.
+	shrinkTimer *time.Timer
+	shrinkTime  <-chan time.Time
 }
 
 // proc is one worker process.
@@ -380,6 +384,17 @@ func (j *Job) supervise(ctx context.Context) {
 			j.setCapacity(n)
 		case c := <-j.ctlc:
 			c.reply <- j.control(c.req)
+		case <-j.shrinkTime:
+			j.shrinkTime = nil
+			if j.stopping || j.finished {
+				break
+			}
+			if live := j.live(); j.capacity > 0 && live <= j.capacity {
+				j.log.Info("the workers' own releases brought the job within the capacity; stopping none",
+					"running", live, "capacity", j.capacity)
+				break
+			}
+			j.reconcile("capacity")
 		case sig := <-j.stopc:
 			grace = j.stop(sig, nil, grace)
 		case <-ctxDone:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"syscall"
+	"time"
 )
 
 // ErrCapacity is Add's error when the workers would exceed what the
@@ -36,12 +37,34 @@ func (j *Job) want() int {
 	return max(w, 0)
 }
 
+// ReleaseWait is how long, with Config.Autoscale, the launcher leaves the
+// workers' own policy to shrink the job after the capacity dropped before
+// it tells the newest workers above the capacity to leave itself: the
+// policy reads the capacity every few steps (autoscale's decision
+// interval, 25 steps by default: well under a second for the examples'
+// models) and names the ranks that go (never one holding state no other
+// holds); the workers it releases count toward the drop, so the job never
+// loses more workers than the drop asks. Without Autoscale the launcher
+// shrinks at once.
+const ReleaseWait = 2 * time.Second
+
 // setCapacity applies a new value of the capacity file.
 func (j *Job) setCapacity(n int) {
 	old := j.capacity
 	j.capacity = n
 	j.log.Info("capacity changed", "from", old, "to", n, "running", j.live(), "aim", j.goal)
 	if j.stopping || j.finished {
+		return
+	}
+	if j.cfg.Autoscale && j.live() > n {
+		// The workers' policy shrinks first; what is left above the
+		// capacity after ReleaseWait is the launcher's.
+		if j.shrinkTimer == nil {
+			j.shrinkTimer = time.NewTimer(ReleaseWait)
+		} else {
+			j.shrinkTimer.Reset(ReleaseWait)
+		}
+		j.shrinkTime = j.shrinkTimer.C
 		return
 	}
 	j.reconcile("capacity")
@@ -184,6 +207,9 @@ func (j *Job) control(req controlRequest) controlReply {
 
 // closeScaling stops the capacity watcher and the control socket.
 func (j *Job) closeScaling() {
+	if j.shrinkTimer != nil {
+		j.shrinkTimer.Stop()
+	}
 	if j.capw != nil {
 		j.capw.close()
 	}

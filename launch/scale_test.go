@@ -319,3 +319,46 @@ func TestTheControlSocketRefusesBadInput(t *testing.T) {
 	_, _, err = p.Capacity(context.Background())
 	require.ErrorIs(t, err, ErrControl, "a job that is over answers nothing, clearly")
 }
+
+// TestWithAutoscaleACapacityDropWaitsForTheWorkersReleases: with
+// Autoscale, the workers' policy names who leaves when the capacity
+// drops. A worker that releases itself within ReleaseWait (worker 0
+// here, not the newest) counts toward the drop, and the launcher stops no
+// other worker; a drop nobody answers is the launcher's after ReleaseWait
+// (the newest worker leaves).
+func TestWithAutoscaleACapacityDropWaitsForTheWorkersReleases(t *testing.T) {
+	capFile := filepath.Join(t.TempDir(), "capacity")
+	writeCapacity(t, capFile, "3")
+	spec := fakeSpec(t, "platform")
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	exits := make(chan Exit, 16)
+	log, logs := logLines()
+	cfg := testConfig(3)
+	cfg.CapacityFile, cfg.Autoscale = capFile, true
+	job, err := Start(context.Background(), spec, cfg, WithLogger(log), WithHooks(Hooks{OnExit: func(x Exit) { exits <- x }}))
+	require.NoError(t, err)
+	stopOnFailure(t, job)
+	awaitLines(t, lines, "ready", 3)
+
+	writeCapacity(t, capFile, "2")
+	awaitLog(t, logs, "capacity changed", "from=3 to=2")
+	require.NoError(t, job.Signal(0, syscall.SIGUSR1))
+	require.Equal(t, "released 0 <nil>", awaitLines(t, lines, "released", 1)[0])
+	x := awaitExit(t, exits)
+	require.Equal(t, 0, x.Worker)
+	require.True(t, x.Released)
+	awaitLog(t, logs, "the workers' own releases brought the job within the capacity; stopping none")
+
+	writeCapacity(t, capFile, "1")
+	awaitLog(t, logs, "capacity changed", "from=2 to=1")
+	x = awaitExit(t, exits)
+	require.Equal(t, 2, x.Worker, "after ReleaseWait the newest worker leaves")
+	require.True(t, x.Released)
+	require.Equal(t, Preempted, x.Outcome)
+
+	job.Stop(nil)
+	res, err := job.Wait()
+	require.ErrorIs(t, err, ErrPreempted)
+	require.Len(t, res.Exits, 3)
+}
