@@ -89,7 +89,15 @@ func TestTheCapacityFileShrinksAndGrowsTheJob(t *testing.T) {
 	out := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	var res result
 	require.NoError(t, json.Unmarshal([]byte(out[len(out)-1]), &res), "%s", stdout.String())
-	require.Equal(t, []int{3, 1, 2}, res.WorldSizes, "%s", log.String())
+	// The three workers may start a moment apart on a loaded machine, so
+	// the first round may have formed before the third arrived: sizes
+	// below 3 may come first, then 3, 1, 2.
+	ws := res.WorldSizes
+	require.GreaterOrEqual(t, len(ws), 3, "%v\n%s", ws, log.String())
+	require.Equal(t, []int{3, 1, 2}, ws[len(ws)-3:], "%s", log.String())
+	for _, n := range ws[:len(ws)-3] {
+		require.Less(t, n, 3, "only the start may show fewer than 3: %v", ws)
+	}
 	require.Zero(t, res.Recoveries, "every shrink was a graceful leave")
 	require.Zero(t, res.AuditMissing)
 	require.Zero(t, res.AuditDuplicates)
