@@ -40,6 +40,8 @@ type config struct {
 	json, quiet         bool
 	deterministic       bool
 	balance             bool
+	autoscale           bool
+	capacity            string
 	micro               int
 	slow                slowFlag
 	plot, otlp, metrics string
@@ -75,6 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
 	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
+	fs.BoolVar(&c.autoscale, "autoscale", false, "size the job by measured goodput: start and release workers between -min and -max (launch.Config.Autoscale)")
+	fs.StringVar(&c.capacity, "capacity", "", "a file holding how many workers the platform allows now, re-read when it changes (every 250ms): never more workers than it says; graceful leaves when it drops, workers started again (up to -workers) when it rises")
 	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of -deterministic runs (whole micro-batches move between workers when balancing)")
 	fs.Var(&c.slow, "slow", "test knob: the worker holding RANK computes FACTOR times slower per sample (it sleeps in proportion to its share): RANK@FACTOR")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
@@ -152,6 +156,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			return nil, errors.New("-worker needs -job: every worker of the job passes the same ID")
 		case len(c.faults) > 0 || c.plot != "":
 			return nil, errors.New("-worker runs one worker: -kill, -stop, -term, -join and -plot belong to the launcher")
+		case c.capacity != "":
+			return nil, errors.New("-worker runs one worker: -capacity belongs to the launcher")
 		}
 	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
@@ -237,6 +243,17 @@ type result struct {
 	WallSeconds    float64 `json:"wall_seconds"`
 	StepsPerSecond float64 `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
 	ParamsSHA256   string  `json:"params_sha256"`
+	// EpochStepsPerSecond holds one figure per epoch: the steps rank 0
+	// reported in it, from its first to its last, over the time between
+	// them (rank 0's clock).
+	EpochStepsPerSecond []float64 `json:"epoch_steps_per_second"`
+	// MeanWorldSize is the world size averaged over training time: each
+	// step's world size weighted by the time since the step before it.
+	MeanWorldSize float64 `json:"mean_world_size"`
+	// Scaling lists every change of the job's size: rank 0's decisions
+	// (-autoscale: probes and their undoing included) and the launcher's
+	// own when the -capacity file changed (reason "capacity").
+	Scaling []launcher.ScalingSeen `json:"scaling"`
 	// Loss is the mean loss per sample of the last step; null when it is
 	// not a finite number, and then Diverged is true.
 	Loss     *float64 `json:"loss"`
@@ -299,7 +316,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Store: store.Addr, JobID: c.job, GracePeriod: c.grace, Netns: spaces,
+		Store: store.Addr, JobID: c.job, GracePeriod: c.grace, Netns: spaces, Autoscale: c.autoscale, CapacityFile: c.capacity,
 	})
 	if errors.Is(err, launch.ErrPreempted) {
 		// A SIGTERM or Ctrl-C: every worker committed, the lowest rank
@@ -353,6 +370,8 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			res.StepsPerSecond = float64(n-1) / dt
 		}
 	}
+	res.EpochStepsPerSecond, res.MeanWorldSize = sum.EpochStepsPerSecond(), sum.MeanWorldSize()
+	res.Scaling = append([]launcher.ScalingSeen{}, sum.Scaling...)
 	var plotErr error
 	if c.plot != "" {
 		if plotErr = writePlot(c.plot, sum); plotErr != nil {
