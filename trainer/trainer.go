@@ -360,6 +360,13 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	t.runStart = start
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	// waitCtx ends with ctx, and at once on Preempt: it bounds the waits
+	// outside a round (Join: a round forming below MinWorkers, the store
+	// down, a fenced member's rejoin; the pause between unformed rounds),
+	// which hold nothing to commit, so a preempted worker leaves them at
+	// once instead of after the grace period (issue 29, item 3).
+	waitCtx, cancelWait := context.WithCancelCause(ctx)
+	defer cancelWait(nil)
 	// After Preempt, everything must be over within the grace period.
 	graceDone := make(chan struct{})
 	defer close(graceDone)
@@ -369,6 +376,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return
 		case <-t.preempt:
 		}
+		cancelWait(ErrPreempted)
 		timer := time.NewTimer(t.cfg.GracePeriod)
 		defer timer.Stop()
 		select {
@@ -439,6 +447,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
 	for {
+		if t.preempted() && ctx.Err() == nil {
+			// Outside a round: nothing to commit (see leaveWaiting).
+			return res, t.leaveWaiting(ctx, agent)
+		}
 		if err := ctx.Err(); err != nil {
 			leave()
 			if t.preempted() {
@@ -446,7 +458,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, fmt.Errorf("trainer: %w", err)
 		}
-		jctx, span := t.tel.tracer.Start(ctx, SpanJoin)
+		jctx, span := t.tel.tracer.Start(waitCtx, SpanJoin)
 		world, err := agent.Join(jctx)
 		endSpan(span, err)
 		switch {
@@ -485,7 +497,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, nil
 		case err != nil:
-			if ctx.Err() != nil {
+			if waitCtx.Err() != nil {
 				continue // reported at the top of the loop
 			}
 			return res, fmt.Errorf("trainer: join: %w", err)
@@ -557,7 +569,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
 				}
-				if err := pauseUnformed(ctx, agent, pause, shutOut); err != nil {
+				if err := pauseUnformed(waitCtx, agent, pause, shutOut); err != nil {
 					continue // reported at the top of the loop
 				}
 			}
@@ -585,6 +597,25 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return res, rerr
 		}
 	}
+}
+
+// leaveWaiting ends Run on a worker preempted outside a round (waiting
+// for one to form, between rounds, or in a round that failed): it holds
+// nothing to commit, so it leaves at once, in one store call bounded by
+// half a lease (Config.Elastic.LeaseTTL; when the store does not answer,
+// the lease lapses instead), and writes no checkpoint: a commit it holds
+// now may be one the job rolls back (the round that would have agreed on
+// it did not form), and the job's durable state is the last checkpoint
+// written in a round. It returns ErrPreempted.
+func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(t.cfg.Elastic.LeaseTTL/2, 100*time.Millisecond))
+	defer cancel()
+	if err := agent.Leave(lctx); err != nil && !errors.Is(err, elastic.ErrClosed) {
+		t.log.Warn("preempted while waiting; leave failed (the lease lapses instead)", "err", err)
+	}
+	t.log.Info("preempted outside a round: nothing to commit, leaving at once",
+		"after", time.Since(time.Unix(0, t.prAt.Load())))
+	return fmt.Errorf("%w: while waiting outside a round (nothing to commit)", ErrPreempted)
 }
 
 // closeParts closes every partition, the last registered first, logging
