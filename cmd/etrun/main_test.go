@@ -529,6 +529,7 @@ func TestEtrunSIGTERMEndsAWorkerWaitingBelowMin(t *testing.T) {
 	}
 	took := time.Since(signalled)
 	require.True(t, gone(pid), "worker pid %d outlived etrun", pid)
+	t.Logf("etrun and its waiting worker gone %v after SIGTERM (bound 2 s)", took.Round(time.Millisecond))
 	require.Less(t, took, 2*time.Second, "etrun and its waiting worker took %v to end after SIGTERM; stderr:\n%s", took, &p.stderr)
 	require.Equal(t, 143, code, "stderr:\n%s", &p.stderr)
 	require.NotContains(t, p.stderr.String(), "grace period")
