@@ -710,11 +710,12 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 }
 
 // enter and leave bracket a collective (or a connect): waiting for peers is
-// a marked phase for the progress watch (elastic.Agent.Busy), not a hang,
-// and its end is progress.
+// a marked phase for the progress watch (elastic.Agent.Waiting: bounded by
+// the collectives' own timeouts, not elastic.Config.PhaseTimeout), not a
+// hang, and its end is progress.
 func (w *collectiveWatch) enter() {
 	w.since.Store(time.Now().UnixNano())
-	w.busy = w.agent.Busy("collective")
+	w.busy = w.agent.Waiting("collective")
 }
 func (w *collectiveWatch) leave() {
 	w.since.Store(0)
