@@ -71,7 +71,12 @@ type Config struct {
 	PollInterval time.Duration
 
 	// OutageBudget is how long the Agent retries (with backoff) while the
-	// store is unreachable before returning ErrStoreUnavailable. Default 30 s.
+	// store is unreachable before returning ErrStoreUnavailable: counted
+	// from the start of the oldest store call left unanswered (or failed)
+	// since the store last answered, and judged on a timer of its own, so
+	// the Agent gives up within OutageBudget + 250 ms (a timer's delay)
+	// whatever its calls' deadlines; every call in flight then returns
+	// ErrStoreUnavailable. Default 30 s.
 	OutageBudget time.Duration
 
 	// StateTTL is the time to live of every store key of the job, renewed by

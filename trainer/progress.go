@@ -28,10 +28,22 @@ import (
 // The data fetches, the synchronous checkpoint writes (the final one, and
 // those of jobs with partitions), rank 0's checkpoint load at the start of
 // a round and the user's Busy phases also tell the round's peers
-// (sync.BusyMarker), whose collectives then wait for them instead of
-// timing out after sync.Config.OpTimeout, up to sync.Config.BusyTimeout;
-// phases in which the peers take part themselves (collectives, the rest
-// of the state transfer) and asynchronous checkpoint writes do not.
+// (sync.BusyMarker: KindBusy frames on the round's control connections,
+// every 500 ms while the phase lasts), whose collectives then wait for
+// them instead of timing out after sync.Config.OpTimeout, up to
+// sync.Config.BusyTimeout; a phase still open when a round connects tells
+// that round's peers too. Phases in which the peers take part themselves
+// (collectives, the rest of the state transfer) and asynchronous
+// checkpoint writes do not.
+//
+// Every phase of the worker's own (elastic.Agent.Busy: the fetches, the
+// writes, the loads, the user's) is bounded by
+// elastic.Config.PhaseTimeout: one open longer is a hang, and the Agent
+// leaves the job for it as for a loop without progress; the peers, which
+// were waiting for it, see the member gone and re-form without it. Waiting
+// for peers (collectives, connects, the state transfer, the time between
+// rounds) is marked with elastic.Agent.Waiting, which their own timeouts
+// bound instead.
 //
 // What is left is the StepFunc and the user's own code run from the loop
 // (hooks): a step function blocked for longer than the progress timeout is
