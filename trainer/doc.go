@@ -171,10 +171,13 @@
 // only (PhaseTimeout bounds them too).
 //
 // A worker preempted while it waits outside a round (for a round to form
-// below MinWorkers, for the store, between rounds) has nothing to commit:
-// Run returns ErrPreempted at once, after one leave call bounded by half a
-// lease, and writes no checkpoint (the job's durable state is the last
-// checkpoint written in a round).
+// below MinWorkers, for the store, between rounds) with nothing to commit
+// leaves at once: Run returns ErrPreempted after one leave call bounded by
+// half a lease. Only a worker that holds a commit newer than the
+// CheckpointStore's newest checkpoint joins on, to leave at the next
+// round's first step boundary with that checkpoint written, within the
+// grace period (if every holder of the commit was preempted at once,
+// leaving would lose it).
 //
 // # Uneven workers: speed-weighted shares
 //

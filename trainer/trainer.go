@@ -446,10 +446,15 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	failed := false
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
+	undurable := false // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
 	for {
-		if t.preempted() && ctx.Err() == nil {
-			// Outside a round: nothing to commit (see leaveWaiting).
-			return res, t.leaveWaiting(ctx, agent)
+		if t.preempted() && ctx.Err() == nil && !undurable {
+			if undurable = t.holdsUndurable(ctx); !undurable {
+				// Outside a round with nothing to commit: leave now.
+				return res, t.leaveWaiting(ctx, agent)
+			}
+			t.log.Info("preempted outside a round while holding a commit newer than the last checkpoint: " +
+				"joining on to checkpoint it in a round, within the grace period")
 		}
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -458,7 +463,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, fmt.Errorf("trainer: %w", err)
 		}
-		jctx, span := t.tel.tracer.Start(waitCtx, SpanJoin)
+		joinCtx := waitCtx
+		if undurable {
+			joinCtx = ctx // waitCtx ended with the preemption
+		}
+		jctx, span := t.tel.tracer.Start(joinCtx, SpanJoin)
 		world, err := agent.Join(jctx)
 		endSpan(span, err)
 		switch {
@@ -497,7 +506,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, nil
 		case err != nil:
-			if waitCtx.Err() != nil {
+			if joinCtx.Err() != nil {
 				continue // reported at the top of the loop
 			}
 			return res, fmt.Errorf("trainer: join: %w", err)
@@ -569,7 +578,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
 				}
-				if err := pauseUnformed(waitCtx, agent, pause, shutOut); err != nil {
+				if err := pauseUnformed(joinCtx, agent, pause, shutOut); err != nil {
 					continue // reported at the top of the loop
 				}
 			}
@@ -599,14 +608,32 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	}
 }
 
+// holdsUndurable reports whether this worker, preempted outside a round,
+// holds a commit that no durable checkpoint has yet: a CheckpointStore is
+// set, the worker holds live state, and the store's newest checkpoint is
+// older than its latest commit (or cannot be listed within a second).
+// Such a worker joins on and leaves at the next round's first step
+// boundary, which writes the checkpoint (leavePreempted), within the grace
+// period: if every holder of the commit was preempted at once, leaving
+// would lose it. Loop goroutine only.
+func (t *Trainer[B]) holdsUndurable(ctx context.Context) bool {
+	if t.o.ckpt == nil || t.latest == nil {
+		return false
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	steps, err := t.o.ckpt.List(lctx)
+	if err != nil {
+		return true
+	}
+	return len(steps) == 0 || steps[0] < t.latest.step
+}
+
 // leaveWaiting ends Run on a worker preempted outside a round (waiting
-// for one to form, between rounds, or in a round that failed): it holds
-// nothing to commit, so it leaves at once, in one store call bounded by
-// half a lease (Config.Elastic.LeaseTTL; when the store does not answer,
-// the lease lapses instead), and writes no checkpoint: a commit it holds
-// now may be one the job rolls back (the round that would have agreed on
-// it did not form), and the job's durable state is the last checkpoint
-// written in a round. It returns ErrPreempted.
+// for one to form, between rounds, or in a round that failed) with
+// nothing to commit (holdsUndurable): it leaves at once, in one store
+// call bounded by half a lease (Config.Elastic.LeaseTTL; when the store
+// does not answer, the lease lapses instead). It returns ErrPreempted.
 func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) error {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(t.cfg.Elastic.LeaseTTL/2, 100*time.Millisecond))
 	defer cancel()
