@@ -446,7 +446,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	failed := false
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
-	undurable := false // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
+	undurable := false                       // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
 	for {
 		if t.preempted() && ctx.Err() == nil && !undurable {
 			if undurable = t.holdsUndurable(ctx); !undurable {
