@@ -188,7 +188,7 @@
 //
 // MinWorkers 1, MaxWorkers 1024, LastCall 500 ms, JoinTimeout 10 min,
 // LeaseTTL 3 s, HeartbeatInterval 500 ms, PollInterval 200 ms, OutageBudget
-// 30 s, StateTTL 1 h, ProgressTimeout 15 s (see Config).
+// 30 s, StateTTL 1 h, ProgressTimeout 15 s, PhaseTimeout 10 min (see Config).
 //
 // # Figures
 //
