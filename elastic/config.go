@@ -74,7 +74,8 @@ type Config struct {
 	// store is unreachable before returning ErrStoreUnavailable: counted
 	// from the start of the oldest store call left unanswered (or failed)
 	// since the store last answered, and judged on a timer of its own, so
-	// the Agent gives up within OutageBudget + 250 ms (a timer's delay)
+	// the Agent gives up within OutageBudget + 1 s (a timer's delay, at
+	// most; milliseconds on an idle machine)
 	// whatever its calls' deadlines; every call in flight then returns
 	// ErrStoreUnavailable. Default 30 s.
 	OutageBudget time.Duration
