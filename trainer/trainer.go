@@ -641,7 +641,7 @@ func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) err
 		t.log.Warn("preempted while waiting; leave failed (the lease lapses instead)", "err", err)
 	}
 	t.log.Info("preempted outside a round: nothing to commit, leaving at once",
-		"after", time.Since(time.Unix(0, t.prAt.Load())))
+		"after", time.Since(time.Unix(0, t.prAt.Load())).Round(time.Millisecond).String())
 	return fmt.Errorf("%w: while waiting outside a round (nothing to commit)", ErrPreempted)
 }
 
