@@ -52,6 +52,13 @@ type Agent struct {
 	err         error
 	outageSince time.Time
 	outageLog   time.Time // when the outage was last logged
+	// The outage budget's clock (outage.go), under mu.
+	lastOK      time.Time            // when a store call was last answered
+	inFlight    map[uint64]time.Time // store calls in flight: their start
+	callSeq     uint64
+	budgetTimer *time.Timer   // fires at budgetAt (checkBudget)
+	budgetAt    time.Time     // zero: the timer is not armed
+	gaveUp      chan struct{} // closed when the Agent gave the store up (ErrStoreUnavailable)
 	joining     bool
 	started     bool
 	leaving     bool // Leave (or the progress watch's leave) is evicting this member
@@ -104,6 +111,7 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		joinWake: make(chan joinWake, 1),
 		stop:     make(chan struct{}),
 		done:     make(chan struct{}),
+		gaveUp:   make(chan struct{}),
 	}
 	a.beatSlots = make(chan struct{}, maxBeatsInFlight(cfg))
 	a.pending.Store(true)
@@ -400,6 +408,11 @@ func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 		return a.err
 	}
 	now := time.Now()
+	if started.Before(a.lastOK) {
+		// A call answered since this one started: the store was
+		// reachable then, whatever this one met before.
+		started = a.lastOK
+	}
 	if a.outageSince.IsZero() || started.Before(a.outageSince) {
 		if a.outageSince.IsZero() {
 			a.outageLog = now
@@ -417,9 +430,9 @@ func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 	}
 	if now.Sub(since) > a.cfg.OutageBudget && a.err == nil {
 		if since.Equal(unreadable) {
-			a.failLocked(fmt.Errorf("%w: answers it cannot read for longer than the outage budget of %v: %w", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+			a.giveUpLocked(fmt.Errorf("%w: answers it cannot read for longer than the outage budget of %v: %w", ErrStoreUnavailable, a.cfg.OutageBudget, err))
 		} else {
-			a.failLocked(fmt.Errorf("%w: unreachable for longer than the outage budget of %v: %v", ErrStoreUnavailable, a.cfg.OutageBudget, err))
+			a.giveUpLocked(fmt.Errorf("%w: unreachable for longer than the outage budget of %v: %v", ErrStoreUnavailable, a.cfg.OutageBudget, err))
 		}
 		a.log.Error("store unreachable for the whole outage budget; giving up", "err", err, "budget", a.cfg.OutageBudget)
 	}
@@ -428,6 +441,7 @@ func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 
 func (a *Agent) noteOK() {
 	a.mu.Lock()
+	a.lastOK = time.Now()
 	if !a.outageSince.IsZero() {
 		a.log.Info("store reachable again", "after", time.Since(a.outageSince))
 		a.outageSince = time.Time{}
@@ -896,6 +910,7 @@ func (a *Agent) Close() error {
 		}
 		a.mu.Lock()
 		a.callsClosed = true
+		a.stopBudgetLocked()
 		a.mu.Unlock()
 		a.waitCalls(a.opTimeout())
 	})

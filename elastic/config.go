@@ -19,6 +19,7 @@ const (
 	DefaultPollInterval      = 200 * time.Millisecond
 	DefaultOutageBudget      = 30 * time.Second
 	DefaultProgressTimeout   = 15 * time.Second
+	DefaultPhaseTimeout      = 10 * time.Minute
 	DefaultStateTTL          = time.Hour
 	// DefaultMaxHeartbeatRate is Config.MaxHeartbeatRate's default, in
 	// heartbeats per second across the job: about 16 % of one Redis core
@@ -70,7 +71,13 @@ type Config struct {
 	PollInterval time.Duration
 
 	// OutageBudget is how long the Agent retries (with backoff) while the
-	// store is unreachable before returning ErrStoreUnavailable. Default 30 s.
+	// store is unreachable before returning ErrStoreUnavailable: counted
+	// from the start of the oldest store call left unanswered (or failed)
+	// since the store last answered, and judged on a timer of its own, so
+	// the Agent gives up within OutageBudget + 1 s (a timer's delay, at
+	// most; milliseconds on an idle machine)
+	// whatever its calls' deadlines; every call in flight then returns
+	// ErrStoreUnavailable. Default 30 s.
 	OutageBudget time.Duration
 
 	// StateTTL is the time to live of every store key of the job, renewed by
@@ -106,6 +113,22 @@ type Config struct {
 	// 0 turns it off. Default 15 s.
 	ProgressTimeout time.Duration
 
+	// PhaseTimeout bounds one phase marked with Agent.Busy (a data fetch,
+	// a checkpoint write, an evaluation): a phase still open after it is
+	// a hang like a loop without progress (the fetch from a data source
+	// that never answers), and the Agent leaves the job for the worker
+	// the same way, failing with ErrFenced wrapping ErrNoProgress and
+	// naming the phase. Checked at every heartbeat, so it acts within
+	// PhaseTimeout + HeartbeatInterval of the phase's start; the round's
+	// peers, which wait for a marked phase (sync.Config.BusyTimeout), see
+	// the member gone then and re-form without it. Phases marked with
+	// Agent.Waiting (waiting for peers, which their own timeouts bound)
+	// are not judged by it, nor is a worker inside Join. Raise it above
+	// the longest phase a worker may legitimately take. 0 turns it off
+	// (a marked phase is never judged); negative is invalid. Default 10
+	// min.
+	PhaseTimeout time.Duration
+
 	// Logger receives debug and warning records, each with the attribute
 	// member (this Agent's member ID). The job ID is not added: a logger
 	// that serves more than one job should carry it (Logger.With("job",
@@ -127,6 +150,7 @@ func DefaultConfig() Config {
 		OutageBudget:      DefaultOutageBudget,
 		StateTTL:          DefaultStateTTL,
 		ProgressTimeout:   DefaultProgressTimeout,
+		PhaseTimeout:      DefaultPhaseTimeout,
 	}
 }
 
@@ -162,6 +186,8 @@ func (c Config) Validate() error {
 		return bad("StateTTL %v < LeaseTTL %v", c.StateTTL, c.LeaseTTL)
 	case c.ProgressTimeout < 0:
 		return bad("ProgressTimeout %v < 0", c.ProgressTimeout)
+	case c.PhaseTimeout < 0:
+		return bad("PhaseTimeout %v < 0", c.PhaseTimeout)
 	}
 	return nil
 }

@@ -21,7 +21,8 @@ import (
 //
 // Errors: f's error; on the Agent's deadline a StoreError (op, the job)
 // wrapping context.DeadlineExceeded; the parent's error if ctx ended first;
-// ErrClosed once Close began (a call in flight returns at once).
+// ErrClosed once Close began (a call in flight returns at once); the
+// Agent's ErrStoreUnavailable once it gave the store up (outage.go).
 func bounded[T any](a *Agent, ctx context.Context, op string, d time.Duration, f func(context.Context) (T, error), late func(T), done func()) (T, error) {
 	var zero T
 	a.mu.Lock()
@@ -34,6 +35,7 @@ func bounded[T any](a *Agent, ctx context.Context, op string, d time.Duration, f
 	}
 	a.calls.Add(1)
 	a.mu.Unlock()
+	defer a.callEnd(a.callBegin(time.Now())) // the outage budget's clock (outage.go)
 	cctx, cancel := context.WithTimeout(ctx, d)
 	type result struct {
 		v   T
@@ -62,6 +64,10 @@ func bounded[T any](a *Agent, ctx context.Context, op string, d time.Duration, f
 	case <-a.stop:
 		close(abandoned)
 		return zero, ErrClosed
+	case <-a.gaveUp:
+		close(abandoned)
+		cancel() // nothing waits for the answer any more
+		return zero, a.Err()
 	case <-cctx.Done():
 		close(abandoned)
 		if err := ctx.Err(); err != nil {

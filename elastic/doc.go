@@ -170,9 +170,13 @@
 // The heartbeat shows the process lives, not that its training loop does.
 // A worker's loop reports progress (Agent.Progress at every step) and marks
 // long phases that make no steps but are not hangs (Agent.Busy: a data
-// load, an evaluation, a checkpoint write, a collective waiting for peers).
-// Once it made no progress for Config.ProgressTimeout outside any marked
-// phase and outside Join, the Agent counts it as hung: it leaves the job (the
+// load, an evaluation, a checkpoint write; Agent.Waiting: a collective
+// waiting for peers, the time between rounds). A phase marked with Busy
+// has a bound of its own, Config.PhaseTimeout (10 min): one still open
+// after it is a hang (a data source that never answers). Once the worker
+// made no progress for Config.ProgressTimeout outside any marked phase and
+// outside Join, or a Busy phase outlasted PhaseTimeout, the Agent counts
+// it as hung: it leaves the job (the
 // store evicts it at once, so the survivors re-form within a heartbeat) and
 // fails with ErrFenced wrapping ErrNoProgress, which the loop meets when it
 // wakes. The watch starts with the first Progress or Busy call, so an Agent
@@ -184,7 +188,7 @@
 //
 // MinWorkers 1, MaxWorkers 1024, LastCall 500 ms, JoinTimeout 10 min,
 // LeaseTTL 3 s, HeartbeatInterval 500 ms, PollInterval 200 ms, OutageBudget
-// 30 s, StateTTL 1 h, ProgressTimeout 15 s (see Config).
+// 30 s, StateTTL 1 h, ProgressTimeout 15 s, PhaseTimeout 10 min (see Config).
 //
 // # Figures
 //

@@ -418,3 +418,58 @@ func (h *warnLog) has(sub string) bool {
 	}
 	return false
 }
+
+// TestMarkedPhaseOutlastingPhaseTimeoutIsAHang (issue 29, item 5, at the
+// Agent): a phase marked with Busy that stays open past PhaseTimeout (a
+// data fetch that never returns) is a hang: its Agent leaves the job, the
+// others hold a round without it within PhaseTimeout + 1 s of the phase's
+// start (the check runs at every heartbeat, then one leave), name it in a
+// WARN, and it meets ErrFenced wrapping ErrNoProgress, naming the phase.
+// A phase marked with Waiting (a collective), opened earlier and as long,
+// is not judged by the bound.
+func TestMarkedPhaseOutlastingPhaseTimeoutIsAHang(t *testing.T) {
+	onBothStores(t, 1, 3, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+		cfg.PhaseTimeout = 500 * time.Millisecond
+		logA := &warnLog{}
+		cfgA := cfg
+		cfgA.Logger = slog.New(logA)
+		A, B, C := newAgent(t, s, cfgA), newAgent(t, s, cfg), newAgent(t, s, cfg)
+		ws := joinAll(t, context.Background(), []*elastic.Agent{A, B, C})
+		checkRound(t, ws, []*elastic.Agent{A, B, C})
+
+		waiting := C.Waiting("collective")
+		defer waiting()
+		fetch := B.Busy("data fetch")
+		defer fetch()
+		start := time.Now()
+		bound := cfg.PhaseTimeout + time.Second
+		waitFor(t, bound, "A sees the change", A.ChangePending)
+		jctx, cancel := context.WithTimeout(context.Background(), bound-time.Since(start))
+		defer cancel()
+		ch := make(chan elastic.World, 1)
+		go func() {
+			if w, err := C.Join(jctx); err == nil {
+				ch <- w
+			}
+			close(ch)
+		}()
+		w, err := A.Join(jctx)
+		if err != nil {
+			t.Fatalf("A's Join %v after B's phase began: %v", time.Since(start), err)
+		}
+		took := time.Since(start)
+		wc, ok := <-ch
+		if !ok {
+			t.Fatalf("C (waiting in a collective as long) did not join the next round: %v", C.Err())
+		}
+		checkRound(t, []elastic.World{w, wc}, []*elastic.Agent{A, C})
+		if !logA.has("gone_member=" + B.Member().ID) {
+			t.Fatalf("A's WARNs do not name the hung member %s: %q", B.Member().ID, logA.all())
+		}
+		err = B.Err()
+		if !errors.Is(err, elastic.ErrFenced) || !errors.Is(err, elastic.ErrNoProgress) || !strings.Contains(err.Error(), `"data fetch"`) {
+			t.Fatalf("B's error: %v, want ErrFenced and ErrNoProgress naming the phase", err)
+		}
+		t.Logf("A and C hold a round without B %v after B's fetch began (bound %v); B: %v; load %s", took, bound, err, loadavg())
+	})
+}

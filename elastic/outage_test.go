@@ -452,3 +452,99 @@ func TestANegativeSilenceCreditFencesNobody(t *testing.T) {
 		}
 	}
 }
+
+// blackhole is a Store whose calls, once cut, never answer: each blocks
+// until its context ends (a link that drops every packet).
+type blackhole struct {
+	elastic.Store
+	cut chan struct{}
+}
+
+func (b *blackhole) wait(ctx context.Context) error {
+	select {
+	case <-b.cut:
+		<-ctx.Done()
+		return ctx.Err()
+	default:
+		return nil
+	}
+}
+
+func (b *blackhole) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	if err := b.wait(ctx); err != nil {
+		return elastic.View{}, err
+	}
+	return b.Store.Join(ctx, r)
+}
+
+func (b *blackhole) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+	if err := b.wait(ctx); err != nil {
+		return elastic.View{}, err
+	}
+	return b.Store.Check(ctx, r)
+}
+
+func (b *blackhole) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+	if err := b.wait(ctx); err != nil {
+		return elastic.Beat{}, err
+	}
+	return b.Store.Heartbeat(ctx, r)
+}
+
+// TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline (issue 29, item
+// 6): the store stops answering for good while one member trains and
+// another waits in Join. The Agent's store calls have deadlines of up to
+// a heartbeat's (2 x LeaseTTL = 10 s here), and the budget (500 ms) used
+// to be judged only when a failed call returned: both gave up about 10 s
+// after the cut. Now the budget's own timer gives up, and every call in
+// flight returns: within OutageBudget of the first call the store left
+// unanswered (which starts within a HeartbeatInterval of the cut) plus a
+// fixed slack for the timer (outageSlack, 1 s), both Agents have
+// ErrStoreUnavailable and the waiting Join has returned it.
+func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
+	t.Parallel()
+	store := &blackhole{Store: elastic.NewMemoryStore(), cut: make(chan struct{})}
+	cfg := testConfig(t)
+	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, 0
+	cfg.LeaseTTL, cfg.HeartbeatInterval = 5*time.Second, 200*time.Millisecond
+	cfg.OutageBudget = 500 * time.Millisecond
+	A := newAgent(t, store, cfg)
+	ws := joinAll(t, context.Background(), []*elastic.Agent{A})
+	checkRound(t, ws, []*elastic.Agent{A})
+	wcfg := cfg
+	wcfg.MinWorkers = 3 // B waits in Join: A's round is closed and B alone is below the minimum
+	B := newAgent(t, store, wcfg)
+	joined := make(chan error, 1)
+	bWaits := make(chan struct{})
+	go func() {
+		close(bWaits)
+		_, err := B.Join(context.Background())
+		joined <- err
+	}()
+	<-bWaits
+	waitFor(t, 10*time.Second, "A to see B arrive", A.ChangePending)
+
+	close(store.cut)
+	cut := time.Now()
+	bound := cfg.HeartbeatInterval + cfg.OutageBudget + time.Second // outageSlack
+	var err error
+	select {
+	case err = <-joined:
+	case <-time.After(time.Minute):
+		t.Fatal("B's Join still waits a minute after the store went silent")
+	}
+	took := time.Since(cut)
+	if !errors.Is(err, elastic.ErrStoreUnavailable) {
+		t.Fatalf("B's Join: %v, want ErrStoreUnavailable", err)
+	}
+	waitFor(t, time.Minute, "A to give up", func() bool { return A.Err() != nil })
+	tookA := time.Since(cut)
+	if !errors.Is(A.Err(), elastic.ErrStoreUnavailable) {
+		t.Fatalf("A: %v, want ErrStoreUnavailable", A.Err())
+	}
+	t.Logf("gave up %v (waiting Join) and %v (member) after the store went silent (bound %v; a call's deadline is up to %v); load %s",
+		took.Round(time.Millisecond), tookA.Round(time.Millisecond), bound, 2*cfg.LeaseTTL, loadavg())
+	if took > bound || tookA > bound {
+		t.Fatalf("gave up %v and %v after the cut, want within %v", took, tookA, bound)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -22,7 +23,30 @@ var ErrNoProgress = errors.New("elastic: no progress within the progress timeout
 type progressWatch struct {
 	armed atomic.Bool  // Progress or Busy was called at least once
 	last  atomic.Int64 // local ns since the Agent's start: last progress
-	open  atomic.Int64 // phases marked busy and not yet done
+	open  atomic.Int64 // phases marked busy or waiting and not yet done
+
+	mu      sync.Mutex
+	bounded map[*openPhase]struct{} // phases marked busy (Config.PhaseTimeout) and not yet done
+}
+
+// openPhase is one phase marked with Busy, judged by Config.PhaseTimeout.
+type openPhase struct {
+	name  string
+	start time.Time
+}
+
+// oldest returns the phase marked busy that has been open the longest, or
+// nil. O(open phases): a worker holds a handful at most.
+func (p *progressWatch) oldest() *openPhase {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var o *openPhase
+	for ph := range p.bounded {
+		if o == nil || ph.start.Before(o.start) {
+			o = ph
+		}
+	}
+	return o
 }
 
 // Progress records that the worker's loop made progress (a step, a phase
@@ -34,21 +58,50 @@ func (a *Agent) Progress() {
 	a.prog.armed.Store(true)
 }
 
-// Busy marks the start of a long phase that makes no steps but is not a
-// hang (a data load, an evaluation, a checkpoint write, a collective waiting
-// for peers): while at least one phase is open, the Agent does not count
-// the worker as hung. Call the returned done when the phase ends (more than
-// once is harmless); ending a phase counts as progress. phase names the
-// phase in the log record of one that outlasted the progress timeout. A phase that never ends is never judged: mark only code that
-// returns. Safe for concurrent use; no I/O.
-func (a *Agent) Busy(phase string) (done func()) {
+// Busy marks the start of a long phase of the worker's own that makes no
+// steps but is not a hang (a data load, an evaluation, a checkpoint
+// write): while at least one phase is open, the Agent does not count the
+// worker as hung for want of progress (Config.ProgressTimeout). A phase
+// still open after Config.PhaseTimeout (10 min by default) is a hang
+// itself: the Agent leaves the job for the worker, as for a loop without
+// progress, and names the phase. Call the returned done when the phase
+// ends (more than once is harmless); ending a phase counts as progress.
+// phase names the phase in the log records. Mark waiting for peers
+// (a collective) with Waiting instead. Safe for concurrent use; no I/O.
+func (a *Agent) Busy(phase string) (done func()) { return a.mark(phase, true) }
+
+// Waiting marks the start of a phase in which the worker waits for its
+// peers or the store (a collective, a connect, the time between rounds),
+// which their own timeouts bound: like Busy, it keeps the worker from
+// being counted as hung for want of progress, but Config.PhaseTimeout
+// does not judge it. Call the returned done when it ends (more than once
+// is harmless); ending it counts as progress. Safe for concurrent use; no
+// I/O.
+func (a *Agent) Waiting(phase string) (done func()) { return a.mark(phase, false) }
+
+func (a *Agent) mark(phase string, bounded bool) (done func()) {
 	p := &a.prog
 	p.open.Add(1)
 	p.armed.Store(true)
 	start := time.Now()
+	var rec *openPhase
+	if bounded {
+		rec = &openPhase{name: phase, start: start}
+		p.mu.Lock()
+		if p.bounded == nil {
+			p.bounded = make(map[*openPhase]struct{})
+		}
+		p.bounded[rec] = struct{}{}
+		p.mu.Unlock()
+	}
 	var ended atomic.Bool
 	return func() {
 		if ended.CompareAndSwap(false, true) {
+			if rec != nil {
+				p.mu.Lock()
+				delete(p.bounded, rec)
+				p.mu.Unlock()
+			}
 			a.Progress()
 			p.open.Add(-1)
 			if d := time.Since(start); a.cfg.ProgressTimeout > 0 && d > a.cfg.ProgressTimeout {
@@ -69,6 +122,9 @@ func (a *Agent) restProgress() { a.prog.last.Store(int64(time.Since(a.start))) }
 // it at once, so the survivors re-form within a heartbeat) and fails with
 // ErrFenced wrapping ErrNoProgress. It reports whether it did.
 func (a *Agent) checkProgress() bool {
+	if a.checkPhases() {
+		return true
+	}
 	p := &a.prog
 	if a.cfg.ProgressTimeout <= 0 || !p.armed.Load() || p.open.Load() > 0 {
 		return false
@@ -77,14 +133,52 @@ func (a *Agent) checkProgress() bool {
 	if idle <= a.cfg.ProgressTimeout {
 		return false
 	}
-	a.mu.Lock()
-	skip := a.joining || a.inc == "" || a.err != nil
-	a.mu.Unlock()
-	if skip || p.open.Load() > 0 {
+	if !a.judged() || p.open.Load() > 0 {
 		return false
 	}
 	a.log.Warn("no progress: no step and no marked phase; leaving the job as hung",
 		"idle", idle, "progress_timeout", a.cfg.ProgressTimeout)
+	a.leaveHung(fmt.Errorf("%w: %w (no step and no marked phase for %v; job %q, member %s)",
+		ErrFenced, ErrNoProgress, idle.Round(time.Millisecond), a.cfg.JobID, a.self.ID))
+	return true
+}
+
+// judged reports whether the worker may be counted as hung now: it holds
+// a membership, is not inside Join, and its Agent has not failed.
+func (a *Agent) judged() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return !a.joining && a.inc != "" && a.err == nil
+}
+
+// checkPhases runs with checkProgress: once a phase marked with Busy has
+// been open for longer than Config.PhaseTimeout, outside Join, the Agent
+// leaves the job for the worker as hung (a data source that never
+// answers) and fails with ErrFenced wrapping ErrNoProgress, naming the
+// phase. It reports whether it did.
+func (a *Agent) checkPhases() bool {
+	if a.cfg.PhaseTimeout <= 0 {
+		return false
+	}
+	ph := a.prog.oldest()
+	if ph == nil {
+		return false
+	}
+	open := time.Since(ph.start)
+	if open <= a.cfg.PhaseTimeout || !a.judged() {
+		return false
+	}
+	a.log.Warn("a marked phase outlasted the phase timeout; leaving the job as hung",
+		"phase", ph.name, "open_for", open.Round(time.Millisecond).String(), "phase_timeout", a.cfg.PhaseTimeout.String())
+	a.leaveHung(fmt.Errorf("%w: %w (phase %q open for %v, over the phase timeout of %v; job %q, member %s)",
+		ErrFenced, ErrNoProgress, ph.name, open.Round(time.Millisecond), a.cfg.PhaseTimeout, a.cfg.JobID, a.self.ID))
+	return true
+}
+
+// leaveHung leaves the job for a worker counted as hung (the store evicts
+// it at once, so the survivors re-form within a heartbeat) and fails the
+// Agent with cause.
+func (a *Agent) leaveHung(cause error) {
 	req := a.memberRequest()
 	sent := time.Now()
 	a.mu.Lock()
@@ -96,9 +190,7 @@ func (a *Agent) checkProgress() bool {
 		_ = a.noteOutage(err, sent, time.Time{})
 		a.log.Warn("could not leave the job; the lease will lapse", "err", err)
 	}
-	a.fail(fmt.Errorf("%w: %w (no step and no marked phase for %v; job %q, member %s)",
-		ErrFenced, ErrNoProgress, idle.Round(time.Millisecond), a.cfg.JobID, a.self.ID))
-	return true
+	a.fail(cause)
 }
 
 // noteGone logs, on a member that formed round w after prev, one WARN per

@@ -38,6 +38,7 @@ func TestConfigValidate(t *testing.T) {
 		{"no outage budget", func(c *elastic.Config) { c.OutageBudget = 0 }},
 		{"state ttl < lease", func(c *elastic.Config) { c.StateTTL = time.Second }},
 		{"negative progress timeout", func(c *elastic.Config) { c.ProgressTimeout = -1 }},
+		{"negative phase timeout", func(c *elastic.Config) { c.PhaseTimeout = -1 }},
 	}
 	for _, tc := range cases {
 		c := base
@@ -48,6 +49,9 @@ func TestConfigValidate(t *testing.T) {
 		if _, err := elastic.NewAgent(elastic.NewMemoryStore(), elastic.NewMember(""), c); err == nil {
 			t.Errorf("%s: NewAgent accepted the config", tc.name)
 		}
+	}
+	if base.PhaseTimeout != elastic.DefaultPhaseTimeout || elastic.DefaultPhaseTimeout != 10*time.Minute {
+		t.Errorf("default PhaseTimeout %v, want 10 min", base.PhaseTimeout)
 	}
 	if _, err := elastic.NewAgent(nil, elastic.NewMember(""), base); err == nil {
 		t.Error("NewAgent accepted a nil store")

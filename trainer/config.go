@@ -157,5 +157,23 @@ func (c Config) validate(ring bool) error {
 	if err := s.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
+	// The peers wait for a marked phase up to sync's BusyTimeout; a
+	// phase may last up to Elastic.PhaseTimeout before its own worker is
+	// counted as hung. Below it, the peers would time out on a phase the
+	// worker is still allowed to finish.
+	if pt, bt := c.Elastic.PhaseTimeout, peersBusyTimeout(s); pt > 0 && bt < pt {
+		return bad("Sync.BusyTimeout %v (how long peers wait for a marked phase) < Elastic.PhaseTimeout %v (how long a marked phase may last)", bt, pt)
+	}
 	return nil
+}
+
+// peersBusyTimeout is how long sync's collectives wait for a peer marked
+// busy: Config.BusyTimeout, sync.DefaultBusyTimeout when 0, at least
+// OpTimeout.
+func peersBusyTimeout(s sync.Config) time.Duration {
+	b := s.BusyTimeout
+	if b == 0 {
+		b = sync.DefaultBusyTimeout
+	}
+	return max(b, s.OpTimeout)
 }

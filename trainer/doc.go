@@ -151,16 +151,33 @@
 // A marked phase (a data fetch, a synchronous checkpoint write, rank 0's
 // checkpoint load at a round's start, Busy) also tells the round's peers
 // (sync.BusyMarker): their collectives wait for it instead of failing
-// after sync.Config.OpTimeout, which so counts only unmarked time. What bounds a
-// marked phase: on its own worker nothing (an open phase is never judged;
-// mark only code that returns), on its peers sync.Config.BusyTimeout (30
-// min). A collective that waited OpTimeout while some rank was neither in
-// it nor marked busy fails with a *sync.TimeoutError naming that rank
-// (Silent), and every survivor logs a WARN with its member ID and address;
-// the rank's own Agent leaves the job at ProgressTimeout. Asynchronous
-// checkpoint writes (every CheckpointEvery steps) hold no peer up and mark
-// the progress watch only. A phase marked before the round connected (a
-// Trainer.Busy from another goroutine) tells that round's peers nothing.
+// after sync.Config.OpTimeout, which so counts only unmarked time; a
+// phase still open when a new round connects (a Trainer.Busy from another
+// goroutine) tells that round's peers too. What bounds a marked phase:
+// elastic.Config.PhaseTimeout (10 min by default; Config.Elastic): a
+// phase open longer is a hang (a Dataset.Get that never returns), and
+// the worker's Agent leaves the job for it, naming the phase in a WARN;
+// every survivor names the member in a WARN when the round re-forms
+// without it (within PhaseTimeout + a heartbeat + a re-form), and the
+// worker is fenced when it wakes. The peers wait up to
+// sync.Config.BusyTimeout (30 min), which Validate requires to be at
+// least PhaseTimeout. Raise PhaseTimeout above your longest legitimate
+// phase (an evaluation marked with Busy). A collective that waited
+// OpTimeout while some rank was neither in it nor marked busy fails with
+// a *sync.TimeoutError naming that rank (Silent), and every survivor logs
+// a WARN with its member ID and address; the rank's own Agent leaves the
+// job at ProgressTimeout. Asynchronous checkpoint writes (every
+// CheckpointEvery steps) hold no peer up and mark the progress watch
+// only (PhaseTimeout bounds them too).
+//
+// A worker preempted while it waits outside a round (for a round to form
+// below MinWorkers, for the store, between rounds) with nothing to commit
+// leaves at once: Run returns ErrPreempted after one leave call bounded by
+// half a lease. Only a worker that holds a commit newer than the
+// CheckpointStore's newest checkpoint joins on, to leave at the next
+// round's first step boundary with that checkpoint written, within the
+// grace period (if every holder of the commit was preempted at once,
+// leaving would lose it).
 //
 // # Uneven workers: speed-weighted shares
 //

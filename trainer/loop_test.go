@@ -957,3 +957,37 @@ func TestRestartingStrangersDoNotStopTheJob(t *testing.T) {
 	j.checkFinished([]*inproc{a, b})
 	t.Logf("strangers gave up %d times", restarts.Load())
 }
+
+// A worker preempted while it waits below MinWorkers, holding a commit
+// that no checkpoint has (its only peer left without writing one), does
+// not leave at once: leaving would lose the job's progress. It joins on
+// and leaves at the next round's first step boundary with that checkpoint
+// written (issue 29, item 3: only a worker with nothing to commit leaves
+// at once).
+func TestPreemptedWhileWaitingWithAnUncheckpointedCommitCheckpointsFirst(t *testing.T) {
+	dir := t.TempDir()
+	ckpt, err := NewLocalDir(dir, 0)
+	require.NoError(t, err)
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 20
+	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(ckpt)} } // CheckpointEvery 0: none until a preemption or the end
+	a, b := j.start(), j.start()
+	b.waitStep(t, 5)
+	a.cancel() // a leaves without a checkpoint; b is left below MinWorkers
+	<-a.done
+	steps, err := ckpt.List(context.Background())
+	require.NoError(t, err)
+	require.Empty(t, steps, "no checkpoint yet")
+	b.tr.Preempt()
+	c := j.start() // a round of two can form again
+	<-b.done
+	require.ErrorIs(t, b.err, ErrPreempted)
+	require.NotErrorIs(t, b.err, ErrCheckpoint)
+	steps, err = ckpt.List(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, steps, "the preempted worker left without checkpointing the only commit")
+	require.GreaterOrEqual(t, steps[0], int64(5))
+	c.cancel()
+	j.wait()
+}

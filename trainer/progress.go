@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 
 	"github.com/elastictrain/elastictrain/elastic"
 	esync "github.com/elastictrain/elastictrain/sync"
@@ -27,10 +28,22 @@ import (
 // The data fetches, the synchronous checkpoint writes (the final one, and
 // those of jobs with partitions), rank 0's checkpoint load at the start of
 // a round and the user's Busy phases also tell the round's peers
-// (sync.BusyMarker), whose collectives then wait for them instead of
-// timing out after sync.Config.OpTimeout, up to sync.Config.BusyTimeout;
-// phases in which the peers take part themselves (collectives, the rest
-// of the state transfer) and asynchronous checkpoint writes do not.
+// (sync.BusyMarker: KindBusy frames on the round's control connections,
+// every 500 ms while the phase lasts), whose collectives then wait for
+// them instead of timing out after sync.Config.OpTimeout, up to
+// sync.Config.BusyTimeout; a phase still open when a round connects tells
+// that round's peers too. Phases in which the peers take part themselves
+// (collectives, the rest of the state transfer) and asynchronous
+// checkpoint writes do not.
+//
+// Every phase of the worker's own (elastic.Agent.Busy: the fetches, the
+// writes, the loads, the user's) is bounded by
+// elastic.Config.PhaseTimeout: one open longer is a hang, and the Agent
+// leaves the job for it as for a loop without progress; the peers, which
+// were waiting for it, see the member gone and re-form without it. Waiting
+// for peers (collectives, connects, the state transfer, the time between
+// rounds) is marked with elastic.Agent.Waiting, which their own timeouts
+// bound instead.
 //
 // What is left is the StepFunc and the user's own code run from the loop
 // (hooks): a step function blocked for longer than the progress timeout is
@@ -45,6 +58,15 @@ type liveness struct {
 	agent   *elastic.Agent
 	peers   esync.BusyMarker // the round's Synchronizer, when it has the capability
 	between func()           // the "between rounds" phase opened when the last round ended
+	// open counts the phases marked for the peers (busy) and not yet
+	// done, whichever round they began in; remote ends the peers' mark
+	// the connected round holds for them (nil: none). A phase opened
+	// before the round connected (Trainer.Busy from another goroutine, a
+	// fetch that spans a round change) so tells the new round's peers
+	// too, and they wait for it instead of timing out after
+	// sync.Config.OpTimeout.
+	open   int
+	remote func()
 }
 
 type busyKey struct{}
@@ -68,42 +90,77 @@ func (l *liveness) enterRound(ctx context.Context, agent *elastic.Agent) context
 func (l *liveness) connected(comm esync.Synchronizer) {
 	m, _ := comm.(esync.BusyMarker)
 	l.mu.Lock()
+	defer l.mu.Unlock()
 	l.peers = m
-	l.mu.Unlock()
+	if m != nil && l.open > 0 && l.remote == nil {
+		l.remote = m.Busy()
+	}
 }
 
 // leaveRound opens the phase between rounds on agent (ended by the next
 // enterRound; an Agent replaced meanwhile is closed and judges nothing).
 func (l *liveness) leaveRound(agent *elastic.Agent) {
-	done := agent.Busy("between rounds")
+	done := agent.Waiting("between rounds")
 	l.mu.Lock()
-	prev := l.between
+	prev, remote := l.between, l.remote
 	l.between = done
-	l.peers = nil
+	l.peers, l.remote = nil, nil
 	l.mu.Unlock()
+	if remote != nil {
+		remote()
+	}
 	if prev != nil {
 		prev()
 	}
 }
 
-// busy opens a phase on the current Agent and, once the round is
-// connected, on its Synchronizer (the peers wait for it); without an Agent
-// it does nothing.
+// busy opens a phase on the current Agent (judged by
+// elastic.Config.PhaseTimeout) and, while a round is connected, on its
+// Synchronizer (the peers wait for it, also when it began before the
+// round connected); without an Agent it does nothing.
 func (l *liveness) busy(phase string) (done func()) {
 	l.mu.Lock()
-	a, m := l.agent, l.peers
+	a := l.agent
+	if a == nil {
+		l.mu.Unlock()
+		return func() {}
+	}
+	l.open++
+	if l.open == 1 && l.peers != nil && l.remote == nil {
+		l.remote = l.peers.Busy()
+	}
+	l.mu.Unlock()
+	local := a.Busy(phase)
+	var ended atomic.Bool
+	return func() {
+		if !ended.CompareAndSwap(false, true) {
+			return
+		}
+		l.mu.Lock()
+		var remote func()
+		if l.open--; l.open == 0 {
+			remote, l.remote = l.remote, nil
+		}
+		l.mu.Unlock()
+		if remote != nil {
+			remote()
+		}
+		local()
+	}
+}
+
+// waiting opens a phase in which the loop waits for its peers (the state
+// transfer's collectives) on the current Agent only: their own timeouts
+// bound it, not elastic.Config.PhaseTimeout, and the peers, who take part,
+// are not told.
+func (l *liveness) waiting(phase string) (done func()) {
+	l.mu.Lock()
+	a := l.agent
 	l.mu.Unlock()
 	if a == nil {
 		return func() {}
 	}
-	if m == nil {
-		return a.Busy(phase)
-	}
-	local, remote := a.Busy(phase), m.Busy()
-	return func() {
-		remote()
-		local()
-	}
+	return a.Waiting(phase)
 }
 
 // busyLocal opens a phase on the current Agent only: work beside the

@@ -314,3 +314,24 @@ wait:
 	require.Positive(t, saves.n.Load(), "the preempted worker wrote its checkpoint")
 	j.checkFinished([]*inproc{a, c})
 }
+
+// TestPhaseTimeoutBeyondThePeersWaitIsRefused: the peers wait for a marked
+// phase up to sync's BusyTimeout; a PhaseTimeout above it would let a
+// phase the worker may still finish time its peers out, so Validate
+// refuses it, naming both.
+func TestPhaseTimeoutBeyondThePeersWaitIsRefused(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.JobID = "phase-bound"
+	cfg.Sync.Secret = []byte("a secret of at least 16 bytes")
+	require.NoError(t, cfg.Validate())
+	cfg.Elastic.PhaseTimeout = time.Hour // sync's default BusyTimeout is 30 min
+	err := cfg.Validate()
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	require.Contains(t, err.Error(), "PhaseTimeout")
+	require.Contains(t, err.Error(), "BusyTimeout")
+	cfg.Sync.BusyTimeout = 2 * time.Hour
+	require.NoError(t, cfg.Validate())
+	cfg.Elastic.PhaseTimeout = 0 // off: never judged, nothing to compare
+	cfg.Sync.BusyTimeout = 0
+	require.NoError(t, cfg.Validate())
+}

@@ -47,7 +47,7 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	// progress watch only, since the peers are in it too (a mark for them
 	// would hold their collectives up on a peer stuck in one); the
 	// checkpoint load, which they wait for, is marked for them below.
-	transfer := t.live.busyLocal("state transfer")
+	transfer := t.live.waiting("state transfer")
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	transfer()
 	if err != nil {

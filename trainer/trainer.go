@@ -360,6 +360,13 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	t.runStart = start
 	ctx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()
+	// waitCtx ends with ctx, and at once on Preempt: it bounds the waits
+	// outside a round (Join: a round forming below MinWorkers, the store
+	// down, a fenced member's rejoin; the pause between unformed rounds),
+	// which hold nothing to commit, so a preempted worker leaves them at
+	// once instead of after the grace period (issue 29, item 3).
+	waitCtx, cancelWait := context.WithCancelCause(ctx)
+	defer cancelWait(nil)
 	// After Preempt, everything must be over within the grace period.
 	graceDone := make(chan struct{})
 	defer close(graceDone)
@@ -369,6 +376,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return
 		case <-t.preempt:
 		}
+		cancelWait(ErrPreempted)
 		timer := time.NewTimer(t.cfg.GracePeriod)
 		defer timer.Stop()
 		select {
@@ -438,7 +446,16 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	failed := false
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
+	undurable := false                       // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
 	for {
+		if t.preempted() && ctx.Err() == nil && !undurable {
+			if undurable = t.holdsUndurable(ctx); !undurable {
+				// Outside a round with nothing to commit: leave now.
+				return res, t.leaveWaiting(ctx, agent)
+			}
+			t.log.Info("preempted outside a round while holding a commit newer than the last checkpoint: " +
+				"joining on to checkpoint it in a round, within the grace period")
+		}
 		if err := ctx.Err(); err != nil {
 			leave()
 			if t.preempted() {
@@ -446,7 +463,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, fmt.Errorf("trainer: %w", err)
 		}
-		jctx, span := t.tel.tracer.Start(ctx, SpanJoin)
+		joinCtx := waitCtx
+		if undurable {
+			joinCtx = ctx // waitCtx ended with the preemption
+		}
+		jctx, span := t.tel.tracer.Start(joinCtx, SpanJoin)
 		world, err := agent.Join(jctx)
 		endSpan(span, err)
 		switch {
@@ -485,7 +506,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			return res, nil
 		case err != nil:
-			if ctx.Err() != nil {
+			if joinCtx.Err() != nil {
 				continue // reported at the top of the loop
 			}
 			return res, fmt.Errorf("trainer: join: %w", err)
@@ -557,7 +578,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
 				}
-				if err := pauseUnformed(ctx, agent, pause, shutOut); err != nil {
+				if err := pauseUnformed(joinCtx, agent, pause, shutOut); err != nil {
 					continue // reported at the top of the loop
 				}
 			}
@@ -585,6 +606,43 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return res, rerr
 		}
 	}
+}
+
+// holdsUndurable reports whether this worker, preempted outside a round,
+// holds a commit that no durable checkpoint has yet: a CheckpointStore is
+// set, the worker holds live state, and the store's newest checkpoint is
+// older than its latest commit (or cannot be listed within a second).
+// Such a worker joins on and leaves at the next round's first step
+// boundary, which writes the checkpoint (leavePreempted), within the grace
+// period: if every holder of the commit was preempted at once, leaving
+// would lose it. Loop goroutine only.
+func (t *Trainer[B]) holdsUndurable(ctx context.Context) bool {
+	if t.o.ckpt == nil || t.latest == nil {
+		return false
+	}
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	steps, err := t.o.ckpt.List(lctx)
+	if err != nil {
+		return true
+	}
+	return len(steps) == 0 || steps[0] < t.latest.step
+}
+
+// leaveWaiting ends Run on a worker preempted outside a round (waiting
+// for one to form, between rounds, or in a round that failed) with
+// nothing to commit (holdsUndurable): it leaves at once, in one store
+// call bounded by half a lease (Config.Elastic.LeaseTTL; when the store
+// does not answer, the lease lapses instead). It returns ErrPreempted.
+func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(t.cfg.Elastic.LeaseTTL/2, 100*time.Millisecond))
+	defer cancel()
+	if err := agent.Leave(lctx); err != nil && !errors.Is(err, elastic.ErrClosed) {
+		t.log.Warn("preempted while waiting; leave failed (the lease lapses instead)", "err", err)
+	}
+	t.log.Info("preempted outside a round: nothing to commit, leaving at once",
+		"after", time.Since(time.Unix(0, t.prAt.Load())).Round(time.Millisecond).String())
+	return fmt.Errorf("%w: while waiting outside a round (nothing to commit)", ErrPreempted)
 }
 
 // closeParts closes every partition, the last registered first, logging
@@ -679,11 +737,12 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 }
 
 // enter and leave bracket a collective (or a connect): waiting for peers is
-// a marked phase for the progress watch (elastic.Agent.Busy), not a hang,
-// and its end is progress.
+// a marked phase for the progress watch (elastic.Agent.Waiting: bounded by
+// the collectives' own timeouts, not elastic.Config.PhaseTimeout), not a
+// hang, and its end is progress.
 func (w *collectiveWatch) enter() {
 	w.since.Store(time.Now().UnixNano())
-	w.busy = w.agent.Busy("collective")
+	w.busy = w.agent.Waiting("collective")
 }
 func (w *collectiveWatch) leave() {
 	w.since.Store(0)

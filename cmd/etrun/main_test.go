@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
 )
@@ -558,4 +559,57 @@ func TestEtrunFollowsItsCapacityFile(t *testing.T) {
 	out := p.stderr.String()
 	require.Contains(t, out, "worker left gracefully as told: the capacity dropped; not restarting it")
 	require.Contains(t, out, "outcome=preempted exit_status=143 restarts=0")
+}
+
+// TestEtrunSIGTERMEndsAWorkerWaitingBelowMin: a worker waiting for a round
+// to form (one worker, -min 2) has nothing to commit; a SIGTERM to etrun,
+// forwarded to it, ends it at once (issue 29, item 3). It used to wait on
+// for the whole grace period and fail with "grace period exceeded". The
+// bound: the wait is cancelled by the signal itself, then one leave call
+// bounded by half the worker's lease (1 s), so 2 s from the signal to
+// both processes gone leaves a second for signal delivery and exit.
+func TestEtrunSIGTERMEndsAWorkerWaitingBelowMin(t *testing.T) {
+	etrun, worker := build(t, t.TempDir())
+	redisAddr, job := testredis.Addr(t), testredis.JobID(t)
+	// The job's first change hint is published by the worker's Join that
+	// created the job's state: from then on the worker waits in Join.
+	sub := testredis.Client(t).Subscribe(context.Background(), elastic.KeyPrefix+"{"+job+"}:events")
+	defer sub.Close()
+	_, err := sub.Receive(context.Background()) // the subscription's confirmation
+	require.NoError(t, err)
+	p := startEtrun(t, etrun, "-workers", "1", "-grace", "30s", "-redis", redisAddr, "-job", job,
+		"--", worker, "-epochs", "1", "-min", "2")
+	start := p.until(t, func(e workerEvent) bool { return e.Ev == "start" })
+	pid := start[len(start)-1].PID
+	select {
+	case <-sub.Channel():
+	case <-time.After(time.Minute):
+		t.Fatalf("the worker never joined; stderr:\n%s", &p.stderr)
+	}
+	signalled := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	exited := make(chan struct{})
+	var code int
+	var evs []workerEvent
+	go func() { defer close(exited); code, evs = p.wait(t) }()
+	select {
+	case <-exited:
+	case <-time.After(time.Minute):
+		t.Fatalf("etrun still runs a minute after SIGTERM; stderr:\n%s", &p.stderr)
+	}
+	took := time.Since(signalled)
+	require.True(t, gone(pid), "worker pid %d outlived etrun", pid)
+	t.Logf("etrun and its waiting worker gone %v after SIGTERM (bound 2 s)", took.Round(time.Millisecond))
+	require.Less(t, took, 2*time.Second, "etrun and its waiting worker took %v to end after SIGTERM; stderr:\n%s", took, &p.stderr)
+	require.Equal(t, 143, code, "stderr:\n%s", &p.stderr)
+	require.NotContains(t, p.stderr.String(), "grace period")
+	n := 0
+	for _, e := range evs {
+		if e.Ev == "exit" {
+			n++
+			require.True(t, e.Preempted, "Run returned trainer.ErrPreempted: %+v", e)
+			require.Equal(t, 143, e.Status)
+		}
+	}
+	require.Equal(t, 1, n)
 }

@@ -86,6 +86,9 @@ type Config struct {
 	// ProgressTimeout is the workers' elastic.Config.ProgressTimeout.
 	// Default 0: the trainer's default (15 s).
 	ProgressTimeout time.Duration
+	// PhaseTimeout is the workers' elastic.Config.PhaseTimeout. Default 0:
+	// the trainer's default (10 min).
+	PhaseTimeout time.Duration
 	// Hangs lets the test hang a worker's step function (Harness.Hang).
 	// Default false.
 	Hangs bool
@@ -342,7 +345,7 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 		LeaseTTL: h.cfg.LeaseTTL, HeartbeatInterval: h.cfg.HeartbeatInterval, OutageBudget: h.cfg.OutageBudget,
 		OpTimeout: h.cfg.OpTimeout, DialTimeout: h.cfg.DialTimeout, HoldTimeout: h.cfg.HoldTimeout,
 		MaxRecoveries: h.cfg.MaxRecoveries, GracePeriod: h.cfg.GracePeriod, RedisTimeout: h.cfg.RedisTimeout,
-		ProgressTimeout: h.cfg.ProgressTimeout,
+		ProgressTimeout: h.cfg.ProgressTimeout, PhaseTimeout: h.cfg.PhaseTimeout,
 	}
 	if h.cfg.Hangs {
 		wc.HangFile = h.hangFile(w)

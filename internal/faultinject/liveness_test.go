@@ -395,3 +395,71 @@ func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
 	res := h.Finish(ctx, faultinject.Bounds{})
 	require.Empty(t, res.Violations)
 }
+
+// TestLivenessStuckFetchIsLeftBehind (issue 29, Must show 5): one worker's
+// dataset Get stops answering (it ignores its context) mid-job, inside the
+// data fetch the SDK marks busy. The marked phase has a bound of its own
+// (elastic.Config.PhaseTimeout, 2 s here; the progress timeout stays at
+// its default, 15 s, and the peers, told the rank is busy, would wait up
+// to sync's BusyTimeout, 30 min): within PhaseTimeout + 1 s of the fetch's
+// start the others name the worker (its address) in a WARN and step in a
+// round of two. The bound's slack is the mechanism's: the check runs at
+// every heartbeat (150 ms), then one leave and a re-form of two. When the
+// fetch returns, the worker is fenced, rejoins as a new member, and the
+// job finishes with every invariant.
+func TestLivenessStuckFetchIsLeftBehind(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.MinWorkers = 2
+	cfg.PhaseTimeout = 2 * time.Second
+	bound := cfg.PhaseTimeout + time.Second
+	cfg.Epochs = 15
+	cfg.Phases = []faultinject.Phase{{Worker: 1, Kind: faultinject.PhaseStuckGet, AtStep: 40, For: bound + 3*time.Second}}
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	logWorkersOnFailure(t, h)
+	victim := h.Workers()[1]
+
+	// The fetch's start, from the victim's own log (a poll with a
+	// deadline: the job's reports stop while the fetch holds it up).
+	var stuckAt time.Time
+	giveUp := time.Now().Add(2 * time.Minute)
+	for stuckAt.IsZero() {
+		require.True(t, time.Now().Before(giveUp), "worker 1's fetch never got stuck")
+		require.Zero(t, h.Status().Finished, "the job finished first; raise Epochs")
+		time.Sleep(50 * time.Millisecond) // polling the log file
+		stuckAt = logTimeOf(t, victim.LogPath, "dataset fetch stuck")
+	}
+	wctx, cancel := context.WithTimeout(ctx, bound+20*time.Second)
+	defer cancel()
+	var took time.Duration
+	_, err = h.WaitFor(wctx, func(faultinject.Status) bool {
+		for _, m := range h.Steps() {
+			if m.At.After(stuckAt) && m.Size == 2 && m.Worker != victim.Index {
+				took = m.At.Sub(stuckAt)
+				return true
+			}
+		}
+		return false
+	})
+	require.NoError(t, err, "the others never stepped without the worker whose fetch is stuck")
+	t.Logf("the others step in a round of two %v after worker 1's fetch got stuck (bound %v); load %s", took, bound, loadavg())
+	require.Less(t, took, bound)
+	for _, w := range h.Workers() {
+		if w == victim {
+			continue
+		}
+		named := logTimeOf(t, w.LogPath, `"level":"WARN"`, `"gone_addr":"`+victim.Addr+`"`)
+		require.False(t, named.IsZero(), "worker %d names the stuck worker in a WARN", w.Index)
+		require.Less(t, named.Sub(stuckAt), bound, "worker %d named it %v after the fetch got stuck", w.Index, named.Sub(stuckAt))
+	}
+	own := logTimeOf(t, victim.LogPath, `"level":"WARN"`, "outlasted the phase timeout", `"phase":"data fetch"`)
+	require.False(t, own.IsZero(), "the stuck worker names its phase in a WARN")
+	waitBack(t, h, victim, 3)
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+	log, err := os.ReadFile(victim.LogPath)
+	require.NoError(t, err)
+	require.Contains(t, string(log), "fenced; rejoining as a new member", "the stuck worker was fenced when its fetch returned")
+}

@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -94,6 +95,8 @@ type WorkerConfig struct {
 	RedisTimeout time.Duration `json:"redis_timeout"`
 	// ProgressTimeout is elastic.Config.ProgressTimeout (0: the default).
 	ProgressTimeout time.Duration `json:"progress_timeout,omitempty"`
+	// PhaseTimeout is elastic.Config.PhaseTimeout (0: the default).
+	PhaseTimeout time.Duration `json:"phase_timeout,omitempty"`
 	// HangFile, when set, makes the step function block, ignoring its
 	// context (a true hang), while this file exists (Harness.Hang).
 	HangFile string `json:"hang_file,omitempty"`
@@ -113,6 +116,12 @@ const (
 	// PhaseBusy: at its AtStep-th step function call the worker runs a
 	// phase of its own of For (an evaluation), marked with trainer.Busy.
 	PhaseBusy = "busy"
+	// PhaseStuckGet: from the worker's AtStep-th step function call on,
+	// its next dataset Get blocks for For, ignoring its context (a data
+	// source that never answers, for as long as the test needs): a hang
+	// inside a phase the SDK marks, which elastic.Config.PhaseTimeout
+	// bounds.
+	PhaseStuckGet = "stuck-get"
 )
 
 // Phase is a long phase that is not a hang, run once by a worker (issue
@@ -167,6 +176,27 @@ func (s *slowGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
 	})
 	if err != nil {
 		return trainertest.Sample{}, err
+	}
+	return s.Dataset.Get(ctx, i)
+}
+
+// stuckGet is a Dataset whose next Get, once armed, blocks for d ignoring
+// its context (PhaseStuckGet).
+type stuckGet struct {
+	dataloader.Dataset[trainertest.Sample]
+	d     time.Duration
+	log   *slog.Logger
+	armed atomic.Bool
+	once  sync.Once
+}
+
+func (s *stuckGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
+	if s.armed.Load() {
+		s.once.Do(func() {
+			s.log.Info("dataset fetch stuck, ignoring its context (faultinject)", "for", s.d.String())
+			time.Sleep(s.d) // the fetch that does not return, deaf to ctx
+			s.log.Info("stuck dataset fetch returns (faultinject)")
+		})
 	}
 	return s.Dataset.Get(ctx, i)
 }
@@ -289,6 +319,11 @@ func WorkerMain() int {
 	if ph, ok := wc.phase(PhaseGet); ok {
 		ds = &slowGet{Dataset: ds, d: ph.For, log: logger}
 	}
+	var stuck *stuckGet
+	if ph, ok := wc.phase(PhaseStuckGet); ok {
+		stuck = &stuckGet{Dataset: ds, d: ph.For, log: logger}
+		ds = stuck
+	}
 	loader, err := dataloader.New(ds, prob.Collate, dcfg)
 	if err != nil {
 		return fail(err)
@@ -336,6 +371,9 @@ func WorkerMain() int {
 	cfg.Elastic.OutageBudget = wc.OutageBudget
 	if wc.ProgressTimeout > 0 {
 		cfg.Elastic.ProgressTimeout = wc.ProgressTimeout
+	}
+	if wc.PhaseTimeout > 0 {
+		cfg.Elastic.PhaseTimeout = wc.PhaseTimeout
 	}
 	cfg.Elastic.Logger = logger
 	cfg.Sync.Secret = secret
@@ -385,6 +423,15 @@ func WorkerMain() int {
 				}
 				time.Sleep(10 * time.Millisecond) // a hang that ignores ctx, polling for its end
 			}
+		}
+	}
+	if ph, ok := wc.phase(PhaseStuckGet); ok {
+		inner, calls := step, 0
+		step = func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
+			if calls++; calls == ph.AtStep {
+				stuck.armed.Store(true)
+			}
+			return inner(ctx, b)
 		}
 	}
 	if ph, ok := wc.phase(PhaseBusy); ok {
