@@ -385,17 +385,18 @@ func (a *Agent) opTimeout() time.Duration {
 // any call that gets through stops it. unreadable, when not zero, is when
 // the retried call's run of answers it could not read (ErrBadState)
 // began: the budget runs from it too, as the heartbeats that get through
-// meanwhile say nothing of that call. An ErrWrongType is no outage: it is
-// terminal at once.
+// meanwhile say nothing of that call. An ErrWrongType or ErrNoPermission
+// is no outage: it is terminal at once.
 func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if errors.Is(err, ErrWrongType) {
+	if permanent(err) {
 		// Not an outage: the same call fails the same way until someone
-		// deletes the key, so waiting out the budget only hides it.
+		// deletes the key or grants the permission, so waiting out the
+		// budget only hides it.
 		if a.err == nil {
 			a.failLocked(&permanentError{err: err})
-			a.log.Error("a key of the job holds the wrong Redis type; giving up", "err", err)
+			a.log.Error("the store refuses the job's calls for good; giving up", "err", err)
 		}
 		return a.err
 	}

@@ -158,7 +158,9 @@
 // job re-forms. A key that holds another Redis type than the rendezvous
 // uses (Redis answers WRONGTYPE: something else wrote it) never heals by
 // itself: the Agent fails at once with ErrWrongType (which wraps
-// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
+// ErrBadState) and ErrStoreUnavailable, naming the key; so does a call
+// Redis refuses for want of permission (NOPERM: an ACL that does not grant
+// the job's keys or the scripts), with ErrNoPermission. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
 // forgiven as a job-wide silence, see above) while Redis keeps its data (a
 // network partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew
