@@ -438,6 +438,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	failed := false
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
+	doubted := false                         // a round of this run of unformed rounds failed authentication with nobody on this worker's side (abandoned)
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -502,6 +503,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
 			uf.trained()
+			doubted = false
 		}
 		prevSize = world.Size
 		res.Step, res.Loss = t.step, t.lastLoss
@@ -553,6 +555,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
+				if abandoned(doubted, rerr, world.Size) {
+					giveUp = true // its only peer left: nobody is left to authenticate it
+				}
+				doubted = doubted || (av.auth && !av.reported)
 				if giveUp {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}
