@@ -108,6 +108,8 @@ type Trainer[B any] struct {
 	scratch  []float64                // straggler and balancing arithmetic
 	balAttrs metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
 	balRank  int
+	// balLogged is the split rank 0 last logged at INFO (sharesMoved).
+	balLogged []float64
 
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
