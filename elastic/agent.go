@@ -54,7 +54,8 @@ type Agent struct {
 	outageLog   time.Time // when the outage was last logged
 	joining     bool
 	started     bool
-	leaving     bool // Leave (or the progress watch's leave) is evicting this member
+	leaving     bool            // Leave (or the progress watch's leave) is evicting this member
+	leavers     map[string]bool // members of the round that leave gracefully (ExpectLeave); noteGone logs them at INFO
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
 	rtt      rttEstimate   // the store link's round trip, from heartbeats (opTimeout)
