@@ -558,7 +558,8 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
 				if abandoned(doubted, rerr, world.Size) {
-					giveUp = true // its only peer left: nobody is left to authenticate it
+					giveUp = true
+					t.failures = lastFailures(t.failures, "trainer: the only peer left while they connected, after a round that failed authentication: nobody is left to authenticate this worker")
 				}
 				doubted = doubted || (av.auth && !av.reported)
 				if giveUp {
