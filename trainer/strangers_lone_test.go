@@ -16,8 +16,8 @@ import (
 
 // authThenHang is a Backend for a worker nobody authenticates: its first
 // Connect fails authentication with every peer (a *sync.AuthError with
-// nobody on its side), later ones wait until the round is aborted,
-// announcing each such Connect on connecting.
+// nobody on its side), later ones wait until the round is aborted; each
+// Connect announces its round on connecting first.
 type authThenHang struct {
 	calls      int
 	connecting chan uint64
@@ -27,6 +27,7 @@ func (b *authThenHang) Listen(context.Context) (string, error) { return "127.0.0
 func (b *authThenHang) Close() error                           { return nil }
 func (b *authThenHang) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
 	b.calls++
+	b.connecting <- w.Round
 	if b.calls == 1 {
 		var failed []int
 		for r := range w.Addrs {
@@ -37,7 +38,6 @@ func (b *authThenHang) Connect(ctx context.Context, w sync.World) (sync.Synchron
 		return nil, &sync.AuthError{Round: w.Round, Rank: w.Rank, Size: len(w.Addrs), Failed: failed,
 			Err: &sync.PeerError{Rank: failed[0], Round: w.Round, Err: sync.ErrAuth}}
 	}
-	b.connecting <- w.Round
 	<-ctx.Done()
 	return nil, fmt.Errorf("connect round %d: %w", w.Round, ctx.Err())
 }
@@ -52,7 +52,7 @@ func TestLoneStrangerWhosePeerLeftMidConnectGivesUp(t *testing.T) {
 	j.mutate = func(c *Config) {
 		c.Elastic.MinWorkers, c.Elastic.MaxWorkers, c.MaxRecoveries, c.Elastic.JoinTimeout = 2, 2, 5, time.Hour
 	}
-	be := &authThenHang{connecting: make(chan uint64, 1)}
+	be := &authThenHang{connecting: make(chan uint64, 2)}
 	j.opts = func(int) []Option { return []Option{WithBackend(be)} }
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -64,20 +64,25 @@ func TestLoneStrangerWhosePeerLeftMidConnectGivesUp(t *testing.T) {
 	require.NoError(t, err)
 	defer peer.Close()
 	s := j.start()
+	connected := func(round uint64) {
+		t.Helper()
+		select {
+		case r := <-be.connecting:
+			require.Equal(t, round, r)
+		case <-s.done:
+			t.Fatalf("the stranger ended before its connect in round %d: %v", round, s.err)
+		case <-ctx.Done():
+			t.Fatalf("the stranger never connected in round %d", round)
+		}
+	}
 	w1, err := peer.Join(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 2, w1.Size)
-	w2, err := peer.Join(ctx) // the stranger's rejoin after its failed authentication
+	connected(w1.Round)       // and fails authentication
+	w2, err := peer.Join(ctx) // with the stranger's rejoin
 	require.NoError(t, err)
 	require.Greater(t, w2.Round, w1.Round)
-	select {
-	case r := <-be.connecting:
-		require.Equal(t, w2.Round, r)
-	case <-s.done:
-		t.Fatalf("the stranger ended before its second connect: %v", s.err)
-	case <-ctx.Done():
-		t.Fatal("the stranger never connected in the second round")
-	}
+	connected(w2.Round)
 	require.NoError(t, peer.Leave(ctx))
 
 	select {
