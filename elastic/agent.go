@@ -61,7 +61,8 @@ type Agent struct {
 	gaveUp      chan struct{} // closed when the Agent gave the store up (ErrStoreUnavailable)
 	joining     bool
 	started     bool
-	leaving     bool // Leave (or the progress watch's leave) is evicting this member
+	leaving     bool            // Leave (or the progress watch's leave) is evicting this member
+	leavers     map[string]bool // members of the round that leave gracefully (ExpectLeave); noteGone logs them at INFO
 
 	lease    leaseClock    // when the lease ends in the store, on our clock
 	rtt      rttEstimate   // the store link's round trip, from heartbeats (opTimeout)
@@ -393,17 +394,18 @@ func (a *Agent) opTimeout() time.Duration {
 // any call that gets through stops it. unreadable, when not zero, is when
 // the retried call's run of answers it could not read (ErrBadState)
 // began: the budget runs from it too, as the heartbeats that get through
-// meanwhile say nothing of that call. An ErrWrongType is no outage: it is
-// terminal at once.
+// meanwhile say nothing of that call. An ErrWrongType or ErrNoPermission
+// is no outage: it is terminal at once.
 func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if errors.Is(err, ErrWrongType) {
+	if permanent(err) {
 		// Not an outage: the same call fails the same way until someone
-		// deletes the key, so waiting out the budget only hides it.
+		// deletes the key or grants the permission, so waiting out the
+		// budget only hides it.
 		if a.err == nil {
 			a.failLocked(&permanentError{err: err})
-			a.log.Error("a key of the job holds the wrong Redis type; giving up", "err", err)
+			a.log.Error("the store refuses the job's calls for good; giving up", "err", err)
 		}
 		return a.err
 	}

@@ -122,8 +122,13 @@
 // ("<ver>\n<round>\n<inc>") is completed by one read per process, and a
 // view of a round whose roster the process holds leaves it out. A round
 // opened after a closed one is announced as open ("...\nopen"), so members
-// of the closed round learn that it is over without a store call. On a
-// Cluster the
+// of the closed round learn that it is over without a store call. A hint
+// is not trusted for what it says: before its members take a World from
+// one, or learn that their round is over, each process checks it with one
+// HMGET of the job's meta hash (the store's incarnation, version and
+// round, and the SHA-1 of the hint that the close recorded), so a forged
+// or replayed PUBLISH on the job's channel only makes members read the
+// store. On a Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
 // rendezvous on a three-master cluster). NewMemoryStore has the
@@ -158,7 +163,9 @@
 // job re-forms. A key that holds another Redis type than the rendezvous
 // uses (Redis answers WRONGTYPE: something else wrote it) never heals by
 // itself: the Agent fails at once with ErrWrongType (which wraps
-// ErrBadState) and ErrStoreUnavailable, naming the key. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
+// ErrBadState) and ErrStoreUnavailable, naming the key; so does a call
+// Redis refuses for want of permission (NOPERM: an ACL that does not grant
+// the job's keys or the scripts), with ErrNoPermission. An outage longer than 2 x LeaseTTL (1.5 x LeaseTTL is
 // forgiven as a job-wide silence, see above) while Redis keeps its data (a
 // network partition) lets every lease lapse on Redis' clock: the members are then
 // fenced when they reach Redis again, because a member that could not renew

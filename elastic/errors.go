@@ -42,10 +42,26 @@ var (
 	// and ErrStoreUnavailable (sticky, like an outage past its budget).
 	// Delete the key, or run the job under another ID.
 	ErrWrongType = fmt.Errorf("%w: a key of the job holds the wrong Redis type", ErrBadState)
+
+	// ErrNoPermission means Redis refused a call of the job for want of
+	// permission (a NOPERM answer: the client's ACL user may not run the
+	// scripts, or touch one of the job's keys or its channel); the message
+	// carries Redis' words, which name the command or key. No retry heals
+	// it: the Agent fails at once with an error wrapping it and
+	// ErrStoreUnavailable, like ErrWrongType. Grant the workers' user the
+	// job's keys and channel (~et:{<job>}:*, &et:{<job>}:*) and EVALSHA,
+	// EVAL and PUBLISH.
+	ErrNoPermission = errors.New("elastic: Redis refused the job's call (no permission)")
 )
 
+// permanent reports whether a store error is one no retry heals: the
+// Agent fails at once instead of spending its outage budget.
+func permanent(err error) bool {
+	return errors.Is(err, ErrWrongType) || errors.Is(err, ErrNoPermission)
+}
+
 // permanentError is the Agent's sticky error for a store failure that no
-// retry heals (ErrWrongType): it reads as its cause and matches both the
+// retry heals (ErrWrongType, ErrNoPermission): it reads as its cause and matches both the
 // cause and ErrStoreUnavailable, which callers already stop on.
 type permanentError struct{ err error }
 

@@ -197,7 +197,9 @@ func (a *Agent) leaveHung(cause error) {
 // member of prev that is not in w (evicted: its lease lapsed, a peer
 // reported it, it left, or its own Agent counted it as hung), naming its
 // member ID, address and rank in prev: the survivors of a hang or a crash
-// can tell from their own logs which rank it was.
+// can tell from their own logs which rank it was. A member announced with
+// ExpectLeave is logged at INFO as having left gracefully instead. Called
+// with a.mu held.
 func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
 	if !hadPrev || prev.Round == w.Round {
 		return
@@ -236,7 +238,32 @@ func (a *Agent) noteGone(prev World, hadPrev bool, w World) {
 		if in != nil && in[m.ID] {
 			continue
 		}
+		if a.leavers[m.ID] {
+			a.log.Info("a member of the last round left gracefully (preempted, or scaled down)",
+				"gone_member", m.ID, "gone_addr", m.Addr, "gone_rank", rank, "last_round", prev.Round, "round", w.Round)
+			continue
+		}
 		a.log.Warn("a member of the last round is gone (evicted: crashed, hung, left, or reported)",
 			"gone_member", m.ID, "gone_addr", m.Addr, "gone_rank", rank, "last_round", prev.Round, "round", w.Round)
+	}
+	clear(a.leavers) // said once: the next round's departures are news again
+}
+
+// ExpectLeave tells the Agent that members of its current round leave
+// gracefully (the training loop agreed on it with them: a preemption, a
+// scale-down), so that the round formed without them logs at INFO that
+// they left, not the WARN for a member gone without notice (crashed, hung,
+// or reported). It changes nothing else: the store learns of a leave only
+// from the leaving member's Leave (or its lease). IDs that are not members
+// of the round are ignored when the next round forms. Safe for concurrent
+// use.
+func (a *Agent) ExpectLeave(memberIDs ...string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.leavers == nil {
+		a.leavers = make(map[string]bool, len(memberIDs))
+	}
+	for _, id := range memberIDs {
+		a.leavers[id] = true
 	}
 }

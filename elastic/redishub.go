@@ -2,6 +2,8 @@ package elastic
 
 import (
 	"context"
+	"crypto/sha1"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strconv"
@@ -125,16 +127,10 @@ func (h *hub) forward(s *RedisStore, msgs <-chan *redis.Message) {
 	defer close(h.done)
 	for m := range msgs {
 		hint := parseHint(m.Payload)
-		if hint.Round > 0 && !hint.Open && hint.Members == nil {
-			// A closed round whose roster did not fit the message.
+		if hint.Round > 0 {
 			ctx, cancel := context.WithTimeout(h.ctx, watchRosterTimeout)
-			ms, err := s.rosterOf(ctx, h.key.jobID, hint.Incarnation, hint.Round)
+			hint = s.checkHint(ctx, h.key.jobID, m.Payload, hint)
 			cancel()
-			if err != nil {
-				hint = Hint{Version: hint.Version}
-			} else {
-				hint.Members = ms
-			}
 		}
 		h.mu.Lock()
 		for w := range h.subs {
@@ -387,5 +383,50 @@ func parseHint(payload string) Hint {
 		h.Members = members
 	}
 	h.Round, h.Incarnation = round, lines[2]
+	return h
+}
+
+// checkHint returns the hint h (parsed from payload, naming a round) as far
+// as the store confirms it, with one HMGET of the job's meta hash: the
+// store's incarnation must be h's and its version at least h's; an open
+// round must have been opened (the store's round at least h's); a closed
+// round's roster carried in the message must hash to the digest its close
+// recorded (rdig, see scripts.go), and one left out is read from the store
+// (rosterOf). Anything the store does not confirm, a forged PUBLISH on the
+// job's channel or a hint the store has moved past, is delivered as a plain
+// version hint: members read the store. Redis Pub/Sub is open to any client
+// allowed to PUBLISH there, so a World is never taken from a message alone.
+func (s *RedisStore) checkHint(ctx context.Context, jobID, payload string, h Hint) Hint {
+	plain := Hint{Version: h.Version}
+	res, err := s.c.HMGet(ctx, jobKeys(jobID)[1], "inc", "ver", "round", "rdig").Result()
+	if err != nil || len(res) != 4 {
+		return plain
+	}
+	str := func(v any) string { x, _ := v.(string); return x }
+	inc, rdig := str(res[0]), str(res[3])
+	ver, e1 := strconv.ParseUint(str(res[1]), 10, 64)
+	round, e2 := strconv.ParseUint(str(res[2]), 10, 64)
+	if e1 != nil || e2 != nil || inc != h.Incarnation || ver < h.Version || round < h.Round {
+		return plain
+	}
+	switch {
+	case h.Open:
+		return h
+	case h.Members != nil:
+		// The digest covers what follows the version line: round,
+		// incarnation and roster, as the close published them.
+		_, tail, _ := strings.Cut(payload, "\n")
+		sum := sha1.Sum([]byte(tail))
+		if rdig == "" || hex.EncodeToString(sum[:]) != rdig {
+			return plain
+		}
+		return h
+	}
+	// A closed round whose roster did not fit the message.
+	ms, err := s.rosterOf(ctx, jobID, h.Incarnation, h.Round)
+	if err != nil {
+		return plain
+	}
+	h.Members = ms
 	return h
 }

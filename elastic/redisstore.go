@@ -233,9 +233,13 @@ var keyTypes = map[string]string{
 // mapErr turns a script's error into the store's: a WRONGTYPE reply (a
 // key of the job holds another Redis type than the scripts use: something
 // else wrote it) is ErrWrongType naming the key, found by asking Redis the
-// type of each of the job's keys; anything else is returned as it is (an
-// outage, to the Agent).
+// type of each of the job's keys; a NOPERM reply (the client's ACL user
+// lacks a permission) is ErrNoPermission; anything else is returned as it
+// is (an outage, to the Agent).
 func (s *RedisStore) mapErr(ctx context.Context, jobID string, err error) error {
+	if strings.HasPrefix(err.Error(), "NOPERM") {
+		return fmt.Errorf("%w: job %q: %w", ErrNoPermission, jobID, err)
+	}
 	if !strings.HasPrefix(err.Error(), "WRONGTYPE") {
 		return err
 	}

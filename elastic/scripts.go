@@ -17,7 +17,9 @@ package elastic
 //	            the closed round: HLEN of rank, checked on every load)
 //	2 meta      hash: inc, ver, fin, round, open, for the cheap heartbeat; last, credit
 //	            (the job's time, see tick); ttlat (store time of the last
-//	            renewal of the keys' TTL)
+//	            renewal of the keys' TTL); rdig (SHA-1 hex of the last
+//	            close's hint after its version line, "" if its roster was
+//	            left out; checked by the hub before it trusts a hint)
 //	3 members   hash: member ID -> JSON of Member
 //	4 leases    sorted set: member ID scored by lease expiry (ms, Redis' clock)
 //	5 ord       hash: member ID -> arrival order
@@ -264,21 +266,33 @@ local function save(st)
   META.inc, META.ver, META.fin = st.inc, st.ver, st.fin and '1' or '0'
   META.round, META.open = st.round, st.open and '1' or '0'
   if renew then META.ttlat = NOW end
-  write_meta() -- first: it may create the meta hash, which needs its TTL too
-  if renew then expire_all() end
+  -- The hint: the version, and when a round closed, the round, the
+  -- incarnation and the member records in rank order, one per line. A
+  -- close records the SHA-1 of what follows the version (rdig in the meta
+  -- hash; empty when the roster is too large to travel in the hint), so
+  -- a subscriber takes a World only from a roster the store formed
+  -- (RedisStore's hub checks it with one HMGET): a PUBLISH on the channel
+  -- alone cannot hand members a round.
+  local msg = nil
   if C.changed then
-    -- The hint: the version, and when a round closed, the round, the
-    -- incarnation and the member records in rank order, one per line.
-    local msg = tostring(st.ver)
+    msg = tostring(st.ver)
     if C.closed and not st.open then
       local roster = redis.call('GET', K_ROSTER) or ''
-      msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc
-      if #roster <= HINT_ROSTER_MAX then msg = msg .. '\n' .. roster end
+      local tail = tostring(st.round) .. '\n' .. st.inc
+      if #roster <= HINT_ROSTER_MAX then
+        tail = tail .. '\n' .. roster
+        META.rdig = redis.sha1hex(tail)
+      else
+        META.rdig = ''
+      end
+      msg = msg .. '\n' .. tail
     elseif C.opened and st.open then
       msg = msg .. '\n' .. tostring(st.round) .. '\n' .. st.inc .. '\nopen'
     end
-    redis.call('PUBLISH', CHANNEL, msg)
   end
+  write_meta() -- first: it may create the meta hash, which needs its TTL too
+  if renew then expire_all() end
+  if msg then redis.call('PUBLISH', CHANNEL, msg) end
 end
 
 local function view(st, code)

@@ -98,6 +98,17 @@ type balancer struct {
 	hold      int  // steps left before a move may be tried
 	holdNext  int  // the next failed trial's hold-off
 	unsettled bool // the last evaluation found a move worth making
+	kept      bool // the last observe ended a move's trial that paid: the split stays (takeKept)
+}
+
+// takeKept returns the split whose trial paid at the last observe (a copy),
+// or nil; it reports each kept split once.
+func (b *balancer) takeKept() []float64 {
+	if !b.kept {
+		return nil
+	}
+	b.kept = false
+	return slices.Clone(b.frac)
 }
 
 // reset starts a round of W ranks: no speed known, equal shares.
@@ -109,7 +120,7 @@ func (b *balancer) reset(W int) {
 	clear(b.speeds)
 	clear(b.seen)
 	b.steps, b.trial, b.before, b.sum, b.count, b.hold, b.holdNext = 0, 0, 0, 0, 0, 0, balanceHold
-	b.unsettled = false
+	b.unsettled, b.kept = false, false
 	for r := range b.frac {
 		b.frac[r] = 1 / float64(W)
 	}
@@ -162,6 +173,7 @@ func (b *balancer) observe(work, compute []float64) []float64 {
 			return slices.Clone(b.frac)
 		}
 		b.holdNext = balanceHold
+		b.kept = true
 	}
 	b.sum += slowestNow
 	b.count++
@@ -283,6 +295,12 @@ func (t *Trainer[B]) startBalance() error {
 func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *stepOutcome) error {
 	w := t.bal.observe(o.perWork, o.perCompute)
 	r := world.Rank
+	if kept := t.bal.takeKept(); kept != nil && r == 0 && sharesMoved(t.balLogged, kept) {
+		// A split that paid its trial, and moved: what an operator wants
+		// to read. Moves on trial and their returns stay at DEBUG.
+		t.balLogged = kept
+		t.log.Info("balanced shares", "step", t.step, "fractions", roundAll(kept, 3), "speeds", roundAll(t.bal.speeds, 1))
+	}
 	if t.tel.share != nil {
 		if t.balAttrs == nil || t.balRank != r {
 			t.balAttrs, t.balRank = metric.WithAttributes(t.tel.jobAttr, AttrRank.Int(r)), r
@@ -296,12 +314,32 @@ func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *step
 	if err := t.weighter.SetWeights(w); err != nil {
 		return fmt.Errorf("trainer: loader: set weights: %w", err)
 	}
-	if r == 0 {
-		t.log.Info("balanced shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
-	} else {
-		t.log.Debug("balanced shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
-	}
+	t.log.Debug("trying shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
 	return nil
+}
+
+// shareLogMove is how far one rank's share of the global batch must move
+// (a fraction of the batch: 0.05 is five percentage points) from the split
+// rank 0 last logged at INFO for a split that paid its trial to be logged
+// ("balanced shares", INFO, rank 0 only). Every move tried and every
+// return from one that did not pay is logged at DEBUG ("trying shares",
+// every rank): on a noisy machine those come every few steps. A kept split
+// of another world size is always logged.
+const shareLogMove = 0.05
+
+// sharesMoved reports whether split w differs from the split last logged
+// at INFO (nil: none yet) by more than shareLogMove in some rank's share,
+// or in its world size.
+func sharesMoved(last, w []float64) bool {
+	if len(last) != len(w) {
+		return true
+	}
+	for i := range w {
+		if math.Abs(w[i]-last[i]) > shareLogMove {
+			return true
+		}
+	}
+	return false
 }
 
 // observeStragglers runs the straggler tracker on an applied step and

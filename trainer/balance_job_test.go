@@ -2,8 +2,11 @@ package trainer_test
 
 import (
 	"context"
+	"log/slog"
 	"math"
+	"math/rand/v2"
 	"slices"
+	"strings"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -35,6 +38,8 @@ type balJob struct {
 	// the balancer's and the straggler tracker's decisions follow the
 	// speeds the test sets, whatever else the machine runs.
 	modelled bool
+	// logger, when set, is worker i's logger (WithLogger).
+	logger func(i int) *slog.Logger
 
 	mu     stdsync.Mutex
 	steps  []StepInfo         // rank 0's
@@ -130,6 +135,9 @@ func (j *balJob) start() *trainertest.Worker {
 				}
 			},
 		}))
+		if j.logger != nil {
+			opts = append(opts, WithLogger(j.logger(idx)))
+		}
 		tr, err := New(m.Params(), NewMomentum(0.02, 0.9), loader, step, w.Store, j.cfg, opts...)
 		if err == nil && j.modelled {
 			SetComputeTimeHook(tr, func(b dataloader.Batch[trainertest.Batch], _ time.Duration) time.Duration { return busy(b) })
@@ -342,4 +350,93 @@ func TestAbsorbedStragglerIsReportedNotEvicted(t *testing.T) {
 		}
 	}
 	require.NotZero(t, absorbed, "balancing absorbed it: %+v", reports)
+}
+
+// shareLines records the balancer's lines ("balanced shares", "trying
+// shares") of the loggers it makes: their level and fractions.
+type shareLines struct {
+	mu    stdsync.Mutex
+	lines []shareLine
+}
+
+type shareLine struct {
+	level     slog.Level
+	msg       string
+	fractions []float64
+}
+
+func (h *shareLines) Enabled(context.Context, slog.Level) bool { return true }
+func (h *shareLines) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *shareLines) WithGroup(string) slog.Handler            { return h }
+func (h *shareLines) Handle(_ context.Context, r slog.Record) error {
+	if !strings.HasSuffix(r.Message, " shares") {
+		return nil
+	}
+	l := shareLine{level: r.Level, msg: r.Message}
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "fractions" {
+			l.fractions, _ = a.Value.Any().([]float64)
+		}
+		return true
+	})
+	h.mu.Lock()
+	h.lines = append(h.lines, l)
+	h.mu.Unlock()
+	return nil
+}
+
+// On a noisy machine the balancer tries a move every few steps and takes
+// most back (their trials do not pay): those are DEBUG. Only a split that
+// paid its trial and moved some rank's share by more than five percentage
+// points of the global batch since the last INFO line is logged at INFO
+// (rank 0): mnist logged "balanced shares" at INFO 50 times in a 2 s run.
+// The speeds are modelled: worker 1's time per sample jumps at random
+// (seeded) between 0.5 and 1.7 times worker 0's at every step.
+func TestBalancedSharesAreLoggedAtInfoOnlyWhenTheyMove(t *testing.T) {
+	j := newBalJob(t, 40000, 1, 40)
+	j.cfg.Elastic.MinWorkers = 2
+	j.modelled = true
+	var mu stdsync.Mutex
+	rng := rand.New(rand.NewPCG(1, 2))
+	j.perUnit = func(i int) time.Duration {
+		if i == 0 {
+			return time.Millisecond
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration(500+rng.IntN(1200)) * time.Microsecond
+	}
+	h := &shareLines{}
+	j.logger = func(int) *slog.Logger { return slog.New(h) }
+	ws := []*trainertest.Worker{j.start(), j.start()}
+	j.c.Wait()
+	for _, w := range ws {
+		_, err := w.Result()
+		require.NoError(t, err)
+	}
+	j.checkAudit()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var info [][]float64
+	debug := 0
+	for _, l := range h.lines {
+		switch l.level {
+		case slog.LevelInfo:
+			info = append(info, l.fractions)
+		case slog.LevelDebug:
+			debug++
+		}
+	}
+	t.Logf("%d lines at DEBUG, %d at INFO: %v", debug, len(info), info)
+	require.GreaterOrEqual(t, debug, 8, "the noise makes the balancer try moves")
+	require.LessOrEqual(t, 4*len(info), debug, "most splits are tried and taken back: DEBUG")
+	for k := 1; k < len(info); k++ {
+		moved := len(info[k]) != len(info[k-1])
+		for i := range info[k] {
+			if !moved && math.Abs(info[k][i]-info[k-1][i]) > 0.05-0.001 { // fractions are rounded to 0.001
+				moved = true
+			}
+		}
+		require.True(t, moved, "INFO line %d (%v) moved no share by 5 points from the last (%v)", k, info[k], info[k-1])
+	}
 }

@@ -215,6 +215,7 @@ type stepOutcome struct {
 	lossSum    float64 // over the ranks, in rank order (unscaled in deterministic mode)
 	stop       bool    // some rank was preempted
 	firstStop  int     // the lowest preempted rank, or -1
+	perStop    []bool  // the preempted ranks
 	gradMax    float64
 	perSamples []int
 	perCompute []float64
@@ -228,7 +229,7 @@ type stepOutcome struct {
 func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 	if len(o.perSamples) != W {
 		o.perSamples, o.perCompute, o.epochDone = make([]int, W), make([]float64, W), make([]bool, W)
-		o.perWork = make([]float64, W)
+		o.perWork, o.perStop = make([]float64, W), make([]bool, W)
 	}
 	o.stepFailed = ctl[ctlStepErr] > 0
 	o.change = ctl[ctlChange] > 0
@@ -239,7 +240,8 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 		v := ctl[ctlFixed+ctlPerRank*r:]
 		o.samples += v[ctlSamples]
 		o.lossSum += v[ctlLoss]
-		if v[ctlStop] > 0 && o.firstStop < 0 {
+		o.perStop[r] = v[ctlStop] > 0
+		if o.perStop[r] && o.firstStop < 0 {
 			o.firstStop = r
 		}
 		o.perSamples[r], o.perCompute[r], o.epochDone[r] = int(v[ctlSamples]), v[ctlCompute], v[ctlEpochDone] > 0

@@ -110,3 +110,24 @@ func pauseUnformed(ctx context.Context, agent *elastic.Agent, d time.Duration, s
 func (t *Trainer[B]) strangerError(unformed int) error {
 	return &BudgetError{Unformed: unformed, Stranger: true, Last: slices.Clone(t.failures)}
 }
+
+// abandoned reports whether a round that failed before a step left this
+// worker with nobody who could authenticate it: an earlier round of this
+// run of failed rounds failed authentication with nobody on its side
+// (doubted: it could report nobody), and this one, a pair, ended because
+// the other member was lost while they connected (the round was
+// superseded, errAbortChange, or the peer's connection failed other than
+// by authentication). Of one worker and one stranger in a fresh job,
+// neither may evict the other and the first to spend its budget leaves
+// while the other's connect is in flight; that other counts the round and
+// stops too (ErrFailureBudget), rather than rejoin alone below MinWorkers
+// and wait out JoinTimeout. A pair that never failed authentication (a
+// peer that crash-loops) is not stopped this way.
+func abandoned(doubted bool, rerr error, size int) bool {
+	if !doubted || size != 2 {
+		return false
+	}
+	var ae *sync.AuthError
+	var pe *sync.PeerError
+	return !errors.As(rerr, &ae) && (errors.Is(rerr, errAbortChange) || errors.As(rerr, &pe))
+}

@@ -64,10 +64,11 @@ func TestStrangerInAFreshJobIsShutOut(t *testing.T) {
 // majority of the round, so nobody can tell which side is wrong and nobody
 // reports; they stop with ErrFailureBudget after MaxRecoveries rounds,
 // naming the authentication failure, and neither claims to be the stranger.
-// When one gives up while the other's last connect is still in flight, that
-// round ends for the other as a member leaving, not as a failed
-// authentication: it is then alone below MinWorkers and waits for a peer
-// until JoinTimeout (5 s here), as any lone worker does.
+// When one gives up while the other's last connect is still in flight, the
+// other stops too (TestLoneStrangerWhosePeerLeftMidConnectGivesUp); one
+// that was still pausing between rounds when the other left is alone below
+// MinWorkers and waits for a peer until JoinTimeout (5 s here), as any
+// lone worker does.
 func TestStrangerAndOneWorkerBothGiveUp(t *testing.T) {
 	j := newJob(t, stores(t)["redis"])
 	base := func(c *Config) { c.Elastic.MinWorkers, c.MaxRecoveries, c.Elastic.JoinTimeout = 2, 2, 5*time.Second }

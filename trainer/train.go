@@ -330,6 +330,15 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		switch bd.end {
 		case endPreempted, endRejoin:
 			if o.stop {
+				// The preempted ranks leave by agreement: their peers log
+				// their departure as such (INFO), not as a loss.
+				var leavers []string
+				for r, stop := range o.perStop {
+					if stop && r != world.Rank && r < len(world.Members) {
+						leavers = append(leavers, world.Members[r].ID)
+					}
+				}
+				watch.agent.ExpectLeave(leavers...)
 				return t.leavePreempted(ctx, runCtx, comm, world, o.firstStop, watch, ck)
 			}
 			return endRejoin, nil

@@ -108,6 +108,8 @@ type Trainer[B any] struct {
 	scratch  []float64                // straggler and balancing arithmetic
 	balAttrs metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank
 	balRank  int
+	// balLogged is the split rank 0 last logged at INFO (sharesMoved).
+	balLogged []float64
 
 	// afterReduce, when set (tests only), runs after a successful gradient
 	// allreduce; an error makes this rank treat the step as failed there.
@@ -447,6 +449,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	uf := unformed{max: t.cfg.MaxRecoveries} // rounds in a row that failed before this worker trained a step
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
 	undurable := false                       // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
+	doubted := false                         // a round of this run of unformed rounds failed authentication with nobody on this worker's side (abandoned)
 	for {
 		if t.preempted() && ctx.Err() == nil && !undurable {
 			if undurable = t.holdsUndurable(ctx); !undurable {
@@ -523,6 +526,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
 			uf.trained()
+			doubted = false
 		}
 		prevSize = world.Size
 		res.Step, res.Loss = t.step, t.lastLoss
@@ -574,6 +578,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			}
 			if !trainedHere {
 				giveUp, pause := uf.failed(reported)
+				if abandoned(doubted, rerr, world.Size) {
+					giveUp = true
+					t.failures = lastFailures(t.failures, "trainer: the only peer left while they connected, after a round that failed authentication: nobody is left to authenticate this worker")
+				}
+				doubted = doubted || (av.auth && !av.reported)
 				if giveUp {
 					leave()
 					return res, &BudgetError{Unformed: uf.n, Last: slices.Clone(t.failures)}

@@ -130,7 +130,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 			if len(groups) == 0 && a.Key == slog.TimeKey {
 				return slog.Attr{}
 			}
-			return a
+			return launch.ReplaceDurations(groups, a)
 		}}))
 
 	// Signals are caught before the first worker starts, so none is lost.

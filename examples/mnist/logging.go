@@ -5,6 +5,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // Fields every log record of a worker carries, besides slog's own time,
@@ -42,7 +44,8 @@ func logLevel(c *config) (slog.Level, error) {
 // worker's launch index and its PID.
 func newLogger(c *config, w io.Writer) *slog.Logger {
 	level, _ := logLevel(c) // validated by parseFlags
-	opts := &slog.HandlerOptions{Level: level}
+	// Durations as "1.5s" in JSON too, not integers of nanoseconds.
+	opts := &slog.HandlerOptions{Level: level, ReplaceAttr: launch.ReplaceDurations}
 	var h slog.Handler = slog.NewTextHandler(w, opts)
 	if c.logFormat == "json" {
 		h = slog.NewJSONHandler(w, opts)

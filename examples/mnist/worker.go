@@ -54,7 +54,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	ev := launcher.NewEmitter()
 	logger := newLogger(c, stderr)
 	fail := func(err error) int {
-		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		ev.Emit(launcher.ErrorEvent(err))
 		logger.Error("worker failed", "err", err)
 		return exitError
 	}
@@ -215,7 +215,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		// report the result, and exit with a failure (every rank of the
 		// last round has this error; rank 0 tells the launcher why).
 		if rank == 0 {
-			ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+			ev.Emit(launcher.ErrorEvent(err))
 		}
 		logger.Error("the job finished without its final checkpoint", "err", err)
 		status = exitError

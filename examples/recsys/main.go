@@ -177,7 +177,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 func runWorker(c *config, stderr io.Writer) int {
 	ev := launcher.NewEmitter()
 	fail := jobenv.Fail(ev, stderr, "recsys")
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: launch.ReplaceDurations}))
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery = c.job, c.epochs, c.commitEvery
 	w, err := launch.WorkerEnv()

@@ -1,6 +1,7 @@
 // Package atomicfile writes files so that a crash at any instant leaves,
 // under a file's name, either its previous content or its new content,
-// whole, never a part (DESIGN.md, invariant 5): the new content goes to a
+// whole, never a part (the last durable checkpoint stays readable whatever
+// instant a crash hits): the new content goes to a
 // temporary file in the same directory, which is fsynced, renamed over the
 // name, and the directory is fsynced so the rename itself is durable. The
 // trainer's durable checkpoints (trainer.LocalDir), the parameter server's

@@ -1,7 +1,8 @@
 // Package faultinject is the fault-injection harness of elastictrain's
 // reliability suite: it runs real worker processes of a small deterministic
 // training job against real Redis, injects every fault a job on preemptible
-// machines meets, and checks the invariants of DESIGN.md after every run.
+// machines meets, and checks the SDK's invariants after every run (exactly
+// once, no hang, identical parameters, a readable checkpoint: see run.go).
 // It is internal: tests use it, users do not.
 //
 // # Worker processes

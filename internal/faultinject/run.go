@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
@@ -255,6 +257,12 @@ func (h *Harness) check(ctx context.Context, res *RunResult, b Bounds) {
 		h.mu.Lock()
 		final, lastErr, code, sig, killed, termed, round := w.final, w.lastErr, w.exitCode, w.signal, w.killed, w.termed, w.round
 		h.mu.Unlock()
+		// The log dies with the run's directory: a violation quotes what
+		// it needs of it.
+		logb, err := os.ReadFile(w.LogPath)
+		if err != nil {
+			violate("worker %d: read log: %v", w.Index, err)
+		}
 		switch {
 		case killed && sig == syscall.SIGKILL:
 		case code == ExitFinished && final != nil:
@@ -265,15 +273,12 @@ func (h *Harness) check(ctx context.Context, res *RunResult, b Bounds) {
 			}
 		case termed && code == ExitPreempted:
 		default:
-			violate("worker %d (pid %d) ended with status %d (signal %v, killed %v, termed %v): %s", w.Index, w.PID, code, sig, killed, termed, lastErr)
-		}
-		logb, err := os.ReadFile(w.LogPath)
-		if err != nil {
-			violate("worker %d: read log: %v", w.Index, err)
+			violate("worker %d (pid %d) ended with status %d (signal %v, killed %v, termed %v): %s\n%s", w.Index, w.PID, code, sig, killed, termed, lastErr,
+				logExcerpt(logb, ""))
 		}
 		for _, bad := range []string{"panic:", "fatal error:", "DATA RACE"} {
 			if bytes.Contains(logb, []byte(bad)) {
-				violate("worker %d's log contains %q", w.Index, bad)
+				violate("worker %d's log contains %q:\n%s", w.Index, bad, logExcerpt(logb, bad))
 			}
 		}
 		if bytes.Contains(logb, h.cfg.Secret) || bytes.Contains(logb, secretHex) {
@@ -379,4 +384,35 @@ func (h *Harness) restoreCheck(ctx context.Context, b Bounds) (sha, source strin
 		return "", "", fmt.Errorf("the restoring worker ended with status %d: %s", w.exitCode, w.lastErr)
 	}
 	return w.final.SHA, w.source, nil
+}
+
+// What a violation quotes of a worker's log (the soak deletes the logs
+// with its runs' directories).
+const (
+	logTailLines  = 40  // an unexpected exit status: the log's last lines
+	logPanicLines = 300 // a panic, a fatal error, a race: from its first line on
+)
+
+// logExcerpt returns the part of a worker's log that a violation needs,
+// each line indented: with marker "", the last logTailLines lines; else
+// from the first line that contains marker on ("panic:" and the goroutine
+// stacks the runtime prints after it), at most logPanicLines lines.
+func logExcerpt(log []byte, marker string) string {
+	lines := strings.Split(strings.TrimRight(string(log), "\n"), "\n")
+	if marker == "" {
+		lines = lines[max(0, len(lines)-logTailLines):]
+	} else {
+		from := slices.IndexFunc(lines, func(l string) bool { return strings.Contains(l, marker) })
+		if from < 0 {
+			return ""
+		}
+		lines = lines[from:min(len(lines), from+logPanicLines)]
+	}
+	var b strings.Builder
+	for _, l := range lines {
+		b.WriteString("    | ")
+		b.WriteString(l)
+		b.WriteByte('\n')
+	}
+	return strings.TrimRight(b.String(), "\n")
 }

@@ -24,6 +24,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -308,7 +309,7 @@ func WorkerMain() int {
 	if err != nil {
 		return fail(fmt.Errorf("faultinject: worker secret: %w", err))
 	}
-	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})).With("pid", os.Getpid(), "worker", wc.Index)
+	logger := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo, ReplaceAttr: launch.ReplaceDurations})).With("pid", os.Getpid(), "worker", wc.Index)
 
 	prob := trainertest.NewProblem(wc.Samples, wc.Dim, 0.05, wc.Seed)
 	m := trainertest.NewModel(wc.Dim)

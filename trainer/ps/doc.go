@@ -20,7 +20,8 @@
 //
 // # Why a package of its own
 //
-// The trainer may import sync, never the reverse (DESIGN.md), and the
+// The trainer may import sync, never the reverse (sync moves numbers
+// between the ranks of a round and knows nothing of the loop), and the
 // Partition contract speaks the trainer's types (trainer.PartitionRound),
 // so the adapter lives on the trainer's side. It is not in package trainer
 // itself because it is one implementation of the contract among others a

@@ -69,7 +69,7 @@ func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (t
 // worker's exit status, 1.
 func Fail(ev *launcher.Emitter, w io.Writer, name string) func(err error) int {
 	return func(err error) int {
-		ev.Emit(launcher.Event{Ev: "error", Message: err.Error()})
+		ev.Emit(launcher.ErrorEvent(err))
 		fmt.Fprintf(w, "%s worker %d: %v\n", name, os.Getpid(), err)
 		return 1
 	}

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/trainer"
 )
 
 // EnvEventsFD names the environment variable that tells a worker which file
@@ -60,6 +61,11 @@ type Event struct {
 	Reason string `json:"reason,omitempty"`
 	// Restart is the worker process's restart number (EvStarted).
 	Restart int `json:"restart,omitempty"`
+	// Checkpoint marks an "error" event of a worker whose trainer's Run
+	// returned trainer.ErrCheckpoint (a durable checkpoint it had to write
+	// was not written): the job then does not end cleanly, whoever reports
+	// it done (Run returns ErrFinishedWithError). ErrorEvent sets it.
+	Checkpoint bool `json:"checkpoint,omitempty"`
 	// Extra carries example-specific results in "done" events. Its
 	// numbers must be finite: an event JSON cannot encode arrives as an
 	// "error" event instead (see Emitter.Emit).
@@ -78,6 +84,12 @@ const EvScaling = "scaling"
 // Restart. Workers never send it.
 const EvStarted = "started"
 
+// ErrorEvent is the "error" event a worker sends for err before it exits:
+// its message, marked Checkpoint when err wraps trainer.ErrCheckpoint.
+func ErrorEvent(err error) Event {
+	return Event{Ev: "error", Message: err.Error(), Checkpoint: errors.Is(err, trainer.ErrCheckpoint)}
+}
+
 // EvFinished is the event a worker sends when the job had already
 // finished before it joined (an earlier run of the same job ID finished,
 // and its state in the store says so until it expires). When no worker
@@ -92,8 +104,10 @@ var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished w
 // ErrFinishedWithError is Run's error when the job finished (Summary.Done
 // is set and complete) but the worker that reported it exited with a
 // status other than 0, as a worker does whose trainer's Run returned
-// trainer.ErrCheckpoint (the final checkpoint was not written). The
-// message names the worker, its status and its last "error" event.
+// trainer.ErrCheckpoint (the final checkpoint was not written), or when any
+// worker reported a lost checkpoint (an "error" event marked Checkpoint: a
+// preempted worker whose checkpoint failed, say) while the others finished.
+// The message names the worker, its status and its last "error" event.
 var ErrFinishedWithError = errors.New("launcher: the job finished, but not cleanly")
 
 // eventJSON is Event without its methods, so MarshalJSON and UnmarshalJSON
@@ -491,6 +505,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	// allows), Add, or launch itself when the capacity rose.
 	workers := map[int]*worker{}
 	begun := false
+	lostCheckpoint := map[int]string{} // worker index -> its "error" event marked Checkpoint (kept across restarts)
 	defer func() {
 		// Every path out has seen every worker exit, but a panic and
 		// StopWhenRecovered; end them, and let every reader and exit
@@ -647,6 +662,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			if w != nil {
 				w.lastErr = ev.Message
 			}
+			if ev.Checkpoint {
+				lostCheckpoint[ev.Worker] = ev.Message
+			}
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
 		case EvFinished:
 			sum.AlreadyFinished = true
@@ -759,6 +777,20 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 		return sum, fmt.Errorf("%w: worker %d (rank %d) reported the job done, then exited with status %d: %s",
 			ErrFinishedWithError, w.idx, sum.Done.Rank, sum.Exits[w.idx], why)
+	}
+	if len(lostCheckpoint) > 0 {
+		// Another worker lost a checkpoint it had to write: the job's
+		// result stands, its durability does not.
+		idx := make([]int, 0, len(lostCheckpoint))
+		for i := range lostCheckpoint {
+			idx = append(idx, i)
+		}
+		sort.Ints(idx)
+		why := make([]string, len(idx))
+		for j, i := range idx {
+			why[j] = fmt.Sprintf("worker %d (status %d): %s", i, sum.Exits[i], lostCheckpoint[i])
+		}
+		return sum, fmt.Errorf("%w: a worker's checkpoint was not written: %s", ErrFinishedWithError, strings.Join(why, "; "))
 	}
 	return sum, nil
 }

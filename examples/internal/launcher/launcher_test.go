@@ -23,6 +23,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/trainer"
 )
 
 // The launcher re-executes its own binary: here, the test binary, which
@@ -70,6 +71,7 @@ func fakeWorker(args []string) int {
 	garbage := fs.Bool("garbage", false, "write a line that is not JSON to the events pipe first")
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
 	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done (unless -no-done), then this error, and exits 1")
+	loseCheckpoint := fs.Int("lose-checkpoint", -1, "this worker (not rank 0), once rank 0 reported done, reports trainer.ErrCheckpoint and exits 1")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -118,6 +120,11 @@ func fakeWorker(args []string) int {
 		case <-termed:
 			select {} // the SIGTERM handler exits with 143; exiting 0 here first would race it
 		default:
+		}
+		if idx == *loseCheckpoint {
+			err := fmt.Errorf("left without its checkpoint: %w: disk full", trainer.ErrCheckpoint)
+			ev.Emit(ErrorEvent(err))
+			return 1
 		}
 		return 0
 	}
@@ -672,6 +679,22 @@ func TestADoneReporterThatThenFailsFailsTheJob(t *testing.T) {
 	require.ErrorContains(t, err, "worker 1 (rank 0) reported the job done, then exited with status 1: "+why)
 	require.NotNil(t, sum.Done)
 	require.Equal(t, map[int]int{0: 0, 1: 1}, sum.Exits)
+}
+
+// A worker other than the one that reports the job done whose Run
+// returned trainer.ErrCheckpoint (a preempted worker whose checkpoint
+// failed, say) fails the job too: the launcher names it.
+func TestALostCheckpointOfAnotherWorkerFailsTheJob(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "3", "-lose-checkpoint", "0"},
+	})
+	require.ErrorIs(t, err, ErrFinishedWithError)
+	require.ErrorContains(t, err, "worker 0 (status 1): left without its checkpoint: trainer: checkpoint failed: disk full")
+	require.NotNil(t, sum.Done)
+	require.Equal(t, map[int]int{0: 1, 1: 0}, sum.Exits)
 }
 
 // When no worker reports done, the error names those that failed and why.
