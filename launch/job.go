@@ -312,7 +312,7 @@ func (j *Job) supervise(ctx context.Context) {
 		}
 		select {
 		case e := <-j.exitc:
-			if j.handleExit(e) {
+			if j.handleExit(e) && len(j.running) > 0 {
 				grace = j.stop(syscall.SIGTERM, nil, grace)
 			}
 		case r := <-j.addc:
