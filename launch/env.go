@@ -204,14 +204,15 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // trainer's Run (and of trainer.New), and the launcher reads that status:
 // a worker's status 0 means the job finished, so a worker must not exit 0
 // unless Run returned nil. For a launcher's error it is StatusUsage when
-// err wraps ErrUsage (a job whose workers' command line was refused) or
-// ErrPermanent (a job stopped by a worker's permanent error), so a
-// command like etrun exits 2 as for a bad flag of its own.
+// err wraps ErrUsage (a job whose workers' command line was refused),
+// ErrPermanent (a job stopped by a worker's permanent error) or
+// ErrInvalidConfig (the launcher's own Config or Spec), so a command like
+// etrun exits 2 as for a bad flag of its own.
 func ExitStatus(err error) int {
 	switch {
 	case err == nil:
 		return StatusFinished
-	case errors.Is(err, ErrUsage), errors.Is(err, ErrPermanent):
+	case errors.Is(err, ErrUsage), errors.Is(err, ErrPermanent), errors.Is(err, ErrInvalidConfig):
 		return StatusUsage
 	case errors.Is(err, trainer.ErrCheckpoint):
 		return StatusFailed
