@@ -59,19 +59,25 @@ func (j *job) member(dim int, opts ...Option) *inproc {
 // members that hold the job's trained state refuse the newcomer and train
 // on to the end, and only the newcomer's Run returns the error, naming the
 // setting with both values as configured. A newcomer with another model
-// is refused the same way (ErrModelMismatch).
+// is refused the same way (ErrModelMismatch), and so is one with other
+// gradient buckets (Config.BucketBytes).
 func TestANewcomerWithOtherSettingsIsRefusedAndTheJobTrainsOn(t *testing.T) {
 	sched := func(base float64) Option { return WithSchedule(WarmupCosine{Base: base, Warmup: 4, Total: 1000}) }
 	for _, c := range []struct {
 		name    string
 		dim     int
 		opts    []Option
+		cfg     func(*Config) // the newcomer's
 		setting string
 		values  []string
 	}{
-		{"learning rate", 4, []Option{sched(0.1)}, "learning rate",
+		{"learning rate", 4, []Option{sched(0.1)}, nil, "learning rate",
 			[]string{"trainer.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", "trainer.WarmupCosine{Base:0.1 Warmup:4 Total:1000 Min:0}"}},
-		{"model", 5, []Option{sched(0.2)}, "parameter 0 (name and shape)", []string{`"w" [4]`, `"w" [5]`}},
+		{"model", 5, []Option{sched(0.2)}, nil, "parameter 0 (name and shape)", []string{`"w" [4]`, `"w" [5]`}},
+		// Once the newcomer's collectives failed every step ("ranks
+		// disagree on the operation"), and the failure budget of every
+		// member ran out.
+		{"gradient buckets", 4, []Option{sched(0.2)}, func(c *Config) { c.BucketBytes = 8 }, "gradient bucket bytes", []string{"4194304", "8"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			j := newJob(t, stores(t)["redis"])
@@ -79,6 +85,9 @@ func TestANewcomerWithOtherSettingsIsRefusedAndTheJobTrainsOn(t *testing.T) {
 			j.mutate = func(cfg *Config) { cfg.Elastic.MinWorkers = 2 }
 			ws := []*inproc{j.member(4, sched(0.2)), j.member(4, sched(0.2))}
 			ws[0].waitStep(t, 5)
+			if c.cfg != nil {
+				j.mutate = func(cfg *Config) { cfg.Elastic.MinWorkers = 2; c.cfg(cfg) }
+			}
 			late := j.member(c.dim, c.opts...)
 			<-late.done
 			j.wait()

@@ -42,8 +42,10 @@ import (
 // optimizer's learning rate when New was called (the configured base rate,
 // not the current one, which hooks and restored commits change), the
 // loader's global batch, dataset length and shuffle seed (a Loader's
-// NewCursor, or DataSettings), Config.CommitEvery and
-// Config.Deterministic.
+// NewCursor, or DataSettings), Config.CommitEvery,
+// Config.Deterministic and Config.BucketBytes (the gradient allreduce's
+// layout: a member with another one made every step's collective fail, and
+// the job's failure budget ran out).
 var ErrSettingsMismatch = errors.New("trainer: workers disagree on the job's settings")
 
 // SettingsError is the error of a settings disagreement: for each setting
@@ -68,7 +70,8 @@ type SettingDiff struct {
 	// "model fingerprint (parameter names, shapes and optimizer)",
 	// "parameter tensors", "parameter values",
 	// "epochs", "learning rate", "global batch", "dataset length",
-	// "shuffle seed", "commit interval", "deterministic mode".
+	// "shuffle seed", "commit interval", "deterministic mode",
+	// "gradient bucket bytes".
 	Setting string
 	// Values holds each member's value, in rank order, as text: the value
 	// as configured (the optimizer's learning rate at New, a Schedule's
@@ -150,6 +153,7 @@ var jobSettings = []jobSetting{
 	{"shuffle seed", formatInt},
 	{"commit interval", formatInt},
 	{"deterministic mode", func(v float64) string { return strconv.FormatBool(v != 0) }},
+	{"gradient bucket bytes", formatInt}, // the fused buffers' layout is the collectives' (Config.BucketBytes)
 }
 
 // DataSettings is an optional capability of a StatefulLoader: the global
@@ -176,7 +180,8 @@ func (t *Trainer[B]) settingsRow() []float64 {
 	if t.cfg.Deterministic {
 		det = 1
 	}
-	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det}
+	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det,
+		float64(t.cfg.BucketBytes)}
 }
 
 // settingsText is this worker's values of jobSettings as configured, for

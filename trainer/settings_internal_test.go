@@ -12,7 +12,7 @@ import (
 // when nobody holds it or the holders disagree.
 func TestDecideSettingsRefusesOnlyNewcomersThatDifferFromTheHolders(t *testing.T) {
 	row := func(lr float64, holds bool) []float64 {
-		r := []float64{7, 2, 5, 3, lr, 16, 480, 3, 1, 0, 0}
+		r := []float64{7, 2, 5, 3, lr, 16, 480, 3, 1, 0, 4 << 20, 0}
 		if holds {
 			r[holdsColumn] = 1
 		}
