@@ -191,10 +191,11 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
 // trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
 // trainer.ErrSettingsMismatch (also a worker the job's running members
-// refused for its settings), trainer.ErrModelMismatch,
-// trainer.ErrShapeMismatch and trainer.ErrStranger (the job secret is
-// not the job's). A worker that exits with it is never restarted, and the
-// launcher stops the job. A Go panic exits 2 (the runtime's status), not
+// refused for its settings), trainer.ErrModelMismatch and
+// trainer.ErrShapeMismatch. A worker that exits with it is never
+// restarted, and the launcher stops the job. trainer.ErrStranger is not
+// among them: the workers of one launcher share its secret, so there a
+// stranger verdict points at a transient fault rather than a wrong secret. A Go panic exits 2 (the runtime's status), not
 // StatusPermanent: a panic is a bug that may not recur, so a panicking
 // worker is restarted like any crash, unless it panicked within
 // Config.StartupWindow of its index's first start, where status 2 reads
@@ -245,5 +246,4 @@ var permanentErrors = []error{
 	trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
 	trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
 	trainer.ErrSettingsMismatch, trainer.ErrModelMismatch, trainer.ErrShapeMismatch,
-	trainer.ErrStranger,
 }
