@@ -214,8 +214,8 @@ func describeSchedule(s Schedule) string {
 	if st, ok := s.(fmt.Stringer); ok {
 		return st.String()
 	}
-	if v := reflect.ValueOf(s); v.Kind() == reflect.Struct {
-		return fmt.Sprintf("%T%+v", s, s)
+	if v := reflect.Indirect(reflect.ValueOf(s)); v.Kind() == reflect.Struct {
+		return fmt.Sprintf("%v%+v", v.Type(), v.Interface())
 	}
 	return fmt.Sprintf("a schedule with rates %g, %g, %g at steps 0, 1, 1000", s.LR(0), s.LR(1), s.LR(1000))
 }
@@ -341,8 +341,8 @@ func modelDiffs(descs [][]byte, members []string) []SettingDiff {
 // a *SettingsError listing every setting on which they differ, or nil.
 // When the ranks that hold trained state agree with one another, the
 // ranks that hold none and differ from them are refused
-// (SettingsError.Refused, with the diffs between them and the holders)
-// and the others go on; when no rank holds it, or the holders disagree,
+// (SettingsError.Refused; the diffs list every member's values) and the
+// others go on; when no rank holds it, or the holders disagree,
 // Refused is empty: every rank stops.
 func decideSettings(round uint64, m []float64, members []string) error {
 	k := len(jobSettings) + 1
