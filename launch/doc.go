@@ -32,7 +32,7 @@
 //	t, err := trainer.New(params, opt, loader, step, store, cfg)
 //	// on SIGTERM or SIGINT: t.Preempt()
 //	_, err = t.Run(ctx)
-//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 1 failed
+//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 78 permanent, 1 failed
 //
 // The variables are EnvStore (ELASTICTRAIN_STORE, host:port), EnvJobID
 // (ELASTICTRAIN_JOB_ID), EnvSecret (ELASTICTRAIN_SECRET, hex), EnvWorker
@@ -52,6 +52,18 @@
 // index (its command line was refused: Go's flag package exits 2 on a bad
 // flag, and so does a Go panic), and a failure with the same status or
 // signal as the index's previous process had at its start.
+//
+// A worker that exits with StatusPermanent (78) is never restarted,
+// whenever it comes: launch.ExitStatus gives it for the errors a restart
+// cannot fix (an invalid configuration, a checkpoint directory of another
+// model or of a finished job, settings or a model that differ from the
+// job's; see ExitStatus and Permanent). The launcher then stops the whole
+// job at once, as Job.Stop(SIGTERM) does, and the job fails with an error
+// that names that worker and wraps ErrPermanent (status 2). A Go panic
+// exits 2, not 78: a panic is a bug that may not recur, so a panicking
+// worker is restarted like a crash, except at the first start of its
+// index within the start-up window (where status 2 reads as a refused
+// command line).
 // The new process is a new member of the job: its trainer joins at the
 // next step boundary and receives the current state from a peer, while the
 // others train on without it in between (given Elastic.MinWorkers allows).
@@ -138,7 +150,9 @@
 //     or, without a stop, when the last process of every worker left so.
 //   - 2 (Failed, ErrFailed and ErrUsage; StatusUsage) when every worker
 //     process that decided the failure exited 2 at its first start: the
-//     workers' command line was refused.
+//     workers' command line was refused. Also 2 (Failed, ErrFailed and
+//     ErrPermanent) when a worker exited with StatusPermanent: the error
+//     names the first such worker, whose own message says what to fix.
 //   - 1 (Failed, ErrFailed naming the workers) otherwise: a worker that
 //     crashed with no restarts left while no other finished, one killed
 //     after the grace period, a Kill. When a worker exited with

@@ -65,6 +65,16 @@ const (
 	// error that wraps elastic.ErrJobFinished (unless another worker
 	// finished the job).
 	StatusJobFinished = 4
+	// StatusPermanent: the worker stopped on an error that a restart
+	// cannot fix, because the same command, configuration and checkpoint
+	// directory fail the same way again (see ExitStatus for the errors).
+	// It is 78, EX_CONFIG of BSD's sysexits.h ("a configuration error"),
+	// and not 2: a Go panic exits 2 too, and a panic may be transient.
+	// The launcher restarts no worker after it, whenever it comes, and
+	// stops the whole job at once: the job fails with an error that wraps
+	// ErrPermanent, and its exit status is StatusUsage, as for a bad
+	// command line.
+	StatusPermanent = 78
 )
 
 // ErrNotLaunched is WorkerEnv's error when the process was not started by
@@ -201,26 +211,65 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // wraps trainer.ErrCheckpoint (a preempted worker whose checkpoint was not
 // written did not leave cleanly), and StatusJobFinished when err wraps
 // elastic.ErrJobFinished (the job ID had finished before: nothing was
-// trained, which is not success). A worker ends
-// with os.Exit(launch.ExitStatus(err)) on the error of its trainer's Run,
-// and the launcher reads that status: a worker's status 0 means the job
-// finished, so a worker must not exit 0 unless Run returned nil. For a
-// launcher's error it is also StatusUsage when err wraps ErrUsage (a job
-// whose workers' command line was refused).
+// trained, which is not success).
+//
+// StatusPermanent when err is one that a restart cannot fix (Permanent):
+// trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
+// trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
+// trainer.ErrSettingsMismatch (also a worker the job's running members
+// refused for its settings), trainer.ErrModelMismatch and
+// trainer.ErrShapeMismatch. A worker that exits with it is never
+// restarted, and the launcher stops the job. trainer.ErrStranger is not
+// among them: the workers of one launcher share its secret, so there a
+// stranger verdict points at a transient fault rather than a wrong secret. A Go panic exits 2 (the runtime's status), not
+// StatusPermanent: a panic is a bug that may not recur, so a panicking
+// worker is restarted like any crash, unless it panicked within
+// Config.StartupWindow of its index's first start, where status 2 reads
+// as a refused command line (Exit.Usage).
+//
+// A worker ends with os.Exit(launch.ExitStatus(err)) on the error of its
+// trainer's Run (and of trainer.New), and the launcher reads that status:
+// a worker's status 0 means the job finished, so a worker must not exit 0
+// unless Run returned nil. For a launcher's error it is StatusUsage when
+// err wraps ErrUsage (a job whose workers' command line was refused),
+// ErrPermanent (a job stopped by a worker's permanent error) or
+// ErrInvalidConfig (the launcher's own Config or Spec), so a command like
+// etrun exits 2 as for a bad flag of its own.
 func ExitStatus(err error) int {
 	switch {
 	case err == nil:
 		return StatusFinished
+	case errors.Is(err, ErrUsage), errors.Is(err, ErrPermanent), errors.Is(err, ErrInvalidConfig):
+		return StatusUsage
 	case errors.Is(err, trainer.ErrCheckpoint):
 		return StatusFailed
-	case errors.Is(err, ErrUsage):
-		return StatusUsage
 	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted):
 		return StatusPreempted
 	case errors.Is(err, ErrFailed):
 		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
+	case Permanent(err):
+		return StatusPermanent
 	case errors.Is(err, elastic.ErrJobFinished):
 		return StatusJobFinished
 	}
 	return StatusFailed
+}
+
+// Permanent reports whether err is an error that a restart of the worker
+// cannot fix: the same command, configuration and checkpoint directory
+// fail the same way again (see ExitStatus for the list).
+func Permanent(err error) bool {
+	for _, p := range permanentErrors {
+		if errors.Is(err, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// permanentErrors are the errors Permanent matches.
+var permanentErrors = []error{
+	trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
+	trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
+	trainer.ErrSettingsMismatch, trainer.ErrModelMismatch, trainer.ErrShapeMismatch,
 }

@@ -304,3 +304,50 @@ func (h *keyChecker) has(msg string, keys ...string) bool {
 	}
 	return false
 }
+
+// A worker that stopped on an error a restart cannot fix (an invalid
+// configuration, a foreign checkpoint, settings the job refused) was once
+// restarted like a crash, unless it failed with status 2 within the
+// start-up window of its first start. Now its status (StatusPermanent) is
+// never restarted, whenever it comes, and the launcher stops the whole job
+// at once: the others get the stop signal and leave, and the job's error
+// names that worker and wraps ErrPermanent (status 2, as a bad command
+// line).
+func TestAPermanentErrorIsNeverRestartedAndStopsTheJob(t *testing.T) {
+	spec := fakeSpec(t, "permanent-on-usr1")
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	var logs syncBuffer
+	cfg := testConfig(3)
+	cfg.StartupWindow = 0 // the start-up rule is off: only the status decides
+	job, err := Start(context.Background(), spec, cfg, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	awaitLines(t, lines, "ready ", 3)
+	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+
+	res, err := waitDone(t, job, cfg.GracePeriod+10*time.Second)
+	require.ErrorIs(t, err, ErrPermanent)
+	require.ErrorIs(t, err, ErrFailed)
+	require.NotErrorIs(t, err, ErrUsage)
+	require.Equal(t, StatusUsage, ExitStatus(err), "a launcher exits 2, as for a bad command line")
+	require.Equal(t, StatusUsage, res.ExitStatus())
+	require.Equal(t, Failed, res.Outcome)
+	require.Zero(t, res.Restarts, "a restart fails the same way")
+	require.True(t, res.Stopped, "the launcher stopped the job")
+	require.Len(t, res.Exits, 3)
+	first := res.Exits[0]
+	require.Equal(t, 1, first.Worker)
+	require.True(t, first.Permanent)
+	require.False(t, first.Restarting)
+	require.Equal(t, StatusPermanent, first.Code)
+	for _, x := range res.Exits[1:] {
+		require.True(t, x.AtStop, "%+v", x)
+		require.Equal(t, Preempted, x.Outcome, "the others got the stop signal and left: %+v", x)
+	}
+	require.ErrorContains(t, err, "worker 1 (pid ")
+	require.ErrorContains(t, err, "a permanent error")
+	require.NotContains(t, err.Error(), "worker 0", "the first permanent error decides, not the workers it stopped")
+	require.NotContains(t, logs.String(), "restarting it as a new member")
+	require.NotContains(t, logs.String(), "restart=1")
+	require.Contains(t, logs.String(), "not restarting it, and stopping the job")
+}

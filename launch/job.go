@@ -376,7 +376,9 @@ func (j *Job) supervise(ctx context.Context) {
 		}
 		select {
 		case e := <-j.exitc:
-			j.handleExit(e)
+			if j.handleExit(e) && len(j.running) > 0 {
+				grace = j.stop(syscall.SIGTERM, nil, grace)
+			}
 		case r := <-j.addc:
 			ws, err := j.add(r.n)
 			r.reply <- addReply{ws, err}
@@ -569,8 +571,10 @@ func (j *Job) wait(p *proc) {
 }
 
 // handleExit records an exit and restarts its worker when the policy says
-// so.
-func (j *Job) handleExit(e procExit) {
+// so. It reports whether the job must stop: the worker exited with
+// StatusPermanent (an error a restart cannot fix) while the job was
+// neither stopping nor finished.
+func (j *Job) handleExit(e procExit) (stop bool) {
 	p := e.p
 	delete(j.running, p)
 	st := p.cmd.ProcessState
@@ -592,8 +596,13 @@ func (j *Job) handleExit(e procExit) {
 		j.finished = true // a new member would find the job over
 		j.trained = j.trained || x.Outcome == Finished
 	}
+	x.Permanent = x.Signal == 0 && x.Code == StatusPermanent
 	var doomed string
 	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)
+	if x.Permanent {
+		doomed = "it stopped on an error that a restart cannot fix (status 78, launch.StatusPermanent)"
+	}
+	stop = x.Permanent && !j.stopping && !j.finished
 	x.Released = p.released || p.shrunk
 	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, doomed != "", j.restarts, j.cfg.MaxRestarts) && !x.Released
 	if x.Released {
@@ -629,6 +638,8 @@ func (j *Job) handleExit(e procExit) {
 			append(attrs, "job_restarts", j.restarts+1, "max_restarts", j.cfg.MaxRestarts)...)
 	case j.stopping || j.finished:
 		j.log.Warn("worker failed", attrs...)
+	case x.Permanent:
+		j.log.Error("worker failed; not restarting it, and stopping the job: "+doomed+"; its own message above says which", attrs...)
 	case doomed != "":
 		j.log.Error("worker failed at start; not restarting it: "+doomed, attrs...)
 	default:
@@ -639,7 +650,7 @@ func (j *Job) handleExit(e procExit) {
 		j.hooks.OnExit(x)
 	}
 	if !x.Restarting {
-		return
+		return stop
 	}
 	j.restarts++
 	if err := j.spawn(x.Worker, x.Restart+1); err != nil {
@@ -647,6 +658,7 @@ func (j *Job) handleExit(e procExit) {
 		j.exits = append(j.exits, Exit{Process: Process{Worker: x.Worker, Restart: x.Restart + 1}, Code: -1,
 			Outcome: Failed, At: time.Now(), Err: err})
 	}
+	return false
 }
 
 // add starts n more workers for Add.

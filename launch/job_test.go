@@ -54,6 +54,9 @@ func TestMain(m *testing.M) {
 //	             worker); exit 0 if ever continued
 //	no-handler   print "ready INDEX PID", then sleep without handling any
 //	             signal: a SIGTERM kills it
+//	permanent-on-usr1  print "ready INDEX PID", exit StatusPermanent on
+//	             SIGUSR1 (an error a restart cannot fix), 143 on SIGTERM
+//	             or SIGINT
 func fakeWorker(mode string) int {
 	w, err := WorkerEnv()
 	if err != nil {
@@ -132,6 +135,14 @@ func fakeWorker(mode string) int {
 		}
 		if <-sigs == syscall.SIGUSR1 {
 			fmt.Printf("released %d %v\n", w.Index, p.Release(ctx))
+		}
+		return 143
+	case "permanent-on-usr1":
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
+		ready()
+		if <-sigs == syscall.SIGUSR1 {
+			return StatusPermanent
 		}
 		return 143
 	case "stop-self":

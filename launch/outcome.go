@@ -106,6 +106,13 @@ type Exit struct {
 	// decision named it (it called Platform.Release). It is not restarted,
 	// and its index may be started again when the job grows.
 	Released bool
+	// Permanent is true when the worker exited with StatusPermanent: it
+	// stopped on an error that a restart cannot fix (an invalid
+	// configuration, a foreign or finished checkpoint directory, settings
+	// that differ from the job's; see ExitStatus). It is never restarted,
+	// whenever it comes, and the launcher stops the job (Outcome is
+	// Failed).
+	Permanent bool
 	// JobFinished is true when the worker exited with StatusJobFinished:
 	// it found the job already finished and trained nothing (Outcome is
 	// Failed, and it is not restarted).
@@ -138,6 +145,10 @@ func (e Exit) String() string {
 		b.WriteString(" was killed by the launcher")
 	case e.Signal == syscall.SIGTERM || e.Signal == syscall.SIGINT:
 		fmt.Fprintf(&b, " was killed by %v: it does not handle preemption, nothing was committed", sigName(e.Signal))
+	case e.Permanent:
+		fmt.Fprintf(&b, " exited with status %d: a permanent error (its own message says which: an invalid configuration, "+
+			"a checkpoint directory of another model or of a finished job, settings that differ from the job's), "+
+			"which a restart repeats", e.Code)
 	case e.Usage:
 		fmt.Fprintf(&b, " exited with status %d %v after its first start: its command line was refused (a usage error; a Go panic also exits 2)",
 			e.Code, e.Ran.Round(time.Millisecond))
@@ -222,10 +233,12 @@ func startFailure(x Exit, seen []Exit, window time.Duration) (atStart, usage boo
 //     only when its trainer's Run returned nil, that is, the job finished.
 //     Crashes the job survived on the way (restarted or not) do not change
 //     that; they are in Result.Exits and the launcher's log.
-//  2. Otherwise, after a stop: Preempted when every process running at the
+//  2. Otherwise Failed when a worker exited with StatusPermanent (the
+//     launcher stopped the job for it).
+//  3. Otherwise, after a stop: Preempted when every process running at the
 //     stop left as preempted by itself (not killed after the grace
 //     period); otherwise Failed.
-//  3. Otherwise (no stop): Preempted when the last process of every
+//  4. Otherwise (no stop): Preempted when the last process of every
 //     worker index left as preempted (each was stopped from outside, e.g.
 //     a SIGTERM of its own); otherwise Failed.
 func jobOutcome(exits []Exit, stopped bool) Outcome {
@@ -234,7 +247,7 @@ func jobOutcome(exits []Exit, stopped bool) Outcome {
 			return Finished
 		}
 	}
-	if len(exits) == 0 {
+	if len(exits) == 0 || firstPermanent(exits) >= 0 {
 		return Failed
 	}
 	if stopped {
@@ -300,11 +313,34 @@ const StatusUsage = 2
 // a bad command line.
 var ErrUsage = errors.New("launch: the workers' command line was refused")
 
+// ErrPermanent is wrapped, next to ErrFailed, by Job.Wait's (and Run's)
+// error when a worker exited with StatusPermanent: an error that a restart
+// cannot fix (an invalid configuration, a checkpoint directory of another
+// model or of a finished job, settings that differ from the job's). The
+// launcher restarted nothing after it and stopped the job at once; the
+// error names that worker (the first one, when several). ExitStatus maps
+// it to StatusUsage, as for a bad command line.
+var ErrPermanent = errors.New("launch: a worker stopped on an error that a restart cannot fix")
+
+// firstPermanent returns the index in exits of the first exit with
+// StatusPermanent, or -1.
+func firstPermanent(exits []Exit) int {
+	for i, e := range exits {
+		if e.Permanent {
+			return i
+		}
+	}
+	return -1
+}
+
 // decisive returns the exits that decided a failed job (those jobError
-// names): after a stop, the processes running then that did not leave
-// gracefully; otherwise the last process of every worker index that did
-// not.
+// names): the first permanent error when a worker exited with one; after
+// a stop, the processes running then that did not leave gracefully;
+// otherwise the last process of every worker index that did not.
 func decisive(exits []Exit, stopped bool) []Exit {
+	if i := firstPermanent(exits); i >= 0 {
+		return []Exit{exits[i]}
+	}
 	cands := exits
 	if !stopped {
 		cands = lastExits(exits)
@@ -331,9 +367,10 @@ func usageFailure(exits []Exit, stopped bool) bool {
 }
 
 // jobStatus is the exit status of a job with outcome o: o's, except
-// StatusUsage for a failure of refused command lines.
+// StatusUsage for a failure of refused command lines or of a permanent
+// error.
 func jobStatus(o Outcome, exits []Exit, stopped bool) int {
-	if o == Failed && usageFailure(exits, stopped) {
+	if o == Failed && (usageFailure(exits, stopped) || firstPermanent(exits) >= 0) {
 		return StatusUsage
 	}
 	return o.ExitStatus()
@@ -351,20 +388,18 @@ func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 	case Preempted:
 		err = ErrPreempted
 	default:
-		cands := exits
-		if !stopped {
-			cands = lastExits(exits)
-		}
 		var bad []string
-		for _, e := range cands {
-			if (!stopped || e.AtStop) && (e.Outcome != Preempted || e.Killed) {
-				bad = append(bad, e.String())
-			}
+		for _, e := range decisive(exits, stopped) {
+			bad = append(bad, e.String())
 		}
 		if len(bad) == 0 {
 			bad = append(bad, "no worker ran")
 		}
 		err = fmt.Errorf("%w: %s", ErrFailed, strings.Join(bad, "; "))
+		cands := exits
+		if !stopped {
+			cands = lastExits(exits)
+		}
 		for _, e := range cands {
 			if e.JobFinished {
 				err = fmt.Errorf("%w (%w: the store remembers the job ID as finished; run again under a new job ID)", err, elastic.ErrJobFinished)
@@ -373,6 +408,9 @@ func jobError(o Outcome, exits []Exit, stopped bool, cause error) error {
 		}
 	}
 
+	if o == Failed && firstPermanent(exits) >= 0 {
+		err = &multiError{msg: err.Error() + "; the launcher restarted nothing and stopped the job", errs: []error{err, ErrPermanent}}
+	}
 	if o == Failed && usageFailure(exits, stopped) {
 		err = &multiError{msg: err.Error(), errs: []error{err, ErrUsage}}
 	}

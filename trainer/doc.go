@@ -15,10 +15,18 @@
 //  2. Connect the round's Backend (by default the ring of package sync),
 //     and agree on the job's settings: one max-allreduce of every member's
 //     model fingerprint, epochs, base learning rate, global batch, dataset
-//     length, shuffle seed, commit interval and mode. Members that differ
-//     all stop in this round with a *SettingsError (ErrSettingsMismatch;
-//     ErrModelMismatch too when the models differ) that names the
-//     settings and the members; it is not retried.
+//     length, shuffle seed, commit interval and mode, and whether each
+//     member holds the job's trained state (installed in an earlier
+//     round). When the members that hold it agree, they are the job: a
+//     newcomer that differs from them is refused (as a stranger with the
+//     wrong secret is: evicted, and its Run returns a *SettingsError,
+//     ErrSettingsMismatch, ErrModelMismatch too when the models differ,
+//     with Refused set), and the others end the round before any state
+//     moves and train on without it. When nobody holds trained state (a
+//     new job, a whole-job restart) or the holders disagree, every member
+//     stops in this round with that error. It names the settings with the
+//     values as each member configured them, and the members; it is not
+//     retried.
 //  3. Agree on state. The ranks first check with one max-allreduce that they
 //     hold the same model (names, shapes, optimizer; otherwise every rank
 //     returns ErrModelMismatch), then find the newest commit that every
@@ -27,7 +35,9 @@
 //     holds live state (a new job, or a whole-job restart), rank 0 loads the
 //     newest durable checkpoint that passes its checksum, or starts from the
 //     initial values. A checkpoint of another model stops every rank with
-//     ErrForeignCheckpoint before anything in the store changes.
+//     ErrForeignCheckpoint, and one that already completes Config.Epochs
+//     (a finished job's, under a new job ID) with ErrFinishedCheckpoint,
+//     before anything in the store changes.
 //  4. Restore every Partition to the agreed step, then the data loader
 //     from the committed loader state for the new world size.
 //  5. Train: batch, StepFunc, the gradient allreduce (fused buckets, which

@@ -15,7 +15,10 @@ var (
 	// the ones a commit, checkpoint or peer holds.
 	ErrShapeMismatch = errors.New("trainer: parameter shape mismatch")
 	// ErrModelMismatch reports that ranks of one round hold different models
-	// (names, shapes or optimizer); every rank of the round returns it.
+	// (names, shapes or optimizer); every rank of the round returns it, or
+	// only a newcomer whose model differs from that of the members holding
+	// the job's trained state, which refuse it and train on (see
+	// ErrSettingsMismatch).
 	ErrModelMismatch = errors.New("trainer: ranks hold different models")
 	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
 	// its checks (bad magic, checksum, lengths).

@@ -1,6 +1,37 @@
 package trainer
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrFinishedCheckpoint is returned by Run, on every rank of the round,
+// when the newest readable checkpoint in the CheckpointStore already
+// completes Config.Epochs: the store holds a job that finished (restored
+// under a new job ID, it would train nothing and report success). Run
+// refuses to start before it changes anything in the store. Raise
+// Config.Epochs to train more epochs from it, or point the worker at an
+// empty directory for a new job. A restart fails the same way
+// (launch.ExitStatus gives launch.StatusPermanent).
+var ErrFinishedCheckpoint = errors.New("trainer: the checkpoint store holds a finished job")
+
+// checkpointWhere is " in DIR" for a CheckpointStore with a directory
+// (LocalDir), or "".
+func (t *Trainer[B]) checkpointWhere() string {
+	if d, ok := t.o.ckpt.(interface{ Dir() string }); ok {
+		return " in " + d.Dir()
+	}
+	return ""
+}
+
+// finishedCheckpoint is rank 0's error for a checkpoint of step that
+// completes every epoch of this job.
+func (t *Trainer[B]) finishedCheckpoint(step int64, epoch int64) error {
+	return fmt.Errorf("%w: the checkpoint of step %d%s is at the end of epoch %d, and this job trains %d epochs: "+
+		"nothing is left to train; refusing to start so that nothing in it is changed "+
+		"(raise the epochs to train more from it, or use an empty directory for a new job)",
+		ErrFinishedCheckpoint, step, t.checkpointWhere(), epoch, t.cfg.Epochs)
+}
 
 // finishedBeforeJoin is Run's error when the rendezvous answers that the
 // job is finished and this Run has not trained a step: the store remembers
@@ -10,10 +41,20 @@ import "fmt"
 func (t *Trainer[B]) finishedBeforeJoin(err error) error {
 	// No job attribute: the logger is the caller's (WithLogger), and one
 	// that needs the job carries it already.
-	t.log.Error("the job had already finished when this worker joined; nothing was trained",
-		"hint", "use a new job ID to train again")
-	return fmt.Errorf("trainer: job %q had already finished when this worker joined, and this worker trained no step (a new job ID trains again): %w",
-		t.cfg.JobID, err)
+	hint := "a new job ID trains again"
+	if t.o.ckpt != nil {
+		// Under a new job ID the finished job's final checkpoint is
+		// restored (a whole-job restart), and refused when it completes
+		// the epochs (ErrFinishedCheckpoint).
+		where := t.checkpointWhere()
+		if where == "" {
+			where = " in the checkpoint store"
+		}
+		hint += "; the finished job's checkpoints are" + where + ": more epochs train on from them, an empty directory starts over"
+	}
+	t.log.Error("the job had already finished when this worker joined; nothing was trained", "hint", hint)
+	return fmt.Errorf("trainer: job %q had already finished when this worker joined, and this worker trained no step (%s): %w",
+		t.cfg.JobID, hint, err)
 }
 
 // finishedWithout is Run's error for a worker that trained but finds the

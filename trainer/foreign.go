@@ -62,12 +62,8 @@ func (d *LocalDir) CleanTemp(ctx context.Context) ([]string, error) {
 // foreignCheckpoint is rank 0's error for a checkpoint of step that loads
 // (its checksum holds) but belongs to another model (err, ErrShapeMismatch).
 func (t *Trainer[B]) foreignCheckpoint(step int64, err error) error {
-	where := ""
-	if d, ok := t.o.ckpt.(interface{ Dir() string }); ok {
-		where = " in " + d.Dir()
-	}
 	return fmt.Errorf("%w: checkpoint of step %d%s: %w; refusing to start so that nothing in it is changed (use an empty directory for this model)",
-		ErrForeignCheckpoint, step, where, err)
+		ErrForeignCheckpoint, step, t.checkpointWhere(), err)
 }
 
 // cleanLeftovers removes the store's leftover temporary files when it can
@@ -87,13 +83,22 @@ func (t *Trainer[B]) cleanLeftovers(ctx context.Context) {
 }
 
 // refusedSource is the source code in the state broadcast by which rank 0
-// tells every rank that it refused to start; the blob is its error text.
-const refusedSource = 0xfe
+// tells every rank that it refused to start for a foreign checkpoint, and
+// refusedFinished for a finished one (ErrFinishedCheckpoint); the blob is
+// its error text.
+const (
+	refusedSource   = 0xfe
+	refusedFinished = 0xfd
+)
 
-// refusal is a non-root rank's error for rank 0's refusal to start,
-// carrying rank 0's error text.
-func refusal(text []byte) error {
-	return fmt.Errorf("%w: rank 0 refused to start: %s", ErrForeignCheckpoint, text)
+// refusal is a non-root rank's error for rank 0's refusal to start (code
+// refusedSource or refusedFinished), carrying rank 0's error text.
+func refusal(code byte, text []byte) error {
+	sentinel := ErrForeignCheckpoint
+	if code == refusedFinished {
+		sentinel = ErrFinishedCheckpoint
+	}
+	return fmt.Errorf("%w: rank 0 refused to start: %s", sentinel, text)
 }
 
 // broadcastRefusal is rank 0's side of the state broadcast when it refuses
@@ -106,6 +111,9 @@ func (t *Trainer[B]) broadcastRefusal(ctx context.Context, comm interface {
 	head := make([]byte, 9)
 	binary.LittleEndian.PutUint64(head, uint64(len(text)))
 	head[8] = refusedSource
+	if errors.Is(err, ErrFinishedCheckpoint) {
+		head[8] = refusedFinished
+	}
 	watch.enter()
 	berr := comm.Broadcast(ctx, head, 0)
 	if berr == nil {

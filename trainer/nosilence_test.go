@@ -449,12 +449,14 @@ func TestACheckpointPastThisJobsEpochsIsRefusedUntouched(t *testing.T) {
 	require.Zero(t, w.res.Step)
 	require.Equal(t, before, dirState(t, dir), "nothing in the directory was created, changed or removed")
 
-	// The same job's own final checkpoint (at its last epoch) still
-	// restores: a whole-job restart after the end finishes at once.
+	// A job of the same epochs under a new job ID once restored the final
+	// checkpoint and returned success, having trained nothing: it is
+	// ErrFinishedCheckpoint (TestAFinishedCheckpointUnderANewJobIDIsAnError).
 	c := newJob(t, stores(t)["memory"])
 	c.epochs = 3
 	c.opts = func(int) []Option { return []Option{WithCheckpointStore(newStore())} }
 	w = c.start()
 	c.wait()
-	require.NoError(t, w.err)
+	require.ErrorIs(t, w.err, ErrFinishedCheckpoint)
+	require.Equal(t, before, dirState(t, dir))
 }

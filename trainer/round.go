@@ -36,9 +36,14 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	t.live.connected(comm)
 
 	if err := t.agreeSettings(rctx, comm, world, watch); err != nil {
-		if errors.Is(err, ErrSettingsMismatch) {
+		var se *SettingsError
+		if errors.As(err, &se) {
 			// Every rank took this decision from the same collective.
 			t.goodbye(rctx, comm)
+			if len(se.Refused) > 0 && !slices.Contains(se.Refused, world.Members[world.Rank].ID) {
+				t.refuse(ctx, agent, world, se)
+				return endRefused, nil
+			}
 			return endFatal, err
 		}
 		return t.classify(ctx, rctx, err)
@@ -51,7 +56,8 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	info, err := t.syncState(rctx, comm, world, recovered, watch, ck)
 	transfer()
 	if err != nil {
-		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrForeignCheckpoint) {
+		if errors.Is(err, ErrModelMismatch) || errors.Is(err, ErrFailureBudget) || errors.Is(err, ErrForeignCheckpoint) ||
+			errors.Is(err, ErrFinishedCheckpoint) {
 			// Every rank took this decision from the same collective.
 			t.goodbye(rctx, comm)
 			return endFatal, err
@@ -245,7 +251,7 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 			load := t.live.busy("checkpoint load") // the others wait in the broadcast
 			sn, info.Source, err = t.initialState(ctx)
 			load()
-			if errors.Is(err, ErrForeignCheckpoint) {
+			if errors.Is(err, ErrForeignCheckpoint) || errors.Is(err, ErrFinishedCheckpoint) {
 				// Every rank refuses with it, not only this one.
 				return info, t.broadcastRefusal(ctx, comm, watch, err)
 			}
@@ -291,8 +297,8 @@ func (t *Trainer[B]) syncStateInner(ctx context.Context, comm sync.Synchronizer,
 	if err != nil {
 		return info, fmt.Errorf("trainer: state broadcast: %w", err)
 	}
-	if lenBuf[8] == refusedSource {
-		return info, refusal(blob)
+	if lenBuf[8] == refusedSource || lenBuf[8] == refusedFinished {
+		return info, refusal(lenBuf[8], blob)
 	}
 	got, err := decodeSnapshot(blob, t.params)
 	if err != nil {
@@ -347,6 +353,13 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 					// having trained nothing.
 					return nil, "", t.foreignCheckpoint(s, fmt.Errorf("%w: the checkpoint is at epoch %d, past this job's %d epochs (a job with more epochs wrote it)",
 						ErrSettingsMismatch, sn.epoch, t.cfg.Epochs))
+				}
+				if err == nil && int(sn.epoch) == t.cfg.Epochs {
+					// The history completes this job's epochs: a finished
+					// job, restored under a new job ID (the store forgot
+					// the old one, or never knew it). Restoring it would
+					// train nothing and report success.
+					return nil, "", t.finishedCheckpoint(s, sn.epoch)
 				}
 				if err == nil {
 					t.cleanLeftovers(ctx)

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -12,18 +14,38 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 )
 
-// ErrSettingsMismatch is returned by Run on every rank of a round whose
-// members disagree on a setting that must be the same on every worker of
-// a job. The round stops at once, before any state moves, and is not
-// retried: a restarted worker would disagree again. The error is a
-// *SettingsError naming the settings and the members; when their models
-// differ, it matches ErrModelMismatch too. The settings compared are the
+// ErrSettingsMismatch is returned by Run on a worker whose settings differ
+// from the job's, on a setting that must be the same on every worker of a
+// job. Who stops depends on who holds the job's trained state (state
+// installed in an earlier round of this Run, from a commit, a checkpoint
+// or the initial values: a member that has taken part in the job):
+//
+//   - When the members of a round that hold that state agree with one
+//     another, they are the job: every member that holds none and differs
+//     from them (a late joiner with another learning rate, a stale pod of
+//     a rolling update) is refused, the way a stranger with the wrong
+//     secret is, and Run returns this error there (SettingsError.Refused
+//     names it); the others end the round before any state moves, and
+//     train on without it.
+//   - When no member holds trained state (a new job, or a whole-job
+//     restart) or the holders disagree among themselves, nobody can tell
+//     which settings are the job's: every member stops in that round with
+//     this error.
+//
+// The round ends before any state moves, and a stopped worker is not
+// retried: restarted, it would differ again (launch.ExitStatus gives
+// launch.StatusPermanent). The error is a *SettingsError naming the
+// settings with the values as each member configured them, and the
+// members; when their models differ, it matches ErrModelMismatch too.
+// The settings compared are the
 // model (parameter names, shapes, optimizer), Config.Epochs, the
 // optimizer's learning rate when New was called (the configured base rate,
 // not the current one, which hooks and restored commits change), the
 // loader's global batch, dataset length and shuffle seed (a Loader's
-// NewCursor, or DataSettings), Config.CommitEvery and
-// Config.Deterministic.
+// NewCursor, or DataSettings), Config.CommitEvery,
+// Config.Deterministic and Config.BucketBytes (the gradient allreduce's
+// layout: a member with another one made every step's collective fail, and
+// the job's failure budget ran out).
 var ErrSettingsMismatch = errors.New("trainer: workers disagree on the job's settings")
 
 // SettingsError is the error of a settings disagreement: for each setting
@@ -34,6 +56,11 @@ type SettingsError struct {
 	Round uint64
 	// Diffs holds one entry per setting that differs, in a fixed order.
 	Diffs []SettingDiff
+	// Refused holds the member IDs of the members refused by the members
+	// that hold the job's trained state, who train on (see
+	// ErrSettingsMismatch), in rank order; empty when every member of the
+	// round stopped.
+	Refused []string
 }
 
 // SettingDiff is one setting on which a round's members disagree.
@@ -43,9 +70,12 @@ type SettingDiff struct {
 	// "model fingerprint (parameter names, shapes and optimizer)",
 	// "parameter tensors", "parameter values",
 	// "epochs", "learning rate", "global batch", "dataset length",
-	// "shuffle seed", "commit interval", "deterministic mode".
+	// "shuffle seed", "commit interval", "deterministic mode",
+	// "gradient bucket bytes".
 	Setting string
-	// Values holds each member's value, in rank order, as text.
+	// Values holds each member's value, in rank order, as text: the value
+	// as configured (the optimizer's learning rate at New, a Schedule's
+	// fields, the full shuffle seed), not an encoding of it.
 	Values []string
 	// Members holds the member IDs, in rank order.
 	Members []string
@@ -56,7 +86,12 @@ func (e *SettingsError) Error() string {
 	if e.Model() {
 		b.WriteString("trainer: ranks hold different models; ")
 	}
-	fmt.Fprintf(&b, "trainer: workers disagree on the job's settings in round %d (every worker of a job must be configured the same):", e.Round)
+	if len(e.Refused) > 0 {
+		fmt.Fprintf(&b, "trainer: refused by the job in round %d: the settings of member %s differ from those of the members that hold the job's trained state, "+
+			"which train on without it (every worker of a job must be configured the same):", e.Round, strings.Join(e.Refused, ", "))
+	} else {
+		fmt.Fprintf(&b, "trainer: workers disagree on the job's settings in round %d (every worker of a job must be configured the same):", e.Round)
+	}
 	for i, d := range e.Diffs {
 		if i > 0 {
 			b.WriteString(";")
@@ -118,6 +153,7 @@ var jobSettings = []jobSetting{
 	{"shuffle seed", formatInt},
 	{"commit interval", formatInt},
 	{"deterministic mode", func(v float64) string { return strconv.FormatBool(v != 0) }},
+	{"gradient bucket bytes", formatInt}, // the fused buffers' layout is the collectives' (Config.BucketBytes)
 }
 
 // DataSettings is an optional capability of a StatefulLoader: the global
@@ -144,20 +180,70 @@ func (t *Trainer[B]) settingsRow() []float64 {
 	if t.cfg.Deterministic {
 		det = 1
 	}
-	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det}
+	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det,
+		float64(t.cfg.BucketBytes)}
 }
 
+// settingsText is this worker's values of jobSettings as configured, for
+// the message of a disagreement (settingsRow holds numbers that compare
+// exactly, some of them derived: a Schedule's probe, a 52-bit seed),
+// after its model's description (modelDesc).
+func (t *Trainer[B]) settingsText(row []float64) []byte {
+	b := appendBytes(nil, modelDesc(t.params, t.opt))
+	for s, js := range jobSettings {
+		v := js.format(row[s])
+		switch js.name {
+		case "learning rate":
+			if t.o.sched != nil {
+				v = describeSchedule(t.o.sched)
+			}
+		case "shuffle seed":
+			if l, ok := t.loader.(*cursorLoader[B]); ok {
+				v = strconv.FormatUint(l.l.NewCursor().Seed, 10)
+			}
+		}
+		b = appendBytes(b, []byte(v))
+	}
+	return b
+}
+
+// describeSchedule is a Schedule as configured: its String when it has
+// one, its type and fields when it is a struct (WarmupCosine{Base:0.2
+// ...}), else its rates at steps 0, 1 and 1000.
+func describeSchedule(s Schedule) string {
+	if st, ok := s.(fmt.Stringer); ok {
+		return st.String()
+	}
+	if v := reflect.Indirect(reflect.ValueOf(s)); v.Kind() == reflect.Struct {
+		return fmt.Sprintf("%v%+v", v.Type(), v.Interface())
+	}
+	return fmt.Sprintf("a schedule with rates %g, %g, %g at steps 0, 1, 1000", s.LR(0), s.LR(1), s.LR(1000))
+}
+
+// holdsColumn is the column of the settings matrix, after jobSettings, in
+// which a member says whether it holds the job's trained state.
+var holdsColumn = len(jobSettings)
+
 // agreeSettings makes every rank of the round learn every rank's settings
-// (one max-allreduce of a size × settings matrix in which each rank fills
-// its row) and returns a *SettingsError, the same on every rank, when
-// they differ.
+// and whether it holds the job's trained state (one max-allreduce of a
+// size × (settings+1) matrix in which each rank fills its row) and returns
+// a *SettingsError, the same on every rank, when they differ (see
+// ErrSettingsMismatch and decideSettings for who stops). On a
+// disagreement every rank also gathers every rank's settings as
+// configured, for the message.
 func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, world elastic.World, watch *collectiveWatch) error {
-	k := len(jobSettings)
+	k := len(jobSettings) + 1
 	m := make([]float64, world.Size*k)
 	for i := range m {
 		m[i] = math.Inf(-1)
 	}
-	copy(m[world.Rank*k:], t.settingsRow())
+	row := t.settingsRow()
+	copy(m[world.Rank*k:], row)
+	if t.latest != nil {
+		m[world.Rank*k+holdsColumn] = 1
+	} else {
+		m[world.Rank*k+holdsColumn] = 0
+	}
 	watch.enter()
 	err := comm.AllReduceFloat64(ctx, m, sync.OpMax)
 	watch.leave()
@@ -170,14 +256,39 @@ func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, 
 	}
 	err = decideSettings(world.Round, m, ids)
 	var se *SettingsError
-	if errors.As(err, &se) && se.Model() {
-		// Every rank took this branch: learn which tensor differs.
-		watch.enter()
-		descs, gerr := gatherBytes(ctx, comm, modelDesc(t.params, t.opt))
-		watch.leave()
-		if gerr == nil {
-			se.Diffs = append(modelDiffs(descs, ids), se.Diffs...)
+	if !errors.As(err, &se) {
+		return err
+	}
+	// Every rank took this branch: learn the values as configured, and
+	// which tensor differs when the models do.
+	watch.enter()
+	texts, gerr := gatherBytes(ctx, comm, t.settingsText(row))
+	watch.leave()
+	if gerr != nil {
+		t.log.Warn("cannot learn the other members' settings as configured", "err", gerr)
+		return err
+	}
+	descs := make([][]byte, len(texts))
+	values := make([][]string, len(texts))
+	for r, b := range texts {
+		rd := reader{b: b}
+		descs[r] = rd.bytes()
+		for range jobSettings {
+			values[r] = append(values[r], string(rd.bytes()))
 		}
+		if rerr := rd.done(); rerr != nil {
+			t.log.Warn("a member's settings as configured do not decode", "rank", r, "err", rerr)
+			return err
+		}
+	}
+	for i, d := range se.Diffs {
+		s := slices.IndexFunc(jobSettings, func(js jobSetting) bool { return js.name == d.Setting })
+		for r := range d.Values {
+			se.Diffs[i].Values[r] = values[r][s]
+		}
+	}
+	if se.Model() {
+		se.Diffs = append(modelDiffs(descs, ids), se.Diffs...)
 	}
 	return err
 }
@@ -225,11 +336,53 @@ func modelDiffs(descs [][]byte, members []string) []SettingDiff {
 	return []SettingDiff{d}
 }
 
-// decideSettings compares the rows of m (one per rank, len(jobSettings)
-// values each) and returns a *SettingsError listing every setting on which
-// they differ, or nil.
+// decideSettings compares the rows of m (one per rank: len(jobSettings)
+// values, then 1 when the rank holds the job's trained state) and returns
+// a *SettingsError listing every setting on which they differ, or nil.
+// When the ranks that hold trained state agree with one another, the
+// ranks that hold none and differ from them are refused
+// (SettingsError.Refused; the diffs list every member's values) and the
+// others go on; when no rank holds it, or the holders disagree,
+// Refused is empty: every rank stops.
 func decideSettings(round uint64, m []float64, members []string) error {
-	k := len(jobSettings)
+	k := len(jobSettings) + 1
+	n := len(jobSettings)
+	holder := -1
+	agree := true // the holders agree with one another
+	for r := range members {
+		if m[r*k+holdsColumn] != 1 {
+			continue
+		}
+		if holder < 0 {
+			holder = r
+		} else if !slices.Equal(m[r*k:r*k+n], m[holder*k:holder*k+n]) {
+			agree = false
+		}
+	}
+	if holder >= 0 && agree {
+		var refused []string
+		for r := range members {
+			if m[r*k+holdsColumn] != 1 && !slices.Equal(m[r*k:r*k+n], m[holder*k:holder*k+n]) {
+				refused = append(refused, members[r])
+			}
+		}
+		if len(refused) == 0 {
+			return nil
+		}
+		err := compareSettings(round, m, members)
+		err.(*SettingsError).Refused = refused
+		return err
+	}
+	if err := compareSettings(round, m, members); err != nil {
+		return err
+	}
+	return nil
+}
+
+// compareSettings returns a *SettingsError listing every setting of
+// jobSettings on which the rows of m differ, or nil.
+func compareSettings(round uint64, m []float64, members []string) error {
+	k := len(jobSettings) + 1
 	var diffs []SettingDiff
 	for s, js := range jobSettings {
 		same := true

@@ -131,3 +131,32 @@ func abandoned(doubted bool, rerr error, size int) bool {
 	var pe *sync.PeerError
 	return !errors.As(rerr, &ae) && (errors.Is(rerr, errAbortChange) || errors.As(rerr, &pe))
 }
+
+// refuse is the side of the members that go on in a round whose settings
+// agreement refused members (SettingsError.Refused, see
+// ErrSettingsMismatch): like strangers, the refused are evicted (the
+// lowest rank that goes on reports them, so the next round forms without
+// waiting for them to leave by themselves, which they do), and the round
+// ends before any state moved.
+func (t *Trainer[B]) refuse(ctx context.Context, agent *elastic.Agent, world elastic.World, se *SettingsError) {
+	reporter := -1
+	for r, m := range world.Members {
+		if !slices.Contains(se.Refused, m.ID) {
+			reporter = r
+			break
+		}
+	}
+	t.log.Warn("refused members whose settings differ from the job's; training on without them",
+		"round", world.Round, "refused", se.Refused, "err", se)
+	if reporter != world.Rank {
+		return
+	}
+	for _, id := range se.Refused {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := agent.ReportFailure(rctx, world.Round, id)
+		cancel()
+		if err != nil {
+			t.log.Warn("failure report failed", "member", id, "err", err)
+		}
+	}
+}

@@ -332,6 +332,7 @@ const (
 	endFailure                   // a peer failed, a collective timed out or was aborted
 	endPreempted                 // this worker was preempted and has committed
 	endEvicted                   // this worker was evicted as a straggler
+	endRefused                   // members whose settings differ were refused before any state moved (settings.go)
 )
 
 // errAbortChange is the cause of a round context cancelled because the
@@ -350,7 +351,9 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
 // worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
 // also ErrStranger when the job shut this worker out for a wrong secret),
-// ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
+// ErrModelMismatch, ErrSettingsMismatch (also on a worker the job
+// refused: see there), ErrForeignCheckpoint, ErrFinishedCheckpoint,
+// ErrStepFailed, ErrCheckpoint,
 // elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
 func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
@@ -520,7 +523,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		t.tel.worldSize.Record(ctx, int64(world.Size), t.tel.commonAttrs)
 		t.log.Info("round formed", "round", world.Round, "rank", world.Rank, "world_size", world.Size)
 
-		trainedBefore := t.trained
+		trainedBefore, sizeBefore := t.trained, prevSize
 		end, rerr := t.round(ctx, agent, world, prevSize, failed, failedAt, ck)
 		shutOut = false
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
@@ -548,6 +551,10 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 			return res, rerr // the final checkpoint's error, if it failed
 		case endRejoin:
 			failed = false
+		case endRefused:
+			// Nothing moved: the next round follows the one before this
+			// (its size for OnRescale, a recovery still owed).
+			prevSize = sizeBefore
 		case endFailure:
 			failed, failedAt = true, t.o.now()
 			// Only a round that had trained spends the job's failure

@@ -25,7 +25,13 @@
 // restarted when a restart would fail the same way: status 2 on its first
 // start (its command line was refused: Go's flag package exits 2, so does
 // a Go panic), or the same status or signal as its previous process at
-// its start. Mind that etrun's flags go before the command: in
+// its start. A worker that exits with status 78 (launch.StatusPermanent:
+// an error a restart cannot fix, such as an invalid configuration, a
+// checkpoint directory of another model or of a finished job, or settings
+// the running job refused) is never restarted, whenever it comes, and
+// etrun stops the whole job at once (the other workers get SIGTERM).
+// A Go panic exits 2: it is restarted like a crash, except at a first
+// start within -startup-window. Mind that etrun's flags go before the command: in
 // "etrun ./my-worker -workers 3", -workers is the worker's flag.
 //
 // Scaling: -capacity FILE bounds the workers by a file holding a whole
@@ -45,7 +51,10 @@
 // grace period, by itself, with status 143: a worker that the signal
 // killed, having no handler, committed nothing and fails the job), 1 when
 // it failed, 2 for a bad command line: etrun's, or the workers' when every
-// worker that decided the failure exited 2 at its first start.
+// worker that decided the failure exited 2 at its first start, and also 2
+// when a worker stopped on a permanent error (status 78); 4 is a worker's
+// status, not etrun's: a job whose workers found it already finished
+// fails with 1.
 package main
 
 import (

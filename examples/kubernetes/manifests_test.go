@@ -242,7 +242,7 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	// The exit codes of the worker the failure policy names are the
 	// worker's: 143 after a graceful leave (not a failure), 2 for bad flags.
 	require.NotNil(t, spec.PodFailurePolicy)
-	ignored, failing := map[int32]bool{}, map[int32]bool{}
+	ignored, failing, failIndex := map[int32]bool{}, map[int32]bool{}, map[int32]bool{}
 	disruption := false
 	for _, r := range spec.PodFailurePolicy.Rules {
 		if r.OnExitCodes != nil {
@@ -254,6 +254,8 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 					ignored[c] = true
 				case batchv1.PodFailurePolicyActionFailJob:
 					failing[c] = true
+				case batchv1.PodFailurePolicyActionFailIndex:
+					failIndex[c] = true
 				}
 			}
 		}
@@ -265,6 +267,7 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	}
 	require.True(t, ignored[exitPreempted], "a worker that left gracefully (exit %d) is not a failure", exitPreempted)
 	require.True(t, failing[exitUsage], "bad flags (exit %d) fail the Job at once", exitUsage)
+	require.True(t, failIndex[exitPermanent], "a permanent error (exit %d: a refused stale pod) stops its index only, not the Job", exitPermanent)
 	require.True(t, disruption, "evictions (DisruptionTarget) are not failures")
 
 	// The headless Service selects the Job's pods, which name it as their
@@ -446,6 +449,7 @@ const telemetryFlush = 5 * time.Second
 const (
 	exitPreempted = 143
 	exitUsage     = 2
+	exitPermanent = 78 // launch.StatusPermanent
 )
 
 // dockerfile is what the tests read from the Dockerfile.

@@ -56,6 +56,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	fail := func(err error) int {
 		ev.Emit(launcher.ErrorEvent(err))
 		logger.Error("worker failed", "err", err)
+		if launch.Permanent(err) {
+			return launch.StatusPermanent // not restarted: the launcher stops the job
+		}
 		return exitError
 	}
 	ctx, cancel := context.WithCancel(context.Background())

@@ -8,6 +8,7 @@ import (
 	"syscall"
 
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -66,11 +67,16 @@ func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (t
 
 // Fail returns the error handler of a worker of the program name: it
 // reports err to the launcher (an "error" event) and on w, and returns the
-// worker's exit status, 1.
+// worker's exit status: launch.StatusPermanent for an error a restart
+// cannot fix (launch.Permanent: the launcher then restarts nothing and
+// stops the job), else 1.
 func Fail(ev *launcher.Emitter, w io.Writer, name string) func(err error) int {
 	return func(err error) int {
 		ev.Emit(launcher.ErrorEvent(err))
 		fmt.Fprintf(w, "%s worker %d: %v\n", name, os.Getpid(), err)
+		if launch.Permanent(err) {
+			return launch.StatusPermanent
+		}
 		return 1
 	}
 }

@@ -57,6 +57,8 @@ func run() int {
 	crashWorker := flag.Int("crash-worker", -1, "the worker index whose first process crashes")
 	crashStep := flag.Int64("crash-step", 0, "the step after which it crashes (exit status 3)")
 	ckpt := flag.String("checkpoint", "", "checkpoint directory")
+	lr := flag.Float64("lr", 0.02, "the optimizer's learning rate")
+	features := flag.Int("features", 4, "features of the model (another count is another model)")
 	flag.Parse()
 
 	w, err := launch.WorkerEnv()
@@ -71,8 +73,8 @@ func run() int {
 	}
 	emit(Event{Ev: "start", Rank: -1})
 
-	prob := trainertest.NewProblem(*samples, 4, 0.05, 7)
-	model := trainertest.NewModel(4)
+	prob := trainertest.NewProblem(*samples, *features, 0.05, 7)
+	model := trainertest.NewModel(*features)
 	model.StepDelay = *delay
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = *batch, 7
@@ -116,11 +118,11 @@ func run() int {
 		}
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
-	tr, err := trainer.New(model.Params(), trainer.NewMomentum(0.02, 0.9), loader, model.Step,
+	tr, err := trainer.New(model.Params(), trainer.NewMomentum(*lr, 0.9), loader, model.Step,
 		elastic.NewRedisStore(client), cfg, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
-		return launch.StatusFailed
+		return launch.ExitStatus(err) // StatusPermanent for an invalid configuration
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -139,6 +141,7 @@ func run() int {
 		Preempted: errors.Is(err, trainer.ErrPreempted), Finished: res.Finished}
 	if err != nil {
 		e.Err = err.Error()
+		fmt.Fprintln(os.Stderr, "worker:", err)
 	}
 	emit(e)
 	return e.Status
