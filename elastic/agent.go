@@ -52,6 +52,7 @@ type Agent struct {
 	err         error
 	outageSince time.Time
 	outageLog   time.Time // when the outage was last logged
+	outageErr   error     // the last failed call's error of the outage under way (checkBudget names it)
 	// The outage budget's clock (outage.go), under mu.
 	lastOK      time.Time            // when a store call was last answered
 	inFlight    map[uint64]time.Time // store calls in flight: their start
@@ -410,6 +411,7 @@ func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 		return a.err
 	}
 	now := time.Now()
+	a.outageErr = err
 	if started.Before(a.lastOK) {
 		// A call answered since this one started: the store was
 		// reachable then, whatever this one met before.
@@ -448,6 +450,7 @@ func (a *Agent) noteOK() {
 		a.log.Info("store reachable again", "after", time.Since(a.outageSince))
 		a.outageSince = time.Time{}
 	}
+	a.outageErr = nil
 	a.mu.Unlock()
 }
 

@@ -91,10 +91,17 @@ func (a *Agent) checkBudget() {
 		return
 	}
 	if waited := time.Since(since); waited >= a.cfg.OutageBudget {
-		a.giveUpLocked(fmt.Errorf("%w: no answer for longer than the outage budget of %v (%v since the oldest call the store left unanswered)",
-			ErrStoreUnavailable, a.cfg.OutageBudget, waited.Round(time.Millisecond)))
+		// Name the cause when a call has failed (a name that does not
+		// resolve, a server of another protocol): "no answer" alone
+		// hides what an operator has to fix.
+		cause := "no answer"
+		if a.outageErr != nil {
+			cause = "last error: " + a.outageErr.Error()
+		}
+		a.giveUpLocked(fmt.Errorf("%w: no answer for longer than the outage budget of %v (%v since the oldest call the store left unanswered; %s)",
+			ErrStoreUnavailable, a.cfg.OutageBudget, waited.Round(time.Millisecond), cause))
 		a.log.Error("store unreachable for the whole outage budget; giving up",
-			"budget", a.cfg.OutageBudget.String(), "waited", waited.Round(time.Millisecond).String())
+			"budget", a.cfg.OutageBudget.String(), "waited", waited.Round(time.Millisecond).String(), "err", cause)
 		return
 	}
 	a.armBudgetLocked(since.Add(a.cfg.OutageBudget))

@@ -187,12 +187,20 @@ func TestAStoreThatCannotHealSaysSoWithItsCause(t *testing.T) {
 			c.Close()
 		}
 	}()
+	// The name is looked up through a DNS server of the test's own that
+	// answers every query "no such name": the machine's resolver may take
+	// longer than the dial's deadline to say so (then the cause read
+	// "i/o timeout"), which is not what this test is about.
+	dialer := &net.Dialer{Resolver: nxdomainResolver(t)}
 	for _, c := range []struct{ name, addr, cause string }{
 		{"a name that does not resolve", "no-such-host.invalid:6379", "no such host"},
 		{"a server of another protocol", ln.Addr().String(), "HTTP/1.1 400"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			client := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+			client := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
+					return dialer.DialContext(ctx, network, addr)
+				}})
 			t.Cleanup(func() { client.Close() })
 			lines := make(chan logLine, 1024)
 			_, done := loggedWorker(t, elastic.NewRedisStore(client), 1, 1, lines, func(cfg *Config) { cfg.Elastic.OutageBudget = 2500 * time.Millisecond })
@@ -205,4 +213,36 @@ func TestAStoreThatCannotHealSaysSoWithItsCause(t *testing.T) {
 			require.ErrorIs(t, <-done, elastic.ErrStoreUnavailable)
 		})
 	}
+}
+
+// nxdomainResolver is a resolver whose DNS server, started for the test on
+// a loopback UDP port, answers every query with NXDOMAIN (RFC 1035 4.1.1:
+// the query's ID and question echoed, QR set, RCODE 3).
+func nxdomainResolver(t *testing.T) *net.Resolver {
+	t.Helper()
+	pc, err := net.ListenPacket("udp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { pc.Close() })
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			if n < 12 {
+				continue
+			}
+			resp := append([]byte(nil), buf[:n]...)
+			resp[2] = 0x80 | resp[2]&0x01 // QR, and the query's RD
+			resp[3] = 0x80 | 3            // RA, RCODE 3: no such name
+			resp[6], resp[7], resp[8], resp[9], resp[10], resp[11] = 0, 0, 0, 0, 0, 0
+			pc.WriteTo(resp, from)
+		}
+	}()
+	addr := pc.LocalAddr().String()
+	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "udp", addr)
+	}}
 }
