@@ -125,6 +125,11 @@ type Trainer[B any] struct {
 	// preemptSave, when set, writes the preempted worker's checkpoint once
 	// it said goodbye to its round and left (leavePreempted).
 	preemptSave func(ctx context.Context) error
+	// sc is resource adjustment (scaling.go), owned by Run's goroutine;
+	// released is set when a scaling decision removed this worker (it
+	// leaves by the preemption path and Run returns ErrReleased).
+	sc       scaling
+	released atomic.Bool
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -195,6 +200,7 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	if cfg.Balance {
 		t.weighter, _ = loader.(Weighter)
 	}
+	t.sc = newScaling(cfg.Autoscale)
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
 	// WithLogger reaches the rendezvous and the transport too, unless
 	// they were given loggers of their own: their waits and outages are
@@ -572,6 +578,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				// leavePreempted): the others re-form meanwhile.
 				t.preemptSave = nil
 				rerr = save(ctx)
+			}
+			if t.released.Load() {
+				return res, releasedError(rerr) // left by a scaling decision (scaling.go)
 			}
 			if rerr != nil {
 				return res, fmt.Errorf("%w, but its checkpoint was not written: %w", ErrPreempted, rerr)

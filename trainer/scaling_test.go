@@ -1,0 +1,306 @@
+package trainer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	stdsync "sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	. "github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+// testPlatform is an autoscale.Platform for an in-process job: Resize
+// asks the test goroutine (scaleJob.drive) to start workers until target
+// run, Release counts the workers that leave by decision, Capacity is
+// what the test sets. Safe for concurrent use.
+type testPlatform struct {
+	mu       stdsync.Mutex
+	capacity int // 0: no bound
+	resize   chan int
+	released int
+	targets  []int
+}
+
+func newTestPlatform(capacity int) *testPlatform {
+	return &testPlatform{capacity: capacity, resize: make(chan int, 64)}
+}
+
+func (p *testPlatform) Capacity(ctx context.Context) (int, bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.capacity, p.capacity > 0, ctx.Err()
+}
+
+func (p *testPlatform) Resize(ctx context.Context, target int) error {
+	p.mu.Lock()
+	p.targets = append(p.targets, target)
+	p.mu.Unlock()
+	select {
+	case p.resize <- target:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (p *testPlatform) Release(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.released++
+	return ctx.Err()
+}
+
+func (p *testPlatform) setCapacity(n int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.capacity = n
+}
+
+// scaleJob is an in-process job of linear-regression workers on a
+// trainertest.Cluster whose size a testPlatform changes.
+type scaleJob struct {
+	t       *testing.T
+	c       *trainertest.Cluster
+	prob    *trainertest.Problem
+	audit   *MemoryAudit
+	cfg     Config
+	micro   int
+	delay   time.Duration
+	plat    *testPlatform
+	events  chan stepEvent
+	exited  chan *scaleWorker
+	workers []*scaleWorker
+}
+
+type scaleWorker struct {
+	w     *trainertest.Worker
+	model *trainertest.Model
+	steps []StepInfo // filled by drive
+}
+
+// closingRunner closes the worker's loader when its Run returns.
+type closingRunner struct {
+	r      trainertest.Runner
+	loader *dataloader.Loader[trainertest.Sample, trainertest.Batch]
+}
+
+func (c closingRunner) Run(ctx context.Context) (Result, error) {
+	defer c.loader.Close()
+	return c.r.Run(ctx)
+}
+
+type stepEvent struct {
+	w  *scaleWorker
+	si StepInfo
+}
+
+func newScaleJob(t *testing.T, plat *testPlatform, mutate func(*Config)) *scaleJob {
+	cfg := trainertest.Config(fmt.Sprintf("scale-%s-%d", t.Name(), time.Now().UnixNano()))
+	cfg.Epochs = 3
+	if plat != nil {
+		cfg.Autoscale = autoscale.Config{Enabled: true, Platform: plat, DecisionInterval: 5, WarmupSteps: 2, MeasureSteps: 6,
+			MinChangeInterval: 10, HorizonSteps: 1 << 30, Hysteresis: 1e-6, ShrinkFraction: 1e-6, ProbeBackoff: 1 << 20,
+			PendingSteps: 100, ChangeCost: 0.001}
+	}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	return &scaleJob{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{Timeout: 90 * time.Second}),
+		prob: trainertest.NewProblem(960, 4, 0.05, 7), audit: &MemoryAudit{}, cfg: cfg, delay: 3 * time.Millisecond,
+		plat: plat, events: make(chan stepEvent, 1<<16), exited: make(chan *scaleWorker, 64)}
+}
+
+// start starts one more worker (test goroutine only).
+func (j *scaleJob) start() {
+	sw := &scaleWorker{model: trainertest.NewModel(j.prob.Dim)}
+	sw.model.StepDelay = j.delay
+	sw.w = j.c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
+		dcfg := dataloader.DefaultConfig()
+		dcfg.GlobalBatch, dcfg.Seed, dcfg.MicroBatch = 16, 3, j.micro
+		loader, err := dataloader.New(j.prob.Dataset(), j.prob.Collate, dcfg)
+		if err != nil {
+			return nil, err
+		}
+		opts := append(w.Options(), WithAudit(j.audit), WithLogger(testLogger(j.t, len(j.workers))),
+			WithHooks(Hooks{OnStep: func(si StepInfo) { j.events <- stepEvent{sw, si} }}))
+		tr, err := New(sw.model.Params(), NewSGD(0.3), loader, sw.model.Step, w.Store, j.cfg, opts...)
+		if err != nil {
+			loader.Close()
+			return nil, err
+		}
+		return closingRunner{tr, loader}, nil
+	})
+	j.workers = append(j.workers, sw)
+	go func() {
+		<-sw.w.Done()
+		j.exited <- sw
+	}()
+}
+
+// drive starts n workers, then runs the job to its end: it records every
+// worker's steps, calls onStep with each (the test's script: capacity
+// changes), and starts workers when the platform is asked to resize.
+func (j *scaleJob) drive(n int, onStep func(si StepInfo)) {
+	for range n {
+		j.start()
+	}
+	running := n
+	timeout := time.After(90 * time.Second)
+	for running > 0 {
+		select {
+		case ev := <-j.events:
+			ev.w.steps = append(ev.w.steps, ev.si)
+			if onStep != nil {
+				onStep(ev.si)
+			}
+		case target := <-j.plat.resize:
+			for running < target {
+				j.start()
+				running++
+			}
+		case <-j.exited:
+			running--
+		case <-timeout:
+			j.t.Fatal("the job did not finish within 90 s")
+		}
+	}
+	for {
+		select {
+		case ev := <-j.events:
+			ev.w.steps = append(ev.w.steps, ev.si)
+		default:
+			return
+		}
+	}
+}
+
+// finishers returns the workers whose Run finished the job, and checks
+// that every other one left by a scaling decision (ErrReleased).
+func (j *scaleJob) finishers() []*scaleWorker {
+	var out []*scaleWorker
+	for i, sw := range j.workers {
+		res, err := sw.w.Result()
+		switch {
+		case err == nil:
+			require.True(j.t, res.Finished, "worker %d", i)
+			require.Zero(j.t, res.Recoveries, "worker %d: a graceful leave counts no recovery", i)
+			out = append(out, sw)
+		default:
+			require.ErrorIs(j.t, err, ErrReleased, "worker %d", i)
+			require.False(j.t, errors.Is(err, ErrPreempted), "ErrReleased must not match ErrPreempted")
+		}
+	}
+	require.NotEmpty(j.t, out)
+	return out
+}
+
+// Must show 4, second half: every rank takes the same decision. Three
+// workers train; the platform's capacity drops to 2 at step 30: the
+// policy removes one rank, and every rank of the round reports the same
+// decision at the same step, and the same figures at every step.
+func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
+	plat := newTestPlatform(3)
+	j := newScaleJob(t, plat, func(c *Config) { c.Elastic.MaxWorkers = 3; c.Elastic.MinWorkers = 1 })
+	j.drive(3, func(si StepInfo) {
+		if si.Step >= 30 {
+			plat.setCapacity(2)
+		}
+	})
+	j.finishers()
+	type key struct {
+		round uint64
+		step  int64
+	}
+	byStep := map[key][]StepInfo{}
+	for _, sw := range j.workers {
+		for _, si := range sw.steps {
+			k := key{si.Round, si.Step}
+			byStep[k] = append(byStep[k], si)
+		}
+	}
+	decisions := 0
+	for k, sis := range byStep {
+		require.Len(t, sis, sis[0].WorldSize, "round %d step %d: every rank reports it", k.round, k.step)
+		for _, si := range sis[1:] {
+			require.Equal(t, sis[0].Scaling, si.Scaling, "round %d step %d: rank %d vs rank %d", k.round, k.step, si.Rank, sis[0].Rank)
+			require.Equal(t, sis[0].Throughput, si.Throughput, "round %d step %d", k.round, k.step)
+			require.Equal(t, sis[0].Efficiency, si.Efficiency, "round %d step %d", k.round, k.step)
+			require.Equal(t, sis[0].Goodput, si.Goodput, "round %d step %d", k.round, k.step)
+			require.Equal(t, sis[0].RecommendedWorldSize, si.RecommendedWorldSize, "round %d step %d", k.round, k.step)
+		}
+		if d := sis[0].Scaling; d != nil {
+			decisions++
+			t.Logf("step %d: %d -> %d %s remove %v (%s)", d.Step, d.From, d.To, d.Reason, d.Remove, d.Detail)
+			if d.To < d.From {
+				require.NotContains(t, d.Remove, 0, "rank 0 stays when another can go")
+			}
+		}
+	}
+	require.NotZero(t, decisions, "the capacity drop made a decision")
+	plat.mu.Lock()
+	require.NotZero(t, plat.released, "the removed rank released itself")
+	plat.mu.Unlock()
+	rep := VerifyAudit(j.audit.Entries(), j.cfg.Epochs, func(epoch int) []int {
+		return dataloader.Order(3, epoch, len(j.prob.Samples))
+	})
+	require.Zero(t, rep.Missing, "audit missing")
+	require.Zero(t, rep.Duplicates, "audit duplicates")
+}
+
+// Must show 5: in deterministic mode the parameters after a job that
+// autoscale grew and shrank (through a platform that starts in-process
+// workers, and the graceful leave of the ranks it removes) are the same
+// bits as those of a fixed-size run with the same global batch.
+func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
+	det := func(c *Config) { c.Deterministic = true; c.Elastic.MaxWorkers = 4 }
+
+	fixed := newScaleJob(t, nil, det)
+	fixed.micro = 4
+	fixed.plat = newTestPlatform(0) // never asked
+	fixed.drive(1, nil)
+	ref := fixed.finishers()[0].model
+
+	plat := newTestPlatform(3)
+	j := newScaleJob(t, plat, det)
+	j.micro = 4
+	j.drive(1, func(si StepInfo) {
+		switch {
+		case si.Step >= 150:
+			plat.setCapacity(3)
+		case si.Step >= 110:
+			plat.setCapacity(1)
+		}
+	})
+	fin := j.finishers()
+	var decisions []string
+	seen := map[int64]bool{}
+	for _, sw := range j.workers {
+		for _, si := range sw.steps {
+			if d := si.Scaling; d != nil && !seen[d.Step] {
+				seen[d.Step] = true
+				decisions = append(decisions, fmt.Sprintf("step %d: %d->%d %s %v", d.Step, d.From, d.To, d.Reason, d.Remove))
+			}
+		}
+	}
+	t.Logf("decisions: %v; workers started: %d", decisions, len(j.workers))
+	require.Greater(t, len(j.workers), 2, "the platform started workers on decisions")
+	plat.mu.Lock()
+	require.NotZero(t, plat.released, "a decision removed a worker")
+	plat.mu.Unlock()
+	for _, sw := range fin {
+		require.Equal(t, ref.W, sw.model.W, "the same bits as the fixed-size run")
+		require.Equal(t, ref.B, sw.model.B)
+	}
+	rep := VerifyAudit(j.audit.Entries(), j.cfg.Epochs, func(epoch int) []int {
+		return dataloader.Order(3, epoch, len(j.prob.Samples))
+	})
+	require.Zero(t, rep.Missing, "audit missing")
+	require.Zero(t, rep.Duplicates, "audit duplicates")
+}
