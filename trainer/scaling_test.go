@@ -74,6 +74,7 @@ type scaleJob struct {
 	micro   int
 	delay   time.Duration
 	plat    *testPlatform
+	extra   []Option
 	events  chan stepEvent
 	exited  chan *scaleWorker
 	workers []*scaleWorker
@@ -130,6 +131,7 @@ func (j *scaleJob) start() {
 		}
 		opts := append(w.Options(), WithAudit(j.audit), WithLogger(testLogger(j.t, len(j.workers))),
 			WithHooks(Hooks{OnStep: func(si StepInfo) { j.events <- stepEvent{sw, si} }}))
+		opts = append(opts, j.extra...)
 		tr, err := New(sw.model.Params(), NewSGD(0.3), loader, sw.model.Step, w.Store, j.cfg, opts...)
 		if err != nil {
 			loader.Close()
@@ -160,7 +162,7 @@ func (j *scaleJob) drive(n int, onStep func(si StepInfo)) {
 			if onStep != nil {
 				onStep(ev.si)
 			}
-		case target := <-j.plat.resize:
+		case target := <-j.resizes():
 			for running < target {
 				j.start()
 				running++
@@ -179,6 +181,15 @@ func (j *scaleJob) drive(n int, onStep func(si StepInfo)) {
 			return
 		}
 	}
+}
+
+// resizes is the platform's channel of resize requests (nil without one:
+// never ready).
+func (j *scaleJob) resizes() chan int {
+	if j.plat == nil {
+		return nil
+	}
+	return j.plat.resize
 }
 
 // finishers returns the workers whose Run finished the job, and checks
@@ -303,4 +314,35 @@ func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
 	})
 	require.Zero(t, rep.Missing, "audit missing")
 	require.Zero(t, rep.Duplicates, "audit duplicates")
+}
+
+// A whole-job restart keeps what the policy learned: a job that restores
+// a checkpoint written with autoscale on reports the throughput measured
+// before the restart from its first step, when a fresh job, still in its
+// warm-up, has measured nothing.
+func TestAutoscaleRestartKeepsTheModel(t *testing.T) {
+	dir := t.TempDir()
+	run := func(epochs int, dir string) []StepInfo {
+		j := newScaleJob(t, nil, func(c *Config) {
+			c.Epochs = epochs
+			c.Autoscale = autoscale.Config{Enabled: true, WarmupSteps: 5, MeasureSteps: 10, DecisionInterval: 5}
+		})
+		st, err := NewLocalDir(dir, 2)
+		require.NoError(t, err)
+		j.extra = []Option{WithCheckpointStore(st)}
+		j.drive(1, nil)
+		j.finishers()
+		return j.workers[0].steps
+	}
+	first := run(1, dir)
+	require.Zero(t, first[0].Throughput, "a fresh job measures nothing in its warm-up")
+	last := first[len(first)-1]
+	require.Positive(t, last.Throughput, "measured by the end of the first job")
+
+	restarted := run(2, dir)
+	require.Equal(t, last.Step+1, restarted[0].Step, "the restart continues from the checkpoint")
+	require.Equal(t, last.Throughput, restarted[0].Throughput, "the measurement came back with the checkpoint")
+
+	fresh := run(2, t.TempDir())
+	require.Zero(t, fresh[0].Throughput, "without the checkpoint's state nothing is known")
 }

@@ -69,11 +69,12 @@ type telemetry struct {
 	stragglers  metric.Int64Counter
 	share       metric.Int64Gauge
 	speed       metric.Float64Gauge
+	jobAttr     attribute.KeyValue
+	commonAttrs metric.MeasurementOption
+
 	// Resource adjustment's gauges.
 	asGoodput, asThroughput, asEfficiency metric.Float64Gauge
 	asRecommended                         metric.Int64Gauge
-	jobAttr     attribute.KeyValue
-	commonAttrs metric.MeasurementOption
 }
 
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) (*telemetry, error) {

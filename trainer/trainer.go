@@ -352,7 +352,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // wrapping elastic.ErrJobFinished, never success: this Run trained nothing.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
-// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
+// worker's checkpoint failed), ErrReleased (a scaling decision removed
+// this worker; Config.Autoscale), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
 // also ErrStranger when the job shut this worker out for a wrong secret),
 // ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
 // elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
@@ -447,6 +448,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	for {
 		if err := ctx.Err(); err != nil {
 			leave()
+			if t.released.Load() {
+				return res, fmt.Errorf("%w: grace period of %v exceeded: %w", ErrReleased, t.cfg.GracePeriod, err)
+			}
 			if t.preempted() {
 				return res, fmt.Errorf("%w: grace period of %v exceeded: %w", ErrPreempted, t.cfg.GracePeriod, err)
 			}
