@@ -46,6 +46,16 @@ type Releasable interface {
 // scalingTimeout bounds each call to the Platform.
 const scalingTimeout = 2 * time.Second
 
+// scalingNormEvery: the gradient norms (two passes over the gradients)
+// are taken at every this-many-th step only, so that measuring costs well
+// under 1 % of a step even for a small model; the noise scale is an
+// average over many steps anyway.
+const scalingNormEvery = 8
+
+// normStep reports whether the step being trained takes the norms (the
+// same answer on every rank: it depends on the global step only).
+func (t *Trainer[B]) normStep() bool { return (t.step+1)%scalingNormEvery == 0 }
+
 // scalingNorms are one step's numbers behind the noise scale and the
 // step-time model, sent with the next step's control values.
 type scalingNorms struct {
@@ -149,7 +159,7 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		return
 	}
 	s.cur.gradSq, s.cur.normSamples = 0, float64(n)
-	if n == 0 {
+	if n == 0 || !t.normStep() {
 		return
 	}
 	var sq float64
@@ -189,6 +199,12 @@ func (t *Trainer[B]) noteGlobalGradients(n float64, sync time.Duration) {
 		return
 	}
 	var sq float64
+	if !t.normStep() {
+		// No norms at this step: the next one sends none (zeros, which
+		// the estimator skips), only the sync time.
+		s.prev = scalingNorms{sync: sync.Seconds()}
+		return
+	}
 	for _, p := range t.params {
 		for _, g := range p.Grad {
 			sq += float64(g) * float64(g)

@@ -298,18 +298,9 @@ func (p *Policy) evaluate(o Observation) *Decision {
 		hi, reason = o.Capacity, "capacity"
 	}
 	hi = max(hi, lo)
-	if s.pending != 0 {
-		if step-s.pendSince < int64(c.PendingSteps) {
-			return nil
-		}
-		// The platform did not bring the world to the target: give it up.
-		p.backOff(s.pending, step)
-		target := s.pending
-		s.pending, s.probeFrom = 0, 0
-		return &Decision{To: W, Reason: "unreached",
-			Detail: fmt.Sprintf("target %d not reached within %d steps; staying at %d, no retry for %d steps", target, c.PendingSteps, W, s.record(target).badUntil-step)}
-	}
-	if W > hi {
+	if W > hi && !(s.pending != 0 && s.pending <= hi) {
+		// Above the capacity, and no decision under way brings it down:
+		// whatever was awaited (a grow, a probe) gives way.
 		if s.capLow++; s.capLow < 2 {
 			return nil
 		}
@@ -322,6 +313,17 @@ func (p *Policy) evaluate(o Observation) *Decision {
 			Detail: fmt.Sprintf("world of %d above the allowed %d", W, hi), Predicted: p.throughput(W-len(rm), o.GlobalBatch)}
 	}
 	s.capLow = 0
+	if s.pending != 0 {
+		if step-s.pendSince < int64(c.PendingSteps) {
+			return nil
+		}
+		// The platform did not bring the world to the target: give it up.
+		p.backOff(s.pending, step)
+		target := s.pending
+		s.pending, s.probeFrom = 0, 0
+		return &Decision{To: W, Reason: "unreached",
+			Detail: fmt.Sprintf("target %d not reached within %d steps; staying at %d, no retry for %d steps", target, c.PendingSteps, W, s.record(target).badUntil-step)}
+	}
 	if s.measured < int64(c.MeasureSteps) {
 		return nil
 	}
