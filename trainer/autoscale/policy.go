@@ -140,6 +140,9 @@ type state struct {
 	slow       []float64 // this round: each rank's smoothed compute seconds per sample
 	slowN      []int64
 	lastChange int64 // step of the last decision (0: none)
+	lastFrom   int   // the world size the last decision left (0: none)
+	holdUntil  int64 // no grow or shrink that reverses the last decision before this step
+	holdNext   int64 // the next such hold (0: Config.ProbeBackoff)
 	pending    int   // target awaiting enactment (0: none)
 	pendSince  int64
 	probeFrom  int     // size a probe on trial came from (0: none)
@@ -232,7 +235,7 @@ func (p *Policy) Observe(o Observation) *Decision {
 		d.Step, d.From = o.Step, W
 		d.Throughput, d.Efficiency = rec.throughput(), eff
 		d.Goodput = d.Throughput * eff
-		s.lastChange = o.Step
+		s.lastChange, s.lastFrom = o.Step, W
 		s.pending, s.pendSince = d.To, o.Step
 		if d.To == W {
 			s.pending = 0
@@ -361,19 +364,41 @@ func (p *Policy) evaluate(o Observation) *Decision {
 	}
 	m := fit(s.sizes)
 	B := o.GlobalBatch
+	// A grow or shrink back to the size the last decision left reverses
+	// it: measurements wobbling around a threshold could do that again
+	// and again, so a reversal holds the next one off for a backoff that
+	// doubles (one round trip, then the job stays).
+	reversal := func(to int) bool {
+		if s.lastFrom != to {
+			return false
+		}
+		if step < s.holdUntil {
+			return true
+		}
+		if s.holdNext <= 0 {
+			s.holdNext = int64(c.ProbeBackoff)
+		}
+		return false
+	}
+	hold := func() {
+		s.holdUntil, s.holdNext = step+s.holdNext, min(2*s.holdNext, 1<<40)
+	}
 	// Shrink: the last worker does not pay.
-	if W-1 >= lo && s.record(W-1).measured() {
+	if W-1 >= lo && s.record(W-1).measured() && !reversal(W-1) {
 		prev := s.record(W - 1).throughput()
 		if g := gain(X, prev, W-1); g < c.ShrinkFraction {
 			rm := p.pickRemove(o, 1)
 			if len(rm) == 1 {
+				if s.lastFrom == W-1 {
+					hold()
+				}
 				return &Decision{To: W - 1, Remove: rm, Reason: "shrink", Predicted: prev,
 					Detail: fmt.Sprintf("worker %d adds %.2f of an average worker (< %.2f): %.1f samples/s at %d, %.1f at %d", W, g, c.ShrinkFraction, X, W, prev, W-1)}
 			}
 		}
 	}
 	// Grow, or probe one more worker.
-	if W+1 <= hi {
+	if W+1 <= hi && !reversal(W+1) {
 		up := s.record(W + 1)
 		var next float64
 		probe := false
@@ -397,6 +422,8 @@ func (p *Policy) evaluate(o Observation) *Decision {
 				if probe {
 					reason = "probe"
 					s.probeFrom = W
+				} else if s.lastFrom == W+1 {
+					hold()
 				}
 				return &Decision{To: W + 1, Reason: reason, Predicted: next,
 					Detail: fmt.Sprintf("worker %d would add %.2f of an average worker: %.1f samples/s predicted against %.1f; saves %.0f s over %d steps for a change of %.2f s",

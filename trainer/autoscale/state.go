@@ -45,6 +45,9 @@ func (p *Policy) MarshalBinary() ([]byte, error) {
 		i(s.slowN[r])
 	}
 	i(s.lastChange)
+	i(int64(s.lastFrom))
+	i(s.holdUntil)
+	i(s.holdNext)
 	i(int64(s.pending))
 	i(s.pendSince)
 	i(int64(s.probeFrom))
@@ -108,6 +111,8 @@ func (p *Policy) UnmarshalBinary(data []byte) error {
 		s.slow[r], s.slowN[r] = f(), i()
 	}
 	s.lastChange = i()
+	s.lastFrom = int(i())
+	s.holdUntil, s.holdNext = i(), i()
 	s.pending = int(i())
 	s.pendSince = i()
 	s.probeFrom = int(i())
@@ -123,7 +128,7 @@ func (p *Policy) UnmarshalBinary(data []byte) error {
 	case off != len(data):
 		return fmt.Errorf("%w: %d trailing bytes", ErrCorruptState, len(data)-off)
 	case s.roundSize < 0 || s.roundSize >= maxSizes || s.pending < 0 || s.pending >= maxSizes ||
-		s.probeFrom < 0 || s.probeFrom >= maxSizes || s.fig.Recommended < 0 || s.fig.Recommended >= maxSizes:
+		s.probeFrom < 0 || s.probeFrom >= maxSizes || s.lastFrom < 0 || s.lastFrom >= maxSizes || s.fig.Recommended < 0 || s.fig.Recommended >= maxSizes:
 		return fmt.Errorf("%w: world size out of range", ErrCorruptState)
 	}
 	p.st = s
