@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	stdsync "sync"
 	"testing"
 	"time"
@@ -75,6 +76,7 @@ type scaleJob struct {
 	delay   time.Duration
 	plat    *testPlatform
 	extra   []Option
+	logs    *decisionLog // nil: testLogger
 	events  chan stepEvent
 	exited  chan *scaleWorker
 	workers []*scaleWorker
@@ -84,6 +86,45 @@ type scaleWorker struct {
 	w     *trainertest.Worker
 	model *trainertest.Model
 	steps []StepInfo // filled by drive
+}
+
+// decisionLog is a slog.Handler that keeps the "scaling decision"
+// records of every worker. Safe for concurrent use.
+type decisionLog struct {
+	mu      stdsync.Mutex
+	records []slog.Record
+}
+
+func (l *decisionLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *decisionLog) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "scaling decision" {
+		l.mu.Lock()
+		l.records = append(l.records, r.Clone())
+		l.mu.Unlock()
+	}
+	return nil
+}
+func (l *decisionLog) WithAttrs([]slog.Attr) slog.Handler { return l }
+func (l *decisionLog) WithGroup(string) slog.Handler      { return l }
+
+// infoSteps returns the step of every decision logged at Info.
+func (l *decisionLog) infoSteps() []int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []int64
+	for _, r := range l.records {
+		if r.Level != slog.LevelInfo {
+			continue
+		}
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "step" {
+				out = append(out, a.Value.Int64())
+				return false
+			}
+			return true
+		})
+	}
+	return out
 }
 
 // closingRunner closes the worker's loader when its Run returns.
@@ -129,7 +170,11 @@ func (j *scaleJob) start() {
 		if err != nil {
 			return nil, err
 		}
-		opts := append(w.Options(), WithAudit(j.audit), WithLogger(testLogger(j.t, len(j.workers))),
+		logger := testLogger(j.t, len(j.workers))
+		if j.logs != nil {
+			logger = slog.New(j.logs)
+		}
+		opts := append(w.Options(), WithAudit(j.audit), WithLogger(logger),
 			WithHooks(Hooks{OnStep: func(si StepInfo) { j.events <- stepEvent{sw, si} }}))
 		opts = append(opts, j.extra...)
 		tr, err := New(sw.model.Params(), NewSGD(0.3), loader, sw.model.Step, w.Store, j.cfg, opts...)
@@ -219,6 +264,7 @@ func (j *scaleJob) finishers() []*scaleWorker {
 func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
 	plat := newTestPlatform(3)
 	j := newScaleJob(t, plat, func(c *Config) { c.Elastic.MaxWorkers = 3; c.Elastic.MinWorkers = 1 })
+	j.logs = &decisionLog{}
 	j.drive(3, func(si StepInfo) {
 		if si.Step >= 30 {
 			plat.setCapacity(2)
@@ -255,6 +301,10 @@ func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
 		}
 	}
 	require.NotZero(t, decisions, "the capacity drop made a decision")
+	// Logged once, at Info, by rank 0: as many Info records as decisions
+	// (a decision of a step rolled back and taken again would log twice;
+	// this job has no failure).
+	require.Len(t, j.logs.infoSteps(), decisions, "each decision logged once at Info: %v", j.logs.infoSteps())
 	plat.mu.Lock()
 	require.NotZero(t, plat.released, "the removed rank released itself")
 	plat.mu.Unlock()
