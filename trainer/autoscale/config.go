@@ -67,7 +67,7 @@ type Config struct {
 	ProbeBackoff int
 	// PendingSteps: a decision waits this long for the platform to bring
 	// the world to its target; then the target is given up and the size
-	// backs off as a failed probe does. Default 600 steps.
+	// backs off as a failed probe does. Default 1000 steps.
 	PendingSteps int
 	// ChangeCost is the first estimate, in seconds, of how long a change
 	// of world size pauses training (a round change and the state
@@ -87,7 +87,7 @@ const (
 	DefaultHorizonSteps      = 2000
 	DefaultProbeTolerance    = 0.35
 	DefaultProbeBackoff      = 5000
-	DefaultPendingSteps      = 600
+	DefaultPendingSteps      = 1000
 	DefaultChangeCost        = 1.0
 )
 
