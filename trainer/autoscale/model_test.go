@@ -147,3 +147,31 @@ func TestConfigValidate(t *testing.T) {
 		}
 	}
 }
+
+// Any input to UnmarshalBinary is an error or a state that marshals back
+// to the same bytes; never a panic.
+func FuzzUnmarshalBinary(f *testing.F) {
+	p := New(Config{Enabled: true})
+	for s := range int64(120) {
+		p.Observe(Observation{Step: s + 1, Round: 1, WorldSize: 2, GlobalBatch: 64, Interval: []float64{0.01, 0.01},
+			Compute: []float64{0.008, 0.007}, Samples: []float64{32, 32}, Sync: []float64{0.001, 0.001}})
+	}
+	good, _ := p.MarshalBinary()
+	f.Add(good)
+	f.Add([]byte(stateMagic))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		q := New(Config{Enabled: true})
+		if err := q.UnmarshalBinary(b); err != nil {
+			if !errors.Is(err, ErrCorruptState) {
+				t.Fatalf("error %v does not wrap ErrCorruptState", err)
+			}
+			return
+		}
+		again, _ := q.MarshalBinary()
+		if string(again) != string(b) {
+			t.Fatal("a decoded state does not encode to its input")
+		}
+		q.Observe(Observation{Step: 125, Round: 2, WorldSize: 3, GlobalBatch: 64, Interval: []float64{0.01, 0.01, 0.01},
+			Compute: []float64{0.008, 0.007, 0.007}, Samples: []float64{22, 21, 21}})
+	})
+}
