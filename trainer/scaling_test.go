@@ -146,6 +146,10 @@ type stepEvent struct {
 func newScaleJob(t *testing.T, plat *testPlatform, mutate func(*Config)) *scaleJob {
 	cfg := trainertest.Config(fmt.Sprintf("scale-%s-%d", t.Name(), time.Now().UnixNano()))
 	cfg.Epochs = 3
+	// Leases longer than trainertest's 1 s: on a host starved by other
+	// work a lease that runs out is a failure, and these tests count the
+	// failures a graceful leave must not cause.
+	cfg.Elastic.LeaseTTL, cfg.Elastic.HeartbeatInterval = 3*time.Second, 300*time.Millisecond
 	if plat != nil {
 		cfg.Autoscale = autoscale.Config{Enabled: true, Platform: plat, DecisionInterval: 5, WarmupSteps: 2, MeasureSteps: 6,
 			MinChangeInterval: 10, HorizonSteps: 1 << 30, Hysteresis: 1e-6, ShrinkFraction: 1e-6, ProbeBackoff: 1 << 20,
@@ -238,15 +242,18 @@ func (j *scaleJob) resizes() chan int {
 }
 
 // finishers returns the workers whose Run finished the job, and checks
-// that every other one left by a scaling decision (ErrReleased).
-func (j *scaleJob) finishers() []*scaleWorker {
+// that every other one left by a scaling decision (ErrReleased) and, when
+// noRecovery, that the job counted no recovery.
+func (j *scaleJob) finishers(noRecovery bool) []*scaleWorker {
 	var out []*scaleWorker
 	for i, sw := range j.workers {
 		res, err := sw.w.Result()
 		switch {
 		case err == nil:
 			require.True(j.t, res.Finished, "worker %d", i)
-			require.Zero(j.t, res.Recoveries, "worker %d: a graceful leave counts no recovery", i)
+			if noRecovery {
+				require.Zero(j.t, res.Recoveries, "worker %d: a graceful leave counts no recovery", i)
+			}
 			out = append(out, sw)
 		default:
 			require.ErrorIs(j.t, err, ErrReleased, "worker %d", i)
@@ -270,7 +277,7 @@ func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
 			plat.setCapacity(2)
 		}
 	})
-	j.finishers()
+	j.finishers(true)
 	type key struct {
 		round uint64
 		step  int64
@@ -342,7 +349,7 @@ func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
 	fixed.micro = 4
 	fixed.plat = newTestPlatform(0) // never asked
 	fixed.drive(1, nil)
-	ref := fixed.finishers()[0].model
+	ref := fixed.finishers(false)[0].model // its recoveries do not matter: it is the reference
 
 	plat := newTestPlatform(1)
 	j := newScaleJob(t, plat, det)
@@ -361,7 +368,7 @@ func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
 			phase++
 		}
 	})
-	fin := j.finishers()
+	fin := j.finishers(true)
 	var decisions []string
 	seen := map[int64]bool{}
 	for _, sw := range j.workers {
@@ -404,7 +411,7 @@ func TestAutoscaleRestartKeepsTheModel(t *testing.T) {
 		require.NoError(t, err)
 		j.extra = []Option{WithCheckpointStore(st)}
 		j.drive(1, nil)
-		j.finishers()
+		j.finishers(true)
 		return j.workers[0].steps
 	}
 	first := run(1, dir)
