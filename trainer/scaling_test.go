@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	. "github.com/elastictrain/elastictrain/trainer"
@@ -425,4 +427,48 @@ func TestAutoscaleRestartKeepsTheModel(t *testing.T) {
 
 	fresh := run(2, t.TempDir())
 	require.Zero(t, fresh[0].Throughput, "without the checkpoint's state nothing is known")
+}
+
+// The policy's figures reach the MeterProvider as the documented gauges,
+// with their units, and equal the figures of the last step's StepInfo.
+func TestAutoscaleMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	j := newScaleJob(t, nil, func(c *Config) {
+		c.Epochs = 1
+		c.Autoscale = autoscale.Config{Enabled: true, WarmupSteps: 2, MeasureSteps: 5, DecisionInterval: 5}
+	})
+	j.extra = []Option{WithMeterProvider(mp)}
+	j.drive(1, nil)
+	j.finishers(true)
+	steps := j.workers[0].steps
+	last := steps[len(steps)-1]
+	require.Positive(t, last.Throughput)
+	require.Zero(t, last.Step%5, "the last step is a decision step: its figures are the gauges' last values")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	got := map[string]metricdata.Metrics{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			got[m.Name] = m
+		}
+	}
+	units := map[string]string{MetricAutoscaleGoodput: "{sample}/s", MetricAutoscaleThroughput: "{sample}/s",
+		MetricAutoscaleEfficiency: "1", MetricAutoscaleRecommended: "{worker}"}
+	for name, unit := range units {
+		m, ok := got[name]
+		require.True(t, ok, "metric %s recorded", name)
+		require.Equal(t, unit, m.Unit, name)
+	}
+	eff := got[MetricAutoscaleEfficiency].Data.(metricdata.Gauge[float64]).DataPoints
+	require.Len(t, eff, 1)
+	require.InDelta(t, 1, eff[0].Value, 1e-9, "one rank: the efficiency is not estimated, 1")
+	thr := got[MetricAutoscaleThroughput].Data.(metricdata.Gauge[float64]).DataPoints
+	require.Equal(t, last.Throughput, thr[0].Value)
+	gp := got[MetricAutoscaleGoodput].Data.(metricdata.Gauge[float64]).DataPoints
+	require.Equal(t, last.Goodput, gp[0].Value)
+	rec := got[MetricAutoscaleRecommended].Data.(metricdata.Gauge[int64]).DataPoints
+	require.EqualValues(t, last.RecommendedWorldSize, rec[0].Value)
 }
