@@ -78,7 +78,8 @@ type scaleJob struct {
 	delay   time.Duration
 	plat    *testPlatform
 	extra   []Option
-	logs    *decisionLog // nil: testLogger
+	each    func() ([]Option, func(*Trainer[trainertest.Batch])) // more options and a set-up, made for each worker
+	logs    *decisionLog                                         // nil: testLogger
 	events  chan stepEvent
 	exited  chan *scaleWorker
 	workers []*scaleWorker
@@ -183,10 +184,19 @@ func (j *scaleJob) start() {
 		opts := append(w.Options(), WithAudit(j.audit), WithLogger(logger),
 			WithHooks(Hooks{OnStep: func(si StepInfo) { j.events <- stepEvent{sw, si} }}))
 		opts = append(opts, j.extra...)
+		var setup func(*Trainer[trainertest.Batch])
+		if j.each != nil {
+			var more []Option
+			more, setup = j.each()
+			opts = append(opts, more...)
+		}
 		tr, err := New(sw.model.Params(), NewSGD(0.3), loader, sw.model.Step, w.Store, j.cfg, opts...)
 		if err != nil {
 			loader.Close()
 			return nil, err
+		}
+		if setup != nil {
+			setup(tr)
 		}
 		return closingRunner{tr, loader}, nil
 	})
@@ -471,4 +481,60 @@ func TestAutoscaleMetrics(t *testing.T) {
 	require.Equal(t, last.Goodput, gp[0].Value)
 	rec := got[MetricAutoscaleRecommended].Data.(metricdata.Gauge[int64]).DataPoints
 	require.EqualValues(t, last.RecommendedWorldSize, rec[0].Value)
+}
+
+// keepPart is a Partition whose rank 2 holds state no other rank holds
+// (Releasable is false there); it keeps nothing else.
+type keepPart struct{ rank int }
+
+func (p *keepPart) Name() string                                      { return "keep" }
+func (p *keepPart) Listen(context.Context) (string, error)            { return "", nil }
+func (p *keepPart) Commit(context.Context, int64) error               { return nil }
+func (p *keepPart) Checkpoint(context.Context, int64) ([]byte, error) { return nil, nil }
+func (p *keepPart) EndRound(context.Context) error                    { return nil }
+func (p *keepPart) Close() error                                      { return nil }
+func (p *keepPart) Releasable() bool                                  { return p.rank != 2 }
+func (p *keepPart) Restore(_ context.Context, r PartitionRound) error {
+	p.rank = r.World.Rank
+	return nil
+}
+
+// Scale-down never removes a rank whose partition holds state no other
+// rank holds (Releasable): rank 2 is the slowest (its compute time per
+// sample, from the compute-time hook, is ten times the others'), so it
+// would go first; its partition keeps it, and another rank goes.
+func TestAutoscaleKeepsTheSoleHolder(t *testing.T) {
+	plat := newTestPlatform(3)
+	j := newScaleJob(t, plat, func(c *Config) {
+		c.Elastic.MaxWorkers = 3
+		c.Autoscale.ProbeTolerance = 1e-9 // no probe down: the capacity decides
+	})
+	j.each = func() ([]Option, func(*Trainer[trainertest.Batch])) {
+		part := &keepPart{rank: -1}
+		return []Option{WithPartition(part)}, func(tr *Trainer[trainertest.Batch]) {
+			SetComputeTimeHook(tr, func(b dataloader.Batch[trainertest.Batch], _ time.Duration) time.Duration {
+				per := 100 * time.Microsecond
+				if part.rank == 2 { // Restore ran on this goroutine, before the step
+					per *= 10
+				}
+				return time.Duration(len(b.Indices)) * per
+			})
+		}
+	}
+	j.drive(3, func(si StepInfo) {
+		if si.Step >= 20 {
+			plat.setCapacity(2)
+		}
+	})
+	var removals int
+	for _, sw := range j.workers {
+		for _, si := range sw.steps {
+			if d := si.Scaling; d != nil && si.Rank == 0 && len(d.Remove) > 0 {
+				t.Logf("step %d: %d -> %d %s remove %v", d.Step, d.From, d.To, d.Reason, d.Remove)
+				require.NotContains(t, d.Remove, 2, "rank 2 holds state no other rank holds")
+				removals++
+			}
+		}
+	}
+	require.NotZero(t, removals)
 }
