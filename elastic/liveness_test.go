@@ -24,8 +24,8 @@ import (
 //	ELASTICTRAIN_LIVENESS_FULL=1 go test -count=1 -run 'Liveness|SlowStore|Blackholed' ./elastic
 func livenessFull() bool { return os.Getenv("ELASTICTRAIN_LIVENESS_FULL") == "1" }
 
-// plainAgent makes an Agent over a plain redis.NewClient (the README's
-// client: ContextTimeoutEnabled off) to addr.
+// plainAgent makes an Agent over a plain redis.NewClient (the client the
+// docs' examples build: ContextTimeoutEnabled off) to addr.
 func plainAgent(t *testing.T, addr string, cfg elastic.Config, name string) *elastic.Agent {
 	t.Helper()
 	return agentWith(t, &redis.Options{Addr: addr}, cfg, name)

@@ -48,8 +48,10 @@ type Config struct {
 	Workers int
 	// MaxWorkers bounds the worker processes the job may have over its
 	// life: Workers plus every Job.Add (a restart takes its worker's place
-	// and does not count). Default 1024 (elastic.Config's default
-	// MaxWorkers); at least Workers.
+	// and does not count, and so does a worker started when the capacity
+	// rose or a Resize asked for more, which takes the index of one that
+	// left by the capacity or a Release when there is one). Default 1024
+	// (elastic.Config's default MaxWorkers); at least Workers.
 	MaxWorkers int
 	// MaxRestarts is how many times, in all, the launcher restarts a
 	// worker that crashed (exited with a status other than 0 or the
@@ -101,6 +103,30 @@ type Config struct {
 	// host do not oversubscribe its cores (the usual setting, like
 	// torchrun's OMP_NUM_THREADS=1); -1 leaves it unset.
 	GOMAXPROCS int
+	// Autoscale tells the workers (EnvAutoscale) to size the job
+	// themselves: Worker.Configure turns the trainer's autoscaling on, and
+	// its decisions reach the launcher through the control socket
+	// (Worker.Platform): Resize starts workers, within the capacity and
+	// MaxWorkers; a worker a decision removes calls Release and is not
+	// restarted. Default false.
+	Autoscale bool
+	// CapacityFile, when set, names a file holding how many workers the
+	// platform allows now: a whole number >= 1, blanks around it ignored.
+	// The launcher reads it at Start (a file it cannot read or parse then
+	// fails Start with ErrInvalidConfig) and every CapacityPoll after, and
+	// never runs more workers than it says: when it drops, the newest
+	// workers get a SIGTERM and leave gracefully (they commit and go; they
+	// are not restarted, and neither fail nor preempt the job: Exit.Released);
+	// when it rises, workers start again (reusing the indices of those that
+	// left), up to Workers, or the target of the last Resize or Add. A read
+	// that is empty or does not parse (a file rewritten in place is empty
+	// for an instant) is ignored and logged once; the last good value
+	// stays. It also answers the workers' Platform.Capacity. Works with or
+	// without Autoscale. Default "" (no bound but MaxWorkers).
+	CapacityFile string
+	// CapacityPoll is how often CapacityFile is read. Default 250 ms; at
+	// least 10 ms when CapacityFile is set.
+	CapacityPoll time.Duration
 }
 
 // DefaultMaxWorkers is Config.MaxWorkers' default: elastic.Config's
@@ -121,6 +147,7 @@ func DefaultConfig() Config {
 		StartupWindow: DefaultStartupWindow,
 		GracePeriod:   30 * time.Second,
 		StoreListen:   "127.0.0.1:0",
+		CapacityPoll:  DefaultCapacityPoll,
 	}
 }
 
@@ -151,6 +178,8 @@ func (c Config) Validate() error {
 		return bad("Secret of %d bytes: want at least 16", len(c.Secret))
 	case c.GOMAXPROCS < -1:
 		return bad("GOMAXPROCS %d: want -1 (unset), 0 (cores / Workers) or a count", c.GOMAXPROCS)
+	case c.CapacityFile != "" && c.CapacityPoll < 10*time.Millisecond:
+		return bad("CapacityPoll %v: want at least 10ms (default 250ms)", c.CapacityPoll)
 	}
 	if c.JobID != "" {
 		if err := elastic.ValidateJobID(c.JobID); err != nil {
@@ -195,6 +224,27 @@ type Hooks struct {
 	// before the launcher restarts its worker (Exit.Restart says whether
 	// it will).
 	OnExit func(Exit)
+	// OnScale is called after the launcher changed the number of workers
+	// it runs for a reason other than a crash: the capacity file changed,
+	// a worker's Resize or Release, or Job.Add.
+	OnScale func(Scale)
+}
+
+// Scale is one change of the number of workers the launcher runs (see
+// Hooks.OnScale).
+type Scale struct {
+	// From and To are the workers running and not told to leave, before
+	// and after the change.
+	From, To int
+	// Reason is "capacity" (the capacity file changed), "resize" (a
+	// worker's Platform.Resize), "release" (a worker's Platform.Release)
+	// or "add" (Job.Add).
+	Reason string
+	// Capacity is the capacity now; 0 without a capacity file.
+	Capacity int
+	// Started are the worker indices started; Leaving those told to leave
+	// (SIGTERM) or released.
+	Started, Leaving []int
 }
 
 // Option configures a Job beyond its Config: a logger or hooks.

@@ -100,6 +100,29 @@
 // several hosts) share the job and its mark. The embedded store is the
 // launcher's own, so it needs no mark.
 //
+// # Scaling a running job
+//
+// Job.Add starts more workers. Config.CapacityFile bounds the workers by
+// a file holding a whole number, read every Config.CapacityPoll (250 ms;
+// an empty or unparsable read is ignored and logged once): when it drops,
+// the newest workers get a SIGTERM and leave gracefully (Exit.Released:
+// not restarted, neither failing nor preempting the job); when it rises,
+// workers start again up to Config.Workers (or the last Resize or Add),
+// on the indices of those that left, one Restart higher.
+//
+// With Config.Autoscale or Config.CapacityFile the launcher opens a
+// control socket: a Unix socket in a directory of mode 0700, named to the
+// workers in EnvControl (Unix sockets are found by path, so workers in
+// network namespaces of their own reach it). Worker.Platform is its
+// client, the trainer's autoscale.Platform: Capacity answers the capacity
+// file (at most Config.MaxWorkers), Resize starts the missing workers
+// (within the capacity and MaxWorkers; a lower target is left to the
+// workers a decision names), Release marks the caller as leaving by
+// decision (not restarted). The protocol is one JSON line each way per
+// connection; a request the launcher cannot read gets an error line and a
+// closed connection. Config.Autoscale reaches the workers as EnvAutoscale
+// (Worker.Autoscale). Hooks.OnScale sees every such change.
+//
 // # Exit status
 //
 // Result.Outcome, Result.ExitStatus and Wait's error follow one rule, over

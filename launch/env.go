@@ -38,6 +38,13 @@ const (
 	// duration ("30s"): how long after a stop signal the launcher waits
 	// before it SIGKILLs the worker.
 	EnvGracePeriod = "ELASTICTRAIN_GRACE_PERIOD"
+	// EnvControl holds the path of the launcher's control socket (see
+	// Worker.Platform); unset when the launcher opened none (neither
+	// Config.Autoscale nor Config.CapacityFile).
+	EnvControl = "ELASTICTRAIN_CONTROL"
+	// EnvAutoscale is "1" when the launcher's Config.Autoscale is set: the
+	// workers size the job themselves; unset otherwise.
+	EnvAutoscale = "ELASTICTRAIN_AUTOSCALE"
 )
 
 // Exit statuses of a job (the launcher's) and of a worker (see ExitStatus).
@@ -83,6 +90,12 @@ type Worker struct {
 	Restart int
 	// GracePeriod is the launcher's grace period after a stop signal.
 	GracePeriod time.Duration
+	// Control is the path of the launcher's control socket (EnvControl);
+	// "" when it opened none. Use it through Platform.
+	Control string
+	// Autoscale is true when the launcher asks the workers to size the
+	// job themselves (EnvAutoscale, Config.Autoscale).
+	Autoscale bool
 }
 
 // Launched reports whether this process was started by a launcher (the
@@ -132,12 +145,18 @@ func workerFrom(getenv func(string) string) (Worker, error) {
 	if w.GracePeriod, err = time.ParseDuration(getenv(EnvGracePeriod)); err != nil || w.GracePeriod <= 0 {
 		return Worker{}, bad(EnvGracePeriod, "want a duration above 0, e.g. 30s")
 	}
+	w.Control = getenv(EnvControl)
+	if v := getenv(EnvAutoscale); v != "" {
+		if w.Autoscale, err = strconv.ParseBool(v); err != nil {
+			return Worker{}, bad(EnvAutoscale, "want 1 or 0")
+		}
+	}
 	return w, nil
 }
 
 // environ returns the launch variables of worker index's restart-th start.
 func (w Worker) environ() []string {
-	return []string{
+	env := []string{
 		EnvStore + "=" + w.Store,
 		EnvJobID + "=" + w.JobID,
 		EnvSecret + "=" + hex.EncodeToString(w.Secret),
@@ -146,6 +165,13 @@ func (w Worker) environ() []string {
 		EnvRestart + "=" + strconv.Itoa(w.Restart),
 		EnvGracePeriod + "=" + w.GracePeriod.String(),
 	}
+	if w.Control != "" {
+		env = append(env, EnvControl+"="+w.Control)
+	}
+	if w.Autoscale {
+		env = append(env, EnvAutoscale+"=1")
+	}
+	return env
 }
 
 // TrainerGracePeriod is the part of the launcher's grace period g that

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -92,6 +93,19 @@ type Job struct {
 	// Set once the job finished while workers still run: what runs one
 	// grace period later is killed (Exit.AfterFinish).
 	finishTime <-chan time.Time
+
+	// Scaling (the supervisor's).
+	ctl      *controlServer   // nil without Autoscale and CapacityFile
+	ctlc     chan ctlCall     // from the control socket
+	capw     *capacityWatcher // nil without CapacityFile
+	capc     chan int         // from capw
+	capacity int              // workers the capacity file allows; 0: no bound
+	goal     int              // workers the job aims for: Workers, then Resize, Release and Add move it
+	free     map[int]bool     // indices whose last process left by release or a capacity drop
+	// With Autoscale, a capacity drop waits ReleaseWait for the workers'
+	// own releases before the launcher shrinks what is left.
+	shrinkTimer *time.Timer
+	shrinkTime  <-chan time.Time
 }
 
 // proc is one worker process.
@@ -104,6 +118,8 @@ type proc struct {
 	killed  bool // the launcher SIGKILLed it (supervisor)
 	// afterFinish: killed because it outstayed the finished job (supervisor)
 	afterFinish bool
+	released    bool // it called Release (supervisor)
+	shrunk      bool // the launcher told it to leave: the capacity dropped (supervisor)
 }
 
 type procExit struct {
@@ -164,6 +180,7 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 		running: map[*proc]bool{}, procs: map[int]*proc{},
 		exitc: make(chan procExit), addc: make(chan addRequest), stopc: make(chan os.Signal, 1),
 		killc: make(chan struct{}, 1), done: make(chan struct{}),
+		goal: cfg.Workers, free: map[int]bool{},
 	}
 	if j.log == nil {
 		j.log = slog.New(slog.DiscardHandler)
@@ -178,6 +195,12 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 	}
 	j.stdout, j.stderr = outputs(spec.Stdout, spec.Stderr)
 	j.env = append(os.Environ(), spec.Env...)
+	// The control variables are this launcher's alone: a worker never
+	// inherits an outer launcher's (etrun under etrun).
+	j.env = slices.DeleteFunc(j.env, func(kv string) bool {
+		k, _, _ := strings.Cut(kv, "=")
+		return k == EnvControl || k == EnvAutoscale
+	})
 	if n := cfg.GOMAXPROCS; n != -1 && !hasVar(j.env, "GOMAXPROCS") {
 		if n == 0 {
 			n = max(1, runtime.NumCPU()/cfg.Workers)
@@ -185,35 +208,76 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 		j.gomaxprocs = "GOMAXPROCS=" + strconv.Itoa(n)
 	}
 
-	if cfg.Redis != "" {
-		if err := ping(ctx, cfg.Redis); err != nil {
-			return nil, err
-		}
-		// A Redis others share may run this job ID under another
-		// launcher: refuse, rather than start strangers to that job.
-		m, err := claimMark(ctx, cfg.Redis, j.jobID, j.secret, j.log)
+	if cfg.CapacityFile != "" {
+		n, err := readCapacity(cfg.CapacityFile)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 		}
-		j.store, j.mark = cfg.Redis, m
-	} else {
-		srv, err := standalone.Start(ctx, cfg.StoreListen)
-		if err != nil {
-			return nil, fmt.Errorf("launch: embedded store: %w", err)
-		}
-		j.srv, j.store = srv, srv.Addr()
+		j.capacity, j.capc = n, make(chan int)
 	}
-	j.log.Info("job starting", "job", j.jobID, "workers", cfg.Workers, "store", j.describeStore(),
-		"max_restarts", cfg.MaxRestarts, "grace_period", cfg.GracePeriod)
-	for range cfg.Workers {
+	if cfg.Autoscale || cfg.CapacityFile != "" {
+		j.ctlc = make(chan ctlCall)
+		ctl, err := startControl(j.ctlc, j.log)
+		if err != nil {
+			return nil, err
+		}
+		j.ctl = ctl
+	}
+	if err := j.openStore(ctx); err != nil {
+		if j.ctl != nil {
+			j.ctl.close()
+		}
+		return nil, err
+	}
+	first := cfg.Workers
+	if j.capacity > 0 {
+		first = min(first, j.capacity)
+	}
+	attrs := []any{"job", j.jobID, "workers", first, "store", j.describeStore(),
+		"max_restarts", cfg.MaxRestarts, "grace_period", cfg.GracePeriod}
+	if cfg.CapacityFile != "" {
+		attrs = append(attrs, "capacity", j.capacity, "capacity_file", cfg.CapacityFile)
+	}
+	if cfg.Autoscale {
+		attrs = append(attrs, "autoscale", true)
+	}
+	j.log.Info("job starting", attrs...)
+	for range first {
 		if err := j.spawn(j.next, 0); err != nil {
 			j.abort()
 			return nil, err
 		}
 		j.next++
 	}
+	if cfg.CapacityFile != "" {
+		j.capw = startCapacity(cfg.CapacityFile, cfg.CapacityPoll, j.capacity, j.capc, j.log)
+	}
 	go j.supervise(ctx)
 	return j, nil
+}
+
+// openStore pings Config.Redis and marks the job there, or starts the
+// embedded store.
+func (j *Job) openStore(ctx context.Context) error {
+	if j.cfg.Redis != "" {
+		if err := ping(ctx, j.cfg.Redis); err != nil {
+			return err
+		}
+		// A Redis others share may run this job ID under another
+		// launcher: refuse, rather than start strangers to that job.
+		m, err := claimMark(ctx, j.cfg.Redis, j.jobID, j.secret, j.log)
+		if err != nil {
+			return err
+		}
+		j.store, j.mark = j.cfg.Redis, m
+		return nil
+	}
+	srv, err := standalone.Start(ctx, j.cfg.StoreListen)
+	if err != nil {
+		return fmt.Errorf("launch: embedded store: %w", err)
+	}
+	j.srv, j.store = srv, srv.Addr()
+	return nil
 }
 
 // JobID returns the job's ID.
@@ -316,6 +380,21 @@ func (j *Job) supervise(ctx context.Context) {
 		case r := <-j.addc:
 			ws, err := j.add(r.n)
 			r.reply <- addReply{ws, err}
+		case n := <-j.capc:
+			j.setCapacity(n)
+		case c := <-j.ctlc:
+			c.reply <- j.control(c.req)
+		case <-j.shrinkTime:
+			j.shrinkTime = nil
+			if j.stopping || j.finished {
+				break
+			}
+			if live := j.live(); j.capacity > 0 && live <= j.capacity {
+				j.log.Info("the workers' own releases brought the job within the capacity; stopping none",
+					"running", live, "capacity", j.capacity)
+				break
+			}
+			j.reconcile("capacity")
 		case sig := <-j.stopc:
 			grace = j.stop(sig, nil, grace)
 		case <-ctxDone:
@@ -373,6 +452,7 @@ func (j *Job) armFinish() *time.Timer {
 // finish reaps, closes the store and publishes the result.
 func (j *Job) finish() {
 	j.waiters.Wait()
+	j.closeScaling()
 	if j.mark != nil {
 		j.mark.release()
 	}
@@ -410,6 +490,7 @@ func (j *Job) abort() {
 		delete(j.running, e.p)
 	}
 	j.waiters.Wait()
+	j.closeScaling()
 	if j.mark != nil {
 		j.mark.release()
 	}
@@ -422,7 +503,10 @@ func (j *Job) abort() {
 func (j *Job) spawn(i, restart int) error {
 	p := &proc{Process: Process{Worker: i, Restart: restart}}
 	w := Worker{Store: j.store, JobID: j.jobID, Secret: j.secret, Index: i, Workers: j.cfg.Workers,
-		Restart: restart, GracePeriod: j.cfg.GracePeriod}
+		Restart: restart, GracePeriod: j.cfg.GracePeriod, Autoscale: j.cfg.Autoscale}
+	if j.ctl != nil {
+		w.Control = j.ctl.path
+	}
 	var argv []string
 	if j.spec.Wrap != nil {
 		argv = append(argv, j.spec.Wrap(i)...)
@@ -510,13 +594,21 @@ func (j *Job) handleExit(e procExit) {
 	}
 	var doomed string
 	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)
-	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, doomed != "", j.restarts, j.cfg.MaxRestarts)
+	x.Released = p.released || p.shrunk
+	x.Restarting = restartPolicy(x.Outcome, j.stopping, j.finished, doomed != "", j.restarts, j.cfg.MaxRestarts) && !x.Released
+	if x.Released {
+		j.free[x.Worker] = true
+	}
 	j.exits = append(j.exits, x)
 	attrs := exitAttrs(x)
 	killedBy := x.Signal == syscall.SIGTERM || x.Signal == syscall.SIGINT
 	switch {
 	case x.Outcome == Finished:
 		j.log.Info("worker finished", attrs...)
+	case x.Released && x.Outcome == Preempted:
+		j.log.Info("worker left gracefully as told: "+leaveReason(p)+"; not restarting it", attrs...)
+	case x.Released:
+		j.log.Warn("worker told to leave did not leave gracefully ("+leaveReason(p)+"); not restarting it", attrs...)
 	case x.Outcome == Preempted:
 		j.log.Info("worker left as preempted", attrs...)
 	case x.AfterFinish:
@@ -565,14 +657,21 @@ func (j *Job) add(n int) ([]int, error) {
 	if n > j.cfg.MaxWorkers-j.next {
 		return nil, fmt.Errorf("launch: add %d: %d workers started already, and Config.MaxWorkers is %d", n, j.next, j.cfg.MaxWorkers)
 	}
+	live := j.live()
+	if j.capacity > 0 && live+n > j.capacity {
+		return nil, fmt.Errorf("%w: add %d to the %d workers running: the capacity file allows %d", ErrCapacity, n, live, j.capacity)
+	}
+	j.goal = max(j.goal, live+n)
 	var ws []int
 	for range n {
 		if err := j.spawn(j.next, 0); err != nil {
+			j.scaled(Scale{From: live, To: live + len(ws), Reason: "add", Started: ws})
 			return ws, err
 		}
 		ws = append(ws, j.next)
 		j.next++
 	}
+	j.scaled(Scale{From: live, To: live + n, Reason: "add", Started: ws})
 	return ws, nil
 }
 

@@ -112,6 +112,28 @@ func fakeWorker(mode string) int {
 		ready()
 		<-sigs
 		return 0
+	case "platform":
+		// ready INDEX PID capacity N BOUNDED ERR autoscale A; worker 0's
+		// first process then asks for ARG workers; SIGUSR1 releases the
+		// worker, SIGTERM ends it as preempted.
+		p := w.Platform()
+		if p == nil {
+			fmt.Println("no platform")
+			return 1
+		}
+		sigs := make(chan os.Signal, 1)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGUSR1)
+		ctx := context.Background()
+		n, ok, err := p.Capacity(ctx)
+		fmt.Printf("ready %d %d capacity %d %v %v autoscale %v\n", w.Index, os.Getpid(), n, ok, err, w.Autoscale)
+		if arg != "" && w.Index == 0 && w.Restart == 0 {
+			target, _ := strconv.Atoi(arg)
+			fmt.Printf("resized %d %v\n", target, p.Resize(ctx, target))
+		}
+		if <-sigs == syscall.SIGUSR1 {
+			fmt.Printf("released %d %v\n", w.Index, p.Release(ctx))
+		}
+		return 143
 	case "stop-self":
 		ready()
 		syscall.Kill(os.Getpid(), syscall.SIGSTOP)

@@ -101,6 +101,11 @@ type Exit struct {
 	// Restarting is true when the launcher starts the worker's index
 	// again (Failed, no stop, the job not finished, restarts left).
 	Restarting bool
+	// Released is true when the launcher had told the worker to leave: the
+	// capacity dropped (it sent the worker a SIGTERM) or a scaling
+	// decision named it (it called Platform.Release). It is not restarted,
+	// and its index may be started again when the job grows.
+	Released bool
 	// JobFinished is true when the worker exited with StatusJobFinished:
 	// it found the job already finished and trained nothing (Outcome is
 	// Failed, and it is not restarted).

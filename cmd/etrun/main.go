@@ -28,6 +28,18 @@
 // its start. Mind that etrun's flags go before the command: in
 // "etrun ./my-worker -workers 3", -workers is the worker's flag.
 //
+// Scaling: -capacity FILE bounds the workers by a file holding a whole
+// number (re-read every 250ms; an empty or unparsable read is ignored):
+// when it drops, the newest workers get a SIGTERM and leave gracefully
+// (they are not restarted, and do not fail or preempt the job); when it
+// rises, workers start again, up to -workers (or what was added since).
+// -autoscale lets the workers size the job themselves (their trainers'
+// decisions start workers up to -max-workers and the capacity, and
+// release the ones that do not pay). To add a worker to a running job by
+// hand, send etrun a SIGUSR1 (kill -USR1 PID; etrun logs its PID at the
+// start): each one starts one more worker, within -max-workers and the
+// capacity.
+//
 // Exit status: 0 when the job finished (a worker exited 0), 143 when it
 // was preempted (every worker left on the forwarded signal within the
 // grace period, by itself, with status 143: a worker that the signal
@@ -49,6 +61,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -67,9 +80,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.MaxRestarts, "max-restarts", cfg.MaxRestarts, "restarts of crashed workers over the whole job (0: none)")
 	fs.DurationVar(&cfg.GracePeriod, "grace", cfg.GracePeriod, "how long the workers may take to leave after a forwarded SIGTERM or SIGINT, or to exit after the job finished, before they are SIGKILLed")
 	fs.DurationVar(&cfg.StartupWindow, "startup-window", cfg.StartupWindow, "a worker failing this soon after its start is not restarted when a restart would repeat it (status 2 on its first start, or the same failure as its previous start); 0: restart every crash")
+	fs.IntVar(&cfg.MaxWorkers, "max-workers", cfg.MaxWorkers, "most worker processes over the job: -workers plus every one added (SIGUSR1, -autoscale)")
+	fs.BoolVar(&cfg.Autoscale, "autoscale", false, "let the workers size the job by measured goodput (ELASTICTRAIN_AUTOSCALE; their trainers start and release workers)")
+	fs.StringVar(&cfg.CapacityFile, "capacity", "", "file holding how many workers are allowed now, re-read every 250ms: never more workers than it says; the newest leave gracefully when it drops, workers start again (up to -workers) when it rises")
 	quiet := fs.Bool("quiet", false, "log only warnings and errors of the launcher")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: etrun [flags] [--] command [args...]\n\nRuns -workers processes of command as one elastic job. Flags:\n")
+		fmt.Fprintf(fs.Output(), "Usage: etrun [flags] [--] command [args...]\n\nRuns -workers processes of command as one elastic job.\n"+
+			"Send etrun a SIGUSR1 (kill -USR1 PID) to add one worker to the running job. Flags:\n")
 		fs.PrintDefaults()
 	}
 	switch err := fs.Parse(args); {
@@ -120,11 +137,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
 	defer signal.Stop(sigs)
+	adds := make(chan os.Signal, 8)
+	signal.Notify(adds, syscall.SIGUSR1)
+	defer signal.Stop(adds)
 	job, err := launch.Start(context.Background(), spec, cfg, launch.WithLogger(log))
 	if err != nil {
 		fmt.Fprintf(stderr, "etrun: %v\n", err)
 		return launch.StatusFailed
 	}
+	log.Info("send SIGUSR1 to add a worker", "pid", os.Getpid())
 	done := make(chan struct{})
 	forwarded := make(chan struct{})
 	go func() { // owned by run: it ends when done closes
@@ -132,6 +153,15 @@ func run(args []string, stdout, stderr io.Writer) int {
 		n := 0
 		for {
 			select {
+			case <-adds:
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				ws, err := job.Add(ctx, 1)
+				cancel()
+				if err != nil {
+					log.Warn("SIGUSR1: cannot add a worker", "err", err)
+				} else {
+					log.Info("SIGUSR1: added a worker", "worker", ws)
+				}
 			case sig := <-sigs:
 				if n++; n == 1 {
 					job.Stop(sig)

@@ -489,3 +489,73 @@ func TestASecondEtrunOnARunningJobIDIsRefused(t *testing.T) {
 	require.NotContains(t, first.stderr.String(), "does not hold the job secret")
 	require.NotContains(t, first.stderr.String(), "refused connection")
 }
+
+// TestEtrunAddsAWorkerOnSIGUSR1 adds a worker to a running job by hand:
+// a SIGUSR1 to etrun starts worker 1, which joins the running job (a
+// round of 2 trains); a second SIGUSR1 beyond -max-workers adds nothing
+// and says why; the job then ends as preempted on SIGTERM.
+func TestEtrunAddsAWorkerOnSIGUSR1(t *testing.T) {
+	etrun, worker := build(t, t.TempDir())
+	p := startEtrun(t, etrun, "-workers", "1", "-max-workers", "2", "-redis", testredis.Addr(t), "-job", testredis.JobID(t),
+		"--", worker, "-epochs", "100000")
+	p.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 1 && e.Step >= 5 })
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGUSR1))
+	evs := p.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 2 })
+	started := false
+	for _, e := range evs {
+		started = started || (e.Ev == "start" && e.Worker == 1)
+	}
+	require.True(t, started, "worker 1 started: %+v", evs)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGUSR1)) // above -max-workers
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	code, rest := p.wait(t)
+	require.Equal(t, 143, code, "stderr:\n%s", &p.stderr)
+	for _, e := range rest {
+		require.NotEqual(t, 2, e.Worker, "no third worker: %+v", e)
+	}
+	out := p.stderr.String()
+	require.Contains(t, out, "send SIGUSR1 to add a worker")
+	require.Contains(t, out, "SIGUSR1: added a worker")
+}
+
+// TestEtrunFollowsItsCapacityFile runs two workers under -capacity and
+// rewrites the file in place 2 -> 1 -> 2: worker 1 gets a SIGTERM, leaves
+// gracefully (its Run returned trainer.ErrPreempted, status 143) and the
+// other trains on alone; at 2 worker 1 starts again (restart 1) and the
+// two train together. Nobody is restarted as a crash, and the job ends as
+// preempted on SIGTERM.
+func TestEtrunFollowsItsCapacityFile(t *testing.T) {
+	etrun, worker := build(t, t.TempDir())
+	capFile := filepath.Join(t.TempDir(), "capacity")
+	require.NoError(t, os.WriteFile(capFile, []byte("2\n"), 0o644))
+	p := startEtrun(t, etrun, "-workers", "2", "-capacity", capFile, "-redis", testredis.Addr(t), "-job", testredis.JobID(t),
+		"--", worker, "-epochs", "100000")
+	p.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 2 && e.Step >= 5 })
+
+	require.NoError(t, os.WriteFile(capFile, []byte("1\n"), 0o644))
+	var left workerEvent
+	p.until(t, func(e workerEvent) bool {
+		if e.Ev == "exit" {
+			left = e
+		}
+		return e.Ev == "step" && e.WorldSize == 1
+	})
+	require.Equal(t, 1, left.Worker, "the newest worker left")
+	require.True(t, left.Preempted, "it left gracefully: %+v", left)
+	require.Equal(t, 143, left.Status)
+
+	require.NoError(t, os.WriteFile(capFile, []byte("2\n"), 0o644))
+	evs := p.until(t, func(e workerEvent) bool { return e.Ev == "step" && e.WorldSize == 2 })
+	restarted := false
+	for _, e := range evs {
+		restarted = restarted || (e.Ev == "start" && e.Worker == 1 && e.Restart == 1)
+	}
+	require.True(t, restarted, "worker 1 started again: %+v", evs)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	code, _ := p.wait(t)
+	require.Equal(t, 143, code, "stderr:\n%s", &p.stderr)
+	out := p.stderr.String()
+	require.Contains(t, out, "worker left gracefully as told: the capacity dropped; not restarting it")
+	require.Contains(t, out, "outcome=preempted exit_status=143 restarts=0")
+}

@@ -40,35 +40,23 @@ func hierarchyOf(s string) elsync.Hierarchy {
 	return 255
 }
 
-// parseHosts parses "HxL".
+// parseHosts parses "HxL" (netns.ParseLayout) for -hosts.
 func parseHosts(s string) (hosts, per int, err error) {
-	h, l, ok := strings.Cut(strings.ToLower(s), "x")
-	hosts, err1 := strconv.Atoi(h)
-	per, err2 := strconv.Atoi(l)
-	if !ok || err1 != nil || err2 != nil || hosts < 1 || per < 1 || hosts > 64 || hosts*per > 256 {
-		return 0, 0, fmt.Errorf("-hosts %q: want HxL (H hosts of L ranks, e.g. 2x2)", s)
+	hosts, per, err = netns.ParseLayout(s)
+	if err != nil {
+		return 0, 0, fmt.Errorf("-hosts: %w", err)
 	}
 	return hosts, per, nil
 }
 
-// parseRate parses "1gbit", "500mbit", "0" into bits per second.
+// parseRate parses "1gbit", "500mbit", "0" into bits per second
+// (netns.ParseRate) for -cap.
 func parseRate(s string) (int64, error) {
-	t := strings.ToLower(strings.TrimSpace(s))
-	mult := int64(1)
-	for _, suf := range []struct {
-		s string
-		m int64
-	}{{"gbit", 1e9}, {"mbit", 1e6}, {"kbit", 1e3}, {"bit", 1}} {
-		if strings.HasSuffix(t, suf.s) {
-			t, mult = strings.TrimSuffix(t, suf.s), suf.m
-			break
-		}
+	r, err := netns.ParseRate(s)
+	if err != nil {
+		return 0, fmt.Errorf("-cap: %w", err)
 	}
-	f, err := strconv.ParseFloat(t, 64)
-	if err != nil || f < 0 {
-		return 0, fmt.Errorf("-cap %q: want a rate such as 1gbit or 500mbit", s)
-	}
-	return int64(f * float64(mult)), nil
+	return r, nil
 }
 
 // impl is one allreduce implementation measured between hosts.

@@ -15,27 +15,29 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 )
 
-// readmeSection returns the README's "### title" subsection.
-func readmeSection(t *testing.T, title string) string {
+// guideSection returns the section of the guide at path (relative to the
+// repository's root) headed "## title" (or "### title"), up to the next
+// heading.
+func guideSection(t *testing.T, path, title string) string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	b, err := os.ReadFile(filepath.Join("..", "..", path))
 	require.NoError(t, err)
 	s := string(b)
-	i := strings.Index(s, "\n### "+title+"\n")
-	require.GreaterOrEqual(t, i, 0, "the README has no %q subsection", title)
-	s = s[i+1:]
+	loc := regexp.MustCompile(`\n##+ ` + regexp.QuoteMeta(title) + `\n`).FindStringIndex(s)
+	require.NotNil(t, loc, "%s has no %q section", path, title)
+	s = s[loc[0]+1:]
 	if j := regexp.MustCompile(`\n##+ `).FindStringIndex(s[4:]); j != nil {
 		s = s[:j[0]+4]
 	}
 	return s
 }
 
-// The README's Kubernetes guide says what the manifests do: its commands
+// The Kubernetes guide (docs/operations.md) says what the manifests do: its commands
 // apply every manifest but the placeholder secret, create the secret the
 // Job reads, build the image the Dockerfile describes, select the Job's
 // pods and patch the Job by name; its table has a row per file.
-func TestREADMEGuideMatchesTheManifests(t *testing.T) {
-	guide := readmeSection(t, "Kubernetes")
+func TestGuideMatchesTheManifests(t *testing.T) {
+	guide := guideSection(t, "docs/operations.md", "Kubernetes")
 	m := loadManifests(t, "manifests")
 	v := workerJob(t, m)
 	files, err := filepath.Glob("manifests/*.yaml")

@@ -8,7 +8,7 @@ import (
 )
 
 // Fields every log record of a worker carries, besides slog's own time,
-// level and msg (the README lists them with the per-event ones).
+// level and msg (docs/operations.md lists them with the per-event ones).
 const (
 	logKeyJob    = "job"    // the job ID
 	logKeyWorker = "worker" // the launch index (0 with -worker)

@@ -40,6 +40,8 @@ type config struct {
 	json, quiet         bool
 	deterministic       bool
 	balance             bool
+	autoscale           bool
+	capacity            string
 	micro               int
 	slow                slowFlag
 	plot, otlp, metrics string
@@ -53,6 +55,7 @@ type config struct {
 	grace               time.Duration
 	logFormat, logLevel string
 	redisOpts           jobenv.Redis
+	hosts               hostFlags // -hosts, -cap (hosts.go)
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -74,6 +77,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
 	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
+	fs.BoolVar(&c.autoscale, "autoscale", false, "size the job by measured goodput: start and release workers between -min and -max (launch.Config.Autoscale)")
+	fs.StringVar(&c.capacity, "capacity", "", "a file holding how many workers the platform allows now, re-read when it changes (every 250ms): never more workers than it says; graceful leaves when it drops, workers started again (up to -workers) when it rises")
 	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of -deterministic runs (whole micro-batches move between workers when balancing)")
 	fs.Var(&c.slow, "slow", "test knob: the worker holding RANK computes FACTOR times slower per sample (it sleeps in proportion to its share): RANK@FACTOR")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
@@ -83,7 +88,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
 	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable)")
+	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable); with -hosts each goes to the host with the fewest live workers, the lowest-numbered such host")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file; with -worker: none)")
 	fs.BoolVar(&c.worker, "worker", false, "run as one worker of a job whose other workers run elsewhere (one per pod), without a launcher: needs -job and -redis, and the job secret (hex) in $"+jobenv.EnvSecret)
@@ -92,7 +97,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.logFormat, "log-format", "text", "workers' log format on standard error: text or json (log/slog, one JSON object per line)")
 	fs.StringVar(&c.logLevel, "log-level", "", "workers' lowest log level: debug, info, warn or error (default: info with -worker, else warn)")
 	c.redisOpts.RegisterFlags(fs)
+	c.hosts.register(fs)
 	if err := jobenv.ParseFlags(fs, args); err != nil {
+		return nil, err
+	}
+	if err := c.hosts.apply(c, fs); err != nil {
 		return nil, err
 	}
 	switch {
@@ -147,6 +156,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 			return nil, errors.New("-worker needs -job: every worker of the job passes the same ID")
 		case len(c.faults) > 0 || c.plot != "":
 			return nil, errors.New("-worker runs one worker: -kill, -stop, -term, -join and -plot belong to the launcher")
+		case c.capacity != "":
+			return nil, errors.New("-worker runs one worker: -capacity belongs to the launcher")
 		}
 	}
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
@@ -232,6 +243,17 @@ type result struct {
 	WallSeconds    float64 `json:"wall_seconds"`
 	StepsPerSecond float64 `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
 	ParamsSHA256   string  `json:"params_sha256"`
+	// EpochStepsPerSecond holds one figure per epoch: the steps rank 0
+	// reported in it, from its first to its last, over the time between
+	// them (rank 0's clock).
+	EpochStepsPerSecond []float64 `json:"epoch_steps_per_second"`
+	// MeanWorldSize is the world size averaged over training time: each
+	// step's world size weighted by the time since the step before it.
+	MeanWorldSize float64 `json:"mean_world_size"`
+	// Scaling lists every change of the job's size: rank 0's decisions
+	// (-autoscale: probes and their undoing included) and the launcher's
+	// own when the -capacity file changed (reason "capacity").
+	Scaling []launcher.ScalingSeen `json:"scaling"`
 	// Loss is the mean loss per sample of the last step; null when it is
 	// not a finite number, and then Diverged is true.
 	Loss     *float64 `json:"loss"`
@@ -239,6 +261,8 @@ type result struct {
 	Workers  int      `json:"workers"`
 	Model    string   `json:"model"`
 	Redis    string   `json:"redis"`
+	Hosts    string   `json:"hosts,omitempty"` // -hosts HxL; "" when the workers ran in the launcher's namespace
+	Cap      string   `json:"cap,omitempty"`   // -cap with -hosts
 }
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -275,11 +299,24 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		c.audit = path
 	}
 	logw := stderr
+	var spaces []string // with -hosts: worker i's network namespace
+	if c.hosts.arg != "" {
+		hs, err := startHosts(ctx, &c.hosts, store.Addr, logw)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			if err := hs.net.Close(); err != nil {
+				fmt.Fprintf(logw, "[launcher] removing the hosts: %v\n", err)
+			}
+		}()
+		c.redis, spaces = hs.store, hs.spaces
+	}
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
 	sum, err := launcher.Run(ctx, launcher.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
-		Store: store.Addr, JobID: c.job, GracePeriod: c.grace,
+		Store: store.Addr, JobID: c.job, GracePeriod: c.grace, Netns: spaces, Autoscale: c.autoscale, CapacityFile: c.capacity,
 	})
 	if errors.Is(err, launch.ErrPreempted) {
 		// A SIGTERM or Ctrl-C: every worker committed, the lowest rank
@@ -298,7 +335,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
-	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Rounds: len(sum.Rounds),
+	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Hosts: c.hosts.arg, Cap: c.hosts.capDesc(), Rounds: len(sum.Rounds),
 		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),
 		Recoveries: sum.RecoveriesFromFailures()}
 	d := sum.Done
@@ -333,6 +370,8 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 			res.StepsPerSecond = float64(n-1) / dt
 		}
 	}
+	res.EpochStepsPerSecond, res.MeanWorldSize = sum.EpochStepsPerSecond(), sum.MeanWorldSize()
+	res.Scaling = append([]launcher.ScalingSeen{}, sum.Scaling...)
 	var plotErr error
 	if c.plot != "" {
 		if plotErr = writePlot(c.plot, sum); plotErr != nil {

@@ -106,6 +106,7 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-worker", "-redis", "redis:6379"}, "-worker needs -job"},
 		{[]string{"-worker", "-job", "j"}, "-redis: want host:port"},
 		{[]string{"-worker", "-job", "j", "-redis", "redis:6379", "-kill", "1@5"}, "-worker runs one worker: -kill, -stop, -term, -join and -plot belong to the launcher"},
+		{[]string{"-worker", "-job", "j", "-redis", "redis:6379", "-capacity", "cap"}, "-worker runs one worker: -capacity belongs to the launcher"},
 		{[]string{"-listen", "10.0.0.1"}, `-listen "10.0.0.1": want host:port`},
 		{[]string{"-grace", "0s"}, "-grace 0s: want a positive duration"},
 		{[]string{"-log-format", "xml"}, `-log-format "xml": want text or json`},

@@ -18,7 +18,7 @@ import (
 )
 
 // documentedSpans and documentedMetrics are what the trainer documents
-// (trainer/doc.go, the README's operations section) and exports.
+// (trainer/doc.go, docs/operations.md) and exports.
 var (
 	documentedSpans = []string{trainer.SpanJoin, trainer.SpanStateSync, trainer.SpanStep, trainer.SpanAllReduce,
 		trainer.SpanCommit, trainer.SpanCheckpoint, trainer.SpanRecovery}

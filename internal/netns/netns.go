@@ -78,9 +78,10 @@ type Net struct {
 	life    context.Context
 	endLife context.CancelFunc
 
-	mu     sync.Mutex
-	hosts  []*Host
-	closed bool
+	mu       sync.Mutex
+	hosts    []*Host
+	forwards []*forwarder
+	closed   bool
 }
 
 // Host is one network namespace of a Net.
@@ -136,11 +137,11 @@ func probe() error {
 	return nil
 }
 
-// ForTest returns a Net with the named hosts for t, removed by t.Cleanup
-// (also when t fails). Where namespaces cannot be made it skips t with the
-// reason, unless CI=true, where it fails t: CI runs as root and these tests
-// must run there.
-func ForTest(t testing.TB, hosts ...string) *Net {
+// RequireForTest skips t, with the reason, where this process cannot make
+// network namespaces (Available), unless CI=true, where it fails t: CI
+// runs as root and these tests must run there. For a test whose program
+// makes the namespaces itself (an example's -hosts); ForTest calls it.
+func RequireForTest(t testing.TB) {
 	t.Helper()
 	if err := Available(); err != nil {
 		if os.Getenv("CI") == "true" {
@@ -148,6 +149,15 @@ func ForTest(t testing.TB, hosts ...string) *Net {
 		}
 		t.Skipf("%v; this test needs Linux network namespaces (run it as root with iproute2 installed)", err)
 	}
+}
+
+// ForTest returns a Net with the named hosts for t, removed by t.Cleanup
+// (also when t fails). Where namespaces cannot be made it skips t with the
+// reason, unless CI=true, where it fails t: CI runs as root and these tests
+// must run there.
+func ForTest(t testing.TB, hosts ...string) *Net {
+	t.Helper()
+	RequireForTest(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	n, err := New(ctx, hosts...)
@@ -368,8 +378,9 @@ func (n *Net) ip(ctx context.Context, args ...string) error {
 	return nil
 }
 
-// Close kills every process left in the hosts' namespaces, then deletes
-// the namespaces (and with them the veths) and the bridge. Safe to call
+// Close stops every Forward, kills every process left in the hosts'
+// namespaces, then deletes the namespaces (and with them the veths) and
+// the bridge. Safe to call
 // more than once; it returns the first failure but tries every step.
 func (n *Net) Close() error {
 	n.mu.Lock()
@@ -378,9 +389,12 @@ func (n *Net) Close() error {
 		return nil
 	}
 	n.closed = true
-	hosts, made := n.hosts, n.hosts != nil
+	hosts, made, forwards := n.hosts, n.hosts != nil, n.forwards
 	n.mu.Unlock()
 	n.endLife()
+	for _, f := range forwards {
+		f.close()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	var first error

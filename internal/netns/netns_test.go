@@ -318,10 +318,5 @@ func TestNewSweepsWhatDeadProcessesLeft(t *testing.T) {
 // (failing it in CI).
 func requireNetns(t *testing.T) {
 	t.Helper()
-	if err := netns.Available(); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
+	netns.RequireForTest(t)
 }

@@ -53,6 +53,13 @@ type Event struct {
 	RolledBack      int64   `json:"rolled_back,omitempty"`
 	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
 	Message         string  `json:"message,omitempty"`
+	// From, To and Reason describe a scaling decision (EvScaling): the
+	// world size before and after, and the policy's reason.
+	From   int    `json:"from,omitempty"`
+	To     int    `json:"to,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	// Restart is the worker process's restart number (EvStarted).
+	Restart int `json:"restart,omitempty"`
 	// Extra carries example-specific results in "done" events. Its
 	// numbers must be finite: an event JSON cannot encode arrives as an
 	// "error" event instead (see Emitter.Emit).
@@ -60,6 +67,16 @@ type Event struct {
 	// At is the worker's wall clock (unix seconds).
 	At float64 `json:"at"`
 }
+
+// EvScaling is the event rank 0 sends for a scaling decision that changed
+// the target world size (trainer.StepInfo.Scaling): Step, From, To and
+// Reason.
+const EvScaling = "scaling"
+
+// EvStarted is the event Run queues itself when a worker process started
+// (launch's OnStart), before any event of that process: Worker, PID and
+// Restart. Workers never send it.
+const EvStarted = "started"
 
 // EvFinished is the event a worker sends when the job had already
 // finished before it joined (an earlier run of the same job ID finished,
@@ -215,9 +232,18 @@ type Spec struct {
 	MaxWorkers int
 	// Wrap, when set, is launch.Spec.Wrap: worker i's command prefix.
 	Wrap func(worker int) []string
+	// Netns, when set and Wrap is not, places the workers in these
+	// network namespaces as EnvNetns does (worker i < len in the i-th, a
+	// later one in the listed namespace with the fewest live workers,
+	// the first such in list order), in place of EnvNetns.
+	Netns []string
 	// OnEvent, when set, sees every event before Run acts on it, from
 	// Run's goroutine; it must not block.
 	OnEvent func(Event)
+	// Autoscale and CapacityFile are launch.Config's: the workers size
+	// the job themselves, and the file bounds the workers Run runs.
+	Autoscale    bool
+	CapacityFile string
 	// StopWhenRecovered makes Run return as soon as every kill and stop
 	// fault has been applied and its recovery measured, killing the
 	// workers (a benchmark needs no more of the job). Summary.Done is
@@ -253,11 +279,30 @@ type Summary struct {
 	// AlreadyFinished is true when some worker reported EvFinished: the
 	// job had finished before it joined.
 	AlreadyFinished bool
+	// Scaling lists every change of the job's size in arrival order: rank
+	// 0's decisions (EvScaling, probes and their undoing included) and the
+	// launcher's own changes when the capacity file changed (reason
+	// "capacity").
+	Scaling []ScalingSeen
+}
+
+// ScalingSeen is one change of the job's size.
+type ScalingSeen struct {
+	// Step is the job's step when it was decided (rank 0's), or the
+	// highest step seen when the launcher made it.
+	Step int64 `json:"step"`
+	// From and To are the world size (a decision) or the workers the
+	// launcher runs (a capacity change) before and after.
+	From int `json:"from"`
+	To   int `json:"to"`
+	// Reason is the policy's reason, or "capacity".
+	Reason string `json:"reason"`
 }
 
 // StepSeen is one step as rank 0 reported it.
 type StepSeen struct {
 	Step      int64
+	Epoch     int
 	Round     uint64
 	WorldSize int
 	Loss      float64
@@ -276,6 +321,7 @@ type RoundSeen struct {
 
 type worker struct {
 	idx     int
+	restart int
 	pid     int
 	rank    int
 	round   uint64
@@ -285,9 +331,10 @@ type worker struct {
 }
 
 type exit struct {
-	idx  int
-	code int
-	err  error
+	idx     int
+	restart int
+	code    int
+	err     error
 }
 
 // Run launches the job and returns when every worker has exited. When ctx
@@ -328,7 +375,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	// per worker queues its events, and an exit is queued only after every
 	// event its worker wrote.
 	wrap := spec.Wrap
-	place := newPlacement(os.Getenv(EnvNetns), logw)
+	spaces := os.Getenv(EnvNetns)
+	if len(spec.Netns) > 0 {
+		spaces = strings.Join(spec.Netns, ",")
+	}
+	place := newPlacement(spaces, logw)
 	if wrap == nil && place != nil {
 		wrap = place.wrap
 	} else {
@@ -362,10 +413,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			hookMu.Unlock()
 			rw[1].Close() // the worker holds the write end now
 			readers.Add(1)
-			go func(idx int, r *os.File) {
+			go func(idx, restart, pid int, r *os.File) {
 				defer readers.Done()
 				defer close(done)
 				defer r.Close()
+				events <- Event{Ev: EvStarted, Worker: idx, Restart: restart, PID: pid}
 				sc := bufio.NewScanner(r)
 				sc.Buffer(make([]byte, 64<<10), 16<<20)
 				for sc.Scan() {
@@ -380,7 +432,17 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 					events <- Event{Ev: "error", Worker: idx, Message: fmt.Sprintf("reading events: %v (later events are lost)", err)}
 					io.Copy(io.Discard, r) // so the worker never blocks on a full pipe
 				}
-			}(p.Worker, rw[0])
+			}(p.Worker, p.Restart, p.PID, rw[0])
+		},
+		OnScale: func(sc launch.Scale) {
+			if sc.Reason != "capacity" {
+				return // decisions arrive from rank 0 (EvScaling); Join faults are faults
+			}
+			readers.Add(1)
+			go func() {
+				defer readers.Done()
+				events <- Event{Ev: EvScaling, From: sc.From, To: sc.To, Reason: sc.Reason, Rank: -1}
+			}()
 		},
 		OnExit: func(x launch.Exit) {
 			if place != nil {
@@ -393,13 +455,14 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			go func() {
 				defer readers.Done()
 				<-done // every event the worker wrote is queued before its exit is
-				exits <- exit{idx: x.Worker, code: x.Code, err: x.Err}
+				exits <- exit{idx: x.Worker, restart: x.Restart, code: x.Code, err: x.Err}
 			}()
 		},
 	}
 	cfg := launch.DefaultConfig()
 	cfg.Workers, cfg.MaxWorkers, cfg.MaxRestarts = spec.Workers, limit, 0 // a fault's victim stays down
 	cfg.Redis, cfg.JobID = spec.Store, spec.JobID
+	cfg.Autoscale, cfg.CapacityFile = spec.Autoscale, spec.CapacityFile
 	if spec.GracePeriod > 0 {
 		cfg.GracePeriod = spec.GracePeriod
 	}
@@ -423,10 +486,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		return sum, fmt.Errorf("launcher: %w", err)
 	}
 	sum.JobID, sum.Store = job.JobID(), job.Store()
+	// Every process registers with its EvStarted event (queued before any
+	// of its own), whoever started it: Start (as many as the capacity
+	// allows), Add, or launch itself when the capacity rose.
 	workers := map[int]*worker{}
-	for i := range spec.Workers {
-		workers[i] = &worker{idx: i, rank: -1}
-	}
+	begun := false
 	defer func() {
 		// Every path out has seen every worker exit, but a panic and
 		// StopWhenRecovered; end them, and let every reader and exit
@@ -467,7 +531,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	}
 	tick := time.NewTicker(progressEvery)
 	defer tick.Stop()
-	running := spec.Workers
+	running := 0
 	var doneTimeout <-chan time.Time
 
 	holder := func(rank int) *worker {
@@ -514,6 +578,22 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 		w := workers[ev.Worker]
 		switch ev.Ev {
+		case EvStarted:
+			// A process launch started by itself (the capacity rose, a
+			// worker's Resize) or for Add or Start, which registered it
+			// already.
+			begun = true
+			if w == nil || w.restart != ev.Restart || w.exited {
+				workers[ev.Worker] = &worker{idx: ev.Worker, restart: ev.Restart, rank: -1, pid: ev.PID}
+				running++
+			}
+		case EvScaling:
+			sc := ScalingSeen{Step: ev.Step, From: ev.From, To: ev.To, Reason: ev.Reason}
+			if ev.Rank < 0 { // the launcher's own
+				sc.Step = sum.MaxStep
+			}
+			sum.Scaling = append(sum.Scaling, sc)
+			fmt.Fprintf(logw, "[launcher] step %d: scaling %d -> %d (%s)\n", sc.Step, sc.From, sc.To, sc.Reason)
 		case "round":
 			if w != nil {
 				w.rank, w.round, w.pid = ev.Rank, ev.Round, ev.PID
@@ -538,7 +618,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				sum.MaxStep = ev.Step
 			}
 			lastLoss, lastEpoch = ev.Loss, ev.Epoch
-			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, Samples: ev.Samples, At: ev.At})
+			sum.Steps = append(sum.Steps, StepSeen{Step: ev.Step, Epoch: ev.Epoch, Round: ev.Round, WorldSize: ev.WorldSize, Loss: ev.Loss, Samples: ev.Samples, At: ev.At})
 			samples += int64(ev.Samples)
 			// Training again means training samples: a step that trained
 			// nothing (a dynamic-shard job waiting for data) is no recovery.
@@ -594,7 +674,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		sum.Wall = time.Since(start)
 	}
 	ctxDone := ctx.Done()
-	for running > 0 {
+	for running > 0 || !begun {
 		if measured() {
 			summarise()
 			return sum, nil // the deferred clean-up kills the workers
@@ -617,6 +697,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				}
 			}
 			w := workers[ex.idx]
+			if w == nil || w.restart != ex.restart {
+				w = &worker{idx: ex.idx, rank: -1} // an older process of the index
+			}
 			w.exited = true
 			running--
 			sum.Exits[ex.idx] = ex.code
@@ -746,4 +829,57 @@ func (s Summary) RecoveryRounds() int {
 		}
 	}
 	return n
+}
+
+// EpochStepsPerSecond returns one figure per epoch seen in Steps, in epoch
+// order: the steps of that epoch after its first, over the time from its
+// first to its last step (rank 0's clock); 0 for an epoch of one step.
+// A step repeated after a rollback counts again: it was trained again.
+func (s Summary) EpochStepsPerSecond() []float64 {
+	type span struct {
+		n           int
+		first, last float64
+	}
+	var order []int
+	spans := map[int]*span{}
+	for _, st := range s.Steps {
+		sp := spans[st.Epoch]
+		if sp == nil {
+			sp = &span{first: st.At}
+			spans[st.Epoch] = sp
+			order = append(order, st.Epoch)
+		}
+		sp.n++
+		sp.last = st.At
+	}
+	sort.Ints(order)
+	out := make([]float64, 0, len(order))
+	for _, e := range order {
+		sp := spans[e]
+		v := 0.0
+		if dt := sp.last - sp.first; sp.n > 1 && dt > 0 {
+			v = float64(sp.n-1) / dt
+		}
+		out = append(out, v)
+	}
+	return out
+}
+
+// MeanWorldSize returns the world size averaged over training time: each
+// step's world size weighted by the time from the step before it to it
+// (rank 0's clock); 0 with fewer than two steps.
+func (s Summary) MeanWorldSize() float64 {
+	var sum, total float64
+	for i := 1; i < len(s.Steps); i++ {
+		dt := s.Steps[i].At - s.Steps[i-1].At
+		if dt <= 0 {
+			continue
+		}
+		sum += float64(s.Steps[i].WorldSize) * dt
+		total += dt
+	}
+	if total == 0 {
+		return 0
+	}
+	return sum / total
 }

@@ -1,0 +1,103 @@
+package launch
+
+import (
+	"bytes"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+)
+
+// DefaultCapacityPoll is Config.CapacityPoll's default: how often the
+// launcher reads Config.CapacityFile.
+const DefaultCapacityPoll = 250 * time.Millisecond
+
+// parseCapacity reads a capacity file's content: a whole number of
+// workers, at least 1, with blanks around it.
+func parseCapacity(b []byte) (int, error) {
+	s := string(bytes.TrimSpace(b))
+	if s == "" {
+		return 0, fmt.Errorf("empty")
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 1 {
+		return 0, fmt.Errorf("%.40q is not a whole number of workers >= 1", s)
+	}
+	return n, nil
+}
+
+// capacityWatcher reads the capacity file every poll interval and hands
+// every change to the supervisor on changes. An unreadable or unparsable
+// read is ignored (the last good value stays) and logged once per
+// distinct problem; a file rewritten in place is read empty for an
+// instant, which this absorbs. Its goroutine is owned by it and ends in
+// close.
+type capacityWatcher struct {
+	path    string
+	every   time.Duration
+	log     *slog.Logger
+	changes chan<- int
+	quit    chan struct{}
+	wg      sync.WaitGroup
+	last    int    // the last good value (goroutine's)
+	bad     string // the last problem logged (goroutine's)
+}
+
+// readCapacity reads the file once: its value, or an error naming the
+// file.
+func readCapacity(path string) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, fmt.Errorf("launch: capacity file: %w", err)
+	}
+	n, err := parseCapacity(b)
+	if err != nil {
+		return 0, fmt.Errorf("launch: capacity file %s: %w", path, err)
+	}
+	return n, nil
+}
+
+func startCapacity(path string, every time.Duration, first int, changes chan<- int, log *slog.Logger) *capacityWatcher {
+	w := &capacityWatcher{path: path, every: every, log: log, changes: changes, quit: make(chan struct{}), last: first}
+	w.wg.Add(1)
+	go w.run()
+	return w
+}
+
+func (w *capacityWatcher) close() {
+	close(w.quit)
+	w.wg.Wait()
+}
+
+func (w *capacityWatcher) run() {
+	defer w.wg.Done()
+	t := time.NewTicker(w.every)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.quit:
+			return
+		case <-t.C:
+		}
+		n, err := readCapacity(w.path)
+		if err != nil {
+			if msg := err.Error(); msg != w.bad {
+				w.bad = msg
+				w.log.Warn("capacity file read ignored; keeping the last capacity", "err", err, "capacity", w.last)
+			}
+			continue
+		}
+		w.bad = ""
+		if n == w.last {
+			continue
+		}
+		select {
+		case w.changes <- n:
+			w.last = n
+		case <-w.quit:
+			return
+		}
+	}
+}
