@@ -113,9 +113,6 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg.Sync.Logger = logger
 	tcfg.ListenAddr = c.listen
 	tcfg.GracePeriod = c.grace
-	if os.Getenv("ET_AUTOSCALE") != "" {
-		tcfg.Autoscale.Enabled = true
-	}
 	if w, err := launch.WorkerEnv(); err == nil {
 		// The launcher's job ID and secret (those of -job and the
 		// environment), and a grace period that ends before the
@@ -168,9 +165,6 @@ func runWorker(c *config, stderr io.Writer) int {
 				Epoch: r.Epoch, Source: r.Source, Recovery: r.Recovery, RolledBack: r.RolledBack})
 		},
 		OnStep: func(s trainer.StepInfo) {
-			if si := s; os.Getenv("ET_AUTOSCALE") != "" && (si.Scaling != nil || si.Step%100 == 0) {
-				fmt.Fprintf(os.Stderr, "AS rank %d step %d W=%d thr=%.0f eff=%.3f rec=%d dec=%+v\n", si.Rank, si.Step, si.WorldSize, si.Throughput, si.Efficiency, si.RecommendedWorldSize, si.Scaling)
-			}
 			if s.Rank == 0 {
 				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
