@@ -168,6 +168,10 @@ func runWorker(c *config, stderr io.Writer) int {
 			if s.Rank == 0 {
 				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
+				if d := s.Scaling; d != nil {
+					ev.Emit(launcher.Event{Ev: launcher.EvScaling, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: d.Step,
+						From: d.From, To: d.To, Reason: d.Reason})
+				}
 			}
 		},
 	}))
