@@ -207,6 +207,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
 	status := exitOK
 	switch {
+	case errors.Is(err, trainer.ErrReleased):
+		// A scaling decision removed this worker: it committed with the
+		// others and left; the job goes on without it (its own
+		// checkpoint, if it could not write it, was not the job's).
+		logger.Info("left the job by a scaling decision", "step", res.Step)
+		return exitPreempted
 	case errors.Is(err, trainer.ErrPreempted) && lostCheckpoint:
 		// Not a graceful leave: a resume would start from an older
 		// checkpoint than the step this worker committed.
