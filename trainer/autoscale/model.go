@@ -78,7 +78,7 @@ func (r *sizeRecord) throughput() float64 {
 
 // smoothing is the weight of a new observation in the moving averages once
 // more than 1/smoothing observations were seen (before: a running mean).
-const smoothing = 0.05
+const smoothing = 0.02
 
 // ema folds x into the average avg of n-1 earlier observations.
 func ema(avg, x float64, n int64) float64 {

@@ -109,8 +109,10 @@ type Figures struct {
 //
 //   - capacity: a world larger than the platform's capacity (or
 //     MaxWorkers), seen at two evaluations in a row, shrinks to it;
-//   - a probe on trial (a change to a size not measured before) is kept
-//     when the measurement agrees (an added worker's gain ≥ ShrinkFraction
+//   - a change on trial (every change but a capacity one: a probe of a
+//     size not measured yet, or a grow or shrink to a size measured
+//     before, perhaps under another load) is kept when the new
+//     measurement agrees (an added worker's gain ≥ ShrinkFraction
 //   - Hysteresis; a removed worker's gain < ShrinkFraction) and undone
 //     at once otherwise, the size backing off for ProbeBackoff steps;
 //   - shrink when the current size's last worker adds less than
@@ -392,6 +394,7 @@ func (p *Policy) evaluate(o Observation) *Decision {
 				if s.lastFrom == W-1 {
 					hold()
 				}
+				s.probeFrom = W // a trial too: the measurement of W-1 may be old
 				return &Decision{To: W - 1, Remove: rm, Reason: "shrink", Predicted: prev,
 					Detail: fmt.Sprintf("worker %d adds %.2f of an average worker (< %.2f): %.1f samples/s at %d, %.1f at %d", W, g, c.ShrinkFraction, X, W, prev, W-1)}
 			}
@@ -421,10 +424,10 @@ func (p *Policy) evaluate(o Observation) *Decision {
 				reason := "grow"
 				if probe {
 					reason = "probe"
-					s.probeFrom = W
 				} else if s.lastFrom == W+1 {
 					hold()
 				}
+				s.probeFrom = W // a grow to a measured size is a trial too: its measurement may be old
 				return &Decision{To: W + 1, Reason: reason, Predicted: next,
 					Detail: fmt.Sprintf("worker %d would add %.2f of an average worker: %.1f samples/s predicted against %.1f; saves %.0f s over %d steps for a change of %.2f s",
 						W+1, g, next, X, float64(saved*float64(c.HorizonSteps)), c.HorizonSteps, s.cost)}
