@@ -194,13 +194,24 @@ func TrainerGracePeriod(g time.Duration) time.Duration {
 
 // Configure sets the job's part of a trainer.Config: JobID, Sync.Secret
 // (a copy), and GracePeriod lowered to TrainerGracePeriod(w.GracePeriod)
-// when it is longer (a shorter one is kept). Everything else (world size
-// bounds, epochs, checkpoints) stays the caller's.
+// when it is longer (a shorter one is kept); Autoscale.Platform to the
+// launcher's control socket when it opened one (Worker.Platform), and
+// Autoscale.Enabled when the launcher asks the workers to size the job
+// (EnvAutoscale; the policy's knobs stay the caller's). Everything else
+// (world size bounds, epochs, checkpoints) stays the caller's.
 func (w Worker) Configure(cfg *trainer.Config) {
 	cfg.JobID = w.JobID
 	cfg.Sync.Secret = append([]byte(nil), w.Secret...)
 	if g := TrainerGracePeriod(w.GracePeriod); cfg.GracePeriod <= 0 || cfg.GracePeriod > g {
 		cfg.GracePeriod = g
+	}
+	// The launcher's control socket enacts the trainer's scaling
+	// decisions (Platform); with its Autoscale the trainer decides them.
+	if p := w.Platform(); p != nil {
+		cfg.Autoscale.Platform = p
+	}
+	if w.Autoscale {
+		cfg.Autoscale.Enabled = true
 	}
 }
 
@@ -243,8 +254,8 @@ func ExitStatus(err error) int {
 		return StatusUsage
 	case errors.Is(err, trainer.ErrCheckpoint):
 		return StatusFailed
-	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted):
-		return StatusPreempted
+	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted), errors.Is(err, trainer.ErrReleased):
+		return StatusPreempted // a graceful leave: on SIGTERM, or by a scaling decision
 	case errors.Is(err, ErrFailed):
 		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
 	case Permanent(err):

@@ -3,6 +3,7 @@ package launch
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -90,6 +91,18 @@ func TestConfigureSetsTheJobsPartOfATrainerConfig(t *testing.T) {
 	cfg.GracePeriod = 3 * time.Second
 	w.Configure(&cfg)
 	require.Equal(t, 3*time.Second, cfg.GracePeriod, "a shorter grace period is kept")
+	require.False(t, cfg.Autoscale.Enabled, "no -autoscale: the trainer does not size the job")
+	require.Nil(t, cfg.Autoscale.Platform, "no control socket: no platform")
+
+	// With the launcher's control socket and -autoscale, the trainer
+	// decides and the socket enacts; the policy's knobs stay the caller's.
+	w.Control, w.Autoscale = filepath.Join(t.TempDir(), "control.sock"), true
+	cfg.Autoscale.DecisionInterval = 7
+	w.Configure(&cfg)
+	require.True(t, cfg.Autoscale.Enabled)
+	require.NotNil(t, cfg.Autoscale.Platform)
+	require.Equal(t, 7, cfg.Autoscale.DecisionInterval)
+	require.NoError(t, cfg.Validate())
 }
 
 func TestTrainerGracePeriodLeavesTimeToExit(t *testing.T) {
@@ -115,6 +128,8 @@ func TestExitStatusOfErrors(t *testing.T) {
 		{fmt.Errorf("%w, but its checkpoint was not written: %w", trainer.ErrPreempted, trainer.ErrCheckpoint), 1},
 		{trainer.ErrFailureBudget, 1},
 		{ErrPreempted, 143},
+		{trainer.ErrReleased, 143}, // a graceful leave by a scaling decision: not restarted
+		{fmt.Errorf("run: %w", trainer.ErrReleased), 143},
 		{fmt.Errorf("%w: worker 1 exited with status 2", ErrFailed), 1},
 		{errors.New("anything"), 1},
 	}

@@ -6,6 +6,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/autoscale"
 )
 
 // Config holds the settings users write down. Start from DefaultConfig and
@@ -81,6 +82,12 @@ type Config struct {
 	// gradient copy per micro-batch and a float64 allreduce instead of a
 	// float32 one. Default false.
 	Deterministic bool
+	// Autoscale is resource adjustment: every rank measures what a world
+	// size is worth and the same policy decides a target world size, which
+	// Autoscale.Platform enacts (see package autoscale and scaling.go). The
+	// zero value is off. The world size stays within Elastic.MinWorkers
+	// and MaxWorkers.
+	Autoscale autoscale.Config
 	// Elastic configures the rendezvous (min/max workers, last call, leases).
 	Elastic elastic.Config
 	// Sync configures the collective transport (secret, timeouts, TLS) of
@@ -143,6 +150,9 @@ func (c Config) validate(ring bool) error {
 		return bad("GracePeriod %v <= 0", c.GracePeriod)
 	case c.StepSpanEvery < 0:
 		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
+	}
+	if err := c.Autoscale.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)
 	}
 	e := c.Elastic
 	e.JobID = c.JobID

@@ -128,6 +128,19 @@ type control struct {
 	work      float64 // its share's cost (Batch.Cost, or its samples): what balancing divides by compute
 	stop      bool    // it was preempted
 	epochDone bool    // its loader found no sample of the epoch left
+	scaling   scalingControl
+}
+
+// scalingControl is one rank's measurements for resource adjustment
+// (Config.Autoscale), all 0 when it is off.
+type scalingControl struct {
+	interval    float64 // seconds since it began its previous step
+	syncPrev    float64 // seconds in the allreduce of its previous step in this round
+	gradSq      float64 // squared norm of its mean gradient, previous step
+	normSamples float64 // its samples in that step
+	bigSq       float64 // squared norm of the mean gradient over that step's global batch
+	capacity    float64 // workers its Platform allows; 0: no bound
+	keep        bool    // it holds state no other rank holds
 }
 
 // controlLen is the length of a control buffer for world size W.
@@ -152,6 +165,12 @@ func putControl(ctl []float64, rank int, c control) {
 	}
 	if c.epochDone {
 		mine[ctlEpochDone] = 1
+	}
+	s := c.scaling
+	mine[ctlInterval], mine[ctlSyncPrev], mine[ctlGradSq], mine[ctlNormSamples] = s.interval, s.syncPrev, s.gradSq, s.normSamples
+	mine[ctlBigSq], mine[ctlCapacity] = s.bigSq, s.capacity
+	if s.keep {
+		mine[ctlKeep] = 1
 	}
 }
 
@@ -221,6 +240,9 @@ type stepOutcome struct {
 	perCompute []float64
 	perWork    []float64
 	epochDone  []bool
+	// Resource adjustment's per-rank values (scalingControl), by rank.
+	perInterval, perSyncPrev, perGradSq, perNormSamples, perBigSq, perCapacity []float64
+	perKeep                                                                    []bool
 }
 
 // readControl decodes the reduced control values of a world of W ranks
@@ -230,6 +252,8 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 	if len(o.perSamples) != W {
 		o.perSamples, o.perCompute, o.epochDone = make([]int, W), make([]float64, W), make([]bool, W)
 		o.perWork, o.perStop = make([]float64, W), make([]bool, W)
+		o.perInterval, o.perSyncPrev, o.perGradSq = make([]float64, W), make([]float64, W), make([]float64, W)
+		o.perNormSamples, o.perBigSq, o.perCapacity, o.perKeep = make([]float64, W), make([]float64, W), make([]float64, W), make([]bool, W)
 	}
 	o.stepFailed = ctl[ctlStepErr] > 0
 	o.change = ctl[ctlChange] > 0
@@ -246,6 +270,8 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 		}
 		o.perSamples[r], o.perCompute[r], o.epochDone[r] = int(v[ctlSamples]), v[ctlCompute], v[ctlEpochDone] > 0
 		o.perWork[r] = v[ctlWork]
+		o.perInterval[r], o.perSyncPrev[r], o.perGradSq[r] = v[ctlInterval], v[ctlSyncPrev], v[ctlGradSq]
+		o.perNormSamples[r], o.perBigSq[r], o.perCapacity[r], o.perKeep[r] = v[ctlNormSamples], v[ctlBigSq], v[ctlCapacity], v[ctlKeep] > 0
 	}
 	o.stop = o.firstStop >= 0
 	if deterministic {

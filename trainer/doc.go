@@ -221,6 +221,30 @@
 // whose samples cost different amounts, dataloader.Config.Cost makes the
 // cut give equal cost rather than equal counts.
 //
+// # Resource adjustment: the job sizes itself
+//
+// With Config.Autoscale enabled, every rank measures what a world size is
+// worth and the same policy (package autoscale) decides a target world
+// size: grow while one more worker pays for its measured cost within a
+// horizon, shrink when the last one adds less than a fraction of an
+// average worker, probe sizes not measured yet (kept only if they measure
+// better), follow the platform's capacity, never flap. Every step's
+// control values carry each rank's step interval, compute and sync
+// seconds, the squared norms of its mean gradient and of the averaged one
+// (every 8th step) and its platform's capacity, so every rank feeds the
+// policy the same numbers and takes the same decision at the same step
+// (StepInfo.Scaling; figures in StepInfo.Throughput, Efficiency, Goodput
+// and RecommendedWorldSize). Rank 0 logs it once (Info, "scaling
+// decision", with its reason and figures) and calls the Platform's
+// Resize; each rank the decision removes (the slowest, or the newest,
+// never rank 0 when another can go, never one that holds state no other
+// holds: see Releasable) calls Release and leaves at the next step
+// boundary by the preemption path: every rank commits, nothing is lost or
+// trained twice, no recovery is counted, and its Run returns ErrReleased.
+// The policy's state is part of every commit and checkpoint, so a
+// whole-job restart does not re-learn; in deterministic mode the
+// parameters are the bits of a fixed-size run whatever was decided.
+//
 // # Telemetry
 //
 // With the OpenTelemetry API only (pass providers with WithTracerProvider and
@@ -230,7 +254,11 @@
 // MetricSamples, MetricWorldSize, MetricRounds, MetricRecoveries,
 // MetricRecoveryDuration (s), MetricGoodput (useful training time over wall
 // time), MetricStragglers, MetricShare and MetricSpeed (per rank: its
-// samples in the last step, its smoothed speed). Logs go to the *slog.Logger of WithLogger.
+// samples in the last step, its smoothed speed); with Config.Autoscale,
+// MetricAutoscaleThroughput (measured samples/s at the current size),
+// MetricAutoscaleEfficiency (the global batch's statistical efficiency),
+// MetricAutoscaleGoodput (their product) and MetricAutoscaleRecommended
+// (the policy's target world size). Logs go to the *slog.Logger of WithLogger.
 //
 // # No silent success
 //

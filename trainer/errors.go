@@ -60,6 +60,12 @@ var (
 	// global batch is NaN or infinite (checked before the optimizer step,
 	// so the parameters stay those of the step before).
 	ErrDiverged = errors.New("trainer: training diverged")
+	// ErrReleased is returned by Run on a worker that a scaling decision
+	// (Config.Autoscale) removed: it told the Platform (Release),
+	// committed with the others and left gracefully, as a preempted worker
+	// does; nothing is lost or trained twice, and no recovery is counted.
+	// It does not match ErrPreempted: a launcher must not restart it.
+	ErrReleased = errors.New("trainer: released by a scaling decision")
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")
 	// ErrPartitionLost is wrapped by a Partition's error when no round can

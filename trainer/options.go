@@ -6,6 +6,8 @@ import (
 
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/elastictrain/elastictrain/trainer/autoscale"
 )
 
 // Option configures a Trainer beyond its Config: collaborators and hooks.
@@ -158,6 +160,18 @@ type StepInfo struct {
 	// loader's cost units, Batch.Cost) per compute second, as every rank
 	// agreed on it after this step; 0 for a rank not measured yet.
 	Speeds []float64
+	// Scaling is the decision of resource adjustment (Config.Autoscale)
+	// made at this step, the same on every rank; nil at the steps where
+	// the target world size did not change.
+	Scaling *autoscale.Decision
+	// Throughput is the measured samples per second at this world size
+	// (0 until measured); Efficiency the statistical efficiency of the
+	// global batch (1 until the gradient noise scale is estimated);
+	// Goodput = Throughput × Efficiency, in useful samples per second;
+	// RecommendedWorldSize the policy's target. All 0 without
+	// Config.Autoscale, and the same on every rank.
+	Throughput, Efficiency, Goodput float64
+	RecommendedWorldSize            int
 }
 
 // StragglerInfo reports a rank whose compute time stayed above

@@ -405,6 +405,7 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 	t.epoch, t.epochStep = int(sn.epoch), int(sn.epochStep)
 	t.stateRound = world.Round
 	t.recoveries = slices.Clone(sn.recoveries)
+	t.installScaling(sn.autoscale)
 	// One replaced commit stays as the spare whose buffers the next commit
 	// reuses, whatever the previous round did (a round that failed after
 	// one commit had none), so every round starts holding the same memory.
@@ -560,6 +561,7 @@ func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *
 	}
 	sn.take(t.step, t.gen, t.base, t.params, t.opt, state, t.recoveries, user)
 	sn.seq, sn.epoch, sn.epochStep, sn.parts = seq, int64(t.epoch), int64(t.epochStep), nil
+	sn.autoscale = t.scalingState(sn.autoscale)
 	t.spare, t.prev, t.latest = t.prev, t.latest, sn
 	t.uncommitted = false
 	t.useful += t.pendingUseful

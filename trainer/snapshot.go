@@ -27,6 +27,10 @@ type snapshot struct {
 	epoch     int64  // the epoch and step within it where the data continues (RoundInfo.Epoch, EpochStep)
 	epochStep int64
 	parts     []partManifests // durable checkpoints of jobs with partitions: every rank's manifest of each partition
+
+	// Version 4 (named sections after the version 3 fields; written only
+	// when one is not empty, else the encoding is version 3):
+	autoscale []byte // the resource adjustment policy's state (section "autoscale")
 }
 
 // partManifests is one partition's part of a durable checkpoint: the
@@ -37,11 +41,15 @@ type partManifests struct {
 	manifests [][]byte
 }
 
-// Snapshot encodings: version 3 appends the commit number, the data
+// Snapshot encodings: version 4 appends named sections (a count, then a
+// name and bytes each; a reader skips names it does not know) and is
+// written only when a section has content, so a job without them writes
+// version 3; version 3 appends the commit number, the data
 // position and the partitions' manifests after the user state; version 2
 // added the lineage base after gen; versions 1 (no base, so base 0) and 2
 // still decode, so older checkpoints load.
 const (
+	snapshotMagicV4 = "ETSNAP04"
 	snapshotMagic   = "ETSNAP03"
 	snapshotMagicV2 = "ETSNAP02"
 	snapshotMagicV1 = "ETSNAP01"
@@ -50,6 +58,9 @@ const (
 // maxPartitionRanks bounds the ranks of one partition's manifests in a
 // decoded snapshot (the world size bound of package sync).
 const maxPartitionRanks = 1 << 16
+
+// sectionAutoscale names the policy state's section of a version 4 snapshot.
+const sectionAutoscale = "autoscale"
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -89,7 +100,8 @@ func (s *snapshot) optState() []byte {
 
 // clone returns a deep copy.
 func (s *snapshot) clone() *snapshot {
-	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName, seq: s.seq, epoch: s.epoch, epochStep: s.epochStep}
+	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName, seq: s.seq, epoch: s.epoch, epochStep: s.epochStep,
+		autoscale: slices.Clone(s.autoscale)}
 	for _, p := range s.parts {
 		m := make([][]byte, len(p.manifests))
 		for i, b := range p.manifests {
@@ -138,7 +150,11 @@ func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
 // then a CRC-32C of all of it.
 func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	start := len(dst)
-	dst = append(dst, snapshotMagic...)
+	if len(s.autoscale) > 0 {
+		dst = append(dst, snapshotMagicV4...)
+	} else {
+		dst = append(dst, snapshotMagic...)
+	}
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.step))
 	dst = binary.LittleEndian.AppendUint64(dst, s.gen)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.base))
@@ -177,6 +193,11 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 			dst = appendBytes(dst, m)
 		}
 	}
+	if len(s.autoscale) > 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, 1)
+		dst = appendString(dst, sectionAutoscale)
+		dst = appendBytes(dst, s.autoscale)
+	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
 }
 
@@ -206,7 +227,7 @@ func snapshotBody(b []byte) (body []byte, magic string, err error) {
 		return nil, "", fmt.Errorf("%w: checksum %08x, want %08x", ErrCorruptState, got, sum)
 	}
 	magic = string(body[:len(snapshotMagic)])
-	if magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
+	if magic != snapshotMagicV4 && magic != snapshotMagic && magic != snapshotMagicV2 && magic != snapshotMagicV1 {
 		return nil, "", fmt.Errorf("%w: bad magic %q", ErrCorruptState, magic)
 	}
 	return body, magic, nil
@@ -260,7 +281,7 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		s.recoveries = append(s.recoveries, int64(r.u64()))
 	}
 	s.user = owned(r.bytes())
-	if magic == snapshotMagic {
+	if magic == snapshotMagic || magic == snapshotMagicV4 {
 		s.seq = r.u64()
 		s.epoch, s.epochStep = int64(r.u64()), int64(r.u64())
 		np := int(r.u32())
@@ -286,6 +307,21 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		}
 	} else {
 		s.seq = uint64(s.step) // older histories committed at most once per step
+	}
+	if magic == snapshotMagicV4 {
+		ns := int(r.u32())
+		if r.err == nil && ns > (len(body)-r.off)/12 {
+			r.fail("section count exceeds input")
+		}
+		for range ns {
+			if r.err != nil {
+				break
+			}
+			name, data := r.string(), r.bytes()
+			if name == sectionAutoscale {
+				s.autoscale = owned(data)
+			}
+		}
 	}
 	if err := r.done(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptState, err)

@@ -32,6 +32,12 @@ const (
 	MetricShare            = "elastictrain.balance.share"     // {sample}, gauge per rank: its samples in the last step
 	MetricSpeed            = "elastictrain.balance.speed"     // {sample}/s, gauge per rank: its smoothed speed (cost units/s with Batch.Cost)
 
+	// Resource adjustment (Config.Autoscale), the same on every rank:
+	MetricAutoscaleGoodput     = "elastictrain.autoscale.goodput"                // {sample}/s, gauge: throughput × statistical efficiency (useful samples per second)
+	MetricAutoscaleThroughput  = "elastictrain.autoscale.throughput"             // {sample}/s, gauge: measured samples per second at the current world size
+	MetricAutoscaleEfficiency  = "elastictrain.autoscale.efficiency"             // 1, gauge: statistical efficiency of the global batch, B_noise/(B_noise+B)
+	MetricAutoscaleRecommended = "elastictrain.autoscale.recommended_world_size" // {worker}, gauge: the policy's target world size
+
 	// Attribute keys.
 	AttrJob       = attribute.Key("elastictrain.job")
 	AttrRound     = attribute.Key("elastictrain.round")
@@ -65,6 +71,10 @@ type telemetry struct {
 	speed       metric.Float64Gauge
 	jobAttr     attribute.KeyValue
 	commonAttrs metric.MeasurementOption
+
+	// Resource adjustment's gauges.
+	asGoodput, asThroughput, asEfficiency metric.Float64Gauge
+	asRecommended                         metric.Int64Gauge
 }
 
 func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) (*telemetry, error) {
@@ -104,6 +114,14 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) 
 	t.share, e = m.Int64Gauge(MetricShare, metric.WithUnit("{sample}"), metric.WithDescription("This rank's samples in the last step (its share of the global batch)."))
 	must(e)
 	t.speed, e = m.Float64Gauge(MetricSpeed, metric.WithUnit("{sample}/s"), metric.WithDescription("This rank's smoothed speed: samples (or cost units) per compute second."))
+	must(e)
+	t.asGoodput, e = m.Float64Gauge(MetricAutoscaleGoodput, metric.WithUnit("{sample}/s"), metric.WithDescription("Throughput times the statistical efficiency of the global batch: useful samples per second (autoscale)."))
+	must(e)
+	t.asThroughput, e = m.Float64Gauge(MetricAutoscaleThroughput, metric.WithUnit("{sample}/s"), metric.WithDescription("Measured samples per second at the current world size (autoscale)."))
+	must(e)
+	t.asEfficiency, e = m.Float64Gauge(MetricAutoscaleEfficiency, metric.WithUnit("1"), metric.WithDescription("Statistical efficiency of the global batch from the gradient noise scale (autoscale)."))
+	must(e)
+	t.asRecommended, e = m.Int64Gauge(MetricAutoscaleRecommended, metric.WithUnit("{worker}"), metric.WithDescription("The world size the autoscale policy recommends."))
 	must(e)
 	t.commonAttrs = metric.WithAttributes(t.jobAttr)
 	return t, err

@@ -13,6 +13,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/autoscale"
 )
 
 // Control slots carried in each step's first allreduce, reduced by max, so
@@ -33,6 +34,14 @@ const (
 	ctlStop             // preempted
 	ctlEpochDone        // the loader found no sample of the epoch left (Batch.EpochDone)
 	ctlWork             // the share's cost: Batch.Cost, or its samples (balancing)
+	// Resource adjustment (Config.Autoscale; 0 when off, see autoscale.go):
+	ctlInterval    // seconds since this rank began its previous step
+	ctlSyncPrev    // seconds in the gradient allreduce of its previous step in this round
+	ctlGradSq      // squared norm of its mean gradient, of its previous step
+	ctlNormSamples // its samples in that step
+	ctlBigSq       // squared norm of the mean gradient over that step's global batch
+	ctlCapacity    // the workers its Platform allows (0: no bound stated)
+	ctlKeep        // it holds state no other rank holds
 	ctlPerRank
 )
 
@@ -55,6 +64,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	if err := t.startBalance(); err != nil {
 		return t.classify(runCtx, ctx, err)
 	}
+	t.startScaling(ctx)
 	// In the default mode the control values travel with the gradients, in
 	// one sum-allreduce (packControl), instead of in a max-allreduce of
 	// their own before it: every rank then reduces its gradients even at a
@@ -83,6 +93,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return t.finish(ctx, runCtx, comm, world, watch, ck)
 		}
 		stepStart := time.Now()
+		interval := t.scalingBefore(stepStart)
 		var span trace.Span
 		sctx := ctx
 		if t.cfg.StepSpanEvery > 0 && (t.step+1)%int64(t.cfg.StepSpanEvery) == 0 {
@@ -112,8 +123,12 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, stepErr))
 		}
 
+		if stepErr == nil {
+			t.noteLocalGradients(len(b.Indices))
+		}
 		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
-			samples: len(b.Indices), compute: compute.Seconds(), work: shareWork(b), stop: t.preempted(), epochDone: b.EpochDone})
+			samples: len(b.Indices), compute: compute.Seconds(), work: shareWork(b), stop: t.preempted(), epochDone: b.EpochDone,
+			scaling: t.scalingControl(interval)})
 		syncStart := time.Now()
 		actx, aspan := sctx, trace.Span(nil)
 		if span != nil {
@@ -189,6 +204,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		empty := o.samples == 0
 		var stepDur time.Duration
 		if !empty {
+			t.noteGlobalGradients(o.samples, syncDur)
 			// The sum over the global batch becomes its mean: in the
 			// optimizer's own pass when it can scale (the same bits).
 			scaler, fused := t.opt.(scaledStepper)
@@ -242,7 +258,10 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			t.epoch, t.epochStep = pos.position()
 		}
 		evict := -1
+		var decision *autoscale.Decision
+		var figures autoscale.Figures
 		if !empty {
+			decision, figures = t.observeScaling(ctx, world, o)
 			evict = t.observeStragglers(ctx, world, o)
 			if err := t.rebalance(ctx, world, o); err != nil {
 				if span != nil {
@@ -256,7 +275,8 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// it changes (WithState's state, the learning rate) is part of
 			// them: a round that restores this step restores it too.
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
-				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds()}
+				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds(),
+				Scaling: decision, Goodput: figures.Goodput, Throughput: figures.Throughput, Efficiency: figures.Efficiency, RecommendedWorldSize: figures.Recommended}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec

@@ -127,6 +127,11 @@ type Trainer[B any] struct {
 	// preemptSave, when set, writes the preempted worker's checkpoint once
 	// it said goodbye to its round and left (leavePreempted).
 	preemptSave func(ctx context.Context) error
+	// sc is resource adjustment (scaling.go), owned by Run's goroutine;
+	// released is set when a scaling decision removed this worker (it
+	// leaves by the preemption path and Run returns ErrReleased).
+	sc       scaling
+	released atomic.Bool
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
@@ -197,6 +202,7 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	if cfg.Balance {
 		t.weighter, _ = loader.(Weighter)
 	}
+	t.sc = newScaling(cfg.Autoscale)
 	t.cfg.Elastic.JobID, t.cfg.Sync.JobID = cfg.JobID, cfg.JobID
 	// WithLogger reaches the rendezvous and the transport too, unless
 	// they were given loggers of their own: their waits and outages are
@@ -349,7 +355,8 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // wrapping elastic.ErrJobFinished, never success: this Run trained nothing.
 //
 // Errors: ErrPreempted (also wrapping ErrCheckpoint when the preempted
-// worker's checkpoint failed), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
+// worker's checkpoint failed), ErrReleased (a scaling decision removed
+// this worker; Config.Autoscale), ErrEvicted, ErrDiverged, ErrFailureBudget (*BudgetError;
 // also ErrStranger when the job shut this worker out for a wrong secret),
 // ErrModelMismatch, ErrSettingsMismatch (also on a worker the job
 // refused: see there), ErrForeignCheckpoint, ErrFinishedCheckpoint,
@@ -464,6 +471,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		}
 		if err := ctx.Err(); err != nil {
 			leave()
+			if t.released.Load() {
+				return res, fmt.Errorf("%w: grace period of %v exceeded: %w", ErrReleased, t.cfg.GracePeriod, err)
+			}
 			if t.preempted() {
 				return res, fmt.Errorf("%w: grace period of %v exceeded: %w", ErrPreempted, t.cfg.GracePeriod, err)
 			}
@@ -609,6 +619,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 				// leavePreempted): the others re-form meanwhile.
 				t.preemptSave = nil
 				rerr = save(ctx)
+			}
+			if t.released.Load() {
+				return res, releasedError(rerr) // left by a scaling decision (scaling.go)
 			}
 			if rerr != nil {
 				return res, fmt.Errorf("%w, but its checkpoint was not written: %w", ErrPreempted, rerr)

@@ -171,6 +171,10 @@ func runWorker(c *config, stderr io.Writer) int {
 			if s.Rank == 0 {
 				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
+				if d := s.Scaling; d != nil {
+					ev.Emit(launcher.Event{Ev: launcher.EvScaling, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: d.Step,
+						From: d.From, To: d.To, Reason: d.Reason})
+				}
 			}
 		},
 	}))
@@ -206,6 +210,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
 	status := exitOK
 	switch {
+	case errors.Is(err, trainer.ErrReleased):
+		// A scaling decision removed this worker: it committed with the
+		// others and left; the job goes on without it (its own
+		// checkpoint, if it could not write it, was not the job's).
+		logger.Info("left the job by a scaling decision", "step", res.Step)
+		return exitPreempted
 	case errors.Is(err, trainer.ErrPreempted) && lostCheckpoint:
 		// Not a graceful leave: a resume would start from an older
 		// checkpoint than the step this worker committed.
