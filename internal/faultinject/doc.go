@@ -49,8 +49,8 @@
 // the faults explain and no log holds a panic, a data race or the secret;
 // the audit shows every sample of every epoch exactly once; every rank that
 // finished holds identical parameters and optimizer state (SHA-256); every
-// durable checkpoint loads, and a fresh worker restores the newest one to
-// the same state. Violations come back as sentences in RunResult.
+// durable checkpoint loads, and a fresh worker of a new job, told to train
+// one epoch more, restores the newest one to the same state and trains on. Violations come back as sentences in RunResult.
 //
 // # Statistics
 //

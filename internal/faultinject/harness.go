@@ -192,6 +192,7 @@ type Worker struct {
 	termed   bool      // SIGTERMed by the harness
 	round    uint64    // newest round it reported
 	source   string    // state source of its first round ("init", "checkpoint", "commit")
+	restored string    // the SHA of the state its first round agreed on
 	rank     int       // its rank in that round
 	lastStep time.Time // when it last reported a step
 	final    *Report
@@ -296,10 +297,10 @@ func freePort() (string, error) { return freeport.Addr() }
 // AddWorker launches one more worker of the job (a newcomer joins at the
 // next step boundary).
 func (h *Harness) AddWorker(ctx context.Context) (*Worker, error) {
-	return h.addWorker(ctx, h.cfg.JobID, h.audit, h.cfg.MinWorkers)
+	return h.addWorker(ctx, h.cfg.JobID, h.audit, h.cfg.MinWorkers, h.cfg.Epochs)
 }
 
-func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers int) (*Worker, error) {
+func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers, epochs int) (*Worker, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -340,7 +341,7 @@ func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers
 		RedisSentinels: h.cfg.RedisSentinels, RedisMaster: h.cfg.RedisMaster,
 		ListenAddr: listen, AdvertiseAddr: w.Addr, AuditPath: audit, CheckpointDir: h.ckpt,
 		CheckpointEvery: h.cfg.CheckpointEvery, Samples: h.cfg.Samples, Dim: h.cfg.Dim,
-		GlobalBatch: h.cfg.GlobalBatch, Seed: h.cfg.Seed, Epochs: h.cfg.Epochs, StepDelay: h.cfg.StepDelay,
+		GlobalBatch: h.cfg.GlobalBatch, Seed: h.cfg.Seed, Epochs: epochs, StepDelay: h.cfg.StepDelay,
 		MinWorkers: minWorkers, MaxWorkers: h.cfg.MaxWorkers, LastCall: h.cfg.LastCall,
 		LeaseTTL: h.cfg.LeaseTTL, HeartbeatInterval: h.cfg.HeartbeatInterval, OutageBudget: h.cfg.OutageBudget,
 		OpTimeout: h.cfg.OpTimeout, DialTimeout: h.cfg.DialTimeout, HoldTimeout: h.cfg.HoldTimeout,
@@ -431,7 +432,7 @@ func (h *Harness) record(w *Worker, r Report) {
 	case "round":
 		w.round, w.rank = r.Round, r.Rank
 		if w.source == "" {
-			w.source = r.Source
+			w.source, w.restored = r.Source, r.SHA
 		}
 		h.maxRound = max(h.maxRound, r.Round)
 	case "step":

@@ -361,11 +361,14 @@ func LoadCheckpoints(ctx context.Context, dir string) (int, error) {
 	return len(steps), nil
 }
 
-// restoreCheck starts one worker of a new job on the checkpoint directory:
-// it must restore the newest checkpoint and finish at once with the same
-// state. It returns the worker's parameter hash and state source.
+// restoreCheck starts one worker of a new job on the checkpoint directory,
+// told to train one epoch more than the job did: its first round must
+// restore the newest checkpoint (the job's final state), and it must then
+// train the extra epoch to the end. (With the job's own epochs, a new job
+// on a finished checkpoint is refused, trainer.ErrFinishedCheckpoint.) It
+// returns the hash of the state that first round agreed on and its source.
 func (h *Harness) restoreCheck(ctx context.Context, b Bounds) (sha, source string, err error) {
-	w, err := h.addWorker(ctx, h.cfg.JobID+"-restore", filepath.Join(h.cfg.Dir, "restore-audit.jsonl"), 1)
+	w, err := h.addWorker(ctx, h.cfg.JobID+"-restore", filepath.Join(h.cfg.Dir, "restore-audit.jsonl"), 1, h.cfg.Epochs+1)
 	if err != nil {
 		return "", "", err
 	}
@@ -383,7 +386,7 @@ func (h *Harness) restoreCheck(ctx context.Context, b Bounds) (sha, source strin
 	if w.final == nil {
 		return "", "", fmt.Errorf("the restoring worker ended with status %d: %s", w.exitCode, w.lastErr)
 	}
-	return w.final.SHA, w.source, nil
+	return w.restored, w.source, nil
 }
 
 // What a violation quotes of a worker's log (the soak deletes the logs

@@ -240,7 +240,8 @@ type Report struct {
 	// RecoverySeconds: the worker's own time from seeing the failure to this
 	// step ("step", first step after a failure).
 	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
-	// SHA is the SHA-256 of the parameters and optimizer state ("final").
+	// SHA is the SHA-256 of the parameters and optimizer state ("final":
+	// the trained state; "round": the state the round agreed on).
 	SHA  string  `json:"sha,omitempty"`
 	Loss float64 `json:"loss,omitempty"`
 	Err  string  `json:"err,omitempty"`
@@ -389,9 +390,11 @@ func WorkerMain() int {
 		return fail(err)
 	}
 	defer audit.Close()
+	opt := trainer.NewMomentum(0.02, 0.9)
 	opts := []trainer.Option{trainer.WithAudit(audit), trainer.WithLogger(logger), trainer.WithHooks(trainer.Hooks{
 		OnRound: func(r trainer.RoundInfo) {
-			emit(Report{Kind: "round", Round: r.Round, Rank: r.Rank, Size: r.WorldSize, Step: r.Step, Source: r.Source, Recovery: r.Recovery})
+			emit(Report{Kind: "round", Round: r.Round, Rank: r.Rank, Size: r.WorldSize, Step: r.Step, Source: r.Source, Recovery: r.Recovery,
+				SHA: ParamsHash(m.Params(), opt)})
 		},
 		OnStep: func(s trainer.StepInfo) {
 			emit(Report{Kind: "step", Round: s.Round, Rank: s.Rank, Size: s.WorldSize, Step: s.Step, Loss: s.Loss, RecoverySeconds: s.RecoverySeconds})
@@ -408,7 +411,6 @@ func WorkerMain() int {
 		}
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
-	opt := trainer.NewMomentum(0.02, 0.9)
 	step := m.Step
 	if wc.HangFile != "" {
 		step = func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
