@@ -351,7 +351,7 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
 // elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
-func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
+func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	var res Result
 	if t.ran.Swap(true) {
 		return res, fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
@@ -370,6 +370,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	// After Preempt, everything must be over within the grace period.
 	graceDone := make(chan struct{})
 	defer close(graceDone)
+	// endCtx ends only when a preempted worker's grace period does: it
+	// bounds Run's wait for a checkpoint write still in flight (ck.close),
+	// which Run's own ctx ending does not cut short.
+	endCtx, endCancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer endCancel(nil)
 	go func() {
 		select {
 		case <-graceDone:
@@ -382,6 +387,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		select {
 		case <-graceDone:
 		case <-timer.C:
+			endCancel(fmt.Errorf("trainer: grace period of %v exceeded", t.cfg.GracePeriod))
 			cancelRun()
 		}
 	}()
@@ -422,9 +428,19 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		m.Endpoints = endpoints
 		return m
 	}
-	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
+	ck := newCheckpointer(ctx, t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel, t.cfg.CheckpointTimeout)
 	ck.mark, ck.markPeers = t.live.busyLocal, t.live.busy
-	defer ck.close()
+	defer func() {
+		// A write in flight is waited for within its bound (issue 29);
+		// one that was not written is Run's error too.
+		if err := ck.close(endCtx); err != nil {
+			if runErr == nil {
+				runErr = err
+			} else {
+				runErr = fmt.Errorf("%w; and %w", runErr, err)
+			}
+		}
+	}()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
 	if err != nil {

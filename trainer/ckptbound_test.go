@@ -1,0 +1,166 @@
+package trainer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	. "github.com/elastictrain/elastictrain/trainer"
+)
+
+// slowStore is a CheckpointStore over a LocalDir whose Save first takes
+// delay (forever when delay is negative: a store that hangs, an NFS mount
+// gone, an object store that never answers), or until its context ends,
+// whichever is first. The first Save call is announced on entered.
+type slowStore struct {
+	*LocalDir
+	delay   time.Duration
+	entered chan int64
+}
+
+func newSlowStore(t *testing.T, delay time.Duration) *slowStore {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	return &slowStore{LocalDir: dir, delay: delay, entered: make(chan int64, 1)}
+}
+
+func (s *slowStore) Save(ctx context.Context, step int64, data []byte) error {
+	select {
+	case s.entered <- step:
+	default:
+	}
+	var slow <-chan time.Time // nil: never
+	if s.delay >= 0 {
+		tm := time.NewTimer(s.delay)
+		defer tm.Stop()
+		slow = tm.C
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("slow store: step %d: %w", step, ctx.Err())
+	case <-slow:
+	}
+	return s.LocalDir.Save(ctx, step, data)
+}
+
+// endSlack is what Run's end may add past the bound of a checkpoint
+// write: close's wait for a cancelled Save (CkptAbandonAfter) and one
+// leave call (5 s, trainer.go), the only waits on that path.
+const endSlack = CkptAbandonAfter + 5*time.Second
+
+// waitRun waits for w's Run to return within bound, counted from since.
+func waitRun(t *testing.T, w *inproc, since time.Time, bound time.Duration) time.Duration {
+	t.Helper()
+	select {
+	case <-w.done:
+	case <-time.After(bound - time.Since(since)):
+		w.cancel()
+		t.Fatalf("Run did not return within %v of the write's start", bound)
+	}
+	return time.Since(since)
+}
+
+// A preempted worker whose asynchronous checkpoint write hangs returns
+// within its grace period (plus the end's own bounded waits), with an
+// error wrapping ErrCheckpoint that names the step not written and how
+// long it was waited for, instead of outliving the grace period in
+// ck.close and being killed with nothing said (issue 29).
+func TestPreemptedWorkerWithAHungCheckpointStoreReturnsWithinTheGracePeriod(t *testing.T) {
+	store := newSlowStore(t, -1)
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 100 // the job cannot finish before the preemption
+	grace := time.Second
+	j.mutate = func(c *Config) { c.CheckpointEvery, c.GracePeriod = 2, grace } // CheckpointTimeout: default 10 min
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	w := j.start()
+	step := <-store.entered
+	preempted := time.Now()
+	w.tr.Preempt()
+	took := waitRun(t, w, preempted, grace+endSlack)
+	require.ErrorIs(t, w.err, ErrPreempted)
+	require.ErrorIs(t, w.err, ErrCheckpoint)
+	require.ErrorContains(t, w.err, fmt.Sprintf("the checkpoint of step %d was not written", step))
+	require.ErrorContains(t, w.err, "Run's end waited")
+	require.ErrorContains(t, w.err, "grace period of 1s exceeded")
+	require.GreaterOrEqual(t, took, grace, "the write was waited for up to the grace period")
+	j.wait()
+}
+
+// A worker whose Run ends for another reason (here its ctx) while an
+// asynchronous write hangs returns within Config.CheckpointTimeout of the
+// write's start, with ErrCheckpoint naming the step.
+func TestHungAsynchronousCheckpointIsBoundedByCheckpointTimeout(t *testing.T) {
+	store := newSlowStore(t, -1)
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 100
+	bound := time.Second
+	j.mutate = func(c *Config) { c.CheckpointEvery, c.CheckpointTimeout = 2, bound }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	w := j.start()
+	step := <-store.entered
+	began := time.Now()
+	w.cancel()
+	waitRun(t, w, began, bound+endSlack)
+	require.ErrorIs(t, w.err, context.Canceled)
+	require.ErrorIs(t, w.err, ErrCheckpoint)
+	require.ErrorContains(t, w.err, fmt.Sprintf("the checkpoint of step %d was not written", step))
+	require.ErrorContains(t, w.err, "not written within CheckpointTimeout (1s)")
+	j.wait()
+}
+
+// The final, synchronous checkpoint of a job on a store that hangs is
+// bounded by Config.CheckpointTimeout too: Run returns ErrCheckpoint with
+// the job finished, instead of never returning.
+func TestHungFinalCheckpointIsBoundedByCheckpointTimeout(t *testing.T) {
+	store := newSlowStore(t, -1)
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 1
+	bound := time.Second
+	j.mutate = func(c *Config) { c.CheckpointTimeout = bound } // CheckpointEvery 0: only the final one
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	w := j.start()
+	<-store.entered
+	waitRun(t, w, time.Now(), bound+endSlack)
+	require.ErrorIs(t, w.err, ErrCheckpoint)
+	require.ErrorContains(t, w.err, "not written within CheckpointTimeout (1s)")
+	require.True(t, w.res.Finished)
+	j.wait()
+}
+
+// A slow write that finishes within its bound is waited for at Run's end
+// and kept, whether Run's ctx ended or the worker was preempted: the bound
+// never turns a checkpoint that could be written into a lost one.
+func TestSlowCheckpointWithinItsBoundIsKeptAtRunsEnd(t *testing.T) {
+	for _, how := range []string{"cancelled", "preempted"} {
+		t.Run(how, func(t *testing.T) {
+			store := newSlowStore(t, 300*time.Millisecond) // well within GracePeriod and CheckpointTimeout
+			j := newJob(t, stores(t)["memory"])
+			j.epochs = 100
+			j.mutate = func(c *Config) { c.CheckpointEvery = 2 }
+			j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+			w := j.start()
+			step := <-store.entered
+			if how == "cancelled" {
+				w.cancel()
+			} else {
+				w.tr.Preempt()
+			}
+			j.wait()
+			require.False(t, errors.Is(w.err, ErrCheckpoint), "%v", w.err)
+			steps, err := store.List(context.Background())
+			require.NoError(t, err)
+			require.True(t, slices.Contains(steps, step), "step %d's checkpoint in %v", step, steps)
+			if how == "preempted" {
+				require.ErrorIs(t, w.err, ErrPreempted)
+				require.Equal(t, w.res.Step, steps[0], "the preempted step's checkpoint is the newest")
+			} else {
+				require.ErrorIs(t, w.err, context.Canceled)
+			}
+		})
+	}
+}
