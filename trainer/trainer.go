@@ -351,6 +351,12 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // ErrModelMismatch, ErrSettingsMismatch, ErrStepFailed, ErrCheckpoint,
 // elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
+//
+// Run's end waits for a checkpoint write still in flight (an asynchronous
+// one, every CheckpointEvery steps), also when ctx was cancelled, within
+// Config.CheckpointTimeout (on a preempted worker, within what is left of
+// GracePeriod); a write not done by then is cancelled, and the error Run
+// returns also wraps ErrCheckpoint, naming the step and the wait.
 func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	var res Result
 	if t.ran.Swap(true) {
