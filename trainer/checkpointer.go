@@ -257,3 +257,20 @@ func (c *checkpointer) close(ctx context.Context) error {
 	defer c.mu.Unlock()
 	return errors.Join(c.closeErrs...)
 }
+
+// ckptCall bounds one CheckpointStore call outside the checkpointer (List,
+// Load) by Config.CheckpointTimeout, so a store that hangs turns into an
+// error instead of holding the loop (invariant 4).
+func (t *Trainer[B]) ckptCall(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.cfg.CheckpointTimeout)
+}
+
+// ckptTimedOut returns, wrapping ErrCheckpoint, err of a call made on
+// cctx (from ckptCall on ctx) when it failed because cctx's bound passed
+// (not because ctx ended); nil otherwise.
+func (t *Trainer[B]) ckptTimedOut(ctx, cctx context.Context, err error, what string) error {
+	if err == nil || ctx.Err() != nil || !errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s: not done within CheckpointTimeout (%v): %w", ErrCheckpoint, what, t.cfg.CheckpointTimeout, err)
+}

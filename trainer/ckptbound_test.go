@@ -60,7 +60,7 @@ func waitRun(t *testing.T, w *inproc, since time.Time, bound time.Duration) time
 	case <-w.done:
 	case <-time.After(bound - time.Since(since)):
 		w.cancel()
-		t.Fatalf("Run did not return within %v of the write's start", bound)
+		t.Fatalf("Run did not return within %v", bound)
 	}
 	return time.Since(since)
 }
@@ -163,4 +163,34 @@ func TestSlowCheckpointWithinItsBoundIsKeptAtRunsEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hungListStore is a CheckpointStore over a LocalDir whose List hangs
+// until its context ends (a store that never answers).
+type hungListStore struct{ *LocalDir }
+
+func (s hungListStore) List(ctx context.Context) ([]int64, error) {
+	<-ctx.Done()
+	return nil, fmt.Errorf("hung store: list: %w", ctx.Err())
+}
+
+// A List at a round's start that hangs is bounded by CheckpointTimeout and
+// is an error (the round fails, and the budget ends the job), not "no
+// checkpoint" (which would start the job over) nor a hang.
+func TestHungCheckpointListIsBoundedAndNotTakenForNoCheckpoint(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	j := newJob(t, stores(t)["memory"])
+	bound := time.Second
+	j.mutate = func(c *Config) { c.CheckpointTimeout, c.MaxRecoveries = bound, 1 }
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(hungListStore{dir})} }
+	start := time.Now()
+	w := j.start()
+	// Two rounds (MaxRecoveries 1), each with one List, and at most 1 s of
+	// backoff between them.
+	waitRun(t, w, start, 2*bound+time.Second+endSlack)
+	require.ErrorIs(t, w.err, ErrFailureBudget)
+	require.ErrorContains(t, w.err, "listing the checkpoints: not done within CheckpointTimeout (1s)")
+	require.Zero(t, w.res.Step, "nothing trained from a fresh start")
+	j.wait()
 }

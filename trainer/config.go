@@ -70,9 +70,12 @@ type Config struct {
 	// GracePeriod bounds how long a preempted worker may take to commit,
 	// checkpoint and leave after Preempt. Default 30 s.
 	GracePeriod time.Duration
-	// CheckpointTimeout bounds one durable checkpoint write (one
-	// CheckpointStore.Save, asynchronous or synchronous): its context ends
-	// after it, and the write fails with ErrCheckpoint naming the step. It
+	// CheckpointTimeout bounds one call to the CheckpointStore: a durable
+	// checkpoint write (Save, asynchronous or synchronous), whose context
+	// ends after it and which then fails with ErrCheckpoint naming the
+	// step; and a List or Load at a round's start, which past it fail the
+	// round with ErrCheckpoint (not taken for "no checkpoint", which would
+	// start the job over, nor for an unreadable one). It
 	// is also what Run's end waits at most for a write still in flight
 	// (with the one queued behind it, each within its own bound); a
 	// preempted worker waits only what is left of GracePeriod, after

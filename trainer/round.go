@@ -114,7 +114,9 @@ func (t *Trainer[B]) catchUpDue(ctx context.Context) bool {
 		return false
 	}
 	due := t.step - t.step%every
-	steps, err := t.o.ckpt.List(ctx)
+	lctx, cancel := t.ckptCall(ctx)
+	steps, err := t.o.ckpt.List(lctx)
+	cancel()
 	if err != nil {
 		t.log.Warn("cannot list checkpoints", "err", err)
 		return false
@@ -325,12 +327,25 @@ var stateSources = []string{"commit", "init", "checkpoint"}
 // parameter values with a fresh optimizer and loader state.
 func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error) {
 	if st := t.o.ckpt; st != nil {
-		steps, err := st.List(ctx)
+		lctx, cancel := t.ckptCall(ctx)
+		steps, err := st.List(lctx)
+		cancel()
+		if err := t.ckptTimedOut(ctx, lctx, err, "listing the checkpoints"); err != nil {
+			// Not "no checkpoint": starting over would hide the history.
+			return nil, "", err
+		}
 		if err != nil {
 			t.log.Warn("cannot list checkpoints", "err", err)
 		}
 		for _, s := range steps {
-			data, err := st.Load(ctx, s)
+			lctx, cancel := t.ckptCall(ctx)
+			data, err := st.Load(lctx, s)
+			cancel()
+			if err := t.ckptTimedOut(ctx, lctx, err, fmt.Sprintf("loading the checkpoint of step %d", s)); err != nil {
+				// Not unreadable: falling back to an older one would
+				// roll the job back for a slow store.
+				return nil, "", err
+			}
 			if err == nil {
 				var sn *snapshot
 				sn, err = decodeSnapshot(data, t.params)
@@ -495,7 +510,9 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 // newestCheckpoint returns the step of the newest checkpoint in the store,
 // or -1 (none, or the store cannot be listed).
 func (t *Trainer[B]) newestCheckpoint(ctx context.Context) int64 {
-	steps, err := t.o.ckpt.List(ctx)
+	lctx, cancel := t.ckptCall(ctx)
+	steps, err := t.o.ckpt.List(lctx)
+	cancel()
 	if err != nil {
 		t.log.Warn("cannot list checkpoints", "err", err)
 		return -1
