@@ -194,3 +194,44 @@ func TestHungCheckpointListIsBoundedAndNotTakenForNoCheckpoint(t *testing.T) {
 	require.Zero(t, w.res.Step, "nothing trained from a fresh start")
 	j.wait()
 }
+
+// hungPart is a Partition whose Checkpoint hangs until its context ends
+// (shards on a disk that never answers); the rest does nothing.
+type hungPart struct{ checkpoints chan int64 }
+
+func (hungPart) Name() string                                  { return "hung" }
+func (hungPart) Listen(context.Context) (string, error)        { return "", nil }
+func (hungPart) Restore(context.Context, PartitionRound) error { return nil }
+func (hungPart) Commit(context.Context, int64) error           { return nil }
+func (hungPart) EndRound(context.Context) error                { return nil }
+func (hungPart) Close() error                                  { return nil }
+func (p hungPart) Checkpoint(ctx context.Context, step int64) ([]byte, error) {
+	select {
+	case p.checkpoints <- step:
+	default:
+	}
+	<-ctx.Done()
+	return nil, fmt.Errorf("hung partition: step %d: %w", step, ctx.Err())
+}
+
+// A partition's checkpoint that hangs is bounded by CheckpointTimeout like
+// a store call: the round fails with ErrCheckpoint naming the partition and
+// the step, and the budget ends the job, instead of the worker hanging.
+func TestHungPartitionCheckpointIsBoundedByCheckpointTimeout(t *testing.T) {
+	dir, err := NewLocalDir(t.TempDir(), 0)
+	require.NoError(t, err)
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 1
+	bound := time.Second
+	j.mutate = func(c *Config) { c.CheckpointTimeout, c.MaxRecoveries = bound, 1 }
+	part := hungPart{checkpoints: make(chan int64, 1)}
+	j.opts = func(int) []Option { return []Option{WithCheckpointStore(dir), WithPartition(part)} }
+	w := j.start()
+	step := <-part.checkpoints
+	// Two rounds (MaxRecoveries 1), each ending in the final checkpoint,
+	// and at most 1 s of backoff between them.
+	waitRun(t, w, time.Now(), 2*bound+time.Second+endSlack)
+	require.ErrorIs(t, w.err, ErrFailureBudget)
+	require.ErrorContains(t, w.err, fmt.Sprintf(`partition "hung": checkpoint of step %d: not done within CheckpointTimeout (1s)`, step))
+	j.wait()
+}

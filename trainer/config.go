@@ -73,8 +73,8 @@ type Config struct {
 	// CheckpointTimeout bounds one call to the CheckpointStore: a durable
 	// checkpoint write (Save, asynchronous or synchronous), whose context
 	// ends after it and which then fails with ErrCheckpoint naming the
-	// step; and a List or Load at a round's start, which past it fail the
-	// round with ErrCheckpoint (not taken for "no checkpoint", which would
+	// step; a Partition's Checkpoint; and a List or Load at a round's
+	// start; past it, these fail the round with ErrCheckpoint (not taken for "no checkpoint", which would
 	// start the job over, nor for an unreadable one). It
 	// is also what Run's end waits at most for a write still in flight
 	// (with the one queued behind it, each within its own bound); a

@@ -604,8 +604,13 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	mine := binary.LittleEndian.AppendUint32(nil, uint32(len(t.parts)))
 	for _, p := range t.parts {
 		watch.enter()
-		m, err := p.Checkpoint(ctx, step)
+		pctx, cancel := t.ckptCall(ctx)
+		m, err := p.Checkpoint(pctx, step)
+		cancel()
 		watch.leave()
+		if terr := t.ckptTimedOut(ctx, pctx, err, fmt.Sprintf("partition %q: checkpoint of step %d", p.Name(), step)); terr != nil {
+			return false, terr
+		}
 		if err != nil {
 			return false, fmt.Errorf("trainer: partition %q: checkpoint of step %d: %w", p.Name(), step, err)
 		}
