@@ -70,20 +70,22 @@ type Config struct {
 	// GracePeriod bounds how long a preempted worker may take to commit,
 	// checkpoint and leave after Preempt. Default 30 s.
 	GracePeriod time.Duration
-	// CheckpointTimeout bounds one call to the CheckpointStore: a durable
-	// checkpoint write (Save, asynchronous or synchronous), whose context
+	// CheckpointTimeout bounds one durable checkpoint call: a
+	// CheckpointStore.Save (asynchronous or synchronous), whose context
 	// ends after it and which then fails with ErrCheckpoint naming the
-	// step; a Partition's Checkpoint; and a List or Load at a round's
-	// start; past it, these fail the round with ErrCheckpoint (not taken for "no checkpoint", which would
-	// start the job over, nor for an unreadable one). It
-	// is also what Run's end waits at most for a write still in flight
-	// (with the one queued behind it, each within its own bound); a
-	// preempted worker waits only what is left of GracePeriod, after
-	// which Run returns an error wrapping ErrCheckpoint that names the
-	// step not written and how long it was waited for. A store that hangs
-	// (an NFS mount gone, an object store that never answers) so never
-	// keeps Run from returning. Default 10 min (elastic.DefaultPhaseTimeout:
-	// a write marked busy for longer is a hang for the rendezvous anyway).
+	// step; a List or Load of the CheckpointStore at a round's start and a
+	// Partition's Checkpoint, which past it fail the round with
+	// ErrCheckpoint (a List or Load timed out is not taken for "no
+	// checkpoint", which would start the job over, nor for an unreadable
+	// one). It is also the most Run's end waits for a write still in
+	// flight (and the one queued behind it, each within its own bound); a
+	// preempted worker waits only what is left of GracePeriod. Past it, a
+	// WARN names the step, and Run returns an error wrapping ErrCheckpoint
+	// that names the step not written and how long it was waited for. A
+	// store that hangs (an NFS mount gone, an object store that never
+	// answers) so never keeps Run from returning. Default 10 min
+	// (elastic.DefaultPhaseTimeout: a write marked busy for longer is a
+	// hang for the rendezvous anyway); must be > 0.
 	CheckpointTimeout time.Duration
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
