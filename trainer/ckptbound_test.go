@@ -1,9 +1,11 @@
 package trainer_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"testing"
 	"time"
@@ -76,7 +78,10 @@ func TestPreemptedWorkerWithAHungCheckpointStoreReturnsWithinTheGracePeriod(t *t
 	j.epochs = 100 // the job cannot finish before the preemption
 	grace := time.Second
 	j.mutate = func(c *Config) { c.CheckpointEvery, c.GracePeriod = 2, grace } // CheckpointTimeout: default 10 min
-	j.opts = func(int) []Option { return []Option{WithCheckpointStore(store)} }
+	var logs bytes.Buffer                                                      // written under the handler's lock, read once Run returned
+	j.opts = func(int) []Option {
+		return []Option{WithCheckpointStore(store), WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))}
+	}
 	w := j.start()
 	step := <-store.entered
 	preempted := time.Now()
@@ -89,6 +94,7 @@ func TestPreemptedWorkerWithAHungCheckpointStoreReturnsWithinTheGracePeriod(t *t
 	require.ErrorContains(t, w.err, "grace period of 1s exceeded")
 	require.GreaterOrEqual(t, took, grace, "the write was waited for up to the grace period")
 	j.wait()
+	require.Contains(t, logs.String(), fmt.Sprintf(`level=WARN msg="checkpoint write cancelled at the end of Run: not written" step=%d`, step))
 }
 
 // A worker whose Run ends for another reason (here its ctx) while an
