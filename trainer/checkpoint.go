@@ -121,7 +121,7 @@ func (d *LocalDir) Save(ctx context.Context, step int64, data []byte) error {
 	if _, err := atomicfile.Write(d.path(step), head, man, data); err != nil {
 		return fmt.Errorf("trainer: save checkpoint: %w", err)
 	}
-	return d.prune(step)
+	return d.prune(ctx, step)
 }
 
 // prune keeps the checkpoint just saved and the keep-1 newest older ones,
@@ -129,11 +129,11 @@ func (d *LocalDir) Save(ctx context.Context, step int64, data []byte) error {
 // history's (a job restored from an older checkpoint, or another model in
 // the same directory): they are left alone and do not count, so they can
 // never cause the new checkpoints to be deleted.
-func (d *LocalDir) prune(just int64) error {
+func (d *LocalDir) prune(ctx context.Context, just int64) error {
 	if d.keep <= 0 {
 		return nil
 	}
-	steps, err := d.List(context.Background())
+	steps, err := d.List(ctx)
 	if err != nil {
 		return err
 	}

@@ -71,6 +71,23 @@ type Config struct {
 	// GracePeriod bounds how long a preempted worker may take to commit,
 	// checkpoint and leave after Preempt. Default 30 s.
 	GracePeriod time.Duration
+	// CheckpointTimeout bounds one durable checkpoint call: a
+	// CheckpointStore.Save (asynchronous or synchronous), whose context
+	// ends after it and which then fails with ErrCheckpoint naming the
+	// step; a List or Load of the CheckpointStore at a round's start and a
+	// Partition's Checkpoint, which past it fail the round with
+	// ErrCheckpoint (a List or Load timed out is not taken for "no
+	// checkpoint", which would start the job over, nor for an unreadable
+	// one). It is also the most Run's end waits for a write still in
+	// flight (and the one queued behind it, each within its own bound); a
+	// preempted worker waits only what is left of GracePeriod. Past it, a
+	// WARN names the step, and Run returns an error wrapping ErrCheckpoint
+	// that names the step not written and how long it was waited for. A
+	// store that hangs (an NFS mount gone, an object store that never
+	// answers) so never keeps Run from returning. Default 10 min
+	// (elastic.DefaultPhaseTimeout: a write marked busy for longer is a
+	// hang for the rendezvous anyway); must be > 0.
+	CheckpointTimeout time.Duration
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
 	StepSpanEvery int
@@ -100,19 +117,20 @@ type Config struct {
 // still be set.
 func DefaultConfig() Config {
 	return Config{
-		Epochs:          1,
-		CommitEvery:     1,
-		ListenAddr:      "127.0.0.1:0",
-		BucketBytes:     4 << 20,
-		MaxRecoveries:   20,
-		RecoveryWindow:  10 * time.Minute,
-		StragglerFactor: 2,
-		StragglerSteps:  20,
-		Balance:         true,
-		GracePeriod:     30 * time.Second,
-		StepSpanEvery:   100,
-		Elastic:         elastic.DefaultConfig(),
-		Sync:            sync.DefaultConfig(),
+		Epochs:            1,
+		CommitEvery:       1,
+		ListenAddr:        "127.0.0.1:0",
+		BucketBytes:       4 << 20,
+		MaxRecoveries:     20,
+		RecoveryWindow:    10 * time.Minute,
+		StragglerFactor:   2,
+		StragglerSteps:    20,
+		Balance:           true,
+		GracePeriod:       30 * time.Second,
+		CheckpointTimeout: elastic.DefaultPhaseTimeout,
+		StepSpanEvery:     100,
+		Elastic:           elastic.DefaultConfig(),
+		Sync:              sync.DefaultConfig(),
 	}
 }
 
@@ -148,6 +166,8 @@ func (c Config) validate(ring bool) error {
 		return bad("StragglerSteps %d < 1", c.StragglerSteps)
 	case c.GracePeriod <= 0:
 		return bad("GracePeriod %v <= 0", c.GracePeriod)
+	case c.CheckpointTimeout <= 0:
+		return bad("CheckpointTimeout %v <= 0", c.CheckpointTimeout)
 	case c.StepSpanEvery < 0:
 		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
 	}

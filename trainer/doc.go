@@ -178,7 +178,11 @@
 // a WARN with its member ID and address; the rank's own Agent leaves the
 // job at ProgressTimeout. Asynchronous checkpoint writes (every
 // CheckpointEvery steps) hold no peer up and mark the progress watch
-// only (PhaseTimeout bounds them too).
+// only (PhaseTimeout bounds them too). Every CheckpointStore call has a
+// bound of its own, Config.CheckpointTimeout (10 min): a Save, List or
+// Load past it fails with ErrCheckpoint, and Run's end waits for a write
+// in flight no longer than that (a preempted worker's, no longer than its
+// grace period), so a store that hangs never keeps Run from returning.
 //
 // A worker preempted while it waits outside a round (for a round to form
 // below MinWorkers, for the store, between rounds) with nothing to commit

@@ -120,7 +120,9 @@ func (t *Trainer[B]) catchUpDue(ctx context.Context) bool {
 		return false
 	}
 	due := t.step - t.step%every
-	steps, err := t.o.ckpt.List(ctx)
+	lctx, cancel := t.ckptCall(ctx)
+	steps, err := t.o.ckpt.List(lctx)
+	cancel()
 	if err != nil {
 		t.log.Warn("cannot list checkpoints", "err", err)
 		return false
@@ -331,12 +333,25 @@ var stateSources = []string{"commit", "init", "checkpoint"}
 // parameter values with a fresh optimizer and loader state.
 func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error) {
 	if st := t.o.ckpt; st != nil {
-		steps, err := st.List(ctx)
+		lctx, cancel := t.ckptCall(ctx)
+		steps, err := st.List(lctx)
+		cancel()
+		if err := t.ckptTimedOut(ctx, lctx, err, "listing the checkpoints"); err != nil {
+			// Not "no checkpoint": starting over would hide the history.
+			return nil, "", err
+		}
 		if err != nil {
 			t.log.Warn("cannot list checkpoints", "err", err)
 		}
 		for _, s := range steps {
-			data, err := st.Load(ctx, s)
+			lctx, cancel := t.ckptCall(ctx)
+			data, err := st.Load(lctx, s)
+			cancel()
+			if err := t.ckptTimedOut(ctx, lctx, err, fmt.Sprintf("loading the checkpoint of step %d", s)); err != nil {
+				// Not unreadable: falling back to an older one would
+				// roll the job back for a slow store.
+				return nil, "", err
+			}
 			if err == nil {
 				var sn *snapshot
 				sn, err = decodeSnapshot(data, t.params)
@@ -509,7 +524,9 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 // newestCheckpoint returns the step of the newest checkpoint in the store,
 // or -1 (none, or the store cannot be listed).
 func (t *Trainer[B]) newestCheckpoint(ctx context.Context) int64 {
-	steps, err := t.o.ckpt.List(ctx)
+	lctx, cancel := t.ckptCall(ctx)
+	steps, err := t.o.ckpt.List(lctx)
+	cancel()
 	if err != nil {
 		t.log.Warn("cannot list checkpoints", "err", err)
 		return -1
@@ -602,8 +619,13 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	mine := binary.LittleEndian.AppendUint32(nil, uint32(len(t.parts)))
 	for _, p := range t.parts {
 		watch.enter()
-		m, err := p.Checkpoint(ctx, step)
+		pctx, cancel := t.ckptCall(ctx)
+		m, err := p.Checkpoint(pctx, step)
+		cancel()
 		watch.leave()
+		if terr := t.ckptTimedOut(ctx, pctx, err, fmt.Sprintf("partition %q: checkpoint of step %d", p.Name(), step)); terr != nil {
+			return false, terr
+		}
 		if err != nil {
 			return false, fmt.Errorf("trainer: partition %q: checkpoint of step %d: %w", p.Name(), step, err)
 		}

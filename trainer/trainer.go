@@ -363,7 +363,13 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // ErrStepFailed, ErrCheckpoint,
 // elastic.ErrJobFinished, elastic.ErrStoreUnavailable,
 // elastic.ErrJoinTimeout, ctx.Err() wrapped. Run may be called only once.
-func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
+//
+// Run's end waits for a checkpoint write still in flight (an asynchronous
+// one, every CheckpointEvery steps), also when ctx was cancelled, within
+// Config.CheckpointTimeout (on a preempted worker, within what is left of
+// GracePeriod); a write not done by then is cancelled, and the error Run
+// returns also wraps ErrCheckpoint, naming the step and the wait.
+func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	var res Result
 	if t.ran.Swap(true) {
 		return res, fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
@@ -382,6 +388,11 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 	// After Preempt, everything must be over within the grace period.
 	graceDone := make(chan struct{})
 	defer close(graceDone)
+	// endCtx ends only when a preempted worker's grace period does: it
+	// bounds Run's wait for a checkpoint write still in flight (ck.close),
+	// which Run's own ctx ending does not cut short.
+	endCtx, endCancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	defer endCancel(nil)
 	go func() {
 		select {
 		case <-graceDone:
@@ -394,6 +405,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		select {
 		case <-graceDone:
 		case <-timer.C:
+			endCancel(fmt.Errorf("trainer: grace period of %v exceeded", t.cfg.GracePeriod))
 			cancelRun()
 		}
 	}()
@@ -434,9 +446,19 @@ func (t *Trainer[B]) Run(ctx context.Context) (Result, error) {
 		m.Endpoints = endpoints
 		return m
 	}
-	ck := newCheckpointer(t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel)
+	ck := newCheckpointer(ctx, t.o.ckpt, t.o.hooks.OnCheckpoint, t.log, t.tel, t.cfg.CheckpointTimeout)
 	ck.mark, ck.markPeers = t.live.busyLocal, t.live.busy
-	defer ck.close()
+	defer func() {
+		// A write in flight is waited for within its bound (issue 29);
+		// one that was not written is Run's error too.
+		if err := ck.close(endCtx); err != nil {
+			if runErr == nil {
+				runErr = err
+			} else {
+				runErr = fmt.Errorf("%w; and %w", runErr, err)
+			}
+		}
+	}()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
 	if err != nil {
