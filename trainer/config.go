@@ -86,7 +86,8 @@ type Config struct {
 	// store that hangs (an NFS mount gone, an object store that never
 	// answers) so never keeps Run from returning. Default 10 min
 	// (elastic.DefaultPhaseTimeout: a write marked busy for longer is a
-	// hang for the rendezvous anyway); must be > 0.
+	// hang for the rendezvous anyway); 0 means the default, so a Config
+	// written before the field existed keeps working; not negative.
 	CheckpointTimeout time.Duration
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
@@ -166,8 +167,8 @@ func (c Config) validate(ring bool) error {
 		return bad("StragglerSteps %d < 1", c.StragglerSteps)
 	case c.GracePeriod <= 0:
 		return bad("GracePeriod %v <= 0", c.GracePeriod)
-	case c.CheckpointTimeout <= 0:
-		return bad("CheckpointTimeout %v <= 0", c.CheckpointTimeout)
+	case c.CheckpointTimeout < 0:
+		return bad("CheckpointTimeout %v < 0", c.CheckpointTimeout)
 	case c.StepSpanEvery < 0:
 		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
 	}

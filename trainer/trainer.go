@@ -155,6 +155,9 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	if err := cfg.validate(o.backend == nil); err != nil {
 		return nil, err
 	}
+	if cfg.CheckpointTimeout == 0 {
+		cfg.CheckpointTimeout = DefaultConfig().CheckpointTimeout
+	}
 	if err := checkDeterministic(cfg, loader); err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"os"
@@ -35,27 +34,10 @@ func TestTheCapacityFileShrinksAndGrowsTheJob(t *testing.T) {
 	capFile := filepath.Join(t.TempDir(), "capacity")
 	require.NoError(t, os.WriteFile(capFile, []byte("3\n"), 0o644))
 	cmd := exec.Command(os.Args[0], "-workers", "3", "-epochs", "8", "-capacity", capFile, "-json")
-	cmd.Env = append(os.Environ(), envAsMain+"=1")
 	var stdout bytes.Buffer
 	cmd.Stdout = &stdout
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	lines := startMain(t, cmd)
 	var log strings.Builder
-	lines := make(chan string, 1024)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	deadline := time.After(3 * time.Minute)
 	await := func(re *regexp.Regexp) {
 		t.Helper()

@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -98,26 +96,8 @@ func TestHostsFlagRunsEachWorkerOnItsOwnCappedHost(t *testing.T) {
 func TestHostsFlagCtrlCRemovesTheHosts(t *testing.T) {
 	netns.RequireForTest(t)
 	cmd := exec.Command(os.Args[0], "-hosts", "2x1", "-cap", "100mbit", "-epochs", "3", "-batch", "256")
-	cmd.Env = append(os.Environ(), envAsMain+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	lines := startMain(t, cmd)
 	var log strings.Builder
-	lines := make(chan string, 1024)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		io.Copy(io.Discard, stderr)
-	}()
 	training := regexp.MustCompile(`^\[launcher\] epoch \d+ step [1-9]\d*`)
 	deadline := time.After(3 * time.Minute) // a guard against a hang, not a bound on speed
 	for waiting := true; waiting; {

@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -585,4 +586,33 @@ func TestLogTicksLabelOneTwoFive(t *testing.T) {
 	require.Equal(t, []string{"0.05", "0.1", "0.2", "0.5", "1", "2"}, labels)
 	require.Empty(t, (logTicks125{}).Ticks(0, 1))
 	require.Empty(t, (logTicks125{}).Ticks(1, 1))
+}
+
+// startMain starts cmd (this test binary, os.Args[0], with the example's
+// flags) as the example's main and returns its standard error line by
+// line (the channel closes at its end; what a line too long to scan
+// leaves is read and dropped, so the process never blocks on a full
+// pipe). A process still running when the test ends is killed.
+func startMain(t *testing.T, cmd *exec.Cmd) <-chan string {
+	t.Helper()
+	cmd.Env = append(os.Environ(), envAsMain+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+		}
+	})
+	lines := make(chan string, 1024)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	return lines
 }

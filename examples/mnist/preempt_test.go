@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"os"
 	"os/exec"
@@ -31,25 +30,8 @@ const envAsMain = "MNIST_TEST_AS_MAIN"
 func TestASIGTERMPreemptsEveryWorkerWithItsCheckpoint(t *testing.T) {
 	ckpt := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-workers", "2", "-epochs", "3", "-checkpoint", ckpt)
-	cmd.Env = append(os.Environ(), envAsMain+"=1")
-	stderr, err := cmd.StderrPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			cmd.Process.Kill()
-			cmd.Wait()
-		}
-	})
+	lines := startMain(t, cmd)
 	var log strings.Builder
-	lines := make(chan string, 1024)
-	go func() {
-		defer close(lines)
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-	}()
 	// Training: a progress line with a step above 0 (rank 0 reports
 	// steps as it applies them).
 	training := regexp.MustCompile(`^\[launcher\] epoch \d+ step [1-9]\d*`)
@@ -68,7 +50,7 @@ func TestASIGTERMPreemptsEveryWorkerWithItsCheckpoint(t *testing.T) {
 	for l := range lines {
 		log.WriteString(l + "\n")
 	}
-	err = cmd.Wait()
+	err := cmd.Wait()
 	out := log.String()
 	require.Error(t, err)
 	require.Equal(t, 143, cmd.ProcessState.ExitCode(), "the launcher exits with the preempted status:\n%s", out)
