@@ -193,6 +193,7 @@ type Worker struct {
 	round    uint64    // newest round it reported
 	source   string    // state source of its first round ("init", "checkpoint", "commit")
 	restored string    // the SHA of the state its first round agreed on
+	check    bool      // a worker of the restore check's own job: its rounds and steps are not the job's
 	rank     int       // its rank in that round
 	lastStep time.Time // when it last reported a step
 	final    *Report
@@ -297,16 +298,18 @@ func freePort() (string, error) { return freeport.Addr() }
 // AddWorker launches one more worker of the job (a newcomer joins at the
 // next step boundary).
 func (h *Harness) AddWorker(ctx context.Context) (*Worker, error) {
-	return h.addWorker(ctx, h.cfg.JobID, h.audit, h.cfg.MinWorkers, h.cfg.Epochs)
+	return h.startWorker(ctx, h.cfg.JobID, h.audit, h.cfg.MinWorkers, h.cfg.Epochs, false)
 }
 
-func (h *Harness) addWorker(ctx context.Context, jobID, audit string, minWorkers, epochs int) (*Worker, error) {
+// startWorker starts a worker of job jobID; check marks the restore
+// check's worker, whose rounds and steps are not the harness's job's.
+func (h *Harness) startWorker(ctx context.Context, jobID, audit string, minWorkers, epochs int, check bool) (*Worker, error) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
 		return nil, errors.New("faultinject: harness closed")
 	}
-	w := &Worker{Index: len(h.workers), exited: make(chan struct{}), rank: -1}
+	w := &Worker{Index: len(h.workers), exited: make(chan struct{}), rank: -1, check: check}
 	h.workers = append(h.workers, w)
 	h.mu.Unlock()
 	fail := func(err error) (*Worker, error) {
@@ -434,9 +437,14 @@ func (h *Harness) record(w *Worker, r Report) {
 		if w.source == "" {
 			w.source, w.restored = r.Source, r.SHA
 		}
-		h.maxRound = max(h.maxRound, r.Round)
+		if !w.check {
+			h.maxRound = max(h.maxRound, r.Round)
+		}
 	case "step":
 		w.round, w.rank, w.lastStep = r.Round, r.Rank, r.At
+		if w.check {
+			break
+		}
 		h.maxStep = max(h.maxStep, r.Step)
 		h.maxRound = max(h.maxRound, r.Round)
 		h.steps = append(h.steps, stepMark{at: r.At, round: r.Round, step: r.Step, size: r.Size, worker: w.Index})

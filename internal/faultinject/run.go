@@ -368,7 +368,7 @@ func LoadCheckpoints(ctx context.Context, dir string) (int, error) {
 // on a finished checkpoint is refused, trainer.ErrFinishedCheckpoint.) It
 // returns the hash of the state that first round agreed on and its source.
 func (h *Harness) restoreCheck(ctx context.Context, b Bounds) (sha, source string, err error) {
-	w, err := h.addWorker(ctx, h.cfg.JobID+"-restore", filepath.Join(h.cfg.Dir, "restore-audit.jsonl"), 1, h.cfg.Epochs+1)
+	w, err := h.startWorker(ctx, h.cfg.JobID+"-restore", filepath.Join(h.cfg.Dir, "restore-audit.jsonl"), 1, h.cfg.Epochs+1, true)
 	if err != nil {
 		return "", "", err
 	}
