@@ -32,7 +32,7 @@
 //	t, err := trainer.New(params, opt, loader, step, store, cfg)
 //	// on SIGTERM or SIGINT: t.Preempt()
 //	_, err = t.Run(ctx)
-//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 78 permanent, 1 failed
+//	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 78 permanent, 79 refused, 1 failed
 //
 // The variables are EnvStore (ELASTICTRAIN_STORE, host:port), EnvJobID
 // (ELASTICTRAIN_JOB_ID), EnvSecret (ELASTICTRAIN_SECRET, hex), EnvWorker

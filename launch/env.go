@@ -75,6 +75,14 @@ const (
 	// ErrPermanent, and its exit status is StatusUsage, as for a bad
 	// command line.
 	StatusPermanent = 78
+	// StatusRefused: the worker was refused by the job's running members
+	// (its settings or model differ from those of the members that hold
+	// the job's trained state; its trainer's Run returned a
+	// *trainer.SettingsError whose Refused names it), who train on without
+	// it. A restart repeats it, so the launcher does not restart it; unlike
+	// StatusPermanent it does not stop the job, whose healthy workers go
+	// on (Exit.Refused). 79, next to StatusPermanent.
+	StatusRefused = 79
 )
 
 // ErrNotLaunched is WorkerEnv's error when the process was not started by
@@ -227,8 +235,8 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // StatusPermanent when err is one that a restart cannot fix (Permanent):
 // trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
 // trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
-// trainer.ErrSettingsMismatch (also a worker the job's running members
-// refused for its settings), trainer.ErrModelMismatch and
+// trainer.ErrSettingsMismatch (a worker the job's running members refused
+// for its settings exits StatusRefused instead), trainer.ErrModelMismatch and
 // trainer.ErrShapeMismatch. A worker that exits with it is never
 // restarted, and the launcher stops the job. trainer.ErrStranger is not
 // among them: the workers of one launcher share its secret, so there a
@@ -258,6 +266,8 @@ func ExitStatus(err error) int {
 		return StatusPreempted // a graceful leave: on SIGTERM, or by a scaling decision
 	case errors.Is(err, ErrFailed):
 		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
+	case Refused(err):
+		return StatusRefused
 	case Permanent(err):
 		return StatusPermanent
 	case errors.Is(err, elastic.ErrJobFinished):
@@ -276,6 +286,15 @@ func Permanent(err error) bool {
 		}
 	}
 	return false
+}
+
+// Refused reports whether err says that this worker was refused by the
+// job's running members for settings (or a model) that differ from theirs:
+// a *trainer.SettingsError whose Refused is not empty. The members that
+// refused it train on; see StatusRefused.
+func Refused(err error) bool {
+	var se *trainer.SettingsError
+	return errors.As(err, &se) && len(se.Refused) > 0
 }
 
 // permanentErrors are the errors Permanent matches.

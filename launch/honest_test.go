@@ -351,3 +351,39 @@ func TestAPermanentErrorIsNeverRestartedAndStopsTheJob(t *testing.T) {
 	require.NotContains(t, logs.String(), "restart=1")
 	require.Contains(t, logs.String(), "not restarting it, and stopping the job")
 }
+
+// A worker the job's running members refused (StatusRefused: its settings
+// differ from theirs) is not restarted, and unlike a permanent error it
+// does not stop the job: the others go on, and the job's outcome is theirs.
+func TestARefusedWorkerIsNotRestartedAndTheJobGoesOn(t *testing.T) {
+	spec := fakeSpec(t, "refused-on-usr1")
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	var logs syncBuffer
+	cfg := testConfig(3)
+	cfg.StartupWindow = 0 // the start-up rule is off: only the status decides
+	job, err := Start(context.Background(), spec, cfg, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	awaitLines(t, lines, "ready ", 3)
+	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	// The refused worker's exit is logged while the others still run: the
+	// job did not stop for it.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "worker refused") }, time.Minute, 10*time.Millisecond)
+	require.NotContains(t, logs.String(), "stopping the job")
+	job.Stop(syscall.SIGTERM)
+	res, err := waitDone(t, job, cfg.GracePeriod+10*time.Second)
+	require.NotErrorIs(t, err, ErrPermanent)
+	require.Zero(t, res.Restarts, "a restart would be refused the same way")
+	require.Len(t, res.Exits, 3)
+	first := res.Exits[0]
+	require.Equal(t, 1, first.Worker)
+	require.True(t, first.Refused)
+	require.False(t, first.Permanent)
+	require.False(t, first.Restarting)
+	require.False(t, first.AtStop, "it ended before the stop")
+	for _, x := range res.Exits[1:] {
+		require.True(t, x.AtStop, "the others ran until the stop: %+v", x)
+		require.Equal(t, Preempted, x.Outcome, "%+v", x)
+	}
+	require.NotContains(t, logs.String(), "restarting it as a new member")
+}

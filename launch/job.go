@@ -599,8 +599,12 @@ func (j *Job) handleExit(e procExit) (stop bool) {
 	x.Permanent = x.Signal == 0 && x.Code == StatusPermanent
 	var doomed string
 	x.AtStart, x.Usage, doomed = startFailure(x, j.exits, j.cfg.StartupWindow)
-	if x.Permanent {
+	x.Refused = x.Signal == 0 && x.Code == StatusRefused
+	switch {
+	case x.Permanent:
 		doomed = "it stopped on an error that a restart cannot fix (status 78, launch.StatusPermanent)"
+	case x.Refused:
+		doomed = "the job's running members refused it for settings that differ from theirs (status 79, launch.StatusRefused)"
 	}
 	stop = x.Permanent && !j.stopping && !j.finished
 	x.Released = p.released || p.shrunk
@@ -640,6 +644,8 @@ func (j *Job) handleExit(e procExit) (stop bool) {
 		j.log.Warn("worker failed", attrs...)
 	case x.Permanent:
 		j.log.Error("worker failed; not restarting it, and stopping the job: "+doomed+"; its own message above says which", attrs...)
+	case x.Refused:
+		j.log.Error("worker refused; not restarting it, the job goes on without it: "+doomed+"; its own message above says which", attrs...)
 	case doomed != "":
 		j.log.Error("worker failed at start; not restarting it: "+doomed, attrs...)
 	default:

@@ -57,6 +57,7 @@ func TestMain(m *testing.M) {
 //	permanent-on-usr1  print "ready INDEX PID", exit StatusPermanent on
 //	             SIGUSR1 (an error a restart cannot fix), 143 on SIGTERM
 //	             or SIGINT
+//	refused-on-usr1  the same with StatusRefused on SIGUSR1
 func fakeWorker(mode string) int {
 	w, err := WorkerEnv()
 	if err != nil {
@@ -137,11 +138,14 @@ func fakeWorker(mode string) int {
 			fmt.Printf("released %d %v\n", w.Index, p.Release(ctx))
 		}
 		return 143
-	case "permanent-on-usr1":
+	case "permanent-on-usr1", "refused-on-usr1":
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGUSR1, syscall.SIGTERM, syscall.SIGINT)
 		ready()
 		if <-sigs == syscall.SIGUSR1 {
+			if mode == "refused-on-usr1" {
+				return StatusRefused
+			}
 			return StatusPermanent
 		}
 		return 143

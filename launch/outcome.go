@@ -113,6 +113,11 @@ type Exit struct {
 	// whenever it comes, and the launcher stops the job (Outcome is
 	// Failed).
 	Permanent bool
+	// Refused is true when the worker exited with StatusRefused: the
+	// job's running members refused it for settings that differ from
+	// theirs and train on without it. It is not restarted, and the job
+	// goes on.
+	Refused bool
 	// JobFinished is true when the worker exited with StatusJobFinished:
 	// it found the job already finished and trained nothing (Outcome is
 	// Failed, and it is not restarted).
@@ -149,6 +154,9 @@ func (e Exit) String() string {
 		fmt.Fprintf(&b, " exited with status %d: a permanent error (its own message says which: an invalid configuration, "+
 			"a checkpoint directory of another model or of a finished job, settings that differ from the job's), "+
 			"which a restart repeats", e.Code)
+	case e.Refused:
+		fmt.Fprintf(&b, " exited with status %d: the job's running members refused it, its settings differ from theirs "+
+			"(its own message says which); they train on without it", e.Code)
 	case e.Usage:
 		fmt.Fprintf(&b, " exited with status %d %v after its first start: its command line was refused (a usage error; a Go panic also exits 2)",
 			e.Code, e.Ran.Round(time.Millisecond))

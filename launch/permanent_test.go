@@ -20,12 +20,17 @@ func TestExitStatusOfPermanentErrors(t *testing.T) {
 	for _, err := range []error{
 		trainer.ErrInvalidConfig, elastic.ErrInvalidConfig, trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
 		trainer.ErrSettingsMismatch, trainer.ErrModelMismatch, trainer.ErrShapeMismatch,
-		&trainer.SettingsError{Round: 3, Refused: []string{"m"}, Diffs: []trainer.SettingDiff{{Setting: "learning rate"}}},
+		&trainer.SettingsError{Round: 3, Diffs: []trainer.SettingDiff{{Setting: "learning rate"}}},
 	} {
 		wrapped := fmt.Errorf("worker: %w", err)
 		require.True(t, Permanent(wrapped), "%v", err)
 		require.Equal(t, StatusPermanent, ExitStatus(wrapped), "%v", err)
 	}
+	// A worker the running members refused: not restarted either, but it
+	// does not stop the job (StatusRefused).
+	refused := fmt.Errorf("worker: %w", &trainer.SettingsError{Round: 3, Refused: []string{"m"}, Diffs: []trainer.SettingDiff{{Setting: "learning rate"}}})
+	require.True(t, Refused(refused))
+	require.Equal(t, StatusRefused, ExitStatus(refused))
 	for err, want := range map[error]int{
 		trainer.ErrPreempted: StatusPreempted, elastic.ErrJobFinished: StatusJobFinished, trainer.ErrStepFailed: StatusFailed,
 		trainer.ErrFailureBudget: StatusFailed, trainer.ErrStranger: StatusFailed, trainer.ErrDiverged: StatusFailed,

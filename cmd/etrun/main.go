@@ -27,9 +27,12 @@
 // a Go panic), or the same status or signal as its previous process at
 // its start. A worker that exits with status 78 (launch.StatusPermanent:
 // an error a restart cannot fix, such as an invalid configuration, a
-// checkpoint directory of another model or of a finished job, or settings
-// the running job refused) is never restarted, whenever it comes, and
-// etrun stops the whole job at once (the other workers get SIGTERM).
+// checkpoint directory of another model or of a finished job) is never
+// restarted, whenever it comes, and etrun stops the whole job at once (the
+// other workers get SIGTERM). A worker that exits with status 79
+// (launch.StatusRefused: the running job refused it, its settings differ
+// from those of the members that trained) is not restarted either, and
+// the job goes on without it.
 // A Go panic exits 2: it is restarted like a crash, except at a first
 // start within -startup-window. Mind that etrun's flags go before the command: in
 // "etrun ./my-worker -workers 3", -workers is the worker's flag.

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // dirState is every file of dir: its name, size, mode, time and content.
@@ -137,13 +138,13 @@ func TestEtrunJobRefusesALateWorkerWithAnotherLearningRate(t *testing.T) {
 	code, evs := fourth.wait(t)
 	stderr := fourth.stderr.String()
 	t.Logf("the fourth etrun's stderr:\n%s", stderr)
-	require.Equal(t, 2, code, "stderr:\n%s", stderr)
+	require.Equal(t, 1, code, "its only worker was refused: the job failed, not a usage error; stderr:\n%s", stderr)
 	requireNoRestart(t, stderr, 1)
 	exits := 0
 	for _, e := range evs {
 		if e.Ev == "exit" {
 			exits++
-			require.Equal(t, 78, e.Status, "%+v", e)
+			require.Equal(t, launch.StatusRefused, e.Status, "%+v", e)
 			require.Zero(t, e.Step)
 		}
 	}

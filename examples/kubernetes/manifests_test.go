@@ -267,7 +267,8 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	}
 	require.True(t, ignored[exitPreempted], "a worker that left gracefully (exit %d) is not a failure", exitPreempted)
 	require.True(t, failing[exitUsage], "bad flags (exit %d) fail the Job at once", exitUsage)
-	require.True(t, failIndex[exitPermanent], "a permanent error (exit %d: a refused stale pod) stops its index only, not the Job", exitPermanent)
+	require.True(t, failIndex[exitPermanent], "a permanent error (exit %d) stops its index only, not the Job", exitPermanent)
+	require.True(t, failIndex[exitRefused], "a refused stale pod (exit %d) stops its index only, not the Job", exitRefused)
 	require.True(t, disruption, "evictions (DisruptionTarget) are not failures")
 
 	// The headless Service selects the Job's pods, which name it as their
@@ -450,6 +451,7 @@ const (
 	exitPreempted = 143
 	exitUsage     = 2
 	exitPermanent = 78 // launch.StatusPermanent
+	exitRefused   = 79 // launch.StatusRefused
 )
 
 // dockerfile is what the tests read from the Dockerfile.

@@ -56,8 +56,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	fail := func(err error) int {
 		ev.Emit(launcher.ErrorEvent(err))
 		logger.Error("worker failed", "err", err)
-		if launch.Permanent(err) {
-			return launch.StatusPermanent // not restarted: the launcher stops the job
+		if s := launch.ExitStatus(err); s == launch.StatusPermanent || s == launch.StatusRefused {
+			return s // not restarted; a permanent error also stops the job
 		}
 		return exitError
 	}

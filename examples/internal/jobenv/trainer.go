@@ -69,13 +69,14 @@ func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (t
 // reports err to the launcher (an "error" event) and on w, and returns the
 // worker's exit status: launch.StatusPermanent for an error a restart
 // cannot fix (launch.Permanent: the launcher then restarts nothing and
-// stops the job), else 1.
+// stops the job), launch.StatusRefused for a worker the job refused (not
+// restarted; the job goes on), else 1.
 func Fail(ev *launcher.Emitter, w io.Writer, name string) func(err error) int {
 	return func(err error) int {
 		ev.Emit(launcher.ErrorEvent(err))
 		fmt.Fprintf(w, "%s worker %d: %v\n", name, os.Getpid(), err)
-		if launch.Permanent(err) {
-			return launch.StatusPermanent
+		if s := launch.ExitStatus(err); s == launch.StatusPermanent || s == launch.StatusRefused {
+			return s
 		}
 		return 1
 	}
