@@ -362,3 +362,52 @@ func TestWithAutoscaleACapacityDropWaitsForTheWorkersReleases(t *testing.T) {
 	require.ErrorIs(t, err, ErrPreempted)
 	require.Len(t, res.Exits, 3)
 }
+
+// TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher: a FIFO, a
+// symlink to /dev/zero and a file over the bound are refused at Start
+// with a clear error (a FIFO's open blocked Start forever; /dev/zero was
+// read without a bound). A running job's capacity file replaced by a FIFO
+// is logged and ignored, and the job still ends (the watcher blocked in
+// the FIFO's open, and the launcher's end waited for it for ever).
+func TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	zero := filepath.Join(dir, "zero")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
+	huge := filepath.Join(dir, "huge")
+	writeCapacity(t, huge, "2"+strings.Repeat(" ", maxCapacityFile))
+	for path, why := range map[string]string{fifo: "not a regular file", zero: "not a regular file", huge: "longer than"} {
+		cfg := testConfig(1)
+		cfg.CapacityFile = path
+		started := make(chan error, 1)
+		go func() {
+			_, err := Start(context.Background(), fakeSpec(t, "wait"), cfg)
+			started <- err
+		}()
+		select {
+		case err := <-started:
+			require.ErrorIs(t, err, ErrInvalidConfig, path)
+			require.ErrorContains(t, err, why, path)
+		case <-time.After(time.Minute):
+			t.Fatalf("Start with the capacity file %s did not return in a minute", path)
+		}
+	}
+
+	capFile := filepath.Join(dir, "capacity")
+	writeCapacity(t, capFile, "1\n")
+	log, logs := logLines()
+	cfg := testConfig(1)
+	cfg.CapacityFile = capFile
+	job, err := Start(context.Background(), fakeSpec(t, "wait"), cfg, WithLogger(log))
+	require.NoError(t, err)
+	stopOnFailure(t, job)
+	require.NoError(t, os.Rename(fifo, capFile))
+	awaitLog(t, logs, "capacity file read ignored", "not a regular file")
+	job.Stop(nil)
+	select {
+	case <-job.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the job did not end in a minute after its stop")
+	}
+}
