@@ -411,3 +411,63 @@ func TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher(t *testing.T) {
 		t.Fatal("the job did not end in a minute after its stop")
 	}
 }
+
+// TestTheControlSocketOutlivesAFloodThatExhaustsFileDescriptors: a flood
+// of connections while the launcher is out of file descriptors fails its
+// accepts (EMFILE); once the flood is gone the socket answers again (its
+// accept loop ended at the first failed accept, and every later request
+// of the job hung unanswered).
+func TestTheControlSocketOutlivesAFloodThatExhaustsFileDescriptors(t *testing.T) {
+	log, logs := logLines()
+	calls := make(chan ctlCall)
+	ctl, err := startControl(calls, log)
+	require.NoError(t, err)
+	answered := make(chan struct{})
+	go func() { // owned by the test: it ends when the test closes calls
+		defer close(answered)
+		for c := range calls {
+			c.reply <- controlReply{Capacity: 3, Bounded: true}
+		}
+	}()
+	defer func() {
+		ctl.close()
+		close(calls)
+		<-answered
+	}()
+
+	var orig syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig))
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	low := orig
+	low.Cur = uint64(len(fds) + 16)
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low))
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig))
+		}
+	}
+	defer restore()
+	var flood []net.Conn
+	for range 64 {
+		// The dials that fail for want of descriptors are part of the
+		// flood too; the ones that connect wait in the backlog.
+		if c, err := net.Dial("unix", ctl.path); err == nil {
+			flood = append(flood, c)
+		}
+	}
+	awaitLog(t, logs, "control socket: accept failed")
+	for _, c := range flood {
+		c.Close()
+	}
+	restore()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, ok, err := Worker{Control: ctl.path}.Platform().Capacity(ctx)
+	require.NoError(t, err, "the socket answers after the flood")
+	require.Equal(t, 3, n)
+	require.True(t, ok)
+}
