@@ -66,7 +66,7 @@ func readCapacity(path string) (int, error) {
 		return 0, fmt.Errorf("launch: capacity file: %w", err)
 	}
 	if !fi.Mode().IsRegular() {
-		return 0, fmt.Errorf("launch: capacity file %s: not a regular file (%v)", path, fi.Mode().Type())
+		return 0, fmt.Errorf("launch: capacity file %s: not a regular file (%s)", path, fileKind(fi.Mode()))
 	}
 	b, err := io.ReadAll(io.LimitReader(f, maxCapacityFile+1))
 	if err != nil {
@@ -123,4 +123,19 @@ func (w *capacityWatcher) run() {
 			return
 		}
 	}
+}
+
+// fileKind names what a file that is not a regular one is, for an error.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeDir != 0:
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return "mode " + m.Type().String()
 }

@@ -364,7 +364,7 @@ func TestWithAutoscaleACapacityDropWaitsForTheWorkersReleases(t *testing.T) {
 }
 
 // TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher: a FIFO, a
-// symlink to /dev/zero and a file over the bound are refused at Start
+// symlink to /dev/zero, a directory and a file over the bound are refused at Start
 // with a clear error (a FIFO's open blocked Start forever; /dev/zero was
 // read without a bound). A running job's capacity file replaced by a FIFO
 // is logged and ignored, and the job still ends (the watcher blocked in
@@ -377,7 +377,8 @@ func TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher(t *testing.T) {
 	require.NoError(t, os.Symlink("/dev/zero", zero))
 	huge := filepath.Join(dir, "huge")
 	writeCapacity(t, huge, "2"+strings.Repeat(" ", maxCapacityFile))
-	for path, why := range map[string]string{fifo: "not a regular file", zero: "not a regular file", huge: "longer than"} {
+	sub := t.TempDir()
+	for path, why := range map[string]string{fifo: "not a regular file (a named pipe)", zero: "not a regular file (a device)", sub: "not a regular file (a directory)", huge: "longer than"} {
 		cfg := testConfig(1)
 		cfg.CapacityFile = path
 		started := make(chan error, 1)
