@@ -472,3 +472,60 @@ func TestTheControlSocketOutlivesAFloodThatExhaustsFileDescriptors(t *testing.T)
 	require.Equal(t, 3, n)
 	require.True(t, ok)
 }
+
+// TestARisingCapacityWaitsForTheWorkersStillLeaving: workers told to
+// leave by a capacity drop still run (committing, checkpointing) until
+// they exit, and hold their share of the capacity until then. When the
+// capacity rises back before they exited, the launcher starts no worker
+// beyond it (it started two new ones at once: five processes under a
+// capacity of three, on two fresh indices), nor does Add, and it starts
+// one each time a leaver exits, on the leaver's index.
+func TestARisingCapacityWaitsForTheWorkersStillLeaving(t *testing.T) {
+	capFile := filepath.Join(t.TempDir(), "capacity")
+	writeCapacity(t, capFile, "3\n")
+	spec := fakeSpec(t, "slow-leave")
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	scalec := make(chan Scale, 16)
+	log, logs := logLines()
+	cfg := testConfig(3)
+	cfg.CapacityFile = capFile
+	job, err := Start(context.Background(), spec, cfg, WithLogger(log), WithHooks(Hooks{
+		OnScale: func(s Scale) { scalec <- s },
+	}))
+	require.NoError(t, err)
+	stopOnFailure(t, job)
+	awaitLines(t, lines, "ready", 3)
+
+	writeCapacity(t, capFile, "1\n")
+	awaitLines(t, lines, "leaving", 2)
+	require.Equal(t, Scale{From: 3, To: 1, Reason: "capacity", Capacity: 1, Leaving: []int{2, 1}}, <-scalec)
+
+	writeCapacity(t, capFile, "3\n")
+	awaitLog(t, logs, "capacity changed", "to=3")
+	// A control request is answered after the supervisor handled the
+	// change: whatever it started for it, OnScale has reported.
+	_, _, err = Worker{Control: job.ctl.path}.Platform().Capacity(context.Background())
+	require.NoError(t, err)
+	select {
+	case s := <-scalec:
+		t.Fatalf("the launcher started workers beyond the capacity while two still leave: %+v", s)
+	default:
+	}
+	_, err = job.Add(context.Background(), 1)
+	require.ErrorIs(t, err, ErrCapacity, "Add counts the workers still leaving too")
+
+	require.NoError(t, job.Signal(2, syscall.SIGUSR1))
+	require.Equal(t, Scale{From: 1, To: 2, Reason: "capacity", Capacity: 3, Started: []int{2}}, <-scalec)
+	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	require.Equal(t, Scale{From: 2, To: 3, Reason: "capacity", Capacity: 3, Started: []int{1}}, <-scalec)
+	awaitLines(t, lines, "ready", 2)
+
+	job.Stop(nil)
+	awaitLines(t, lines, "leaving", 3)
+	for i := range 3 {
+		require.NoError(t, job.Signal(i, syscall.SIGUSR1))
+	}
+	_, err = job.Wait()
+	require.ErrorIs(t, err, ErrPreempted)
+}
