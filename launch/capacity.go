@@ -3,10 +3,12 @@ package launch
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -45,12 +47,33 @@ type capacityWatcher struct {
 	bad     string // the last problem logged (goroutine's)
 }
 
+// maxCapacityFile bounds what readCapacity reads of the file (bytes).
+const maxCapacityFile = 4 << 10
+
 // readCapacity reads the file once: its value, or an error naming the
-// file.
+// file. It never blocks and reads at most maxCapacityFile bytes: the file
+// is opened without blocking and must be a regular file, so a FIFO, a
+// device (a symlink to /dev/zero) or a huge file is an error, not a
+// launcher that hangs at its end or reads without a bound.
 func readCapacity(path string) (int, error) {
-	b, err := os.ReadFile(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return 0, fmt.Errorf("launch: capacity file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("launch: capacity file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return 0, fmt.Errorf("launch: capacity file %s: not a regular file (%s)", path, fileKind(fi.Mode()))
+	}
+	b, err := io.ReadAll(io.LimitReader(f, maxCapacityFile+1))
+	if err != nil {
+		return 0, fmt.Errorf("launch: capacity file: %w", err)
+	}
+	if len(b) > maxCapacityFile {
+		return 0, fmt.Errorf("launch: capacity file %s: longer than %d bytes", path, maxCapacityFile)
 	}
 	n, err := parseCapacity(b)
 	if err != nil {
@@ -100,4 +123,19 @@ func (w *capacityWatcher) run() {
 			return
 		}
 	}
+}
+
+// fileKind names what a file that is not a regular one is, for an error.
+func fileKind(m os.FileMode) string {
+	switch {
+	case m&os.ModeDir != 0:
+		return "a directory"
+	case m&os.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&os.ModeDevice != 0:
+		return "a device"
+	case m&os.ModeSocket != 0:
+		return "a socket"
+	}
+	return "mode " + m.Type().String()
 }

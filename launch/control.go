@@ -122,8 +122,13 @@ func (s *controlServer) close() {
 	os.RemoveAll(s.dir)
 }
 
+// acceptBackoff bounds the wait between two failed accepts (a launcher
+// out of file descriptors, say): it starts at 5 ms and doubles.
+const acceptBackoff = time.Second
+
 func (s *controlServer) accept() {
 	defer s.wg.Done()
+	var wait time.Duration
 	for {
 		c, err := s.ln.Accept()
 		if err != nil {
@@ -132,12 +137,27 @@ func (s *controlServer) accept() {
 				return
 			default:
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
+			// A failed accept (EMFILE under a flood of connections, say)
+			// passes: retry with a backoff rather than close the socket
+			// for the rest of the job, logging once per streak.
+			if wait == 0 {
+				s.log.Warn("control socket: accept failed; retrying", "err", err)
+				wait = 5 * time.Millisecond
+			} else {
+				wait = min(2*wait, acceptBackoff)
 			}
-			s.log.Warn("control socket: accept failed; no more control requests", "err", err)
-			return
+			t := time.NewTimer(wait)
+			select {
+			case <-s.quit:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		if wait != 0 {
+			s.log.Info("control socket: accepting again")
+			wait = 0
 		}
 		s.mu.Lock()
 		select {

@@ -655,6 +655,11 @@ func (j *Job) handleExit(e procExit) (stop bool) {
 	if j.hooks.OnExit != nil {
 		j.hooks.OnExit(x)
 	}
+	if x.Released && !stop && !j.stopping && !j.finished && j.live() < j.want() {
+		// A leaver's share of the capacity is free: start what waited
+		// for it (reconcile).
+		j.reconcile("capacity")
+	}
 	if !x.Restarting {
 		return stop
 	}
@@ -676,8 +681,10 @@ func (j *Job) add(n int) ([]int, error) {
 		return nil, fmt.Errorf("launch: add %d: %d workers started already, and Config.MaxWorkers is %d", n, j.next, j.cfg.MaxWorkers)
 	}
 	live := j.live()
-	if j.capacity > 0 && live+n > j.capacity {
-		return nil, fmt.Errorf("%w: add %d to the %d workers running: the capacity file allows %d", ErrCapacity, n, live, j.capacity)
+	if j.capacity > 0 && len(j.running)+n > j.capacity {
+		// Workers still leaving hold their share until they exit.
+		return nil, fmt.Errorf("%w: add %d to the %d workers running (%d of them leaving): the capacity file allows %d",
+			ErrCapacity, n, len(j.running), len(j.running)-live, j.capacity)
 	}
 	j.goal = max(j.goal, live+n)
 	var ws []int

@@ -54,6 +54,8 @@ func TestMain(m *testing.M) {
 //	             worker); exit 0 if ever continued
 //	no-handler   print "ready INDEX PID", then sleep without handling any
 //	             signal: a SIGTERM kills it
+//	slow-leave   print "ready INDEX PID"; on SIGTERM print "leaving INDEX",
+//	             then exit 143 on SIGUSR1 (a leave that takes a while)
 //	permanent-on-usr1  print "ready INDEX PID", exit StatusPermanent on
 //	             SIGUSR1 (an error a restart cannot fix), 143 on SIGTERM
 //	             or SIGINT
@@ -136,6 +138,16 @@ func fakeWorker(mode string) int {
 		}
 		if <-sigs == syscall.SIGUSR1 {
 			fmt.Printf("released %d %v\n", w.Index, p.Release(ctx))
+		}
+		return 143
+	case "slow-leave":
+		sigs := make(chan os.Signal, 2)
+		signal.Notify(sigs, syscall.SIGTERM, syscall.SIGUSR1)
+		ready()
+		for <-sigs != syscall.SIGTERM {
+		}
+		fmt.Printf("leaving %d\n", w.Index)
+		for <-sigs != syscall.SIGUSR1 {
 		}
 		return 143
 	case "permanent-on-usr1", "refused-on-usr1":

@@ -103,7 +103,19 @@ func (j *Job) reconcile(reason string) {
 			sc.Leaving = append(sc.Leaving, p.Worker)
 		}
 	case live < want:
-		for range want - live {
+		n := want - live
+		if j.capacity > 0 && len(j.running)-live > 0 {
+			// Workers told to leave hold their share of the capacity
+			// until they exit (they commit and checkpoint first): start
+			// no more processes than it allows, and the rest as they
+			// exit (handleExit reconciles again).
+			if room := max(0, j.capacity-len(j.running)); room < n {
+				j.log.Info("waiting for the workers still leaving before starting more", "leaving", len(j.running)-live,
+					"capacity", j.capacity, "starting", room, "waiting", n-room)
+				n = room
+			}
+		}
+		for range n {
 			i, restart := j.freeIndex()
 			if i < 0 {
 				j.log.Warn("cannot start more workers: Config.MaxWorkers indices are used", "max_workers", j.cfg.MaxWorkers)

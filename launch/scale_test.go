@@ -362,3 +362,170 @@ func TestWithAutoscaleACapacityDropWaitsForTheWorkersReleases(t *testing.T) {
 	require.ErrorIs(t, err, ErrPreempted)
 	require.Len(t, res.Exits, 3)
 }
+
+// TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher: a FIFO, a
+// symlink to /dev/zero, a directory and a file over the bound are refused at Start
+// with a clear error (a FIFO's open blocked Start forever; /dev/zero was
+// read without a bound). A running job's capacity file replaced by a FIFO
+// is logged and ignored, and the job still ends (the watcher blocked in
+// the FIFO's open, and the launcher's end waited for it for ever).
+func TestACapacityFileThatIsNoRegularFileNeverHangsTheLauncher(t *testing.T) {
+	dir := t.TempDir()
+	fifo := filepath.Join(dir, "fifo")
+	require.NoError(t, syscall.Mkfifo(fifo, 0o600))
+	zero := filepath.Join(dir, "zero")
+	require.NoError(t, os.Symlink("/dev/zero", zero))
+	huge := filepath.Join(dir, "huge")
+	writeCapacity(t, huge, "2"+strings.Repeat(" ", maxCapacityFile))
+	sub := t.TempDir()
+	for path, why := range map[string]string{fifo: "not a regular file (a named pipe)", zero: "not a regular file (a device)", sub: "not a regular file (a directory)", huge: "longer than"} {
+		cfg := testConfig(1)
+		cfg.CapacityFile = path
+		started := make(chan error, 1)
+		go func() {
+			_, err := Start(context.Background(), fakeSpec(t, "wait"), cfg)
+			started <- err
+		}()
+		select {
+		case err := <-started:
+			require.ErrorIs(t, err, ErrInvalidConfig, path)
+			require.ErrorContains(t, err, why, path)
+		case <-time.After(time.Minute):
+			t.Fatalf("Start with the capacity file %s did not return in a minute", path)
+		}
+	}
+
+	capFile := filepath.Join(dir, "capacity")
+	writeCapacity(t, capFile, "1\n")
+	log, logs := logLines()
+	cfg := testConfig(1)
+	cfg.CapacityFile = capFile
+	job, err := Start(context.Background(), fakeSpec(t, "wait"), cfg, WithLogger(log))
+	require.NoError(t, err)
+	stopOnFailure(t, job)
+	require.NoError(t, os.Rename(fifo, capFile))
+	awaitLog(t, logs, "capacity file read ignored", "not a regular file")
+	job.Stop(nil)
+	select {
+	case <-job.Done():
+	case <-time.After(time.Minute):
+		t.Fatal("the job did not end in a minute after its stop")
+	}
+}
+
+// TestTheControlSocketOutlivesAFloodThatExhaustsFileDescriptors: a flood
+// of connections while the launcher is out of file descriptors fails its
+// accepts (EMFILE); once the flood is gone the socket answers again (its
+// accept loop ended at the first failed accept, and every later request
+// of the job hung unanswered).
+func TestTheControlSocketOutlivesAFloodThatExhaustsFileDescriptors(t *testing.T) {
+	log, logs := logLines()
+	calls := make(chan ctlCall)
+	ctl, err := startControl(calls, log)
+	require.NoError(t, err)
+	answered := make(chan struct{})
+	go func() { // owned by the test: it ends when the test closes calls
+		defer close(answered)
+		for c := range calls {
+			c.reply <- controlReply{Capacity: 3, Bounded: true}
+		}
+	}()
+	defer func() {
+		ctl.close()
+		close(calls)
+		<-answered
+	}()
+
+	var orig syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(syscall.RLIMIT_NOFILE, &orig))
+	fds, err := os.ReadDir("/proc/self/fd")
+	require.NoError(t, err)
+	low := orig
+	low.Cur = uint64(len(fds) + 16)
+	require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low))
+	restored := false
+	restore := func() {
+		if !restored {
+			restored = true
+			require.NoError(t, syscall.Setrlimit(syscall.RLIMIT_NOFILE, &orig))
+		}
+	}
+	defer restore()
+	var flood []net.Conn
+	for range 64 {
+		// The dials that fail for want of descriptors are part of the
+		// flood too; the ones that connect wait in the backlog.
+		if c, err := net.Dial("unix", ctl.path); err == nil {
+			flood = append(flood, c)
+		}
+	}
+	awaitLog(t, logs, "control socket: accept failed")
+	for _, c := range flood {
+		c.Close()
+	}
+	restore()
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	n, ok, err := Worker{Control: ctl.path}.Platform().Capacity(ctx)
+	require.NoError(t, err, "the socket answers after the flood")
+	require.Equal(t, 3, n)
+	require.True(t, ok)
+}
+
+// TestARisingCapacityWaitsForTheWorkersStillLeaving: workers told to
+// leave by a capacity drop still run (committing, checkpointing) until
+// they exit, and hold their share of the capacity until then. When the
+// capacity rises back before they exited, the launcher starts no worker
+// beyond it (it started two new ones at once: five processes under a
+// capacity of three, on two fresh indices), nor does Add, and it starts
+// one each time a leaver exits, on the leaver's index.
+func TestARisingCapacityWaitsForTheWorkersStillLeaving(t *testing.T) {
+	capFile := filepath.Join(t.TempDir(), "capacity")
+	writeCapacity(t, capFile, "3\n")
+	spec := fakeSpec(t, "slow-leave")
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	scalec := make(chan Scale, 16)
+	log, logs := logLines()
+	cfg := testConfig(3)
+	cfg.CapacityFile = capFile
+	job, err := Start(context.Background(), spec, cfg, WithLogger(log), WithHooks(Hooks{
+		OnScale: func(s Scale) { scalec <- s },
+	}))
+	require.NoError(t, err)
+	stopOnFailure(t, job)
+	awaitLines(t, lines, "ready", 3)
+
+	writeCapacity(t, capFile, "1\n")
+	awaitLines(t, lines, "leaving", 2)
+	require.Equal(t, Scale{From: 3, To: 1, Reason: "capacity", Capacity: 1, Leaving: []int{2, 1}}, <-scalec)
+
+	writeCapacity(t, capFile, "3\n")
+	awaitLog(t, logs, "capacity changed", "to=3")
+	// A control request is answered after the supervisor handled the
+	// change: whatever it started for it, OnScale has reported.
+	_, _, err = Worker{Control: job.ctl.path}.Platform().Capacity(context.Background())
+	require.NoError(t, err)
+	select {
+	case s := <-scalec:
+		t.Fatalf("the launcher started workers beyond the capacity while two still leave: %+v", s)
+	default:
+	}
+	_, err = job.Add(context.Background(), 1)
+	require.ErrorIs(t, err, ErrCapacity, "Add counts the workers still leaving too")
+
+	require.NoError(t, job.Signal(2, syscall.SIGUSR1))
+	require.Equal(t, Scale{From: 1, To: 2, Reason: "capacity", Capacity: 3, Started: []int{2}}, <-scalec)
+	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	require.Equal(t, Scale{From: 2, To: 3, Reason: "capacity", Capacity: 3, Started: []int{1}}, <-scalec)
+	awaitLines(t, lines, "ready", 2)
+
+	job.Stop(nil)
+	awaitLines(t, lines, "leaving", 3)
+	for i := range 3 {
+		require.NoError(t, job.Signal(i, syscall.SIGUSR1))
+	}
+	_, err = job.Wait()
+	require.ErrorIs(t, err, ErrPreempted)
+}

@@ -188,10 +188,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		func(ctx context.Context) error { return runLauncher(ctx, cfg, stdout, stderr) })
 }
 
-// workerArgs are the flags passed on to every worker.
+// workerArgs are the flags passed on to every worker. -workers is among
+// them so that a worker checks -min and -max against the launcher's
+// -workers, not its default (2): -max 1 or -min 3 failed every worker.
 func workerArgs(c *config) []string {
 	a := []string{
-		"-model", c.model, "-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch),
+		"-workers", fmt.Sprint(c.workers), "-model", c.model, "-epochs", fmt.Sprint(c.epochs), "-batch", fmt.Sprint(c.batch),
 		"-lr", fmt.Sprint(c.lr), "-min", fmt.Sprint(c.min), "-max", fmt.Sprint(c.max),
 		"-seed", fmt.Sprint(c.seed), "-redis", c.redis, "-job", c.job, "-audit", c.audit,
 		"-detect", c.detect.String(), "-listen", c.listen, "-grace", c.grace.String(),

@@ -616,3 +616,20 @@ func startMain(t *testing.T, cmd *exec.Cmd) <-chan string {
 	}()
 	return lines
 }
+
+// TestWorkersAcceptTheFlagsTheLauncherPassesThem: for every world-size
+// flag set the launcher accepts, its workers accept the flags it passes
+// them (they checked -min and -max against their default -workers 2, so
+// -max 1 and -min 3 failed every worker with status 2).
+func TestWorkersAcceptTheFlagsTheLauncherPassesThem(t *testing.T) {
+	for _, args := range [][]string{
+		{"-workers", "1", "-max", "1"},
+		{"-workers", "3", "-min", "3", "-max", "3"},
+		{"-workers", "4", "-min", "4", "-autoscale"},
+	} {
+		c, err := parseFlags(args, io.Discard)
+		require.NoError(t, err, "%q", args)
+		_, err = parseFlags(workerArgs(c), io.Discard)
+		require.NoError(t, err, "a worker of %q", args)
+	}
+}
