@@ -635,7 +635,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 			}
 		case endPreempted:
 			leave()
-			if t.o.ckpt == nil {
+			if t.o.ckpt == nil && !t.released.Load() {
 				t.log.Warn("preempted without a checkpoint store (WithCheckpointStore): nothing durable was written; " +
 					"the job's progress lives on only in the workers still running, and a rerun of a job that all left starts over")
 			}
