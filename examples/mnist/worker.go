@@ -173,7 +173,7 @@ func runWorker(c *config, stderr io.Writer) int {
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
 				if d := s.Scaling; d != nil {
 					ev.Emit(launcher.Event{Ev: launcher.EvScaling, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: d.Step,
-						From: d.From, To: d.To, Reason: d.Reason})
+						From: d.From, To: d.To, Reason: d.Reason, Message: d.Detail})
 				}
 			}
 		},

@@ -608,7 +608,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				sc.Step = sum.MaxStep
 			}
 			sum.Scaling = append(sum.Scaling, sc)
-			fmt.Fprintf(logw, "[launcher] step %d: scaling %d -> %d (%s)\n", sc.Step, sc.From, sc.To, sc.Reason)
+			why := ""
+			if ev.Message != "" {
+				why = ": " + ev.Message // the decision's figures (autoscale.Decision.Detail)
+			}
+			fmt.Fprintf(logw, "[launcher] step %d: scaling %d -> %d (%s)%s\n", sc.Step, sc.From, sc.To, sc.Reason, why)
 		case "round":
 			if w != nil {
 				w.rank, w.round, w.pid = ev.Rank, ev.Round, ev.PID
