@@ -45,6 +45,13 @@ const (
 	// EnvAutoscale is "1" when the launcher's Config.Autoscale is set: the
 	// workers size the job themselves; unset otherwise.
 	EnvAutoscale = "ELASTICTRAIN_AUTOSCALE"
+	// EnvShareCores holds the host's cores that the job's workers on it
+	// share, when the launcher chose their GOMAXPROCS itself (Config.
+	// GOMAXPROCS 0) and the job's size can change (Config.Autoscale or
+	// CapacityFile): Worker.Configure sets trainer.Config.ShareCores from
+	// it, so a worker's GOMAXPROCS follows the round's members on its host
+	// rather than the workers started at once.
+	EnvShareCores = "ELASTICTRAIN_SHARE_CORES"
 )
 
 // Exit statuses of a job (the launcher's) and of a worker (see ExitStatus).
@@ -114,6 +121,9 @@ type Worker struct {
 	// Autoscale is true when the launcher asks the workers to size the
 	// job themselves (EnvAutoscale, Config.Autoscale).
 	Autoscale bool
+	// ShareCores is the host's cores the job's workers on it share
+	// (EnvShareCores); 0 when the launcher does not ask for it.
+	ShareCores int
 }
 
 // Launched reports whether this process was started by a launcher (the
@@ -169,6 +179,11 @@ func workerFrom(getenv func(string) string) (Worker, error) {
 			return Worker{}, bad(EnvAutoscale, "want 1 or 0")
 		}
 	}
+	if getenv(EnvShareCores) != "" {
+		if w.ShareCores, err = num(EnvShareCores, 1); err != nil {
+			return Worker{}, err
+		}
+	}
 	return w, nil
 }
 
@@ -188,6 +203,9 @@ func (w Worker) environ() []string {
 	}
 	if w.Autoscale {
 		env = append(env, EnvAutoscale+"=1")
+	}
+	if w.ShareCores > 0 {
+		env = append(env, EnvShareCores+"="+strconv.Itoa(w.ShareCores))
 	}
 	return env
 }
@@ -220,6 +238,9 @@ func (w Worker) Configure(cfg *trainer.Config) {
 	}
 	if w.Autoscale {
 		cfg.Autoscale.Enabled = true
+	}
+	if w.ShareCores > 0 && cfg.ShareCores == 0 {
+		cfg.ShareCores = w.ShareCores
 	}
 }
 

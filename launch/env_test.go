@@ -28,6 +28,10 @@ func TestWorkerEnvRoundTrip(t *testing.T) {
 	got, err := workerFrom(envMap(w.environ()))
 	require.NoError(t, err)
 	require.Equal(t, w, got)
+	w.ShareCores = 8
+	got, err = workerFrom(envMap(w.environ()))
+	require.NoError(t, err)
+	require.Equal(t, w, got)
 }
 
 func TestWorkerEnvNamesTheBadVariable(t *testing.T) {
@@ -103,6 +107,10 @@ func TestConfigureSetsTheJobsPartOfATrainerConfig(t *testing.T) {
 	require.NotNil(t, cfg.Autoscale.Platform)
 	require.Equal(t, 7, cfg.Autoscale.DecisionInterval)
 	require.NoError(t, cfg.Validate())
+	require.Zero(t, cfg.ShareCores, "no EnvShareCores: GOMAXPROCS is left alone")
+	w.ShareCores = 2
+	w.Configure(&cfg)
+	require.Equal(t, 2, cfg.ShareCores, "the trainer divides the host's cores by the round's members on it")
 }
 
 func TestTrainerGracePeriodLeavesTimeToExit(t *testing.T) {

@@ -66,6 +66,7 @@ type Job struct {
 	mark       *marker  // the launcher's mark on the job in Config.Redis; nil with the embedded store
 	env        []string // every worker's environment before its launch variables
 	gomaxprocs string   // "GOMAXPROCS=n", or "" to leave it unset
+	shareCores int      // EnvShareCores for the workers, or 0
 	stdout     io.Writer
 	stderr     io.Writer
 	start      time.Time
@@ -199,11 +200,16 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 	// inherits an outer launcher's (etrun under etrun).
 	j.env = slices.DeleteFunc(j.env, func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == EnvControl || k == EnvAutoscale
+		return k == EnvControl || k == EnvAutoscale || k == EnvShareCores
 	})
 	if n := cfg.GOMAXPROCS; n != -1 && !hasVar(j.env, "GOMAXPROCS") {
 		if n == 0 {
 			n = max(1, runtime.NumCPU()/cfg.Workers)
+			if cfg.Autoscale || cfg.CapacityFile != "" {
+				// The job's size changes: each worker's trainer divides
+				// the cores by the round's members on its host instead.
+				j.shareCores = runtime.NumCPU()
+			}
 		}
 		j.gomaxprocs = "GOMAXPROCS=" + strconv.Itoa(n)
 	}
@@ -505,7 +511,8 @@ func (j *Job) abort() {
 func (j *Job) spawn(i, restart int) error {
 	p := &proc{Process: Process{Worker: i, Restart: restart}}
 	w := Worker{Store: j.store, JobID: j.jobID, Secret: j.secret, Index: i, Workers: j.cfg.Workers,
-		Restart: restart, GracePeriod: j.cfg.GracePeriod, Autoscale: j.cfg.Autoscale}
+		Restart: restart, GracePeriod: j.cfg.GracePeriod, Autoscale: j.cfg.Autoscale,
+		ShareCores: j.shareCores}
 	if j.ctl != nil {
 		w.Control = j.ctl.path
 	}

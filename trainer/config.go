@@ -89,6 +89,16 @@ type Config struct {
 	// hang for the rendezvous anyway); 0 means the default, so a Config
 	// written before the field existed keeps working; not negative.
 	CheckpointTimeout time.Duration
+	// ShareCores, above 0, is the host's cores that the job's workers on
+	// this host share: at the start of every round the trainer sets
+	// runtime.GOMAXPROCS to ShareCores divided by the round's members on
+	// this host (elastic.Member.Host), at least 1, so the workers left
+	// after a shrink use the cores the others gave back, and a grown job
+	// does not oversubscribe them. package launch sets it
+	// (Worker.Configure) when it chose the workers' GOMAXPROCS and the
+	// job's size can change (-autoscale, -capacity). Default 0: GOMAXPROCS
+	// is left alone.
+	ShareCores int
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
 	StepSpanEvery int
@@ -169,6 +179,8 @@ func (c Config) validate(ring bool) error {
 		return bad("GracePeriod %v <= 0", c.GracePeriod)
 	case c.CheckpointTimeout < 0:
 		return bad("CheckpointTimeout %v < 0", c.CheckpointTimeout)
+	case c.ShareCores < 0:
+		return bad("ShareCores %d < 0", c.ShareCores)
 	case c.StepSpanEvery < 0:
 		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
 	}

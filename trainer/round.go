@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"time"
 
@@ -70,6 +71,9 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	info.PrevWorldSize = prevSize
 	if world.Rank == 0 && len(t.parts) == 0 {
 		t.catchUpCheckpoint(rctx, ck)
+	}
+	if t.cfg.ShareCores > 0 {
+		runtime.GOMAXPROCS(coresShare(t.cfg.ShareCores, world))
 	}
 	if t.o.hooks.OnRound != nil {
 		t.o.hooks.OnRound(info)
@@ -690,4 +694,18 @@ func (s *snapshot) manifests(name string) [][]byte {
 		}
 	}
 	return nil
+}
+
+// coresShare is this member's share of its host's cores (Config.ShareCores)
+// among the members of world on its host (same elastic.Member.Host): cores
+// divided by their number, at least 1.
+func coresShare(cores int, world elastic.World) int {
+	self := world.Members[world.Rank].Host
+	n := 0
+	for _, m := range world.Members {
+		if m.Host == self {
+			n++
+		}
+	}
+	return max(1, cores/max(1, n))
 }
