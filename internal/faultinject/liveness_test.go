@@ -423,13 +423,14 @@ func TestLivenessStuckFetchIsLeftBehind(t *testing.T) {
 
 	// The fetch's start, from the victim's own log (a poll with a
 	// deadline: the job's reports stop while the fetch holds it up).
-	var stuckAt time.Time
 	giveUp := time.Now().Add(2 * time.Minute)
-	for stuckAt.IsZero() {
+	poll := time.NewTicker(50 * time.Millisecond) // the log file has no event to wait on
+	defer poll.Stop()
+	stuckAt := logTimeOf(t, victim.LogPath, "dataset fetch stuck")
+	for ; stuckAt.IsZero(); stuckAt = logTimeOf(t, victim.LogPath, "dataset fetch stuck") {
 		require.True(t, time.Now().Before(giveUp), "worker 1's fetch never got stuck")
 		require.Zero(t, h.Status().Finished, "the job finished first; raise Epochs")
-		time.Sleep(50 * time.Millisecond) // polling the log file
-		stuckAt = logTimeOf(t, victim.LogPath, "dataset fetch stuck")
+		<-poll.C
 	}
 	wctx, cancel := context.WithTimeout(ctx, bound+20*time.Second)
 	defer cancel()
