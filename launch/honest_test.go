@@ -314,16 +314,7 @@ func (h *keyChecker) has(msg string, keys ...string) bool {
 // names that worker and wraps ErrPermanent (status 2, as a bad command
 // line).
 func TestAPermanentErrorIsNeverRestartedAndStopsTheJob(t *testing.T) {
-	spec := fakeSpec(t, "permanent-on-usr1")
-	out, lines := outputLines(t)
-	spec.Stdout = out
-	var logs syncBuffer
-	cfg := testConfig(3)
-	cfg.StartupWindow = 0 // the start-up rule is off: only the status decides
-	job, err := Start(context.Background(), spec, cfg, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	require.NoError(t, err)
-	awaitLines(t, lines, "ready ", 3)
-	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	job, cfg, logs := exitOnUSR1(t, "permanent-on-usr1")
 
 	res, err := waitDone(t, job, cfg.GracePeriod+10*time.Second)
 	require.ErrorIs(t, err, ErrPermanent)
@@ -356,16 +347,7 @@ func TestAPermanentErrorIsNeverRestartedAndStopsTheJob(t *testing.T) {
 // differ from theirs) is not restarted, and unlike a permanent error it
 // does not stop the job: the others go on, and the job's outcome is theirs.
 func TestARefusedWorkerIsNotRestartedAndTheJobGoesOn(t *testing.T) {
-	spec := fakeSpec(t, "refused-on-usr1")
-	out, lines := outputLines(t)
-	spec.Stdout = out
-	var logs syncBuffer
-	cfg := testConfig(3)
-	cfg.StartupWindow = 0 // the start-up rule is off: only the status decides
-	job, err := Start(context.Background(), spec, cfg, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-	require.NoError(t, err)
-	awaitLines(t, lines, "ready ", 3)
-	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	job, cfg, logs := exitOnUSR1(t, "refused-on-usr1")
 	// The refused worker's exit is logged while the others still run: the
 	// job did not stop for it.
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "worker refused") }, time.Minute, 10*time.Millisecond)
@@ -386,4 +368,22 @@ func TestARefusedWorkerIsNotRestartedAndTheJobGoesOn(t *testing.T) {
 		require.Equal(t, Preempted, x.Outcome, "%+v", x)
 	}
 	require.NotContains(t, logs.String(), "restarting it as a new member")
+}
+
+// exitOnUSR1 starts three fake workers of mode (one that exits with a
+// status of its own on SIGUSR1), with the start-up rule off so only the
+// status decides, and sends worker 1 the SIGUSR1 once all three are ready.
+func exitOnUSR1(t *testing.T, mode string) (*Job, Config, *syncBuffer) {
+	t.Helper()
+	spec := fakeSpec(t, mode)
+	out, lines := outputLines(t)
+	spec.Stdout = out
+	logs := new(syncBuffer)
+	cfg := testConfig(3)
+	cfg.StartupWindow = 0
+	job, err := Start(context.Background(), spec, cfg, WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
+	require.NoError(t, err)
+	awaitLines(t, lines, "ready ", 3)
+	require.NoError(t, job.Signal(1, syscall.SIGUSR1))
+	return job, cfg, logs
 }
