@@ -464,3 +464,31 @@ func TestLivenessStuckFetchIsLeftBehind(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(log), "fenced; rejoining as a new member", "the stuck worker was fenced when its fetch returned")
 }
+
+// TestWorkerLeftBehindAtTheEnd (#29 item 10): a worker paused until the
+// others have finished the job without it exits with
+// launch.StatusJobFinished and an error that says its parameters are not the
+// final model (the SDK's verdict), and the harness agrees: it is no
+// violation, and every invariant of the job holds.
+func TestWorkerLeftBehindAtTheEnd(t *testing.T) {
+	cfg := testConfig(t, testredis.Addr(t))
+	cfg.Epochs = 3
+	ctx := context.Background()
+	h, err := faultinject.Start(ctx, cfg)
+	require.NoError(t, err)
+	defer h.Close()
+	logWorkersOnFailure(t, h)
+	require.NoError(t, h.WaitStep(ctx, 10))
+	paused := h.Workers()[0]
+	require.NoError(t, h.Signal(paused, syscall.SIGSTOP))
+	// The others evict it when its lease lapses and finish without it.
+	_, err = h.WaitFor(ctx, func(s faultinject.Status) bool { return s.Finished == 2 })
+	require.NoError(t, err)
+	require.NoError(t, h.Signal(paused, syscall.SIGCONT))
+	res := h.Finish(ctx, faultinject.Bounds{})
+	require.Empty(t, res.Violations)
+	require.Equal(t, 2, res.Finished)
+	r := h.Result(paused)
+	require.Equal(t, faultinject.ExitJobFinished, r.ExitCode, "error: %s", r.Err)
+	require.Contains(t, r.Err, "finished without this worker")
+}

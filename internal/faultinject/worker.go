@@ -251,9 +251,14 @@ type Report struct {
 
 // Exit statuses of a worker process.
 const (
-	ExitFinished  = 0   // the job finished; a "final" report was written
-	ExitError     = 1   // Run returned an error; an "error" report was written
-	ExitPreempted = 143 // SIGTERM: left gracefully (trainer.ErrPreempted)
+	ExitFinished = 0 // the job finished; a "final" report was written
+	ExitError    = 1 // Run returned an error; an "error" report was written
+	// ExitJobFinished (launch.StatusJobFinished): Run's error wraps
+	// elastic.ErrJobFinished; the job finished without this worker (it was
+	// left behind, and its parameters are not the final model), or had
+	// finished before it joined. An "error" report was written.
+	ExitJobFinished = 4
+	ExitPreempted   = 143 // SIGTERM: left gracefully (trainer.ErrPreempted)
 )
 
 // IsWorker reports whether this process was started as a worker by a
@@ -278,7 +283,7 @@ func ParamsHash(ps []trainer.Param, opt trainer.Optimizer) string {
 
 // WorkerMain runs one worker of the linear-regression job described by
 // EnvWorker and returns the process exit status (ExitFinished, ExitError,
-// ExitPreempted). Call it from TestMain when IsWorker():
+// ExitJobFinished, ExitPreempted). Call it from TestMain when IsWorker():
 //
 //	func TestMain(m *testing.M) {
 //		if faultinject.IsWorker() {
@@ -479,6 +484,9 @@ func WorkerMain() int {
 	case errors.Is(err, trainer.ErrPreempted):
 		emit(Report{Kind: "error", Step: res.Step, Err: err.Error()})
 		return ExitPreempted
+	case errors.Is(err, elastic.ErrJobFinished):
+		emit(Report{Kind: "error", Step: res.Step, Err: err.Error()})
+		return ExitJobFinished
 	default:
 		emit(Report{Kind: "error", Step: res.Step, Err: err.Error()})
 		return ExitError
