@@ -3,8 +3,10 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	stdsync "sync"
 	"sync/atomic"
+	"time"
 )
 
 // Evaluation is a periodic evaluation of the model that never stalls the
@@ -22,9 +24,19 @@ type Evaluation struct {
 	AllRanks bool
 	// Func evaluates params (names, shapes and a copy of the committed
 	// values of step; Grad is nil), valid until it returns. ctx ends when
-	// Run returns; Run waits for a running Func to return.
+	// Run returns; Run waits for a running Func to return, up to
+	// StopTimeout.
 	Func func(ctx context.Context, step int64, params []Param)
+	// StopTimeout bounds how long Run, as it returns, waits for a running
+	// Func after ending its ctx. A Func still running then (one that does
+	// not watch its ctx) is left to finish on its own goroutine, with its
+	// copy of the parameters, and Run logs a WARN saying so. Zero means
+	// DefaultEvaluationStopTimeout; negative is invalid.
+	StopTimeout time.Duration
 }
+
+// DefaultEvaluationStopTimeout is Evaluation.StopTimeout's default.
+const DefaultEvaluationStopTimeout = 10 * time.Second
 
 // WithEvaluation runs e (see Evaluation). New reports ErrInvalidConfig for
 // Every < 1 or a nil Func.
@@ -45,8 +57,11 @@ type evaluator struct {
 }
 
 func newEvaluator(e Evaluation, params []Param) (*evaluator, error) {
-	if e.Every < 1 || e.Func == nil {
-		return nil, fmt.Errorf("%w: Evaluation needs Every >= 1 (got %d) and a Func", ErrInvalidConfig, e.Every)
+	if e.Every < 1 || e.Func == nil || e.StopTimeout < 0 {
+		return nil, fmt.Errorf("%w: Evaluation needs Every >= 1 (got %d), a Func and StopTimeout >= 0 (got %v)", ErrInvalidConfig, e.Every, e.StopTimeout)
+	}
+	if e.StopTimeout == 0 {
+		e.StopTimeout = DefaultEvaluationStopTimeout
 	}
 	ev := &evaluator{e: e, next: e.Every}
 	for b := range ev.bufs {
@@ -86,10 +101,20 @@ func (ev *evaluator) committed(step int64, params []Param) {
 	}()
 }
 
-// close cancels a running evaluation and waits for it.
-func (ev *evaluator) close() {
+// close cancels a running evaluation and waits for it, up to
+// Evaluation.StopTimeout; past it, it logs a WARN on log and returns.
+func (ev *evaluator) close(log *slog.Logger) {
 	ev.cancel()
-	ev.wg.Wait()
+	done := make(chan struct{})
+	go func() { ev.wg.Wait(); close(done) }()
+	t := time.NewTimer(ev.e.StopTimeout)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn("an evaluation is still running after its context ended; not waiting for it (its Func does not watch its ctx)",
+			"stop_timeout", ev.e.StopTimeout)
+	}
 }
 
 // EvaluationsSkipped returns how many due evaluations were skipped because the

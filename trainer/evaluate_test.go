@@ -1,10 +1,13 @@
 package trainer_test
 
 import (
+	"bytes"
 	"context"
+	"log/slog"
 	"slices"
 	stdsync "sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -59,4 +62,32 @@ func TestAPeriodicEvaluationDoesNotStallTheLoop(t *testing.T) {
 	require.GreaterOrEqual(t, w.tr.EvaluationsSkipped(), int64(3), "10, 15 and 20 came while it was held")
 	require.Greater(t, evals[len(evals)-1], int64(25), "evaluations resumed once it returned: %v", evals)
 	require.True(t, slices.IsSorted(evals))
+}
+
+// An evaluation whose Func does not watch its ctx does not hold Run past
+// Evaluation.StopTimeout: Run returns with the job's result and a WARN says
+// the evaluation was left running (#29: nothing waits without a bound).
+func TestAnEvaluationThatIgnoresItsContextDoesNotHoldRun(t *testing.T) {
+	j := newJob(t, stores(t)["memory"])
+	j.epochs = 1
+	release := make(chan struct{})
+	returned := make(chan struct{})
+	var logs bytes.Buffer // written under the handler's lock, read once Run returned
+	j.opts = func(int) []Option {
+		return []Option{
+			WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+			WithEvaluation(Evaluation{Every: 2, StopTimeout: time.Millisecond, Func: func(_ context.Context, step int64, _ []Param) {
+				if step == 2 {
+					<-release // ignores its ctx
+					close(returned)
+				}
+			}}),
+		}
+	}
+	w := j.start()
+	j.wait()
+	require.NoError(t, w.err)
+	require.Contains(t, logs.String(), "an evaluation is still running after its context ended")
+	close(release)
+	<-returned
 }

@@ -420,7 +420,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
 
 	if t.eval != nil {
-		defer t.eval.close()
+		defer t.eval.close(t.log)
 	}
 	// The Backend and every partition are closed once when Run returns,
 	// whatever happened (the contracts' last call).
