@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	gosync "sync"
 	"testing"
 	"time"
 )
@@ -111,4 +112,76 @@ func TestCancelledConnectIsNotALoss(t *testing.T) {
 			t.Errorf("rank %d: %v, want a PeerError naming rank 1 wrapping ErrAborted", rank, err)
 		}
 	}
+}
+
+// TestAnnouncementWaitingAtRingStart: a peer's announcement that is already
+// on the control connection when this rank's Ring starts (the peer finished
+// its Connect first and waited announceAfter in its first operation) is
+// read at once by the control loop, which must find the Ring's state
+// ready. Found by the soak: the loops started before that state was made,
+// and a worker panicked with index out of range in noteSeen (this test
+// reports that as a data race under -race, which CI runs for sync).
+func TestAnnouncementWaitingAtRingStart(t *testing.T) {
+	cfg := smallConfig(t)
+	ts, addrs := listenAll(t, 2, cfg)
+	connected := make(chan struct{})
+	release := make(chan struct{})
+	ts[0].beforeRing = func(World) { close(connected); <-release }
+	rings := make([]*Ring, 2)
+	errs := make([]error, 2)
+	var wg gosync.WaitGroup
+	wg.Add(2)
+	for i := range ts {
+		go func() {
+			defer wg.Done()
+			rings[i], errs[i] = ts[i].Connect(context.Background(), World{Round: 1, Rank: i, Addrs: addrs})
+			if errs[i] != nil {
+				return
+			}
+			errs[i] = rings[i].AllReduceFloat32(context.Background(), make([]float32, 100), OpSum)
+		}()
+	}
+	<-connected
+	// Rank 1 is in its AllReduce, waiting for rank 0; its announcement
+	// comes announceAfter into it.
+	deadline := time.Now().Add(10 * time.Second)
+	tick := time.NewTicker(5 * time.Millisecond) // the announcement has no event of its own to wait on
+	defer tick.Stop()
+	for {
+		var announced uint64
+		if r := ringOf(ts[1], 1); r != nil {
+			r.agree.mu.Lock()
+			announced = r.agree.announced
+			r.agree.mu.Unlock()
+		}
+		if announced != 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("rank 1 never announced its waiting AllReduce")
+		}
+		<-tick.C
+	}
+	close(release)
+	wg.Wait()
+	for i, r := range rings {
+		if r != nil {
+			defer r.Close()
+		}
+		if errs[i] != nil {
+			t.Fatalf("rank %d: %v", i, errs[i])
+		}
+	}
+}
+
+// ringOf returns t's Ring of round, or nil.
+func ringOf(t *Transport, round uint64) *Ring {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for r := range t.rings {
+		if r.round == round {
+			return r
+		}
+	}
+	return nil
 }

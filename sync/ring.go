@@ -272,6 +272,11 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 		r.groups[gi] = g
 	}
 	r.lanes = r.groups[groupFlat].lanes
+	// Before any goroutine starts: a peer's announcement or busy frame can
+	// arrive on a control connection the moment its loop runs (a panic,
+	// index out of range in noteSeen, found by the soak).
+	r.agree.init(n)
+	r.busy.init(n)
 	for _, p := range r.peers {
 		if p != nil {
 			r.wg.Add(1)
@@ -288,8 +293,6 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 			go r.recvLoop(g, l)
 		}
 	}
-	r.agree.init(n)
-	r.busy.init(n)
 	r.wg.Add(3)
 	go r.watchLoop()
 	go r.announceLoop()

@@ -54,6 +54,10 @@ var littleEndian = func() bool {
 // (one round at a time). Close stops every goroutine it started and closes
 // the Rings it connected.
 type Transport struct {
+	// beforeRing, when set (by tests), runs in Connect once every
+	// connection of the round is formed, before the Ring starts its loops.
+	beforeRing func(World)
+
 	cfg    Config
 	log    *slog.Logger
 	ln     net.Listener
@@ -1098,6 +1102,9 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		}
 		rc.closeAll()
 		return nil, fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, err)
+	}
+	if t.beforeRing != nil {
+		t.beforeRing(w)
 	}
 	r := newRing(t, w, lay, rc, tx, rx)
 	t.mu.Lock()
