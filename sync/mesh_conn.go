@@ -2,6 +2,7 @@ package sync
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/elastictrain/elastictrain/sync/mesh"
@@ -14,6 +15,9 @@ import (
 // A Transport used this way serves one protocol: use another Transport for
 // the job's collectives. Errors: as Connect.
 func (t *Transport) ConnectMesh(ctx context.Context, w World) (mesh.Mesh, error) {
+	if t == nil {
+		return nil, fmt.Errorf("%w: nil Transport", ErrInvalid)
+	}
 	r, err := t.Connect(ctx, w)
 	if err != nil {
 		return nil, err

@@ -16,7 +16,7 @@
 //
 // The dense part of the model goes through the trainer's gradient sync (a
 // hybrid step, as in DLRM); the tables through the shards, which apply
-// their sparse optimizer (sync.SparseOptimizer) to the pushed rows.
+// their sparse optimizer (paramserver.SparseOptimizer) to the pushed rows.
 //
 // # Why a package of its own
 //
@@ -85,5 +85,5 @@
 // step is the trainer's step, ps_step the shards' step, shards the layout
 // of the files (shard j holds the rows r with r % shards == j), path is
 // relative to Config.Dir. The files use the shard encoding of package sync
-// (versioned, CRC-32C; sync.DecodeShardInfo reads its header).
+// (versioned, CRC-32C; paramserver.DecodeShardInfo reads its header).
 package ps

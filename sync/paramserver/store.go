@@ -1,8 +1,9 @@
-package sync
+package paramserver
 
 import (
 	"context"
 	"fmt"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -143,7 +144,7 @@ func (s *DirShardStore) SaveShard(ctx context.Context, key ShardKey, data []byte
 		return err
 	}
 	if key.Step < 0 || key.Shards < 1 || key.Shard < 0 || key.Shard >= key.Shards {
-		return fmt.Errorf("%w: shard key %+v", ErrInvalid, key)
+		return fmt.Errorf("%w: shard key %+v", mesh.ErrInvalid, key)
 	}
 	p := s.path(key)
 	if err := atomicfile.MkdirAll(filepath.Dir(p)); err != nil {
