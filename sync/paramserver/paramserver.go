@@ -17,14 +17,14 @@ var (
 	// Config.MaxStaleness shard updates ago; the shard refused it and
 	// applied nothing of it. The round stays usable: pull again and
 	// recompute.
-	ErrStale = errors.New("sync: parameter-server push too stale")
+	ErrStale = errors.New("paramserver: push too stale")
 	// ErrRowsLost: the rows of a committed shard can be found neither on a
 	// live host of the round nor in the ShardStore, so the table cannot be
 	// restored to the requested step.
-	ErrRowsLost = errors.New("sync: parameter-server rows lost")
+	ErrRowsLost = errors.New("paramserver: rows lost")
 	// ErrCorruptShard: encoded shard bytes (from a ShardStore or a peer) did
 	// not decode or do not match the tables.
-	ErrCorruptShard = errors.New("sync: corrupt parameter-server shard")
+	ErrCorruptShard = errors.New("paramserver: corrupt shard")
 )
 
 // Mode selects when a parameter server applies pushed gradients.
@@ -452,7 +452,7 @@ func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, erro
 	if st := ps.cfg.Store; st != nil {
 		keys, err := st.ListShards(ctx, step)
 		if err != nil {
-			return nil, fmt.Errorf("sync: parameter-server store: %w", err)
+			return nil, fmt.Errorf("paramserver: store: %w", err)
 		}
 		for _, k := range keys {
 			if k.Shards >= 1 && k.Shards <= 1<<16 && k.Shard >= 0 && k.Shard < k.Shards {

@@ -443,7 +443,7 @@ func (r *Round) decide(ctx context.Context, all []byte, maxHeld int) ([]byte, er
 	if st := r.ps.cfg.Store; st != nil {
 		keys, err := st.ListShards(ctx, r.restore)
 		if err != nil {
-			return nil, fmt.Errorf("sync: parameter-server store: %w", err)
+			return nil, fmt.Errorf("paramserver: store: %w", err)
 		}
 		for _, k := range keys {
 			add(k.Shards, k.Shard, -1)
