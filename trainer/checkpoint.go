@@ -45,9 +45,10 @@ type CheckpointStore interface {
 // file "ckpt-<step>.etc": a magic string, a JSON manifest (step, payload
 // size, SHA-256 of the payload, creation time), then the payload. It is
 // written to a temporary file, fsynced, renamed into place, and the
-// directory is fsynced (the module's one atomic file writer, shared with
-// the parameter server's shard store), so a crash never leaves a partial
-// file under a checkpoint name (invariant 5). A file that Load finds
+// directory is fsynced (the module's one keep-N atomic directory store,
+// internal/stepdir, shared with the parameter server's
+// paramserver.DirShardStore), so a crash never leaves a partial file under
+// a checkpoint name (invariant 5). A file that Load finds
 // damaged is renamed to "<name>.corrupt" (kept for inspection, never
 // listed again), so it
 // neither hides newer checkpoints nor counts towards keep. A directory holds
