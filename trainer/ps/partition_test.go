@@ -827,3 +827,19 @@ func TestStaleRecordOfAFencedRank(t *testing.T) {
 	j.commit(rs, 6)
 	sameTables(t, "trained on", pullAll(t, rs[0]), reference(t, 6))
 }
+
+// TestConfigTakesSyncNames: a Config written with sync's deprecated
+// parameter-server names (as before they moved to sync/paramserver) is
+// the same Config and validates.
+func TestConfigTakesSyncNames(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Tables = []sync.TableSpec{{Name: "emb", Rows: 8, Dim: 2, Optimizer: sync.NewSparseAdam(0.01)}}
+	cfg.PS = sync.DefaultPSConfig()
+	cfg.PS.Mode = sync.PSSync
+	cfg.Dir = t.TempDir()
+	cfg.Sync.JobID, cfg.Sync.Secret = "sync-names", []byte("a secret of at least 16 bytes")
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var _ paramserver.TableSpec = cfg.Tables[0]
+}
