@@ -273,10 +273,6 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 		r.groups[gi] = g
 	}
 	r.lanes = r.groups[groupFlat].lanes
-	// Before any ctrlLoop runs: a peer already in its first operation may
-	// announce it (or mark itself busy) at once.
-	r.agree.init(n)
-	r.busy.init(n)
 	for _, p := range r.peers {
 		if p != nil {
 			r.wg.Add(1)
@@ -293,6 +289,8 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 			go r.recvLoop(g, l)
 		}
 	}
+	r.agree.init(n)
+	r.busy.init(n)
 	r.wg.Add(3)
 	go r.watchLoop()
 	go r.announceLoop()
