@@ -55,8 +55,12 @@
 // the hierarchical allreduce the ring of each host and the ring between
 // hosts, chosen from World.Addrs by the same rule on every rank). The
 // ring algorithms (reduce-scatter, allgather, chain) run on any of those
-// rings; the hierarchical allreduce composes them; the parameter server
-// (ParamServer) runs its own protocol on the mesh connections.
+// rings; the hierarchical allreduce composes them. Transport.ConnectMesh
+// hands a round to another protocol as a mesh.Mesh (package sync/mesh: the
+// per-peer mesh streams, the round's failure state and limits, nothing of
+// the Ring's own); the parameter server (package sync/paramserver) is such
+// a protocol. sync's parameter-server names (ParamServer, TableSpec, the
+// sparse optimizers, ...) are deprecated aliases of paramserver's.
 //
 // Between ranks on one host (Config.LocalSockets, Linux), connections use
 // Unix domain sockets, and the ring lanes carry their payloads through

@@ -3,9 +3,7 @@ package sync
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"errors"
-	"hash/crc32"
 	"io"
 	"net"
 	"slices"
@@ -138,58 +136,6 @@ func FuzzPeerFrames(f *testing.F) {
 			}
 		} else if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrTimeout) {
 			t.Fatalf("the receiving rank hung: %v", err)
-		}
-	})
-}
-
-// FuzzPSPlan: a parameter-server plan broadcast by rank 0 decodes to a
-// consistent plan or an error (the caller bounds it to 4..16 MiB bytes).
-func FuzzPSPlan(f *testing.F) {
-	f.Add([]byte{1, 0, 0, 0})
-	f.Add([]byte{3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 0xff, 0xff, 0xff, 0xff})
-	f.Add([]byte{2, 0, 0, 0, 'l', 'o', 's', 't'})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if len(b) < 4 || len(b) > 1<<24 {
-			return // refused by the caller before parsePlan
-		}
-		p, err := parsePlan(b)
-		if err != nil {
-			return
-		}
-		if !p.init && (p.oldShards < 1 || len(p.src) != p.oldShards) {
-			t.Fatalf("inconsistent plan %+v", p)
-		}
-	})
-}
-
-// FuzzDecodeShardInfo: shard files read from a ShardStore describe
-// themselves or fail with ErrCorruptShard; never a panic. With fixCRC the
-// input gets a valid checksum appended, so the fuzzer reaches the decoder
-// behind it.
-func FuzzDecodeShardInfo(f *testing.F) {
-	specs := psTables()
-	for _, d := range []*psShardData{newShardData(specs, 0, 2), newShardData(specs, 1, 3)} {
-		b := encodeShard(nil, specs, d)
-		f.Add(b, false)
-		f.Add(b[:len(b)-4], true)
-	}
-	f.Add([]byte("ETPS"), false)
-	f.Fuzz(func(t *testing.T, b []byte, fixCRC bool) {
-		if fixCRC {
-			b = binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, psCRC))
-		}
-		info, err := DecodeShardInfo(b)
-		if err != nil {
-			if !errors.Is(err, ErrCorruptShard) {
-				t.Fatalf("error %v does not wrap ErrCorruptShard", err)
-			}
-			return
-		}
-		if info.Shards < 1 || info.Shard < 0 || info.Shard >= info.Shards {
-			t.Fatalf("accepted shard %d of %d", info.Shard, info.Shards)
-		}
-		if _, err := decodeShard(b, specs); err != nil && !errors.Is(err, ErrCorruptShard) {
-			t.Fatalf("decodeShard error %v does not wrap ErrCorruptShard", err)
 		}
 	})
 }

@@ -14,13 +14,14 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 )
 
 const (
 	// verdictGrace is how long a rank whose data connection to a peer broke
 	// waits for the control connections to say which rank really failed
 	// (the peer may only have closed because a third rank died).
-	verdictGrace = 500 * time.Millisecond
+	verdictGrace = mesh.VerdictGrace
 	// ctrlWriteTimeout bounds writing abort and close notices.
 	ctrlWriteTimeout = 500 * time.Millisecond
 	readerBytes      = 64 << 10
@@ -564,7 +565,7 @@ func (r *Ring) watchLoop() {
 	}
 }
 
-func ctxCause(err error) error { return fmt.Errorf("%w: %w", ErrAborted, err) }
+func ctxCause(err error) error { return mesh.Aborted(err) }
 
 // begin starts an operation: checks the Ring, sets the deadlines of the data
 // connections and arms the context watch.

@@ -3,38 +3,13 @@ package sync
 import (
 	"context"
 	"fmt"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 )
 
 // World is one round's membership as this rank sees it, a plain value that
-// the rendezvous (package elastic) provides or a test builds by hand.
-type World struct {
-	JobID string   // the job; must equal Config.JobID (empty means Config.JobID)
-	Round uint64   // the rendezvous generation; connections of older rounds are refused
-	Rank  int      // this process's rank, 0 <= Rank < len(Addrs)
-	Addrs []string // peer addresses (host:port, as from Transport.Addr) in rank order; world size = len(Addrs)
-}
-
-// Size returns the world size, len(w.Addrs).
-func (w World) Size() int { return len(w.Addrs) }
-
-// Validate checks the rank and addresses.
-func (w World) Validate() error {
-	if len(w.Addrs) == 0 {
-		return fmt.Errorf("%w: world has no addresses", ErrInvalid)
-	}
-	if w.Rank < 0 || w.Rank >= len(w.Addrs) {
-		return fmt.Errorf("%w: rank %d outside world size %d", ErrInvalid, w.Rank, len(w.Addrs))
-	}
-	if len(w.Addrs) > 1<<16 {
-		return fmt.Errorf("%w: world size %d exceeds %d", ErrInvalid, len(w.Addrs), 1<<16)
-	}
-	for i, a := range w.Addrs {
-		if a == "" && i != w.Rank {
-			return fmt.Errorf("%w: empty address for rank %d", ErrInvalid, i)
-		}
-	}
-	return nil
-}
+// the rendezvous (package elastic) provides or a test builds by hand: JobID,
+// Round, Rank and Addrs (see mesh.World, which it is).
+type World = mesh.World
 
 // Op is a reduction operator for allreduce.
 type Op uint8

@@ -13,11 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"time"
 
-	"github.com/elastictrain/elastictrain/internal/atomicfile"
+	"github.com/elastictrain/elastictrain/internal/stepdir"
 )
 
 // CheckpointStore keeps durable checkpoints: opaque byte blobs named by the
@@ -47,9 +45,10 @@ type CheckpointStore interface {
 // file "ckpt-<step>.etc": a magic string, a JSON manifest (step, payload
 // size, SHA-256 of the payload, creation time), then the payload. It is
 // written to a temporary file, fsynced, renamed into place, and the
-// directory is fsynced (the module's one atomic file writer, shared with
-// the parameter server's shard store), so a crash never leaves a partial
-// file under a checkpoint name (invariant 5). A file that Load finds
+// directory is fsynced (the module's one keep-N atomic directory store,
+// internal/stepdir, shared with the parameter server's
+// paramserver.DirShardStore), so a crash never leaves a partial file under
+// a checkpoint name (invariant 5). A file that Load finds
 // damaged is renamed to "<name>.corrupt" (kept for inspection, never
 // listed again), so it
 // neither hides newer checkpoints nor counts towards keep. A directory holds
@@ -57,8 +56,8 @@ type CheckpointStore interface {
 // loads, whichever job wrote it, so two jobs must not share one. Safe for
 // concurrent use.
 type LocalDir struct {
-	dir  string
-	keep int
+	dir string
+	st  *stepdir.Store // the files, one per step; keeps the newest keep
 }
 
 const (
@@ -93,15 +92,17 @@ func NewLocalDir(dir string, keep int) (*LocalDir, error) {
 	}
 	f.Close()
 	os.Remove(f.Name())
-	return &LocalDir{dir: dir, keep: keep}, nil
+	st, err := stepdir.New(dir, ckptPrefix, ckptSuffix, stepdir.File, keep)
+	if err != nil {
+		return nil, fmt.Errorf("trainer: checkpoint directory: %w", err)
+	}
+	return &LocalDir{dir: dir, st: st}, nil
 }
 
 // Dir returns the directory.
 func (d *LocalDir) Dir() string { return d.dir }
 
-func (d *LocalDir) path(step int64) string {
-	return filepath.Join(d.dir, fmt.Sprintf("%s%020d%s", ckptPrefix, step, ckptSuffix))
-}
+func (d *LocalDir) path(step int64) string { return d.st.Path(step) }
 
 // Save implements CheckpointStore, then deletes checkpoints beyond the newest
 // keep.
@@ -118,71 +119,34 @@ func (d *LocalDir) Save(ctx context.Context, step int64, data []byte) error {
 		return fmt.Errorf("trainer: save checkpoint: %w", err)
 	}
 	head := binary.LittleEndian.AppendUint32([]byte(ckptMagic), uint32(len(man)))
-	if _, err := atomicfile.Write(d.path(step), head, man, data); err != nil {
+	if _, err := d.st.Write(step, "", head, man, data); err != nil {
 		return fmt.Errorf("trainer: save checkpoint: %w", err)
 	}
 	return d.prune(ctx, step)
 }
 
 // prune keeps the checkpoint just saved and the keep-1 newest older ones,
-// and deletes the other older ones. Checkpoints of later steps are another
-// history's (a job restored from an older checkpoint, or another model in
-// the same directory): they are left alone and do not count, so they can
-// never cause the new checkpoints to be deleted.
-func (d *LocalDir) prune(ctx context.Context, just int64) error {
-	if d.keep <= 0 {
-		return nil
-	}
-	steps, err := d.List(ctx)
-	if err != nil {
-		return err
-	}
-	kept := 1 // just
-	for _, s := range steps {
-		if s >= just {
-			continue
-		}
-		if kept < d.keep {
-			kept++
-			continue
-		}
-		// List names only regular files of the canonical name, so this
-		// removes a checkpoint file, never a directory or a link that
-		// happens to be named like one.
-		if err := atomicfile.RemoveAll(d.path(s)); err != nil {
-			return fmt.Errorf("trainer: prune checkpoints: %w", err)
-		}
+// and deletes the other older ones (stepdir.Store.Prune). Checkpoints of
+// later steps are another history's (a job restored from an older
+// checkpoint, or another model in the same directory): they are left alone
+// and do not count, so they can never cause the new checkpoints to be
+// deleted.
+func (d *LocalDir) prune(_ context.Context, just int64) error {
+	if err := d.st.Prune(just); err != nil {
+		return fmt.Errorf("trainer: prune checkpoints: %w", err)
 	}
 	return nil
 }
 
-// List implements CheckpointStore.
+// List implements CheckpointStore. It lists only regular files under the
+// name Save writes (an unpadded "ckpt-2800.etc" would count step 2800
+// twice and cost a good checkpoint its place in the retention; a
+// directory, link or FIFO named like a checkpoint is not one of ours).
 func (d *LocalDir) List(ctx context.Context) ([]int64, error) {
-	entries, err := os.ReadDir(d.dir)
+	steps, err := d.st.Steps()
 	if err != nil {
 		return nil, fmt.Errorf("trainer: list checkpoints: %w", err)
 	}
-	var steps []int64
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasPrefix(name, ckptPrefix) || !strings.HasSuffix(name, ckptSuffix) {
-			continue
-		}
-		s, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimPrefix(name, ckptPrefix), ckptSuffix), 10, 64)
-		if err != nil || s < 0 || name != filepath.Base(d.path(s)) {
-			// Not a name Save writes (e.g. an unpadded "ckpt-2800.etc",
-			// which would count step 2800 twice and cost a good
-			// checkpoint its place in the retention).
-			continue
-		}
-		if !e.Type().IsRegular() {
-			// A directory, link or FIFO named like a checkpoint is not one
-			// of ours: never listed, so never loaded, counted or pruned.
-			continue
-		}
-		steps = append(steps, s)
-	}
-	slices.Sort(steps)
 	slices.Reverse(steps)
 	return steps, nil
 }

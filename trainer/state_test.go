@@ -383,12 +383,16 @@ func FuzzParseCheckpoint(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte(ckptMagic + "\xff\xff\xff\xff"))
 	dir := f.TempDir()
+	ld, err := NewLocalDir(dir, 0)
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		_, _ = parseCheckpoint(b, 1)
 		// The same bytes as a file, through Load: the size checks before
 		// the payload is read, then the parse; and a file set aside when
 		// damaged.
-		d := &LocalDir{dir: dir}
+		d := ld
 		if err := os.WriteFile(d.path(1), b, 0o644); err != nil {
 			t.Fatal(err)
 		}

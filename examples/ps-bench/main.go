@@ -36,6 +36,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/examples/internal/ranks"
 	elsync "github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 )
 
 // envPrefix names the environment variables that carry the job ID and
@@ -154,8 +155,8 @@ func runChild(o options) error {
 		return err
 	}
 	defer tr.Close()
-	table := elsync.TableSpec{Name: "emb", Rows: o.rows, Dim: o.dim, Optimizer: elsync.NewSparseAdagrad(0.01), InitScale: 0.01, Seed: 1}
-	ps, err := elsync.NewParamServer(tr, []elsync.TableSpec{table}, elsync.DefaultPSConfig())
+	table := paramserver.TableSpec{Name: "emb", Rows: o.rows, Dim: o.dim, Optimizer: paramserver.NewSparseAdagrad(0.01), InitScale: 0.01, Seed: 1}
+	ps, err := paramserver.New(tr, []paramserver.TableSpec{table}, paramserver.DefaultConfig())
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func runChild(o options) error {
 	if err != nil {
 		return err
 	}
-	r, err := ps.Round(ctx, elsync.PSWorld{World: elsync.World{Round: 1, Rank: o.child, Addrs: addrs}}, 0)
+	r, err := ps.Round(ctx, paramserver.World{World: elsync.World{Round: 1, Rank: o.child, Addrs: addrs}}, 0)
 	if err != nil {
 		return err
 	}
@@ -202,11 +203,11 @@ func runChild(o options) error {
 		for i := 0; i < warm+iters; i++ {
 			draw()
 			t0 := time.Now()
-			if err := r.Pull(ctx, elsync.Rows{Table: 0, IDs: ids, Values: vals}); err != nil {
+			if err := r.Pull(ctx, paramserver.Rows{Table: 0, IDs: ids, Values: vals}); err != nil {
 				return err
 			}
 			t1 := time.Now()
-			if err := r.Push(ctx, elsync.Rows{Table: 0, IDs: ids, Values: grads}); err != nil {
+			if err := r.Push(ctx, paramserver.Rows{Table: 0, IDs: ids, Values: grads}); err != nil {
 				return err
 			}
 			t2 := time.Now()

@@ -37,7 +37,7 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/examples/internal/telemetry"
 	"github.com/elastictrain/elastictrain/launch"
-	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
@@ -189,8 +189,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	e.MinWorkers, e.MaxWorkers, e.LeaseTTL, e.HeartbeatInterval, e.LastCall = c.min, c.max, c.detect, c.detect/6, time.Second
 	pcfg := ps.DefaultConfig()
 	pcfg.Dir, pcfg.Sync, pcfg.Logger = c.dir, tcfg.Sync, log
-	pcfg.Tables = []sync.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: sync.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
-		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: sync.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
+	pcfg.Tables = []paramserver.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
+		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
 	pcfg.Sync.JobID = tcfg.JobID
 	audit, err := trainer.OpenFileAudit(c.audit)
 	if err != nil {
@@ -225,8 +225,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	step := func(ctx context.Context, b dataloader.Batch[[]Sample]) (float64, error) {
 		look.Prepare(b.Data, c.dim)
-		if err := part.Pull(ctx, sync.Rows{Table: tableUsers, IDs: look.Users, Values: look.UVals},
-			sync.Rows{Table: tableItems, IDs: look.Items, Values: look.IVals}); err != nil {
+		if err := part.Pull(ctx, paramserver.Rows{Table: tableUsers, IDs: look.Users, Values: look.UVals},
+			paramserver.Rows{Table: tableItems, IDs: look.Items, Values: look.IVals}); err != nil {
 			return 0, err
 		}
 		loss := model.Backward(b.Data, look)
@@ -234,8 +234,8 @@ func runWorker(c *config, stderr io.Writer) int {
 		if slices.ContainsFunc(append(look.UGrad, look.IGrad...), func(x float32) bool { return math.IsNaN(float64(x)) || math.IsInf(float64(x), 0) }) {
 			return 0, fmt.Errorf("training diverged: the embedding gradients are not finite (loss %v); try a smaller -lr or -dense-lr", loss)
 		}
-		return loss, part.Push(ctx, sync.Rows{Table: tableUsers, IDs: look.Users, Values: look.UGrad},
-			sync.Rows{Table: tableItems, IDs: look.Items, Values: look.IGrad})
+		return loss, part.Push(ctx, paramserver.Rows{Table: tableUsers, IDs: look.Users, Values: look.UGrad},
+			paramserver.Rows{Table: tableItems, IDs: look.Items, Values: look.IGrad})
 	}
 	client := redis.NewClient(&redis.Options{Addr: c.redis, DialTimeout: 2 * time.Second})
 	defer client.Close()

@@ -11,7 +11,7 @@ import (
 	stdsync "sync"
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
-	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 )
 
 // manifestFormat names version 1 of the manifest (see the package doc).
@@ -93,7 +93,7 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 				return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
 			}
 		}
-		key := sync.ShardKey{Step: rec.ps, Shards: n, Shard: j}
+		key := paramserver.ShardKey{Step: rec.ps, Shards: n, Shard: j}
 		dst := filepath.Join(dir, fmt.Sprintf("shard-%05d-of-%05d.bin", j, n))
 		if err := atomicfile.Link(p.store.Path(key), dst); err != nil {
 			return nil, fmt.Errorf("ps: checkpoint of step %d: shard %d of %d: %w", step, j, n, err)
@@ -124,13 +124,13 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 }
 
 // checkShard checks that encoded shard bytes are the shard key names.
-func checkShard(b []byte, key sync.ShardKey) error {
-	info, err := sync.DecodeShardInfo(b)
+func checkShard(b []byte, key paramserver.ShardKey) error {
+	info, err := paramserver.DecodeShardInfo(b)
 	if err != nil {
 		return err
 	}
 	if info.Step != key.Step || info.Shards != key.Shards || info.Shard != key.Shard {
-		return fmt.Errorf("%w: holds shard %d of %d at step %d, want %d of %d at step %d", sync.ErrCorruptShard,
+		return fmt.Errorf("%w: holds shard %d of %d at step %d, want %d of %d at step %d", paramserver.ErrCorruptShard,
 			info.Shard, info.Shards, info.Step, key.Shard, key.Shards, key.Step)
 	}
 	return nil
@@ -157,7 +157,7 @@ func (p *Partition) storedLayout(ctx context.Context, psStep int64) (int, error)
 		}
 	}
 	if best == 0 {
-		return 0, fmt.Errorf("%w: no complete layout of the shards' step %d in %s", sync.ErrRowsLost, psStep, p.cfg.Dir)
+		return 0, fmt.Errorf("%w: no complete layout of the shards' step %d in %s", paramserver.ErrRowsLost, psStep, p.cfg.Dir)
 	}
 	return best, nil
 }
@@ -280,7 +280,7 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 // that step (so the restore takes exactly the files the manifests name,
 // each verified against its size and SHA-256).
 type viewStore struct {
-	*sync.DirShardStore
+	*paramserver.DirShardStore
 	mu     stdsync.Mutex
 	step   int64
 	shards int
@@ -302,21 +302,21 @@ func (v *viewStore) viewed(step int64) (map[int]fileRef, int) {
 	return v.files, v.shards
 }
 
-// ListShards implements sync.ShardStore.
-func (v *viewStore) ListShards(ctx context.Context, step int64) ([]sync.ShardKey, error) {
+// ListShards implements paramserver.ShardStore.
+func (v *viewStore) ListShards(ctx context.Context, step int64) ([]paramserver.ShardKey, error) {
 	files, n := v.viewed(step)
 	if files == nil {
 		return v.DirShardStore.ListShards(ctx, step)
 	}
-	keys := make([]sync.ShardKey, 0, n)
+	keys := make([]paramserver.ShardKey, 0, n)
 	for j := range n {
-		keys = append(keys, sync.ShardKey{Step: step, Shards: n, Shard: j})
+		keys = append(keys, paramserver.ShardKey{Step: step, Shards: n, Shard: j})
 	}
 	return keys, nil
 }
 
-// LoadShard implements sync.ShardStore.
-func (v *viewStore) LoadShard(ctx context.Context, key sync.ShardKey) ([]byte, error) {
+// LoadShard implements paramserver.ShardStore.
+func (v *viewStore) LoadShard(ctx context.Context, key paramserver.ShardKey) ([]byte, error) {
 	files, n := v.viewed(key.Step)
 	if files == nil {
 		return v.DirShardStore.LoadShard(ctx, key)
@@ -327,7 +327,7 @@ func (v *viewStore) LoadShard(ctx context.Context, key sync.ShardKey) ([]byte, e
 	}
 	b, err := atomicfile.ReadVerified(f.path, f.sum)
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", sync.ErrCorruptShard, err)
+		return nil, fmt.Errorf("%w: %w", paramserver.ErrCorruptShard, err)
 	}
 	if err := checkShard(b, key); err != nil {
 		return nil, fmt.Errorf("%s: %w", f.path, err)

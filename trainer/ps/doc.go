@@ -1,4 +1,4 @@
-// Package ps runs the parameter server of package sync inside the
+// Package ps runs the parameter server (package sync/paramserver) inside the
 // trainer's loop, as partitioned state (trainer.Partition): embedding tables
 // whose rows are split over the ranks of each round, pulled and pushed by
 // the user's StepFunc, committed, restored, re-partitioned and
@@ -16,14 +16,16 @@
 //
 // The dense part of the model goes through the trainer's gradient sync (a
 // hybrid step, as in DLRM); the tables through the shards, which apply
-// their sparse optimizer (sync.SparseOptimizer) to the pushed rows.
+// their sparse optimizer (paramserver.SparseOptimizer) to the pushed rows.
 //
 // # Why a package of its own
 //
 // The trainer may import sync, never the reverse (sync moves numbers
 // between the ranks of a round and knows nothing of the loop), and the
 // Partition contract speaks the trainer's types (trainer.PartitionRound),
-// so the adapter lives on the trainer's side. It is not in package trainer
+// so the adapter lives on the trainer's side, beside the protocol in
+// sync/paramserver, which stays usable without the trainer (a dedicated
+// parameter-server process, examples/ps-bench). It is not in package trainer
 // itself because it is one implementation of the contract among others a
 // user may write, the way database/sql's drivers live beside it.
 //
@@ -85,5 +87,5 @@
 // step is the trainer's step, ps_step the shards' step, shards the layout
 // of the files (shard j holds the rows r with r % shards == j), path is
 // relative to Config.Dir. The files use the shard encoding of package sync
-// (versioned, CRC-32C; sync.DecodeShardInfo reads its header).
+// (versioned, CRC-32C; paramserver.DecodeShardInfo reads its header).
 package ps

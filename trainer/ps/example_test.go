@@ -8,7 +8,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
@@ -22,7 +22,7 @@ func Example() {
 	defer os.RemoveAll(dir)
 	secret := []byte("an example secret of 32 bytes...")
 	cfg := ps.DefaultConfig()
-	cfg.Tables = []sync.TableSpec{{Name: "a", Rows: 8, Dim: 1, Optimizer: sync.NewSparseSGD(0.3)}}
+	cfg.Tables = []paramserver.TableSpec{{Name: "a", Rows: 8, Dim: 1, Optimizer: paramserver.NewSparseSGD(0.3)}}
 	cfg.Dir, cfg.Sync.JobID, cfg.Sync.Secret = dir, "ps-example", secret
 	part, err := ps.New(cfg)
 	if err != nil {
@@ -38,14 +38,14 @@ func Example() {
 	}
 	bias, grad := []float32{0}, []float32{0}
 	step := func(ctx context.Context, b dataloader.Batch[[]sample]) (float64, error) {
-		rows := sync.Rows{Table: 0, Values: make([]float32, len(b.Data))}
+		rows := paramserver.Rows{Table: 0, Values: make([]float32, len(b.Data))}
 		for _, s := range b.Data {
 			rows.IDs = append(rows.IDs, s.user)
 		}
 		if err := part.Pull(ctx, rows); err != nil {
 			return 0, err
 		}
-		loss, g := 0.0, sync.Rows{Table: 0, IDs: rows.IDs, Values: make([]float32, len(b.Data))}
+		loss, g := 0.0, paramserver.Rows{Table: 0, IDs: rows.IDs, Values: make([]float32, len(b.Data))}
 		grad[0] = 0
 		for i, s := range b.Data {
 			d := rows.Values[i] + bias[0] - s.y

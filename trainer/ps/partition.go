@@ -16,6 +16,7 @@ import (
 	"strings"
 
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -30,13 +31,13 @@ type Config struct {
 	// each worker advertises its parameter-server address, and the
 	// partition's key in checkpoints. Default "ps".
 	Name string
-	// Tables are the embedding tables (see sync.TableSpec). Required; every
+	// Tables are the embedding tables (see paramserver.TableSpec). Required; every
 	// worker of the job must pass the same.
-	Tables []sync.TableSpec
-	// PS sets the parameter server's Mode (default sync.PSSync),
+	Tables []paramserver.TableSpec
+	// PS sets the parameter server's Mode (default paramserver.Sync),
 	// MaxStaleness and FrameRows. Its Store and KeepCommits are the
 	// partition's own (Dir); values set there are ignored.
-	PS sync.PSConfig
+	PS paramserver.Config
 	// Dir is the durable directory of the shards, shared by every worker of
 	// the job (a local directory when they share a host, a shared
 	// filesystem otherwise). It holds the shards of the recent commits
@@ -68,7 +69,7 @@ type Config struct {
 // DefaultConfig returns a Config with the documented defaults; Tables, Dir
 // and Sync.JobID and Sync.Secret must still be set.
 func DefaultConfig() Config {
-	return Config{Name: "ps", PS: sync.DefaultPSConfig(), KeepSteps: 4, ListenAddr: "127.0.0.1:0", Sync: sync.DefaultConfig()}
+	return Config{Name: "ps", PS: paramserver.DefaultConfig(), KeepSteps: 4, ListenAddr: "127.0.0.1:0", Sync: sync.DefaultConfig()}
 }
 
 // Validate reports the first invalid field, wrapping trainer.ErrInvalidConfig.
@@ -112,13 +113,13 @@ func (c Config) Validate() error {
 type Partition struct {
 	cfg        Config
 	log        *slog.Logger
-	store      *sync.DirShardStore
+	store      *paramserver.DirShardStore
 	view       *viewStore
 	tablesHash string
 
 	tr    *sync.Transport
-	ps    *sync.ParamServer
-	round *sync.PSRound
+	ps    *paramserver.Server
+	round *paramserver.Round
 	step  int64 // the shards' step: where the next Pull reads, the next Push applies
 	rank  int   // in the last round restored
 	size  int
@@ -148,7 +149,7 @@ func New(cfg Config) (*Partition, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := sync.NewDirShardStore(cfg.Dir, cfg.KeepSteps)
+	store, err := paramserver.NewDirShardStore(cfg.Dir, cfg.KeepSteps)
 	if err != nil {
 		return nil, fmt.Errorf("ps: %w", err)
 	}
@@ -162,7 +163,7 @@ func New(cfg Config) (*Partition, error) {
 }
 
 // hashTables identifies the table specs in manifests.
-func hashTables(specs []sync.TableSpec) string {
+func hashTables(specs []paramserver.TableSpec) string {
 	h := fnv.New64a()
 	for _, t := range specs {
 		fmt.Fprintf(h, "%q/%d/%d/%v;", t.Name, t.Rows, t.Dim, t.Optimizer.Kind)
@@ -185,7 +186,7 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 	}
 	pc := p.cfg.PS
 	pc.Store, pc.KeepCommits = p.view, 2
-	ps, err := sync.NewParamServer(tr, p.cfg.Tables, pc)
+	ps, err := paramserver.New(tr, p.cfg.Tables, pc)
 	if err != nil {
 		tr.Close()
 		return "", fmt.Errorf("ps: %w", err)
@@ -248,9 +249,9 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 		}
 	}
 	psStep = max(psStep, 0)
-	round, err := p.ps.Round(ctx, sync.PSWorld{World: r.World}, psStep)
+	round, err := p.ps.Round(ctx, paramserver.World{World: r.World}, psStep)
 	if err != nil {
-		if errors.Is(err, sync.ErrRowsLost) || errors.Is(err, sync.ErrCorruptShard) {
+		if errors.Is(err, paramserver.ErrRowsLost) || errors.Is(err, paramserver.ErrCorruptShard) {
 			return fmt.Errorf("%w: step %d: %w", trainer.ErrPartitionLost, r.Step, err)
 		}
 		return fmt.Errorf("ps: round %d from step %d: %w", r.World.Round, r.Step, err)
@@ -330,10 +331,10 @@ func (p *Partition) record(c commitRec) {
 }
 
 // Pull fills every batch's Values with the current values of its rows
-// (see sync.PSRound.Pull). Call it from the StepFunc. Errors: ErrNoRound,
+// (see paramserver.Round.Pull). Call it from the StepFunc. Errors: ErrNoRound,
 // and the round's, after which the round is broken (return the error from
 // the StepFunc).
-func (p *Partition) Pull(ctx context.Context, batches ...sync.Rows) error {
+func (p *Partition) Pull(ctx context.Context, batches ...paramserver.Rows) error {
 	if p.round == nil {
 		return ErrNoRound
 	}
@@ -342,27 +343,27 @@ func (p *Partition) Pull(ctx context.Context, batches ...sync.Rows) error {
 }
 
 // Push sends this rank's sparse gradients of the step (see
-// sync.PSRound.Push): in PSSync mode exactly once per StepFunc call, also
+// paramserver.Round.Push): in PSSync mode exactly once per StepFunc call, also
 // with no rows. Send the gradient of the loss you minimise, already
 // scaled (e.g. divided by the global batch size). Errors: ErrNoRound, the
-// round's, and in PSAsync mode sync.ErrStale (the round stays usable; the
+// round's, and in PSAsync mode paramserver.ErrStale (the round stays usable; the
 // refusing shards dropped their part).
-func (p *Partition) Push(ctx context.Context, grads ...sync.Rows) error {
+func (p *Partition) Push(ctx context.Context, grads ...paramserver.Rows) error {
 	if p.round == nil {
 		return ErrNoRound
 	}
 	defer trainer.Busy(ctx, "parameter server push")() // waiting for shards is no hang
 	err := p.round.Push(ctx, grads...)
-	if err == nil || (p.cfg.PS.Mode == sync.PSAsync && errors.Is(err, sync.ErrStale) && p.round.Err() == nil) {
+	if err == nil || (p.cfg.PS.Mode == paramserver.Async && errors.Is(err, paramserver.ErrStale) && p.round.Err() == nil) {
 		p.step++
 	}
 	return err
 }
 
 // Stats returns the current round's traffic counters (zero outside a round).
-func (p *Partition) Stats() sync.PSStats {
+func (p *Partition) Stats() paramserver.Stats {
 	if p.round == nil {
-		return sync.PSStats{}
+		return paramserver.Stats{}
 	}
 	return p.round.Stats()
 }
@@ -429,8 +430,8 @@ func (p *Partition) LastCommit() (int64, bool) {
 // partition took or restored (see LastCommit), by table: Rows*Dim values,
 // row r at [r*Dim, (r+1)*Dim). It reads Dir and this process's memory
 // only, so it works once Run has returned (to evaluate the final model).
-// Errors: ErrNoRound when nothing was committed, sync.ErrRowsLost,
-// sync.ErrCorruptShard, I/O errors.
+// Errors: ErrNoRound when nothing was committed, paramserver.ErrRowsLost,
+// paramserver.ErrCorruptShard, I/O errors.
 func (p *Partition) Tables(ctx context.Context) ([][]float32, error) {
 	if len(p.commits) == 0 || p.ps == nil {
 		return nil, fmt.Errorf("%w: nothing committed", ErrNoRound)

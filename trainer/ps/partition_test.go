@@ -19,6 +19,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -36,10 +37,10 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // undisturbed one at another world size, bit for bit.
 
 // tables: one SGD and one Adagrad table.
-func tables() []sync.TableSpec {
-	return []sync.TableSpec{
-		{Name: "users", Rows: 37, Dim: 4, Optimizer: sync.NewSparseSGD(0.25)},
-		{Name: "items", Rows: 23, Dim: 3, Optimizer: sync.NewSparseAdagrad(0.5)},
+func tables() []paramserver.TableSpec {
+	return []paramserver.TableSpec{
+		{Name: "users", Rows: 37, Dim: 4, Optimizer: paramserver.NewSparseSGD(0.25)},
+		{Name: "items", Rows: 23, Dim: 3, Optimizer: paramserver.NewSparseAdagrad(0.5)},
 	}
 }
 
@@ -96,7 +97,7 @@ func (j *job) newRank() *rank {
 	cfg := DefaultConfig()
 	cfg.Tables, cfg.Dir, cfg.Sync, cfg.KeepSteps, cfg.Checkpoints = tables(), j.dir, j.scfg, 3, j.ckpts
 	if j.async {
-		cfg.PS.Mode = sync.PSAsync
+		cfg.PS.Mode = paramserver.Async
 	}
 	p, err := New(cfg)
 	if err != nil {
@@ -186,7 +187,7 @@ func (j *job) train(rs []*rank, from, to int64) {
 	for g := from + 1; g <= to; g++ {
 		cs := contributions(g)
 		for ri, r := range rs {
-			batches := make([]sync.Rows, len(specs))
+			batches := make([]paramserver.Rows, len(specs))
 			for t := range batches {
 				batches[t].Table = t
 			}
@@ -197,9 +198,9 @@ func (j *job) train(rs []*rank, from, to int64) {
 					b.Values = append(b.Values, c.grad...)
 				}
 			}
-			pulled := make([]sync.Rows, len(batches))
+			pulled := make([]paramserver.Rows, len(batches))
 			for t, b := range batches {
-				pulled[t] = sync.Rows{Table: t, IDs: b.IDs, Values: make([]float32, len(b.Values))}
+				pulled[t] = paramserver.Rows{Table: t, IDs: b.IDs, Values: make([]float32, len(b.Values))}
 			}
 			if err := r.part.Pull(ctx, pulled...); err != nil {
 				j.t.Fatalf("step %d rank %d: pull: %v", g, ri, err)
@@ -250,9 +251,9 @@ func eachRank(t *testing.T, rs []*rank, f func(int, *rank) error) {
 // pullAll returns every row of every table as rank r sees it now.
 func pullAll(t *testing.T, r *rank) [][]float32 {
 	t.Helper()
-	var batches []sync.Rows
+	var batches []paramserver.Rows
 	for ti, sp := range tables() {
-		b := sync.Rows{Table: ti, IDs: make([]int64, sp.Rows), Values: make([]float32, sp.Rows*int64(sp.Dim))}
+		b := paramserver.Rows{Table: ti, IDs: make([]int64, sp.Rows), Values: make([]float32, sp.Rows*int64(sp.Dim))}
 		for i := range b.IDs {
 			b.IDs[i] = int64(i)
 		}
@@ -463,7 +464,7 @@ func TestBadCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	errs := j.restore(j.newRanks(1), 3, "checkpoint", man)
-	if !errors.Is(errs[0], trainer.ErrPartitionLost) || !errors.Is(errs[0], sync.ErrCorruptShard) {
+	if !errors.Is(errs[0], trainer.ErrPartitionLost) || !errors.Is(errs[0], paramserver.ErrCorruptShard) {
 		t.Fatalf("damaged file: %v", errs[0])
 	}
 }
@@ -474,7 +475,7 @@ func (j *job) pushOnly(rs []*rank, g int64, who ...int) {
 	j.t.Helper()
 	cs := contributions(g)
 	for _, ri := range who {
-		var b sync.Rows
+		var b paramserver.Rows
 		for i, c := range cs {
 			if i%len(rs) == ri && c.table == 0 {
 				b.IDs = append(b.IDs, c.row)
@@ -509,7 +510,7 @@ func TestStepFailedAfterOthersPushed(t *testing.T) {
 		j.pushOnly(rs, 3, 0, 2)
 		ctx, cancel := guard()
 		defer cancel()
-		if err := rs[0].part.Pull(ctx, sync.Rows{Table: 0, IDs: []int64{1}, Values: make([]float32, 4)}); !errors.Is(err, sync.ErrTimeout) {
+		if err := rs[0].part.Pull(ctx, paramserver.Rows{Table: 0, IDs: []int64{1}, Values: make([]float32, 4)}); !errors.Is(err, sync.ErrTimeout) {
 			t.Fatalf("rank 0's next pull: %v, want sync.ErrTimeout", err)
 		}
 		// The round is broken on every rank: rank 0 failed it.
@@ -825,4 +826,20 @@ func TestStaleRecordOfAFencedRank(t *testing.T) {
 	j.train(rs, 4, 6)
 	j.commit(rs, 6)
 	sameTables(t, "trained on", pullAll(t, rs[0]), reference(t, 6))
+}
+
+// TestConfigTakesSyncNames: a Config written with sync's deprecated
+// parameter-server names (as before they moved to sync/paramserver) is
+// the same Config and validates.
+func TestConfigTakesSyncNames(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Tables = []sync.TableSpec{{Name: "emb", Rows: 8, Dim: 2, Optimizer: sync.NewSparseAdam(0.01)}}
+	cfg.PS = sync.DefaultPSConfig()
+	cfg.PS.Mode = sync.PSSync
+	cfg.Dir = t.TempDir()
+	cfg.Sync.JobID, cfg.Sync.Secret = "sync-names", []byte("a secret of at least 16 bytes")
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	var _ paramserver.TableSpec = cfg.Tables[0]
 }

@@ -14,7 +14,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
@@ -100,7 +100,7 @@ func (j *tjob) start() *worker {
 	j.n++
 	secret := []byte("trainer partition test, 32 bytes")
 	pcfg := ps.DefaultConfig()
-	pcfg.Tables = []sync.TableSpec{{Name: "a", Rows: users, Dim: 1, Optimizer: sync.NewSparseSGD(0.3)}}
+	pcfg.Tables = []paramserver.TableSpec{{Name: "a", Rows: users, Dim: 1, Optimizer: paramserver.NewSparseSGD(0.3)}}
 	pcfg.Dir, pcfg.Checkpoints, pcfg.Logger = j.dir, j.ckpt, logger()
 	pcfg.Sync.JobID, pcfg.Sync.Secret, pcfg.Sync.OpTimeout = j.id, secret, 5*time.Second
 	part, err := ps.New(pcfg)
@@ -123,14 +123,14 @@ func (j *tjob) start() *worker {
 		if j.failAt != nil && j.failAt(idx) == steps {
 			return 0, errStepFunc // after the others pushed (or while they push): their shards wait for this rank
 		}
-		rows := sync.Rows{Table: 0, IDs: make([]int64, len(b.Data)), Values: make([]float32, len(b.Data))}
+		rows := paramserver.Rows{Table: 0, IDs: make([]int64, len(b.Data)), Values: make([]float32, len(b.Data))}
 		for i, s := range b.Data {
 			rows.IDs[i] = s.user
 		}
 		if err := part.Pull(ctx, rows); err != nil {
 			return 0, err
 		}
-		loss, g := 0.0, sync.Rows{Table: 0, IDs: rows.IDs, Values: make([]float32, len(b.Data))}
+		loss, g := 0.0, paramserver.Rows{Table: 0, IDs: rows.IDs, Values: make([]float32, len(b.Data))}
 		grad[0] = 0
 		for i, s := range b.Data {
 			d := rows.Values[i] + w.bias[0] - s.y

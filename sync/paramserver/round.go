@@ -1,4 +1,4 @@
-package sync
+package paramserver
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 )
 
 // Error codes of a PSError frame.
@@ -47,13 +48,13 @@ func (e *psError) sentinel() error {
 	case psCodeLost:
 		return ErrRowsLost
 	case psCodeTimeout:
-		return ErrTimeout
+		return mesh.ErrTimeout
 	case psCodeClosed:
-		return ErrClosed
+		return mesh.ErrClosed
 	case psCodeStore:
-		return ErrAborted
+		return mesh.ErrAborted
 	}
-	return ErrInvalid
+	return mesh.ErrInvalid
 }
 
 // Rows names rows of one table and the buffer of their values (Pull) or
@@ -61,23 +62,23 @@ func (e *psError) sentinel() error {
 // Values[i*Dim:(i+1)*Dim]. IDs may repeat (a pull fills each copy; a push
 // sums them).
 type Rows struct {
-	Table  int       // index into the ParamServer's tables
+	Table  int       // index into the Server's tables
 	IDs    []int64   // row IDs, 0 <= ID < TableSpec.Rows
 	Values []float32 // len(IDs)*Dim values
 }
 
-// PSStats counts a PSRound's traffic as a client, for monitoring and
+// Stats counts a Round's traffic as a client, for monitoring and
 // benchmarks.
-type PSStats struct {
+type Stats struct {
 	PulledRows, PushedRows int64 // rows requested and sent, local shards included
 	SentBytes, RecvBytes   int64 // frame bytes written to and read from peers (headers included)
 	StalePushes            int64 // pushes refused with ErrStale
 }
 
-// PSRound is one round of a parameter server on this process: the shards
+// Round is one round of a parameter server on this process: the shards
 // this rank hosts in the round's layout, connections to every other rank,
 // and the client calls Pull, Push and Commit. Create it with
-// ParamServer.Round, on every rank of the round with the same PSWorld.
+// Server.Round, on every rank of the round with the same World.
 //
 // Pull, Push, Commit and Stats are called from one goroutine; Close, Err
 // and Done from any. After an error other than ErrStale the round is
@@ -89,21 +90,22 @@ type PSStats struct {
 // Transport's Config.OpTimeout. A request or reply of an older round is
 // never accepted: connections are authenticated per round and every frame
 // carries its round.
-type PSRound struct {
-	ps      *ParamServer
-	ring    *Ring
-	cfg     Config
-	round   uint64
-	rank    int
-	size    int
-	hosts   []int
-	workers []int
-	widx    []int // by rank: index in workers, or -1
-	shards  int
-	restore int64
-	local   []*psShard // by shard index; nil when hosted elsewhere
-	peers   []*psPeer  // by rank; nil for self
-	rows    []int      // by table: rows per frame
+type Round struct {
+	ps        *Server
+	m         mesh.Mesh // the round's streams and failure state
+	opTimeout time.Duration
+	maxFrame  int
+	round     uint64
+	rank      int
+	size      int
+	hosts     []int
+	workers   []int
+	widx      []int // by rank: index in workers, or -1
+	shards    int
+	restore   int64
+	local     []*psShard // by shard index; nil when hosted elsewhere
+	peers     []*psPeer  // by rank; nil for self
+	rows      []int      // by table: rows per frame
 
 	// client state, owned by the calling goroutine
 	step    int64
@@ -186,7 +188,7 @@ type psShard struct {
 	changed chan struct{} // closed and replaced when the version moves
 	ready   chan struct{} // closed once the rows are in place
 
-	// PSSync accumulation of the current step, by worker index
+	// Sync accumulation of the current step, by worker index
 	pend      [][]psPushRec
 	pendLast  []bool
 	pendCount int
@@ -225,29 +227,29 @@ type psAcc struct {
 // ErrRowsLost (some committed shard is on no live rank and not in the
 // store; the message names them), ErrCorruptShard, *PeerError,
 // ErrTimeout, ctx errors.
-func (ps *ParamServer) Round(ctx context.Context, w PSWorld, restore int64) (*PSRound, error) {
+func (ps *Server) Round(ctx context.Context, w World, restore int64) (*Round, error) {
 	hosts, workers, shards, err := w.layout()
 	if err != nil {
 		return nil, err
 	}
 	if restore < 0 {
-		return nil, fmt.Errorf("%w: restore step %d is negative", ErrInvalid, restore)
+		return nil, fmt.Errorf("%w: restore step %d is negative", mesh.ErrInvalid, restore)
 	}
 	ps.mu.Lock()
 	prev, closed := ps.round, ps.closed
 	ps.mu.Unlock()
 	if closed {
-		return nil, fmt.Errorf("%w: ParamServer", ErrClosed)
+		return nil, fmt.Errorf("%w: Server", mesh.ErrClosed)
 	}
 	if prev != nil {
 		prev.Close()
 	}
-	ring, err := ps.tr.Connect(ctx, w.World)
+	m, err := ps.tr.ConnectMesh(ctx, w.World)
 	if err != nil {
 		return nil, err
 	}
-	r := &PSRound{
-		ps: ps, ring: ring, cfg: ps.tr.cfg, round: w.Round, rank: w.Rank, size: w.Size(),
+	r := &Round{
+		ps: ps, m: m, opTimeout: m.OpTimeout(), maxFrame: m.MaxFrameBytes(), round: w.Round, rank: w.Rank, size: w.Size(),
 		hosts: hosts, workers: workers, shards: shards, restore: restore,
 		widx: make([]int, w.Size()), local: make([]*psShard, shards), peers: make([]*psPeer, w.Size()),
 		pulled: make([]int64, shards), seen: make([]bool, shards),
@@ -264,7 +266,7 @@ func (ps *ParamServer) Round(ctx context.Context, w PSWorld, restore int64) (*PS
 	}
 	for _, sp := range ps.tables {
 		per := 8 + 4*(sp.Dim+sp.Optimizer.StateDim(sp.Dim))
-		n := max(1, r.cfg.MaxFrameBytes/per)
+		n := max(1, r.maxFrame/per)
 		if ps.cfg.FrameRows > 0 {
 			n = min(n, ps.cfg.FrameRows)
 		}
@@ -272,14 +274,14 @@ func (ps *ParamServer) Round(ctx context.Context, w PSWorld, restore int64) (*PS
 	}
 	plan, err := r.agree(ctx, w)
 	if err != nil {
-		ring.Close()
+		m.Close()
 		return nil, err
 	}
 	ps.mu.Lock()
 	if ps.closed {
 		ps.mu.Unlock()
-		ring.Close()
-		return nil, fmt.Errorf("%w: ParamServer", ErrClosed)
+		m.Close()
+		return nil, fmt.Errorf("%w: Server", mesh.ErrClosed)
 	}
 	ps.round, ps.pinned = r, restore
 	ps.mu.Unlock()
@@ -308,7 +310,7 @@ const (
 // agree checks that every rank runs the same parameter server and layout,
 // gathers which commits of the restore step each rank holds, and has rank
 // 0 decide (and broadcast) where every old shard comes from.
-func (r *PSRound) agree(ctx context.Context, w PSWorld) (*psPlan, error) {
+func (r *Round) agree(ctx context.Context, w World) (*psPlan, error) {
 	lh := psLayoutHash(r.hosts, r.workers, r.shards)
 	// Holdings: the commits of the restore step this process holds.
 	var held []ShardKey
@@ -320,11 +322,11 @@ func (r *PSRound) agree(ctx context.Context, w PSWorld) (*psPlan, error) {
 	}
 	r.ps.mu.Unlock()
 	v := []float64{float64(r.ps.fp), -float64(r.ps.fp), float64(lh), -float64(lh), float64(r.restore), -float64(r.restore), float64(len(held))}
-	if err := r.ring.AllReduceFloat64(ctx, v, OpMax); err != nil {
+	if err := r.maxOver(ctx, v); err != nil {
 		return nil, err
 	}
 	if v[0] != -v[1] || v[2] != -v[3] || v[4] != -v[5] {
-		return nil, fmt.Errorf("%w: ranks of parameter-server round %d differ in tables, mode, hosts, workers, shard count or restore step", ErrMismatch, r.round)
+		return nil, fmt.Errorf("%w: ranks of parameter-server round %d differ in tables, mode, hosts, workers, shard count or restore step", mesh.ErrMismatch, r.round)
 	}
 	maxHeld := int(v[6])
 	rec := 8 * maxHeld
@@ -335,7 +337,7 @@ func (r *PSRound) agree(ctx context.Context, w PSWorld) (*psPlan, error) {
 	}
 	all := make([]byte, rec*r.size)
 	if rec > 0 {
-		if err := r.ring.AllGather(ctx, send, all); err != nil {
+		if err := r.m.AllGather(ctx, send, all); err != nil {
 			return nil, err
 		}
 	}
@@ -351,24 +353,47 @@ func (r *PSRound) agree(ctx context.Context, w PSWorld) (*psPlan, error) {
 	}
 	var lenBuf [8]byte
 	binary.LittleEndian.PutUint64(lenBuf[:], uint64(len(planBytes)))
-	if err := r.ring.Broadcast(ctx, lenBuf[:], 0); err != nil {
+	if err := r.m.Broadcast(ctx, lenBuf[:], 0); err != nil {
 		return nil, err
 	}
 	n := binary.LittleEndian.Uint64(lenBuf[:])
 	if n < 4 || n > 1<<24 {
-		return nil, fmt.Errorf("%w: parameter-server plan of %d bytes", ErrBadFrame, n)
+		return nil, fmt.Errorf("%w: parameter-server plan of %d bytes", mesh.ErrBadFrame, n)
 	}
 	if r.rank != 0 {
 		planBytes = make([]byte, n)
 	}
-	if err := r.ring.Broadcast(ctx, planBytes, 0); err != nil {
+	if err := r.m.Broadcast(ctx, planBytes, 0); err != nil {
 		return nil, err
 	}
 	// Nobody leaves (and closes its connections) before everyone has the plan.
-	if err := r.ring.Barrier(ctx); err != nil {
+	if err := r.m.Barrier(ctx); err != nil {
 		return nil, err
 	}
 	return parsePlan(planBytes)
+}
+
+// maxOver leaves in v its element-wise maximum over the ranks of the
+// round, through the mesh's allgather (the agreement needs no other
+// reduction).
+func (r *Round) maxOver(ctx context.Context, v []float64) error {
+	send := make([]byte, 8*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint64(send[8*i:], math.Float64bits(x))
+	}
+	all := make([]byte, len(send)*r.size)
+	if err := r.m.AllGather(ctx, send, all); err != nil {
+		return err
+	}
+	for q := range r.size {
+		for i := range v {
+			x := math.Float64frombits(binary.LittleEndian.Uint64(all[len(send)*q+8*i:]))
+			if q == 0 || x > v[i] {
+				v[i] = x
+			}
+		}
+	}
+	return nil
 }
 
 func psLayoutHash(hosts, workers []int, shards int) uint64 {
@@ -385,7 +410,7 @@ func psLayoutHash(hosts, workers []int, shards int) uint64 {
 
 // decide runs on rank 0: it picks a layout of the restore step whose every
 // shard is held by a rank of this round or saved in the store.
-func (r *PSRound) decide(ctx context.Context, all []byte, maxHeld int) ([]byte, error) {
+func (r *Round) decide(ctx context.Context, all []byte, maxHeld int) ([]byte, error) {
 	const missing = -2
 	cand := map[int][]int{}
 	add := func(shards, shard, src int) {
@@ -418,7 +443,7 @@ func (r *PSRound) decide(ctx context.Context, all []byte, maxHeld int) ([]byte, 
 	if st := r.ps.cfg.Store; st != nil {
 		keys, err := st.ListShards(ctx, r.restore)
 		if err != nil {
-			return nil, fmt.Errorf("sync: parameter-server store: %w", err)
+			return nil, fmt.Errorf("paramserver: store: %w", err)
 		}
 		for _, k := range keys {
 			add(k.Shards, k.Shard, -1)
@@ -489,12 +514,12 @@ func parsePlan(b []byte) (*psPlan, error) {
 		}
 		return p, nil
 	}
-	return nil, fmt.Errorf("%w: malformed parameter-server plan", ErrBadFrame)
+	return nil, fmt.Errorf("%w: malformed parameter-server plan", mesh.ErrBadFrame)
 }
 
 // start creates this rank's shards (not ready yet) and the goroutines
 // serving every peer connection.
-func (r *PSRound) start() {
+func (r *Round) start() {
 	for s := 0; s < r.shards; s++ {
 		if r.hosts[s%len(r.hosts)] != r.rank {
 			continue
@@ -509,13 +534,14 @@ func (r *PSRound) start() {
 	if r.size == 1 {
 		return
 	}
-	for q, pl := range r.ring.peers {
-		if pl == nil {
+	for q := range r.size {
+		st, ok := r.m.Stream(q)
+		if !ok {
 			continue
 		}
-		// The Ring's reader, not a new one: it may already hold frames a
+		// The stream's reader, not a new one: it may already hold frames a
 		// peer sent right after the last collective of agree.
-		p := &psPeer{rank: q, conn: pl.mesh, br: pl.meshR, pending: map[uint64]*psCall{}, qnote: make(chan struct{}, 1)}
+		p := &psPeer{rank: q, conn: st.Conn, br: st.Reader, pending: map[uint64]*psCall{}, qnote: make(chan struct{}, 1)}
 		r.peers[q] = p
 		r.wg.Add(2)
 		go r.readLoop(p)
@@ -524,7 +550,7 @@ func (r *PSRound) start() {
 }
 
 // migrate fills this rank's shards with the rows of the restore step.
-func (r *PSRound) migrate(ctx context.Context, plan *psPlan) error {
+func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 	specs := r.ps.tables
 	loaded := map[int]*psShardData{}
 	var calls []*psCall
@@ -535,7 +561,7 @@ func (r *PSRound) migrate(ctx context.Context, plan *psPlan) error {
 			continue
 		}
 		d := newShardData(specs, sh.idx, r.shards)
-		if r.ps.cfg.Mode == PSSync {
+		if r.ps.cfg.Mode == Sync {
 			d.step = r.restore
 		}
 		sh.data = d
@@ -644,7 +670,7 @@ func (r *PSRound) migrate(ctx context.Context, plan *psPlan) error {
 }
 
 // idPayload encodes row IDs into the round's scratch buffer.
-func (r *PSRound) idPayload(ids []int64) []byte {
+func (r *Round) idPayload(ids []int64) []byte {
 	b := r.scratch[:0]
 	for _, id := range ids {
 		b = binary.LittleEndian.AppendUint64(b, uint64(id))
@@ -654,33 +680,33 @@ func (r *PSRound) idPayload(ids []int64) []byte {
 }
 
 // Rank returns this process's rank in the round.
-func (r *PSRound) Rank() int { return r.rank }
+func (r *Round) Rank() int { return r.rank }
 
 // Size returns the world size of the round.
-func (r *PSRound) Size() int { return r.size }
+func (r *Round) Size() int { return r.size }
 
 // Round returns the round number.
-func (r *PSRound) Round() uint64 { return r.round }
+func (r *Round) Round() uint64 { return r.round }
 
 // Shards returns the number of shards of the round's layout.
-func (r *PSRound) Shards() int { return r.shards }
+func (r *Round) Shards() int { return r.shards }
 
-// Step returns this worker's step in PSSync mode: the restore step plus
+// Step returns this worker's step in Sync mode: the restore step plus
 // the pushes made in this round. The next Pull reads the rows as of this
 // step; the next Push is this step's.
-func (r *PSRound) Step() int64 { return r.step }
+func (r *Round) Step() int64 { return r.step }
 
 // HostOf returns the rank hosting shard s.
-func (r *PSRound) HostOf(s int) int { return r.hosts[s%len(r.hosts)] }
+func (r *Round) HostOf(s int) int { return r.hosts[s%len(r.hosts)] }
 
 // Stats returns the traffic counters of this round.
-func (r *PSRound) Stats() PSStats {
-	return PSStats{PulledRows: r.stats.pulled.Load(), PushedRows: r.stats.pushed.Load(),
+func (r *Round) Stats() Stats {
+	return Stats{PulledRows: r.stats.pulled.Load(), PushedRows: r.stats.pushed.Load(),
 		SentBytes: r.stats.sent.Load(), RecvBytes: r.stats.recv.Load(), StalePushes: r.stats.stale.Load()}
 }
 
 // Err returns the error that broke the round, or nil.
-func (r *PSRound) Err() error {
+func (r *Round) Err() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.err
@@ -689,14 +715,14 @@ func (r *PSRound) Err() error {
 // Done is closed when the round is over for this rank: it failed, was
 // closed, or every other rank closed its end. A dedicated parameter-server
 // process waits on it and then joins the next round.
-func (r *PSRound) Done() <-chan struct{} { return r.done }
+func (r *Round) Done() <-chan struct{} { return r.done }
 
-func (r *PSRound) markDone() { r.doneOnce.Do(func() { close(r.done) }) }
+func (r *Round) markDone() { r.doneOnce.Do(func() { close(r.done) }) }
 
 // fail records cause as the reason the round is broken (first wins, and is
 // returned), tells the other ranks through the Ring and closes the
 // connections.
-func (r *PSRound) fail(cause error, reason uint8, blamed int) error {
+func (r *Round) fail(cause error, reason uint8, blamed int) error {
 	r.mu.Lock()
 	if r.err != nil {
 		c := r.err
@@ -706,7 +732,7 @@ func (r *PSRound) fail(cause error, reason uint8, blamed int) error {
 	r.err = cause
 	close(r.dead)
 	r.mu.Unlock()
-	r.ring.fail(cause, reason, blamed)
+	r.m.Fail(cause, mesh.Reason(reason), blamed)
 	r.markDone()
 	return cause
 }
@@ -716,18 +742,18 @@ func (r *PSRound) fail(cause error, reason uint8, blamed int) error {
 // to this rank's shards afterwards fail (a *PeerError wrapping ErrClosed),
 // so close only once the other workers are done with the round (see
 // Commit). It waits for the round's
-// goroutines; the commits taken stay with the ParamServer. Safe to call more
+// goroutines; the commits taken stay with the Server. Safe to call more
 // than once and from any goroutine; returns nil.
-func (r *PSRound) Close() error {
+func (r *Round) Close() error {
 	r.closeOnce.Do(func() {
 		r.closing.Store(true)
 		r.mu.Lock()
 		if r.err == nil {
-			r.err = fmt.Errorf("%w: parameter-server round %d", ErrClosed, r.round)
+			r.err = fmt.Errorf("%w: parameter-server round %d", mesh.ErrClosed, r.round)
 			close(r.dead)
 		}
 		r.mu.Unlock()
-		r.ring.Close()
+		r.m.Close()
 		r.wg.Wait()
 		r.markDone()
 		r.ps.mu.Lock()
@@ -740,18 +766,18 @@ func (r *PSRound) Close() error {
 }
 
 // begin checks the round before a client call.
-func (r *PSRound) begin(ctx context.Context) error {
+func (r *Round) begin(ctx context.Context) error {
 	if err := r.Err(); err != nil {
 		return err
 	}
 	if err := ctx.Err(); err != nil {
-		return r.fail(ctxCause(err), wire.ReasonCanceled, r.rank)
+		return r.fail(mesh.Aborted(err), wire.ReasonCanceled, r.rank)
 	}
 	return nil
 }
 
 // send registers c with its peer and writes its request frame.
-func (r *PSRound) send(c *psCall, h wire.PSHeader, payload []byte) error {
+func (r *Round) send(c *psCall, h wire.PSHeader, payload []byte) error {
 	p := r.peers[c.peer]
 	c.id = r.nextID.Add(1)
 	h.ID, h.Round, h.Length = c.id, r.round, uint32(len(payload))
@@ -777,11 +803,11 @@ func (r *PSRound) send(c *psCall, h wire.PSHeader, payload []byte) error {
 
 // await waits for n calls to complete on done, within ctx and OpTimeout.
 // Errors other than ErrStale break the round.
-func (r *PSRound) await(ctx context.Context, done chan *psCall, n int, each func(*psCall)) error {
+func (r *Round) await(ctx context.Context, done chan *psCall, n int, each func(*psCall)) error {
 	if n == 0 {
 		return nil
 	}
-	timer := time.NewTimer(r.cfg.OpTimeout)
+	timer := time.NewTimer(r.opTimeout)
 	defer timer.Stop()
 	var stale error
 	for ; n > 0; n-- {
@@ -798,28 +824,28 @@ func (r *PSRound) await(ctx context.Context, done chan *psCall, n int, each func
 				each(c)
 			}
 		case <-ctx.Done():
-			return r.fail(ctxCause(ctx.Err()), wire.ReasonCanceled, r.rank)
+			return r.fail(mesh.Aborted(ctx.Err()), wire.ReasonCanceled, r.rank)
 		case <-r.dead:
 			return r.Err()
 		case <-timer.C:
-			return r.fail(fmt.Errorf("%w: parameter-server request not answered within OpTimeout %v", ErrTimeout, r.cfg.OpTimeout), wire.ReasonTimeout, -1)
+			return r.fail(fmt.Errorf("%w: parameter-server request not answered within OpTimeout %v", mesh.ErrTimeout, r.opTimeout), wire.ReasonTimeout, -1)
 		}
 	}
 	return stale
 }
 
 // checkRows validates a batch against the tables.
-func (r *PSRound) checkRows(b *Rows) error {
+func (r *Round) checkRows(b *Rows) error {
 	if b.Table < 0 || b.Table >= len(r.ps.tables) {
-		return fmt.Errorf("%w: table %d of %d", ErrInvalid, b.Table, len(r.ps.tables))
+		return fmt.Errorf("%w: table %d of %d", mesh.ErrInvalid, b.Table, len(r.ps.tables))
 	}
 	sp := &r.ps.tables[b.Table]
 	if len(b.Values) != len(b.IDs)*sp.Dim {
-		return fmt.Errorf("%w: table %q: %d values for %d rows of dim %d", ErrInvalid, sp.Name, len(b.Values), len(b.IDs), sp.Dim)
+		return fmt.Errorf("%w: table %q: %d values for %d rows of dim %d", mesh.ErrInvalid, sp.Name, len(b.Values), len(b.IDs), sp.Dim)
 	}
 	for _, id := range b.IDs {
 		if id < 0 || id >= sp.Rows {
-			return fmt.Errorf("%w: table %q: row %d outside 0..%d", ErrInvalid, sp.Name, id, sp.Rows-1)
+			return fmt.Errorf("%w: table %q: row %d outside 0..%d", mesh.ErrInvalid, sp.Name, id, sp.Rows-1)
 		}
 	}
 	return nil
@@ -827,7 +853,7 @@ func (r *PSRound) checkRows(b *Rows) error {
 
 // group sorts the positions of b's rows by shard (counting sort) into
 // r.pos, with shard s's positions at r.pos[r.gstart[s]:r.gstart[s+1]].
-func (r *PSRound) group(b *Rows) {
+func (r *Round) group(b *Rows) {
 	S := r.shards
 	if cap(r.gstart) < S+1 {
 		r.gstart = make([]int, S+1)
@@ -854,13 +880,13 @@ func (r *PSRound) group(b *Rows) {
 
 // Pull fills every batch's Values with the current values of its rows. It
 // sends one request per shard and table (split into frames of at most
-// PSConfig.FrameRows rows), all before waiting for any reply, and waits
-// for all. In PSSync mode the rows are those of step Step(): a shard
+// Config.FrameRows rows), all before waiting for any reply, and waits
+// for all. In Sync mode the rows are those of step Step(): a shard
 // answers once every worker's push of the previous step is applied.
 // Errors: ErrInvalid (unknown table, row out of range, Values of the wrong
 // length), *PeerError, ErrTimeout, ErrClosed, ctx errors; after one the
 // round is broken.
-func (r *PSRound) Pull(ctx context.Context, batches ...Rows) error {
+func (r *Round) Pull(ctx context.Context, batches ...Rows) error {
 	if err := r.begin(ctx); err != nil {
 		return err
 	}
@@ -938,8 +964,8 @@ func (r *PSRound) Pull(ctx context.Context, batches ...Rows) error {
 	return r.await(ctx, done, inflight, r.pulledVersion)
 }
 
-func (r *PSRound) pulledVersion(c *psCall) {
-	if r.ps.cfg.Mode != PSAsync {
+func (r *Round) pulledVersion(c *psCall) {
+	if r.ps.cfg.Mode != Async {
 		return
 	}
 	if !r.seen[c.shard] || c.step < r.pulled[c.shard] {
@@ -949,7 +975,7 @@ func (r *PSRound) pulledVersion(c *psCall) {
 }
 
 // localErr turns a local shard's refusal into the client's error.
-func (r *PSRound) localErr(err error) error {
+func (r *Round) localErr(err error) error {
 	var pe *psError
 	if errors.As(err, &pe) {
 		return fmt.Errorf("%w: shard on rank %d: %s", pe.sentinel(), r.rank, pe.msg)
@@ -958,21 +984,21 @@ func (r *PSRound) localErr(err error) error {
 }
 
 // Push sends sparse gradients: every batch's Values holds the gradient of
-// its rows (repeated rows are summed). In PSSync mode a Push is this
+// its rows (repeated rows are summed). In Sync mode a Push is this
 // worker's whole contribution to step Step() and goes to every shard, even
 // those it has no rows for (so the shards can count the workers); a shard
 // sums the contributions of all workers in worker rank order and applies
 // the optimizer once per touched row; Step() then advances. Send the
 // gradient of the loss you mean to minimise, already scaled (e.g. divided
-// by the global batch size). In PSAsync mode each shard applies the push
-// at once unless its version moved more than PSConfig.MaxStaleness updates
+// by the global batch size). In Async mode each shard applies the push
+// at once unless its version moved more than Config.MaxStaleness updates
 // past the version this worker last pulled from it: then it refuses it
 // (ErrStale, joined over the shards that refused; the others applied
 // theirs, and the round stays usable).
 //
 // Push returns when every shard has received its part. Errors: as Pull,
 // plus ErrStale.
-func (r *PSRound) Push(ctx context.Context, batches ...Rows) error {
+func (r *Round) Push(ctx context.Context, batches ...Rows) error {
 	if err := r.begin(ctx); err != nil {
 		return err
 	}
@@ -982,9 +1008,9 @@ func (r *PSRound) Push(ctx context.Context, batches ...Rows) error {
 		}
 	}
 	if r.widx[r.rank] < 0 {
-		return fmt.Errorf("%w: rank %d is not a worker of parameter-server round %d", ErrInvalid, r.rank, r.round)
+		return fmt.Errorf("%w: rank %d is not a worker of parameter-server round %d", mesh.ErrInvalid, r.rank, r.round)
 	}
-	async := r.ps.cfg.Mode == PSAsync
+	async := r.ps.cfg.Mode == Async
 	// Frames by shard: (batch, positions) parts.
 	type part struct {
 		b   int
@@ -1104,7 +1130,7 @@ func unwrapJoined(err error) []error {
 // barrier). Every rank calls it, the same number of times. Use it before
 // Close so that no rank leaves while others still need its shards.
 // Errors: as Pull.
-func (r *PSRound) Barrier(ctx context.Context) error {
+func (r *Round) Barrier(ctx context.Context) error {
 	if err := r.begin(ctx); err != nil {
 		return err
 	}
@@ -1144,17 +1170,17 @@ func (r *PSRound) Barrier(ctx context.Context) error {
 		select {
 		case <-ch:
 		case <-ctx.Done():
-			return r.fail(ctxCause(ctx.Err()), wire.ReasonCanceled, r.rank)
+			return r.fail(mesh.Aborted(ctx.Err()), wire.ReasonCanceled, r.rank)
 		case <-r.dead:
 			return r.Err()
 		case <-tc:
-			return r.fail(fmt.Errorf("%w: barrier %d: peers' requests not all received within OpTimeout %v", ErrTimeout, r.barSeq, r.cfg.OpTimeout), wire.ReasonTimeout, -1)
+			return r.fail(fmt.Errorf("%w: barrier %d: peers' requests not all received within OpTimeout %v", mesh.ErrTimeout, r.barSeq, r.opTimeout), wire.ReasonTimeout, -1)
 		}
 	}
 }
 
 // waitBarrier waits until this rank has entered barrier seq.
-func (r *PSRound) waitBarrier(ctx context.Context, seq int64) error {
+func (r *Round) waitBarrier(ctx context.Context, seq int64) error {
 	var t *time.Timer
 	var tc <-chan time.Time
 	defer func() {
@@ -1179,18 +1205,18 @@ func (r *PSRound) waitBarrier(ctx context.Context, seq int64) error {
 		case <-r.dead:
 			return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
 		case <-tc:
-			return psErrf(psCodeTimeout, "rank %d did not enter barrier %d within OpTimeout %v", r.rank, seq, r.cfg.OpTimeout)
+			return psErrf(psCodeTimeout, "rank %d did not enter barrier %d within OpTimeout %v", r.rank, seq, r.opTimeout)
 		}
 	}
 }
 
 // Commit snapshots every shard's rows and optimizer state at step (in
-// PSSync mode step must be Step(): the state after every worker's pushes
-// of the steps before it) and saves each to PSConfig.Store, if set; the
+// Sync mode step must be Step(): the state after every worker's pushes
+// of the steps before it) and saves each to Config.Store, if set; the
 // host keeps it in memory for the next round. Every worker calls Commit
 // with the same step at the same point (after its Push of step-1, before
 // its Push of step); it returns once every shard is snapshotted and
-// stored. In PSAsync mode a shard snapshots whatever it holds when the
+// stored. In Async mode a shard snapshots whatever it holds when the
 // first worker's request arrives: quiesce the workers first (e.g. a
 // barrier) for a consistent commit. Errors: as Pull; a store failure
 // breaks the round (ErrAborted wrapping the store's error).
@@ -1198,15 +1224,15 @@ func (r *PSRound) waitBarrier(ctx context.Context, seq int64) error {
 // A shard answers the commit requests of every worker, so a host must not
 // close its round before every worker's Commit returned: end a round with
 // Commit, then Barrier (or a barrier on the job's Ring), then Close.
-func (r *PSRound) Commit(ctx context.Context, step int64) error {
+func (r *Round) Commit(ctx context.Context, step int64) error {
 	if err := r.begin(ctx); err != nil {
 		return err
 	}
-	if r.ps.cfg.Mode == PSSync && step != r.step {
-		return fmt.Errorf("%w: commit of step %d at sync step %d", ErrInvalid, step, r.step)
+	if r.ps.cfg.Mode == Sync && step != r.step {
+		return fmt.Errorf("%w: commit of step %d at sync step %d", mesh.ErrInvalid, step, r.step)
 	}
 	if r.widx[r.rank] < 0 {
-		return fmt.Errorf("%w: rank %d is not a worker of parameter-server round %d", ErrInvalid, r.rank, r.round)
+		return fmt.Errorf("%w: rank %d is not a worker of parameter-server round %d", mesh.ErrInvalid, r.rank, r.round)
 	}
 	done := make(chan *psCall, r.shards)
 	inflight := 0
@@ -1236,7 +1262,7 @@ func (c *psCall) complete(p []byte) error {
 	switch c.kind {
 	case wire.PSPull:
 		if len(p) != c.count*c.dim*4 {
-			return fmt.Errorf("%w: pull reply of %d bytes for %d rows of dim %d", ErrBadFrame, len(p), c.count, c.dim)
+			return fmt.Errorf("%w: pull reply of %d bytes for %d rows of dim %d", mesh.ErrBadFrame, len(p), c.count, c.dim)
 		}
 		for k, pos := range c.pos {
 			copy(f32AsBytes(c.dst[int(pos)*c.dim:(int(pos)+1)*c.dim]), p[k*c.dim*4:])
@@ -1245,7 +1271,7 @@ func (c *psCall) complete(p []byte) error {
 		t := c.tab
 		per := (t.dim + t.sdim) * 4
 		if len(p) != c.count*per {
-			return fmt.Errorf("%w: fetch reply of %d bytes for %d rows of %d values", ErrBadFrame, len(p), c.count, t.dim+t.sdim)
+			return fmt.Errorf("%w: fetch reply of %d bytes for %d rows of %d values", mesh.ErrBadFrame, len(p), c.count, t.dim+t.sdim)
 		}
 		for k, l := range c.locals {
 			q := p[k*per:]
@@ -1254,7 +1280,7 @@ func (c *psCall) complete(p []byte) error {
 		}
 	default:
 		if len(p) != 0 {
-			return fmt.Errorf("%w: %v reply with %d bytes", ErrBadFrame, c.kind, len(p))
+			return fmt.Errorf("%w: %v reply with %d bytes", mesh.ErrBadFrame, c.kind, len(p))
 		}
 	}
 	return nil
@@ -1263,7 +1289,7 @@ func (c *psCall) complete(p []byte) error {
 // readLoop reads every frame from peer p: replies complete calls, requests
 // go to the serving goroutine's queue. It never blocks on anything but the
 // connection, so neither side can deadlock on the other's writes.
-func (r *PSRound) readLoop(p *psPeer) {
+func (r *Round) readLoop(p *psPeer) {
 	defer r.wg.Done()
 	var hb [wire.PSHeaderSize]byte
 	var rbuf []byte
@@ -1272,12 +1298,12 @@ func (r *PSRound) readLoop(p *psPeer) {
 			r.peerErr(p, err)
 			return
 		}
-		h, err := wire.ParsePSHeader(hb[:], r.cfg.MaxFrameBytes)
+		h, err := wire.ParsePSHeader(hb[:], r.maxFrame)
 		if err == nil && h.Round != r.round {
 			err = fmt.Errorf("frame of round %d in round %d", h.Round, r.round)
 		}
 		if err != nil {
-			r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: %v", ErrBadFrame, err)}, wire.ReasonProtocol, -1)
+			r.fail(&mesh.PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: %v", mesh.ErrBadFrame, err)}, wire.ReasonProtocol, -1)
 			return
 		}
 		r.stats.recv.Add(int64(wire.PSHeaderSize) + int64(h.Length))
@@ -1295,7 +1321,7 @@ func (r *PSRound) readLoop(p *psPeer) {
 			delete(p.pending, h.ID)
 			p.pmu.Unlock()
 			if c == nil {
-				r.fail(&PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: reply to unknown request %d", ErrBadFrame, h.ID)}, wire.ReasonProtocol, -1)
+				r.fail(&mesh.PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: reply to unknown request %d", mesh.ErrBadFrame, h.ID)}, wire.ReasonProtocol, -1)
 				return
 			}
 			c.step = h.Step
@@ -1303,7 +1329,7 @@ func (r *PSRound) readLoop(p *psPeer) {
 				pe := &psError{code: h.Flags, msg: string(buf)}
 				c.err = fmt.Errorf("%w: shard %d on rank %d: %s", pe.sentinel(), c.shard, p.rank, pe.msg)
 			} else if err := c.complete(buf); err != nil {
-				c.err = &PeerError{Rank: p.rank, Round: r.round, Err: err}
+				c.err = &mesh.PeerError{Rank: p.rank, Round: r.round, Err: err}
 			}
 			c.done <- c
 			continue
@@ -1324,7 +1350,7 @@ func (r *PSRound) readLoop(p *psPeer) {
 }
 
 // serveLoop answers the requests of peer p in order.
-func (r *PSRound) serveLoop(p *psPeer) {
+func (r *Round) serveLoop(p *psPeer) {
 	defer r.wg.Done()
 	var hb [wire.PSHeaderSize]byte
 	for {
@@ -1385,19 +1411,19 @@ func (r *PSRound) serveLoop(p *psPeer) {
 // the cause (the Ring's verdict when there is one), fails the calls in
 // flight to p, and fails the round unless p left gracefully with nothing
 // pending.
-func (r *PSRound) peerErr(p *psPeer, err error) error {
+func (r *Round) peerErr(p *psPeer, err error) error {
 	if r.closing.Load() {
 		return r.Err()
 	}
-	cause := r.ring.causeNow()
+	cause := r.m.Err()
 	graceful := false
 	if cause == nil {
-		if pl := r.ring.peers[p.rank]; pl != nil && pl.closed.Load() {
-			cause, graceful = &PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its parameter-server round: %v", ErrClosed, err)}, true
+		if r.m.PeerClosed(p.rank) {
+			cause, graceful = &mesh.PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its parameter-server round: %v", mesh.ErrClosed, err)}, true
 		} else {
-			tm := time.NewTimer(verdictGrace)
+			tm := time.NewTimer(mesh.VerdictGrace)
 			select {
-			case <-r.ring.dead:
+			case <-r.m.Dead():
 			case <-r.dead:
 			case <-tm.C:
 			}
@@ -1405,11 +1431,11 @@ func (r *PSRound) peerErr(p *psPeer, err error) error {
 			if r.closing.Load() {
 				return r.Err()
 			}
-			if cause = r.ring.causeNow(); cause == nil {
-				if pl := r.ring.peers[p.rank]; pl != nil && pl.closed.Load() {
-					cause, graceful = &PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its parameter-server round: %v", ErrClosed, err)}, true
+			if cause = r.m.Err(); cause == nil {
+				if r.m.PeerClosed(p.rank) {
+					cause, graceful = &mesh.PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("%w: the rank closed its parameter-server round: %v", mesh.ErrClosed, err)}, true
 				} else {
-					cause = &PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("parameter-server connection: %w", err)}
+					cause = &mesh.PeerError{Rank: p.rank, Round: r.round, Err: fmt.Errorf("parameter-server connection: %w", err)}
 				}
 			}
 		}
@@ -1439,13 +1465,13 @@ func (r *PSRound) peerErr(p *psPeer, err error) error {
 }
 
 // deadline returns the channel of a timer for OpTimeout and its stop.
-func (r *PSRound) timeout() (*time.Timer, <-chan time.Time) {
-	t := time.NewTimer(r.cfg.OpTimeout)
+func (r *Round) timeout() (*time.Timer, <-chan time.Time) {
+	t := time.NewTimer(r.opTimeout)
 	return t, t.C
 }
 
 // waitReady waits until sh's rows are in place.
-func (r *PSRound) waitReady(ctx context.Context, sh *psShard) error {
+func (r *Round) waitReady(ctx context.Context, sh *psShard) error {
 	select {
 	case <-sh.ready:
 		return nil
@@ -1461,13 +1487,13 @@ func (r *PSRound) waitReady(ctx context.Context, sh *psShard) error {
 	case <-r.dead:
 		return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
 	case <-tc:
-		return psErrf(psCodeTimeout, "shard %d on rank %d not ready within OpTimeout %v", sh.idx, r.rank, r.cfg.OpTimeout)
+		return psErrf(psCodeTimeout, "shard %d on rank %d not ready within OpTimeout %v", sh.idx, r.rank, r.opTimeout)
 	}
 }
 
-// waitVersion waits until sh's version reaches want (PSSync); sh.mu is
+// waitVersion waits until sh's version reaches want (Sync); sh.mu is
 // held on return without error.
-func (r *PSRound) waitVersion(ctx context.Context, sh *psShard, want int64) error {
+func (r *Round) waitVersion(ctx context.Context, sh *psShard, want int64) error {
 	var t *time.Timer
 	var tc <-chan time.Time
 	defer func() {
@@ -1493,14 +1519,14 @@ func (r *PSRound) waitVersion(ctx context.Context, sh *psShard, want int64) erro
 		case <-r.dead:
 			return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
 		case <-tc:
-			return psErrf(psCodeTimeout, "shard %d on rank %d stayed at step %d, not %d, for OpTimeout %v (a worker did not push)", sh.idx, r.rank, v, want, r.cfg.OpTimeout)
+			return psErrf(psCodeTimeout, "shard %d on rank %d stayed at step %d, not %d, for OpTimeout %v (a worker did not push)", sh.idx, r.rank, v, want, r.opTimeout)
 		}
 	}
 }
 
 // serve answers request h with payload p from rank `from` (this rank for
 // local calls). It returns the reply's step and payload (in *buf).
-func (r *PSRound) serve(ctx context.Context, from int, h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
+func (r *Round) serve(ctx context.Context, from int, h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
 	switch h.Kind {
 	case wire.PSFetch:
 		return r.serveFetch(h, p, buf)
@@ -1541,7 +1567,7 @@ func (r *PSRound) serve(ctx context.Context, from int, h *wire.PSHeader, p []byt
 }
 
 // rowsOf decodes and checks the row IDs of a request for shard sh.
-func (r *PSRound) rowsOf(h *wire.PSHeader, p []byte, shards, shard int, need int) ([]int64, *TableSpec, error) {
+func (r *Round) rowsOf(h *wire.PSHeader, p []byte, shards, shard int, need int) ([]int64, *TableSpec, error) {
 	if int(h.Table) >= len(r.ps.tables) {
 		return nil, nil, psErrf(psCodeInvalid, "table %d of %d", h.Table, len(r.ps.tables))
 	}
@@ -1561,12 +1587,12 @@ func (r *PSRound) rowsOf(h *wire.PSHeader, p []byte, shards, shard int, need int
 	return ids, sp, nil
 }
 
-func (r *PSRound) servePull(ctx context.Context, sh *psShard, h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
+func (r *Round) servePull(ctx context.Context, sh *psShard, h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
 	ids, sp, err := r.rowsOf(h, p, r.shards, sh.idx, 8)
 	if err != nil {
 		return 0, nil, err
 	}
-	if r.ps.cfg.Mode == PSSync {
+	if r.ps.cfg.Mode == Sync {
 		if err := r.waitVersion(ctx, sh, h.Step); err != nil {
 			return 0, nil, err
 		}
@@ -1593,7 +1619,7 @@ func (r *PSRound) servePull(ctx context.Context, sh *psShard, h *wire.PSHeader, 
 	return sh.data.step, out, nil
 }
 
-func (r *PSRound) servePush(ctx context.Context, sh *psShard, from int, h *wire.PSHeader, p []byte) (int64, []byte, error) {
+func (r *Round) servePush(ctx context.Context, sh *psShard, from int, h *wire.PSHeader, p []byte) (int64, []byte, error) {
 	var rec psPushRec
 	if h.Count > 0 || len(p) > 0 {
 		if int(h.Table) >= len(r.ps.tables) {
@@ -1614,7 +1640,7 @@ func (r *PSRound) servePush(ctx context.Context, sh *psShard, from int, h *wire.
 		rec = psPushRec{table: int(h.Table), ids: ids, grads: g}
 	}
 	last := h.Flags&wire.PSFlagLast != 0
-	if r.ps.cfg.Mode == PSAsync {
+	if r.ps.cfg.Mode == Async {
 		sh.mu.Lock()
 		defer sh.mu.Unlock()
 		if v := sh.data.step; v-h.Step > r.ps.cfg.MaxStaleness || h.Step > v {
@@ -1665,7 +1691,7 @@ func (r *PSRound) servePush(ctx context.Context, sh *psShard, from int, h *wire.
 
 // applyRecs sums the gradients of recs (outer index: worker rank order)
 // per row, then applies the optimizer once per touched row. sh.mu is held.
-func (r *PSRound) applyRecs(sh *psShard, recs [][]psPushRec) {
+func (r *Round) applyRecs(sh *psShard, recs [][]psPushRec) {
 	S := int64(r.shards)
 	need := make([]int, len(sh.acc))
 	for _, list := range recs {
@@ -1715,14 +1741,14 @@ func (r *PSRound) applyRecs(sh *psShard, recs [][]psPushRec) {
 	}
 }
 
-func (r *PSRound) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader) (int64, []byte, error) {
+func (r *Round) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader) (int64, []byte, error) {
 	step := h.Step
 	sh.commitMu.Lock()
 	defer sh.commitMu.Unlock()
 	if sh.committed == step {
 		return step, nil, nil
 	}
-	if r.ps.cfg.Mode == PSSync {
+	if r.ps.cfg.Mode == Sync {
 		if err := r.waitVersion(ctx, sh, step); err != nil {
 			return 0, nil, err
 		}
@@ -1748,7 +1774,7 @@ func (r *PSRound) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader
 }
 
 // serveFetch answers a fetch of rows of a commit this rank holds.
-func (r *PSRound) serveFetch(h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
+func (r *Round) serveFetch(h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
 	oldShards, oldShard := int(h.Aux>>32), int(h.Aux&0xffffffff)
 	c := r.ps.findCommit(h.Step, oldShards, oldShard)
 	if c == nil {

@@ -1,4 +1,4 @@
-package sync
+package paramserver_test
 
 import (
 	"bufio"
@@ -6,6 +6,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	elsync "github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	mrand "math/rand/v2"
 	"os"
 	"os/exec"
@@ -20,9 +22,9 @@ import (
 const psHelperEnv = "ELASTICTRAIN_PS_HELPER"
 
 // psStepPushes is rank's push of step: the same in every process.
-func psStepPushes(specs []TableSpec, rank, step int) []Rows {
+func psStepPushes(specs []paramserver.TableSpec, rank, step int) []paramserver.Rows {
 	rng := mrand.New(mrand.NewPCG(uint64(rank)+1000, uint64(step)))
-	var bs []Rows
+	var bs []paramserver.Rows
 	for tb := range specs {
 		bs = append(bs, randomBatch(rng, specs, tb, 25))
 	}
@@ -42,27 +44,27 @@ func TestPSHelperProcess(t *testing.T) {
 }
 
 func psHelperMain() int {
-	cfg := DefaultConfig()
+	cfg := elsync.DefaultConfig()
 	cfg.JobID = os.Getenv("PS_HELPER_JOB")
 	cfg.Secret, _ = hex.DecodeString(os.Getenv("PS_HELPER_SECRET"))
 	cfg.DialTimeout, cfg.OpTimeout = 20*time.Second, 20*time.Second
 	rank, _ := strconv.Atoi(os.Getenv("PS_HELPER_RANK"))
 	ctx := context.Background()
-	tr, err := Listen(ctx, "127.0.0.1:0", cfg)
+	tr, err := elsync.Listen(ctx, "127.0.0.1:0", cfg)
 	if err != nil {
 		fmt.Println("FATAL", err)
 		return 1
 	}
 	defer tr.Close()
-	store, err := NewDirShardStore(os.Getenv("PS_HELPER_STORE"), 0)
+	store, err := paramserver.NewDirShardStore(os.Getenv("PS_HELPER_STORE"), 0)
 	if err != nil {
 		fmt.Println("FATAL", err)
 		return 1
 	}
-	pcfg := DefaultPSConfig()
+	pcfg := paramserver.DefaultConfig()
 	pcfg.Store = store
-	specs := psTables()
-	ps, err := NewParamServer(tr, specs, pcfg)
+	specs := paramserver.PSTables()
+	ps, err := paramserver.New(tr, specs, pcfg)
 	if err != nil {
 		fmt.Println("FATAL", err)
 		return 1
@@ -75,7 +77,7 @@ func psHelperMain() int {
 		return 1
 	}
 	addrs := strings.Split(strings.TrimSpace(strings.TrimPrefix(line, "WORLD ")), ",")
-	r, err := ps.Round(ctx, PSWorld{World: World{Round: 1, Rank: rank, Addrs: addrs}}, 0)
+	r, err := ps.Round(ctx, paramserver.World{World: elsync.World{Round: 1, Rank: rank, Addrs: addrs}}, 0)
 	if err != nil {
 		fmt.Println("FATAL", err)
 		return 1
@@ -110,14 +112,14 @@ func psHelperMain() int {
 // rank's rows come back from the directory store, with their optimizer
 // state, and every row is exactly as the reference had it at step 2.
 func TestPSKilledHostProcess(t *testing.T) {
-	specs := psTables()
+	specs := paramserver.PSTables()
 	cfg := psTestConfig(t)
 	dir := t.TempDir()
-	store, err := NewDirShardStore(dir, 0)
+	store, err := paramserver.NewDirShardStore(dir, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcfg := DefaultPSConfig()
+	pcfg := paramserver.DefaultConfig()
 	pcfg.Store = store
 	nodes := newPSNodes(t, 2, cfg, specs, pcfg)
 
@@ -159,9 +161,9 @@ func TestPSKilledHostProcess(t *testing.T) {
 
 	ref := newPSRef(specs)
 	for step := 0; step < 2; step++ {
-		ref.step([][]Rows{psStepPushes(specs, 0, step), psStepPushes(specs, 1, step), psStepPushes(specs, 2, step)})
+		ref.step([][]paramserver.Rows{psStepPushes(specs, 0, step), psStepPushes(specs, 1, step), psStepPushes(specs, 2, step)})
 	}
-	rs := make([]*PSRound, 2)
+	rs := make([]*paramserver.Round, 2)
 	errs := make([]error, 2)
 	failedAt := make([]time.Time, 2)
 	committed := make(chan struct{}, 2)
@@ -171,7 +173,7 @@ func TestPSKilledHostProcess(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			ctx := context.Background()
-			r, err := nodes[i].ps.Round(ctx, PSWorld{World: World{Round: 1, Rank: i, Addrs: addrs}}, 0)
+			r, err := nodes[i].ps.Round(ctx, paramserver.World{World: elsync.World{Round: 1, Rank: i, Addrs: addrs}}, 0)
 			if err != nil {
 				errs[i] = err
 				committed <- struct{}{}
@@ -207,9 +209,9 @@ func TestPSKilledHostProcess(t *testing.T) {
 	}
 	wg.Wait()
 	for i, err := range errs {
-		var pe *PeerError
+		var pe *elsync.PeerError
 		if !errors.As(err, &pe) || pe.Rank != 2 {
-			t.Fatalf("rank %d: got %v, want a *PeerError naming rank 2", i, err)
+			t.Fatalf("rank %d: got %v, want a *elsync.PeerError naming rank 2", i, err)
 		}
 		if d := failedAt[i].Sub(killedAt); d > 2*time.Second {
 			t.Fatalf("rank %d noticed the kill after %v", i, d)
@@ -218,7 +220,7 @@ func TestPSKilledHostProcess(t *testing.T) {
 		rs[i].Close()
 	}
 
-	r2 := mustPSRounds(t, nodes, 2, PSWorld{}, 2)
+	r2 := mustPSRounds(t, nodes, 2, paramserver.World{}, 2)
 	got := dumpShards(t, specs, r2)
 	for tb := range specs {
 		d, sd := int64(specs[tb].Dim), int64(specs[tb].Optimizer.StateDim(specs[tb].Dim))

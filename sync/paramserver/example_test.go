@@ -1,4 +1,4 @@
-package sync_test
+package paramserver_test
 
 import (
 	"context"
@@ -6,21 +6,22 @@ import (
 	gosync "sync"
 
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 )
 
-// ExampleParamServer runs a two-process parameter server inside one
-// program: each "process" has its own Transport and ParamServer, hosts one
+// ExampleServer runs a two-process parameter server inside one
+// program: each "process" has its own Transport and Server, hosts one
 // shard of an embedding table and trains on it in sync mode. Real jobs run
-// one ParamServer per worker process and take the World from the
+// one Server per worker process and take the World from the
 // rendezvous.
-func ExampleParamServer() {
+func ExampleServer() {
 	ctx := context.Background()
 	cfg := sync.DefaultConfig()
 	cfg.JobID, cfg.Secret = "example-ps", []byte("a secret of at least 16 bytes")
-	table := sync.TableSpec{Name: "emb", Rows: 10, Dim: 2, Optimizer: sync.NewSparseSGD(0.5)}
-	store := sync.NewMemoryShardStore() // a directory on shared storage in real jobs
+	table := paramserver.TableSpec{Name: "emb", Rows: 10, Dim: 2, Optimizer: paramserver.NewSparseSGD(0.5)}
+	store := paramserver.NewMemoryShardStore() // a directory on shared storage in real jobs
 
-	var nodes []*sync.ParamServer
+	var nodes []*paramserver.Server
 	var addrs []string
 	for range 2 {
 		tr, err := sync.Listen(ctx, "127.0.0.1:0", cfg)
@@ -28,9 +29,9 @@ func ExampleParamServer() {
 			panic(err)
 		}
 		defer tr.Close()
-		pcfg := sync.DefaultPSConfig()
+		pcfg := paramserver.DefaultConfig()
 		pcfg.Store = store
-		ps, err := sync.NewParamServer(tr, []sync.TableSpec{table}, pcfg)
+		ps, err := paramserver.New(tr, []paramserver.TableSpec{table}, pcfg)
 		if err != nil {
 			panic(err)
 		}
@@ -45,17 +46,17 @@ func ExampleParamServer() {
 		go func() {
 			defer wg.Done()
 			// Round 1, starting from step 0 (the initial rows: zeros).
-			r, err := ps.Round(ctx, sync.PSWorld{World: sync.World{Round: 1, Rank: rank, Addrs: addrs}}, 0)
+			r, err := ps.Round(ctx, paramserver.World{World: sync.World{Round: 1, Rank: rank, Addrs: addrs}}, 0)
 			if err != nil {
 				panic(err)
 			}
 			defer r.Close()
-			rows := sync.Rows{Table: 0, IDs: []int64{3, 4}, Values: make([]float32, 4)}
+			rows := paramserver.Rows{Table: 0, IDs: []int64{3, 4}, Values: make([]float32, 4)}
 			for step := 0; step < 2; step++ {
 				if err := r.Pull(ctx, rows); err != nil {
 					panic(err)
 				}
-				grad := sync.Rows{Table: 0, IDs: []int64{3, 4}, Values: []float32{1, 1, -1, -1}}
+				grad := paramserver.Rows{Table: 0, IDs: []int64{3, 4}, Values: []float32{1, 1, -1, -1}}
 				if err := r.Push(ctx, grad); err != nil { // both workers push: summed
 					panic(err)
 				}

@@ -1,9 +1,10 @@
-package sync
+package paramserver
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 	"hash/fnv"
 	"math"
 	"slices"
@@ -13,44 +14,44 @@ import (
 // Parameter-server errors, in addition to the package's other sentinels.
 var (
 	// ErrStale: an asynchronous push was computed on rows pulled more than
-	// PSConfig.MaxStaleness shard updates ago; the shard refused it and
+	// Config.MaxStaleness shard updates ago; the shard refused it and
 	// applied nothing of it. The round stays usable: pull again and
 	// recompute.
-	ErrStale = errors.New("sync: parameter-server push too stale")
+	ErrStale = errors.New("paramserver: push too stale")
 	// ErrRowsLost: the rows of a committed shard can be found neither on a
 	// live host of the round nor in the ShardStore, so the table cannot be
 	// restored to the requested step.
-	ErrRowsLost = errors.New("sync: parameter-server rows lost")
+	ErrRowsLost = errors.New("paramserver: rows lost")
 	// ErrCorruptShard: encoded shard bytes (from a ShardStore or a peer) did
 	// not decode or do not match the tables.
-	ErrCorruptShard = errors.New("sync: corrupt parameter-server shard")
+	ErrCorruptShard = errors.New("paramserver: corrupt shard")
 )
 
-// PSMode selects when a parameter server applies pushed gradients.
-type PSMode uint8
+// Mode selects when a parameter server applies pushed gradients.
+type Mode uint8
 
 const (
-	// PSSync: every worker pushes once per step (possibly no rows) to every
+	// Sync: every worker pushes once per step (possibly no rows) to every
 	// shard; a shard sums the pushes of all workers for step t, in worker
 	// rank order, applies the optimizer once per touched row and only then
 	// serves pulls of step t+1. Results do not depend on timing.
-	PSSync PSMode = iota
-	// PSAsync: a shard applies each push at once, counting updates; a push
-	// computed on rows pulled more than PSConfig.MaxStaleness updates ago
+	Sync Mode = iota
+	// Async: a shard applies each push at once, counting updates; a push
+	// computed on rows pulled more than Config.MaxStaleness updates ago
 	// is refused with ErrStale (bounded staleness, as in the stale
 	// synchronous parallel model of Ho et al., NIPS 2013).
-	PSAsync
+	Async
 )
 
 // String names the mode.
-func (m PSMode) String() string {
+func (m Mode) String() string {
 	switch m {
-	case PSSync:
+	case Sync:
 		return "sync"
-	case PSAsync:
+	case Async:
 		return "async"
 	}
-	return fmt.Sprintf("PSMode(%d)", uint8(m))
+	return fmt.Sprintf("Mode(%d)", uint8(m))
 }
 
 // SparseKind names a sparse optimizer algorithm.
@@ -139,18 +140,18 @@ func (o SparseOptimizer) Validate() error {
 	finite := func(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 	switch {
 	case o.Kind < SparseSGD || o.Kind > SparseAdam:
-		return fmt.Errorf("%w: unknown sparse optimizer %v", ErrInvalid, o.Kind)
+		return fmt.Errorf("%w: unknown sparse optimizer %v", mesh.ErrInvalid, o.Kind)
 	case !(o.LR > 0) || !finite(o.LR):
-		return fmt.Errorf("%w: sparse optimizer LR %v must be positive", ErrInvalid, o.LR)
+		return fmt.Errorf("%w: sparse optimizer LR %v must be positive", mesh.ErrInvalid, o.LR)
 	}
 	switch o.Kind {
 	case SparseAdagrad:
 		if !(o.Eps > 0) || !finite(o.Eps) || !(o.InitialAccumulator >= 0) || !finite(o.InitialAccumulator) {
-			return fmt.Errorf("%w: Adagrad needs Eps > 0 and InitialAccumulator >= 0 (got %v, %v)", ErrInvalid, o.Eps, o.InitialAccumulator)
+			return fmt.Errorf("%w: Adagrad needs Eps > 0 and InitialAccumulator >= 0 (got %v, %v)", mesh.ErrInvalid, o.Eps, o.InitialAccumulator)
 		}
 	case SparseAdam:
 		if !(o.Beta1 >= 0 && o.Beta1 < 1) || !(o.Beta2 >= 0 && o.Beta2 < 1) || !(o.Eps > 0) || !finite(o.Eps) {
-			return fmt.Errorf("%w: Adam needs Beta1, Beta2 in [0,1) and Eps > 0 (got %v, %v, %v)", ErrInvalid, o.Beta1, o.Beta2, o.Eps)
+			return fmt.Errorf("%w: Adam needs Beta1, Beta2 in [0,1) and Eps > 0 (got %v, %v, %v)", mesh.ErrInvalid, o.Beta1, o.Beta2, o.Eps)
 		}
 	}
 	return nil
@@ -180,13 +181,13 @@ type TableSpec struct {
 func (s TableSpec) Validate() error {
 	switch {
 	case s.Name == "" || len(s.Name) > 255:
-		return fmt.Errorf("%w: table name %q must be 1..255 bytes", ErrInvalid, s.Name)
+		return fmt.Errorf("%w: table name %q must be 1..255 bytes", mesh.ErrInvalid, s.Name)
 	case s.Rows <= 0 || s.Rows > 1<<40:
-		return fmt.Errorf("%w: table %q has %d rows, want 1..2^40", ErrInvalid, s.Name, s.Rows)
+		return fmt.Errorf("%w: table %q has %d rows, want 1..2^40", mesh.ErrInvalid, s.Name, s.Rows)
 	case s.Dim < 1 || s.Dim > 1<<16:
-		return fmt.Errorf("%w: table %q has dim %d, want 1..65536", ErrInvalid, s.Name, s.Dim)
+		return fmt.Errorf("%w: table %q has dim %d, want 1..65536", mesh.ErrInvalid, s.Name, s.Dim)
 	case !(s.InitScale >= 0) || math.IsInf(float64(s.InitScale), 0):
-		return fmt.Errorf("%w: table %q InitScale %v must be finite and >= 0", ErrInvalid, s.Name, s.InitScale)
+		return fmt.Errorf("%w: table %q InitScale %v must be finite and >= 0", mesh.ErrInvalid, s.Name, s.InitScale)
 	}
 	if err := s.Optimizer.Validate(); err != nil {
 		return fmt.Errorf("table %q: %w", s.Name, err)
@@ -194,17 +195,17 @@ func (s TableSpec) Validate() error {
 	return nil
 }
 
-// PSConfig holds the settings of a ParamServer. Start from
-// DefaultPSConfig. Every process of a job must use the same Mode and
+// Config holds the settings of a Server. Start from
+// DefaultConfig. Every process of a job must use the same Mode and
 // MaxStaleness; Round checks it.
-type PSConfig struct {
-	// Mode is PSSync (default) or PSAsync.
-	Mode PSMode
-	// MaxStaleness (PSAsync only) is how many updates a shard may have
+type Config struct {
+	// Mode is Sync (default) or Async.
+	Mode Mode
+	// MaxStaleness (Async only) is how many updates a shard may have
 	// applied since the pull a push was computed on; a staler push is
 	// refused with ErrStale. Default 8.
 	MaxStaleness int64
-	// Store receives every committed shard (PSRound.Commit), so that the
+	// Store receives every committed shard (Round.Commit), so that the
 	// rows of a host that died can be restored in the next round and a
 	// whole job can restart onto any number of shards. It must be shared
 	// by every process (e.g. a directory on a shared filesystem, see
@@ -221,36 +222,36 @@ type PSConfig struct {
 	FrameRows int
 }
 
-// DefaultPSConfig returns a PSConfig with the documented defaults.
-func DefaultPSConfig() PSConfig {
-	return PSConfig{Mode: PSSync, MaxStaleness: 8, KeepCommits: 2}
+// DefaultConfig returns a Config with the documented defaults.
+func DefaultConfig() Config {
+	return Config{Mode: Sync, MaxStaleness: 8, KeepCommits: 2}
 }
 
 // Validate reports the first invalid field with an error wrapping ErrInvalid.
-func (c PSConfig) Validate() error {
+func (c Config) Validate() error {
 	switch {
-	case c.Mode != PSSync && c.Mode != PSAsync:
-		return fmt.Errorf("%w: unknown PSConfig.Mode %v", ErrInvalid, c.Mode)
+	case c.Mode != Sync && c.Mode != Async:
+		return fmt.Errorf("%w: unknown Config.Mode %v", mesh.ErrInvalid, c.Mode)
 	case c.MaxStaleness < 0:
-		return fmt.Errorf("%w: PSConfig.MaxStaleness %d is negative", ErrInvalid, c.MaxStaleness)
+		return fmt.Errorf("%w: Config.MaxStaleness %d is negative", mesh.ErrInvalid, c.MaxStaleness)
 	case c.KeepCommits < 2:
-		return fmt.Errorf("%w: PSConfig.KeepCommits %d, want at least 2", ErrInvalid, c.KeepCommits)
+		return fmt.Errorf("%w: Config.KeepCommits %d, want at least 2", mesh.ErrInvalid, c.KeepCommits)
 	case c.FrameRows < 0:
-		return fmt.Errorf("%w: PSConfig.FrameRows %d is negative", ErrInvalid, c.FrameRows)
+		return fmt.Errorf("%w: Config.FrameRows %d is negative", mesh.ErrInvalid, c.FrameRows)
 	}
 	return nil
 }
 
-// PSWorld is one round of a parameter server: the round's World (addresses
+// World is one round of a parameter server: the round's World (addresses
 // of the ranks' parameter-server Transports) and the roles of its ranks.
 // Every rank of the round must pass the same Hosts, Workers and Shards.
-type PSWorld struct {
-	World
+type World struct {
+	mesh.World
 	// Hosts are the ranks that host shards; shard s lives on
 	// Hosts[s % len(Hosts)]. Nil means every rank (shards colocated with
 	// the workers).
 	Hosts []int
-	// Workers are the ranks that pull and push. In PSSync mode a shard
+	// Workers are the ranks that pull and push. In Sync mode a shard
 	// waits for one push per worker per step. Nil means every rank. A rank
 	// in Hosts but not in Workers is a dedicated parameter-server process.
 	Workers []int
@@ -260,7 +261,7 @@ type PSWorld struct {
 }
 
 // layout returns the resolved hosts, workers and shard count, checked.
-func (w PSWorld) layout() (hosts, workers []int, shards int, err error) {
+func (w World) layout() (hosts, workers []int, shards int, err error) {
 	n := w.Size()
 	all := func() []int {
 		s := make([]int, n)
@@ -278,12 +279,12 @@ func (w PSWorld) layout() (hosts, workers []int, shards int, err error) {
 	}
 	check := func(what string, s []int) error {
 		if len(s) == 0 {
-			return fmt.Errorf("%w: PSWorld.%s is empty", ErrInvalid, what)
+			return fmt.Errorf("%w: World.%s is empty", mesh.ErrInvalid, what)
 		}
 		seen := map[int]bool{}
 		for _, r := range s {
 			if r < 0 || r >= n || seen[r] {
-				return fmt.Errorf("%w: PSWorld.%s %v: ranks must be distinct and within world size %d", ErrInvalid, what, s, n)
+				return fmt.Errorf("%w: World.%s %v: ranks must be distinct and within world size %d", mesh.ErrInvalid, what, s, n)
 			}
 			seen[r] = true
 		}
@@ -300,7 +301,7 @@ func (w PSWorld) layout() (hosts, workers []int, shards int, err error) {
 		shards = len(hosts)
 	}
 	if shards < 1 || shards > 1<<16 {
-		return nil, nil, 0, fmt.Errorf("%w: PSWorld.Shards %d, want 1..65536", ErrInvalid, shards)
+		return nil, nil, 0, fmt.Errorf("%w: World.Shards %d, want 1..65536", mesh.ErrInvalid, shards)
 	}
 	workers = slices.Clone(workers)
 	slices.Sort(workers)
@@ -323,106 +324,45 @@ func ShardRows(rows int64, s, shards int) int64 {
 	return (rows - int64(s) + int64(shards) - 1) / int64(shards)
 }
 
-// ParamServer is this process's part of a parameter server for sparse
+// Server is this process's part of a parameter server for sparse
 // embedding tables (Li et al., "Scaling Distributed Machine Learning with
 // the Parameter Server", OSDI 2014): it hosts shards of the tables and is
 // the client through which the process pulls rows and pushes sparse
 // gradients. It lives as long as the process; each round of the job gets a
-// PSRound from Round. The commits it took (its shards' rows and optimizer
+// Round from Server.Round. The commits it took (its shards' rows and optimizer
 // state at committed steps) outlive rounds, so the next round can move rows
 // from their old owner.
 //
-// # Layout and placement
-//
-// Every table is partitioned by row: row r lives in shard r % Shards
-// (interleaved, so popular low IDs spread over all shards), and shard s on
-// rank Hosts[s % len(Hosts)] (see PSWorld). By default every rank hosts
-// one shard and is a worker (colocated, as each elastic worker process of a
-// recommendation job). Dedicated parameter-server processes are ranks
-// listed in Hosts but not in Workers: they join the same rendezvous (or
-// get a World by other means), call Round for every round like the workers
-// and then wait on PSRound.Done; they never pull or push.
-//
-// # Steps
-//
-// A worker's step is Pull (the rows its batch needs, grouped by shard,
-// split into frames of at most PSConfig.FrameRows rows, every frame sent
-// before any reply is awaited), forward and backward, Push (the sparse
-// gradients, likewise batched and pipelined). Dense parameters keep using
-// the Ring's allreduce in the same step (a hybrid step, as in DLRM). In
-// PSSync mode a shard applies step t once every worker pushed it, summing
-// the contributions in worker rank order, and answers pulls of step t+1
-// only then, so results do not depend on timing or on the shard count. In
-// PSAsync mode a shard applies each push at once, and refuses (ErrStale)
-// one computed on rows pulled more than PSConfig.MaxStaleness updates ago.
-//
-// # Wire
-//
-// The parameter server's connections are the mesh connections of a Ring
-// of its own Transport: each round's connections are authenticated by the
-// Transport's handshake (job ID, round, rank, HMAC of the job secret,
-// optional TLS), and every frame carries its round, so a rank of an older
-// round can never reach a shard of a newer one. Frames are a 48-byte header
-// (see internal/wire) and a payload of at most Config.MaxFrameBytes; each
-// connection has a reader that never blocks on anything but the socket, so
-// requests and replies flow both ways without deadlock. A malformed frame
-// fails the round with ErrBadFrame; a dead peer with a *PeerError naming
-// it, on every rank, as fast as the Ring notices (the control connections);
-// a hung one with ErrTimeout after Config.OpTimeout.
-//
-// # Commits, checkpoints and elasticity
-//
-// PSRound.Commit snapshots every shard at a step and saves it to
-// PSConfig.Store (encoded with its optimizer state, versioned and CRC-32C
-// checksummed; DecodeShardInfo reads the header). Round(ctx, w, c) starts a
-// round from committed step c: rank 0 gathers which ranks of the new round
-// hold which commits of step c, picks a complete layout (every old shard on
-// a live rank or in the store; otherwise ErrRowsLost on every rank, never
-// a table with holes), and each new shard gathers its rows (r % newShards)
-// from the old shards (r % oldShards): from the rank that held them when it
-// is alive, else from the store, with their optimizer state. Every row is
-// thus in exactly one shard, with the value and state it had at step c,
-// whatever the old and new shard counts; a whole-job restart restores from
-// the store alone onto any number of shards. Rows pushed after step c are
-// rolled back, in step with the dense state and data cursor of the same
-// commit.
-//
-// # Performance
-//
-// examples/ps-bench measures pull and push throughput between processes on
-// one host; on small hosts the limit is the shards' CPU (the optimizer's
-// arithmetic and copying rows), not the loopback connections.
-//
-// A ParamServer is safe for concurrent use, but Round calls must not
-// overlap, and a PSRound's methods are called from one goroutine.
-type ParamServer struct {
-	tr     *Transport
-	cfg    PSConfig
+// A Server is safe for concurrent use, but Round calls must not
+// overlap, and a Round's methods are called from one goroutine.
+type Server struct {
+	tr     mesh.Dialer
+	cfg    Config
 	tables []TableSpec
 	fp     uint64
 
 	mu      gosync.Mutex
 	commits []*psCommit
-	round   *PSRound
+	round   *Round
 	pinned  int64 // restore step of the current round: its commits stay
 	closed  bool
 }
 
-// NewParamServer returns the parameter server of this process for tables,
-// exchanging frames over tr. tr must be used by this ParamServer only (its
+// New returns the parameter server of this process for tables,
+// exchanging frames over tr. tr must be used by this Server only (its
 // rounds are the parameter server's rounds; the collectives of the job use
 // another Transport): its handshake, secret, TLS and timeouts (OpTimeout
 // bounds every pull, push and commit) apply to every parameter-server
 // connection. Errors wrap ErrInvalid.
-func NewParamServer(tr *Transport, tables []TableSpec, cfg PSConfig) (*ParamServer, error) {
+func New(tr mesh.Dialer, tables []TableSpec, cfg Config) (*Server, error) {
 	if tr == nil {
-		return nil, fmt.Errorf("%w: nil Transport", ErrInvalid)
+		return nil, fmt.Errorf("%w: nil Dialer", mesh.ErrInvalid)
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if len(tables) == 0 || len(tables) > 1<<16 {
-		return nil, fmt.Errorf("%w: %d tables, want 1..65536", ErrInvalid, len(tables))
+		return nil, fmt.Errorf("%w: %d tables, want 1..65536", mesh.ErrInvalid, len(tables))
 	}
 	names := map[string]bool{}
 	for _, t := range tables {
@@ -430,17 +370,17 @@ func NewParamServer(tr *Transport, tables []TableSpec, cfg PSConfig) (*ParamServ
 			return nil, err
 		}
 		if names[t.Name] {
-			return nil, fmt.Errorf("%w: duplicate table name %q", ErrInvalid, t.Name)
+			return nil, fmt.Errorf("%w: duplicate table name %q", mesh.ErrInvalid, t.Name)
 		}
 		names[t.Name] = true
 	}
-	ps := &ParamServer{tr: tr, cfg: cfg, tables: slices.Clone(tables), pinned: -1}
+	ps := &Server{tr: tr, cfg: cfg, tables: slices.Clone(tables), pinned: -1}
 	ps.fp = psFingerprint(ps.tables, cfg)
 	return ps, nil
 }
 
 // psFingerprint hashes what every process of a job must agree on.
-func psFingerprint(tables []TableSpec, cfg PSConfig) uint64 {
+func psFingerprint(tables []TableSpec, cfg Config) uint64 {
 	h := fnv.New64a()
 	fmt.Fprintf(h, "%v/%d/", cfg.Mode, cfg.MaxStaleness)
 	for _, t := range tables {
@@ -450,14 +390,14 @@ func psFingerprint(tables []TableSpec, cfg PSConfig) uint64 {
 }
 
 // Tables returns the table specs (a copy).
-func (ps *ParamServer) Tables() []TableSpec { return slices.Clone(ps.tables) }
+func (ps *Server) Tables() []TableSpec { return slices.Clone(ps.tables) }
 
 // Config returns the configuration.
-func (ps *ParamServer) Config() PSConfig { return ps.cfg }
+func (ps *Server) Config() Config { return ps.cfg }
 
 // Commits returns the committed steps whose shards this process holds in
 // memory, newest first.
-func (ps *ParamServer) Commits() []int64 {
+func (ps *Server) Commits() []int64 {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	var steps []int64
@@ -475,7 +415,7 @@ func (ps *ParamServer) Commits() []int64 {
 // step (step < 0 drops them all): they belong to a history that was rolled
 // back, and must not be offered to a round restoring an older step under
 // the same step numbers later. Call it between rounds.
-func (ps *ParamServer) ForgetCommitsAfter(step int64) {
+func (ps *Server) ForgetCommitsAfter(step int64) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	kept := ps.commits[:0]
@@ -490,13 +430,13 @@ func (ps *ParamServer) ForgetCommitsAfter(step int64) {
 
 // ReadTables returns every row of every table at the committed step, by
 // table: Rows*Dim values, row r at [r*Dim, (r+1)*Dim). The shards come from
-// the commits this process holds in memory and from PSConfig.Store: one
+// the commits this process holds in memory and from Config.Store: one
 // complete layout of step must be found there (a commit's shards are all
 // in the store once any worker's Commit returned). It does not talk to
 // other processes, so it can run after the job's last round (even after
 // Close, from the store). Errors: ErrRowsLost (no complete layout of
 // step), ErrCorruptShard, the store's errors, ctx errors.
-func (ps *ParamServer) ReadTables(ctx context.Context, step int64) ([][]float32, error) {
+func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, error) {
 	mem := map[int]map[int]*psShardData{} // shards -> shard -> data
 	ps.mu.Lock()
 	for _, c := range ps.commits {
@@ -512,7 +452,7 @@ func (ps *ParamServer) ReadTables(ctx context.Context, step int64) ([][]float32,
 	if st := ps.cfg.Store; st != nil {
 		keys, err := st.ListShards(ctx, step)
 		if err != nil {
-			return nil, fmt.Errorf("sync: parameter-server store: %w", err)
+			return nil, fmt.Errorf("paramserver: store: %w", err)
 		}
 		for _, k := range keys {
 			if k.Shards >= 1 && k.Shards <= 1<<16 && k.Shard >= 0 && k.Shard < k.Shards {
@@ -574,7 +514,7 @@ func (ps *ParamServer) ReadTables(ctx context.Context, step int64) ([][]float32,
 
 // Close closes the current round, if any, and drops the commits held in
 // memory. It does not close the Transport. Safe to call more than once.
-func (ps *ParamServer) Close() error {
+func (ps *Server) Close() error {
 	ps.mu.Lock()
 	r := ps.round
 	ps.closed = true
@@ -594,7 +534,7 @@ type psCommit struct {
 	data   *psShardData
 }
 
-func (ps *ParamServer) findCommit(step int64, shards, shard int) *psCommit {
+func (ps *Server) findCommit(step int64, shards, shard int) *psCommit {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	for _, c := range ps.commits {
@@ -607,7 +547,7 @@ func (ps *ParamServer) findCommit(step int64, shards, shard int) *psCommit {
 
 // addCommit records c and forgets commits older than the KeepCommits
 // newest steps (except the current round's restore step).
-func (ps *ParamServer) addCommit(c *psCommit) {
+func (ps *Server) addCommit(c *psCommit) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.closed {

@@ -1,10 +1,12 @@
-package sync
+package paramserver_test
 
 import (
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	elsync "github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"math"
 	mrand "math/rand/v2"
 	"strings"
@@ -16,12 +18,12 @@ import (
 // psNode is one simulated process of a parameter-server test: its own
 // Transport and ParamServer.
 type psNode struct {
-	tr *Transport
-	ps *ParamServer
+	tr *elsync.Transport
+	ps *paramserver.Server
 }
 
-func psTestConfig(t testing.TB) Config {
-	cfg := DefaultConfig()
+func psTestConfig(t testing.TB) elsync.Config {
+	cfg := elsync.DefaultConfig()
 	var b [8]byte
 	rand.Read(b[:])
 	name := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
@@ -37,15 +39,15 @@ func psTestConfig(t testing.TB) Config {
 }
 
 // newPSNodes starts n nodes sharing cfg, tables and pcfg.
-func newPSNodes(t testing.TB, n int, cfg Config, tables []TableSpec, pcfg PSConfig) []*psNode {
+func newPSNodes(t testing.TB, n int, cfg elsync.Config, tables []paramserver.TableSpec, pcfg paramserver.Config) []*psNode {
 	t.Helper()
 	nodes := make([]*psNode, n)
 	for i := range nodes {
-		tr, err := Listen(context.Background(), "127.0.0.1:0", cfg)
+		tr, err := elsync.Listen(context.Background(), "127.0.0.1:0", cfg)
 		if err != nil {
 			t.Fatalf("Listen: %v", err)
 		}
-		ps, err := NewParamServer(tr, tables, pcfg)
+		ps, err := paramserver.New(tr, tables, pcfg)
 		if err != nil {
 			t.Fatalf("NewParamServer: %v", err)
 		}
@@ -61,12 +63,12 @@ func newPSNodes(t testing.TB, n int, cfg Config, tables []TableSpec, pcfg PSConf
 // psRounds forms round `round` over nodes (in rank order) with layout w
 // (World filled in here) restoring step restore; it returns the rounds and
 // each rank's error.
-func psRounds(nodes []*psNode, round uint64, w PSWorld, restore int64) ([]*PSRound, []error) {
+func psRounds(nodes []*psNode, round uint64, w paramserver.World, restore int64) ([]*paramserver.Round, []error) {
 	addrs := make([]string, len(nodes))
 	for i, n := range nodes {
 		addrs[i] = n.tr.Addr()
 	}
-	rs := make([]*PSRound, len(nodes))
+	rs := make([]*paramserver.Round, len(nodes))
 	errs := make([]error, len(nodes))
 	var wg gosync.WaitGroup
 	for i, n := range nodes {
@@ -74,7 +76,7 @@ func psRounds(nodes []*psNode, round uint64, w PSWorld, restore int64) ([]*PSRou
 		go func() {
 			defer wg.Done()
 			pw := w
-			pw.World = World{Round: round, Rank: i, Addrs: addrs}
+			pw.World = elsync.World{Round: round, Rank: i, Addrs: addrs}
 			rs[i], errs[i] = n.ps.Round(context.Background(), pw, restore)
 		}()
 	}
@@ -82,7 +84,7 @@ func psRounds(nodes []*psNode, round uint64, w PSWorld, restore int64) ([]*PSRou
 	return rs, errs
 }
 
-func mustPSRounds(t testing.TB, nodes []*psNode, round uint64, w PSWorld, restore int64) []*PSRound {
+func mustPSRounds(t testing.TB, nodes []*psNode, round uint64, w paramserver.World, restore int64) []*paramserver.Round {
 	t.Helper()
 	rs, errs := psRounds(nodes, round, w, restore)
 	for i, err := range errs {
@@ -99,7 +101,7 @@ func mustPSRounds(t testing.TB, nodes []*psNode, round uint64, w PSWorld, restor
 }
 
 // eachRank runs f on every rank concurrently and fails on any error.
-func eachRank(t testing.TB, what string, rs []*PSRound, f func(rank int, r *PSRound) error) {
+func eachRank(t testing.TB, what string, rs []*paramserver.Round, f func(rank int, r *paramserver.Round) error) {
 	t.Helper()
 	errs := make([]error, len(rs))
 	var wg gosync.WaitGroup
@@ -125,21 +127,21 @@ func eachRank(t testing.TB, what string, rs []*PSRound, f func(rank int, r *PSRo
 // rule the shards document (per step, gradients summed per row in worker
 // order then push order, one optimizer step per touched row).
 type psRef struct {
-	specs []TableSpec
+	specs []paramserver.TableSpec
 	val   [][]float32
 	st    [][]float32
 }
 
-func newPSRef(specs []TableSpec) *psRef {
+func newPSRef(specs []paramserver.TableSpec) *psRef {
 	ref := &psRef{specs: specs}
 	for i := range specs {
 		sp := &specs[i]
 		sd := sp.Optimizer.StateDim(sp.Dim)
 		v := make([]float32, sp.Rows*int64(sp.Dim))
 		s := make([]float32, sp.Rows*int64(sd))
-		h := psNameHash(sp.Name)
+		h := paramserver.NameHash(sp.Name)
 		for r := int64(0); r < sp.Rows; r++ {
-			psInitRow(sp, h, r, v[r*int64(sp.Dim):(r+1)*int64(sp.Dim)], s[r*int64(sd):(r+1)*int64(sd)])
+			paramserver.InitRow(sp, h, r, v[r*int64(sp.Dim):(r+1)*int64(sp.Dim)], s[r*int64(sd):(r+1)*int64(sd)])
 		}
 		ref.val, ref.st = append(ref.val, v), append(ref.st, s)
 	}
@@ -152,7 +154,7 @@ func (ref *psRef) row(t int, r int64) []float32 {
 }
 
 // step applies one sync step: pushes[w] are worker w's batches.
-func (ref *psRef) step(pushes [][]Rows) {
+func (ref *psRef) step(pushes [][]paramserver.Rows) {
 	for t := range ref.specs {
 		sp := &ref.specs[t]
 		d := sp.Dim
@@ -179,23 +181,15 @@ func (ref *psRef) step(pushes [][]Rows) {
 		}
 		sd := int64(sp.Optimizer.StateDim(d))
 		for _, id := range order {
-			psApply(&sp.Optimizer, ref.row(t, id), ref.st[t][id*sd:(id+1)*sd], sum[id])
+			paramserver.Apply(&sp.Optimizer, ref.row(t, id), ref.st[t][id*sd:(id+1)*sd], sum[id])
 		}
 	}
 }
 
-func psTables() []TableSpec {
-	return []TableSpec{
-		{Name: "users", Rows: 97, Dim: 3, Optimizer: NewSparseAdagrad(0.1), InitScale: 0.5, Seed: 1},
-		{Name: "items", Rows: 61, Dim: 5, Optimizer: NewSparseAdam(0.01), InitScale: 0.5, Seed: 2},
-		{Name: "bias", Rows: 13, Dim: 1, Optimizer: NewSparseSGD(0.5), Seed: 3},
-	}
-}
-
 // randomBatch draws n rows (with repeats) of table t and random values.
-func randomBatch(rng *mrand.Rand, specs []TableSpec, t, n int) Rows {
+func randomBatch(rng *mrand.Rand, specs []paramserver.TableSpec, t, n int) paramserver.Rows {
 	sp := &specs[t]
-	b := Rows{Table: t, IDs: make([]int64, n), Values: make([]float32, n*sp.Dim)}
+	b := paramserver.Rows{Table: t, IDs: make([]int64, n), Values: make([]float32, n*sp.Dim)}
 	for i := range b.IDs {
 		if i > 0 && rng.IntN(5) == 0 {
 			b.IDs[i] = b.IDs[rng.IntN(i)] // a repeat
@@ -223,16 +217,16 @@ func TestPSPullPushMatchesReference(t *testing.T) {
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("ranks=%d/shards=%d", c.ranks, c.shards), func(t *testing.T) {
 			t.Parallel()
-			specs := psTables()
-			pcfg := DefaultPSConfig()
+			specs := paramserver.PSTables()
+			pcfg := paramserver.DefaultConfig()
 			pcfg.FrameRows = 7 // several frames per shard: exercises the pipelining
 			nodes := newPSNodes(t, c.ranks, psTestConfig(t), specs, pcfg)
-			rs := mustPSRounds(t, nodes, 1, PSWorld{Shards: c.shards}, 0)
+			rs := mustPSRounds(t, nodes, 1, paramserver.World{Shards: c.shards}, 0)
 			ref := newPSRef(specs)
 			rng := mrand.New(mrand.NewPCG(uint64(c.ranks), uint64(c.shards)))
 			for step := 0; step < 4; step++ {
-				pulls := make([][]Rows, c.ranks)
-				pushes := make([][]Rows, c.ranks)
+				pulls := make([][]paramserver.Rows, c.ranks)
+				pushes := make([][]paramserver.Rows, c.ranks)
 				for w := range pulls {
 					for tb := range specs {
 						n := rng.IntN(40)
@@ -246,7 +240,7 @@ func TestPSPullPushMatchesReference(t *testing.T) {
 				if step == 2 {
 					pushes[c.ranks-1] = nil // a worker with no gradient at all
 				}
-				eachRank(t, "pull", rs, func(w int, r *PSRound) error {
+				eachRank(t, "pull", rs, func(w int, r *paramserver.Round) error {
 					if err := r.Pull(context.Background(), pulls[w]...); err != nil {
 						return err
 					}
@@ -263,24 +257,24 @@ func TestPSPullPushMatchesReference(t *testing.T) {
 					}
 					return nil
 				})
-				eachRank(t, "push", rs, func(w int, r *PSRound) error {
+				eachRank(t, "push", rs, func(w int, r *paramserver.Round) error {
 					return r.Push(context.Background(), pushes[w]...)
 				})
 				ref.step(pushes)
 			}
 			// Every row, through one rank.
-			var all []Rows
+			var all []paramserver.Rows
 			for tb := range specs {
-				b := Rows{Table: tb, Values: make([]float32, specs[tb].Rows*int64(specs[tb].Dim))}
+				b := paramserver.Rows{Table: tb, Values: make([]float32, specs[tb].Rows*int64(specs[tb].Dim))}
 				for id := range specs[tb].Rows {
 					b.IDs = append(b.IDs, id)
 				}
 				all = append(all, b)
 			}
-			eachRank(t, "final pull", rs, func(w int, r *PSRound) error {
-				mine := make([]Rows, len(all))
+			eachRank(t, "final pull", rs, func(w int, r *paramserver.Round) error {
+				mine := make([]paramserver.Rows, len(all))
 				for i, b := range all {
-					mine[i] = Rows{Table: b.Table, IDs: b.IDs, Values: make([]float32, len(b.Values))}
+					mine[i] = paramserver.Rows{Table: b.Table, IDs: b.IDs, Values: make([]float32, len(b.Values))}
 				}
 				if err := r.Pull(context.Background(), mine...); err != nil {
 					return err
@@ -324,9 +318,9 @@ func denseAdam(lr, b1, b2, eps float64, t int, w, m, v, g []float64) {
 }
 
 // pullAll pulls every row of table tb through r.
-func pullAll(t testing.TB, r *PSRound, spec TableSpec, tb int) []float32 {
+func pullAll(t testing.TB, r *paramserver.Round, spec paramserver.TableSpec, tb int) []float32 {
 	t.Helper()
-	b := Rows{Table: tb, Values: make([]float32, spec.Rows*int64(spec.Dim))}
+	b := paramserver.Rows{Table: tb, Values: make([]float32, spec.Rows*int64(spec.Dim))}
 	for id := range spec.Rows {
 		b.IDs = append(b.IDs, id)
 	}
@@ -344,16 +338,16 @@ func pullAll(t testing.TB, r *PSRound, spec TableSpec, tb int) []float32 {
 // and step counts alone.
 func TestPSSparseOptimizersMatchDense(t *testing.T) {
 	const rows, dim, steps = 40, 4, 6
-	for _, kind := range []SparseKind{SparseAdagrad, SparseAdam} {
+	for _, kind := range []paramserver.SparseKind{paramserver.SparseAdagrad, paramserver.SparseAdam} {
 		t.Run(kind.String(), func(t *testing.T) {
 			t.Parallel()
-			opt := NewSparseAdagrad(0.3)
-			if kind == SparseAdam {
-				opt = NewSparseAdam(0.05)
+			opt := paramserver.NewSparseAdagrad(0.3)
+			if kind == paramserver.SparseAdam {
+				opt = paramserver.NewSparseAdam(0.05)
 			}
-			spec := TableSpec{Name: "emb", Rows: rows, Dim: dim, Optimizer: opt, InitScale: 1, Seed: 9}
-			nodes := newPSNodes(t, 3, psTestConfig(t), []TableSpec{spec}, DefaultPSConfig())
-			rs := mustPSRounds(t, nodes, 1, PSWorld{Workers: []int{1, 2}}, 0)
+			spec := paramserver.TableSpec{Name: "emb", Rows: rows, Dim: dim, Optimizer: opt, InitScale: 1, Seed: 9}
+			nodes := newPSNodes(t, 3, psTestConfig(t), []paramserver.TableSpec{spec}, paramserver.DefaultConfig())
+			rs := mustPSRounds(t, nodes, 1, paramserver.World{Workers: []int{1, 2}}, 0)
 			w := make([]float64, rows*dim)
 			for i, v := range pullAll(t, rs[0], spec, 0) {
 				w[i] = float64(v)
@@ -366,13 +360,13 @@ func TestPSSparseOptimizersMatchDense(t *testing.T) {
 			rng := mrand.New(mrand.NewPCG(7, uint64(kind)))
 			untouched := int64(rows - 1) // never pushed in the lazy check
 			for step := 1; step <= steps; step++ {
-				pushes := [][]Rows{nil, nil, nil}
+				pushes := [][]paramserver.Rows{nil, nil, nil}
 				g := make([]float64, rows*dim)
 				for wk := 1; wk <= 2; wk++ {
-					b := Rows{Table: 0}
+					b := paramserver.Rows{Table: 0}
 					for id := int64(0); id < rows; id++ {
 						touch := rng.IntN(4) == 0
-						if kind == SparseAdam {
+						if kind == paramserver.SparseAdam {
 							touch = id != untouched
 						}
 						if !touch {
@@ -385,16 +379,16 @@ func TestPSSparseOptimizersMatchDense(t *testing.T) {
 							g[id*dim+int64(k)] += float64(x)
 						}
 					}
-					pushes[wk] = []Rows{b}
+					pushes[wk] = []paramserver.Rows{b}
 				}
-				if kind == SparseAdagrad {
+				if kind == paramserver.SparseAdagrad {
 					denseAdagrad(opt.LR, opt.Eps, w, acc, g)
 				} else {
 					// The dense reference updates every row but the untouched one.
 					n := (rows - 1) * dim
 					denseAdam(opt.LR, opt.Beta1, opt.Beta2, opt.Eps, step, w[:n], m[:n], v[:n], g[:n])
 				}
-				eachRank(t, "push", rs[1:], func(i int, r *PSRound) error {
+				eachRank(t, "push", rs[1:], func(i int, r *paramserver.Round) error {
 					return r.Push(context.Background(), pushes[i+1]...)
 				})
 			}
@@ -404,12 +398,18 @@ func TestPSSparseOptimizersMatchDense(t *testing.T) {
 					t.Fatalf("value %d (row %d): sparse %v, dense %v (diff %g)", i, i/dim, x, w[i], d)
 				}
 			}
-			if kind == SparseAdam {
+			if kind == paramserver.SparseAdam {
 				// Lazy: the untouched row kept its initial value and zero state.
-				sh := rs[HostOfRow(untouched, rs[0])].local[untouched%int64(rs[0].Shards())]
-				tab := &sh.data.tables[0]
-				l := untouched / int64(rs[0].Shards())
-				for k, s := range tab.st[l*int64(tab.sdim) : (l+1)*int64(tab.sdim)] {
+				var state []float32
+				paramserver.EachHeldRow(rs[HostOfRow(untouched, rs[0])], func(tb int, row int64, _ int, _, st []float32) {
+					if tb == 0 && row == untouched {
+						state = append([]float32(nil), st...)
+					}
+				})
+				if state == nil {
+					t.Fatalf("row %d is not held by its host", untouched)
+				}
+				for k, s := range state {
 					if s != 0 {
 						t.Fatalf("untouched row state[%d] = %v, want 0", k, s)
 					}
@@ -420,26 +420,28 @@ func TestPSSparseOptimizersMatchDense(t *testing.T) {
 }
 
 // HostOfRow returns the rank hosting row in r's layout (test helper).
-func HostOfRow(row int64, r *PSRound) int { return r.HostOf(int(row % int64(r.Shards()))) }
+func HostOfRow(row int64, r *paramserver.Round) int { return r.HostOf(int(row % int64(r.Shards()))) }
 
 // TestPSAsyncStalenessBound: in async mode a push computed on a pull more
 // than MaxStaleness updates old is refused with ErrStale and changes
 // nothing; one within the bound is applied; the round stays usable.
 func TestPSAsyncStalenessBound(t *testing.T) {
-	spec := TableSpec{Name: "emb", Rows: 10, Dim: 2, Optimizer: NewSparseSGD(1)}
-	pcfg := DefaultPSConfig()
-	pcfg.Mode, pcfg.MaxStaleness = PSAsync, 2
-	nodes := newPSNodes(t, 2, psTestConfig(t), []TableSpec{spec}, pcfg)
-	rs := mustPSRounds(t, nodes, 1, PSWorld{Shards: 1, Hosts: []int{0}}, 0)
+	spec := paramserver.TableSpec{Name: "emb", Rows: 10, Dim: 2, Optimizer: paramserver.NewSparseSGD(1)}
+	pcfg := paramserver.DefaultConfig()
+	pcfg.Mode, pcfg.MaxStaleness = paramserver.Async, 2
+	nodes := newPSNodes(t, 2, psTestConfig(t), []paramserver.TableSpec{spec}, pcfg)
+	rs := mustPSRounds(t, nodes, 1, paramserver.World{Shards: 1, Hosts: []int{0}}, 0)
 	ctx := context.Background()
-	row := func(r *PSRound) []float32 {
-		b := Rows{Table: 0, IDs: []int64{3}, Values: make([]float32, 2)}
+	row := func(r *paramserver.Round) []float32 {
+		b := paramserver.Rows{Table: 0, IDs: []int64{3}, Values: make([]float32, 2)}
 		if err := r.Pull(ctx, b); err != nil {
 			t.Fatal(err)
 		}
 		return b.Values
 	}
-	one := func(v float32) Rows { return Rows{Table: 0, IDs: []int64{3}, Values: []float32{v, v}} }
+	one := func(v float32) paramserver.Rows {
+		return paramserver.Rows{Table: 0, IDs: []int64{3}, Values: []float32{v, v}}
+	}
 	row(rs[1]) // rank 1 pulls version 0
 	for i := 0; i < 3; i++ {
 		row(rs[0])
@@ -449,7 +451,7 @@ func TestPSAsyncStalenessBound(t *testing.T) {
 	}
 	before := row(rs[0])
 	err := rs[1].Push(ctx, one(100)) // computed at version 0, shard at 3 > 0+2
-	if !errors.Is(err, ErrStale) {
+	if !errors.Is(err, paramserver.ErrStale) {
 		t.Fatalf("stale push: got %v, want ErrStale", err)
 	}
 	if after := row(rs[0]); after[0] != before[0] {

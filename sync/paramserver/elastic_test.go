@@ -1,9 +1,11 @@
-package sync
+package paramserver_test
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	elsync "github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/paramserver"
 	mrand "math/rand/v2"
 	gosync "sync"
 	"sync/atomic"
@@ -14,11 +16,11 @@ import (
 
 // countingStore counts the shards loaded from it.
 type countingStore struct {
-	*MemoryShardStore
+	*paramserver.MemoryShardStore
 	loads atomic.Int64
 }
 
-func (s *countingStore) LoadShard(ctx context.Context, key ShardKey) ([]byte, error) {
+func (s *countingStore) LoadShard(ctx context.Context, key paramserver.ShardKey) ([]byte, error) {
 	s.loads.Add(1)
 	return s.MemoryShardStore.LoadShard(ctx, key)
 }
@@ -28,34 +30,22 @@ type psRow struct{ val, st []float32 }
 
 // dumpShards collects every row of every table held by the live shards of
 // rs, failing if a row is held twice or not at all.
-func dumpShards(t testing.TB, specs []TableSpec, rs []*PSRound) [][]psRow {
+func dumpShards(t testing.TB, specs []paramserver.TableSpec, rs []*paramserver.Round) [][]psRow {
 	t.Helper()
 	out := make([][]psRow, len(specs))
 	for tb := range specs {
 		out[tb] = make([]psRow, specs[tb].Rows)
 	}
 	for _, r := range rs {
-		for _, sh := range r.local {
-			if sh == nil {
-				continue
+		var twice string
+		paramserver.EachHeldRow(r, func(tb int, row int64, shard int, val, st []float32) {
+			if out[tb][row].val != nil && twice == "" {
+				twice = fmt.Sprintf("table %d row %d is held twice (again by shard %d on rank %d)", tb, row, shard, r.Rank())
 			}
-			<-sh.ready
-			sh.mu.Lock()
-			for tb := range specs {
-				tab := &sh.data.tables[tb]
-				for l := int64(0); l < tab.n; l++ {
-					row := l*int64(r.shards) + int64(sh.idx)
-					if out[tb][row].val != nil {
-						sh.mu.Unlock()
-						t.Fatalf("table %d row %d is held twice (again by shard %d on rank %d)", tb, row, sh.idx, r.rank)
-					}
-					out[tb][row] = psRow{
-						val: append([]float32(nil), tab.val[l*int64(tab.dim):(l+1)*int64(tab.dim)]...),
-						st:  append([]float32(nil), tab.st[l*int64(tab.sdim):(l+1)*int64(tab.sdim)]...),
-					}
-				}
-			}
-			sh.mu.Unlock()
+			out[tb][row] = psRow{val: append([]float32(nil), val...), st: append([]float32(nil), st...)}
+		})
+		if twice != "" {
+			t.Fatal(twice)
 		}
 	}
 	for tb := range out {
@@ -81,22 +71,22 @@ func sameRows(t testing.TB, what string, got, want [][]psRow) {
 }
 
 // trainSteps runs n sync steps of random pushes on every rank.
-func trainSteps(t testing.TB, rs []*PSRound, specs []TableSpec, rng *mrand.Rand, n int) {
+func trainSteps(t testing.TB, rs []*paramserver.Round, specs []paramserver.TableSpec, rng *mrand.Rand, n int) {
 	t.Helper()
 	for range n {
-		pushes := make([][]Rows, len(rs))
+		pushes := make([][]paramserver.Rows, len(rs))
 		for w := range rs {
 			for tb := range specs {
 				pushes[w] = append(pushes[w], randomBatch(rng, specs, tb, 20))
 			}
 		}
-		eachRank(t, "push", rs, func(w int, r *PSRound) error { return r.Push(context.Background(), pushes[w]...) })
+		eachRank(t, "push", rs, func(w int, r *paramserver.Round) error { return r.Push(context.Background(), pushes[w]...) })
 	}
 }
 
-func commitAll(t testing.TB, rs []*PSRound, step int64) {
+func commitAll(t testing.TB, rs []*paramserver.Round, step int64) {
 	t.Helper()
-	eachRank(t, "commit", rs, func(_ int, r *PSRound) error { return r.Commit(context.Background(), step) })
+	eachRank(t, "commit", rs, func(_ int, r *paramserver.Round) error { return r.Commit(context.Background(), step) })
 }
 
 // TestPSRepartition4To3To5: 4 shards on 4 ranks train and commit; one rank
@@ -107,9 +97,9 @@ func commitAll(t testing.TB, rs []*PSRound, step int64) {
 // values and optimizer state it had at the commit. Finally a whole-job
 // restart (all new processes) restores onto 2 shards from the store alone.
 func TestPSRepartition4To3To5(t *testing.T) {
-	specs := psTables()
-	store := &countingStore{MemoryShardStore: NewMemoryShardStore()}
-	pcfg := DefaultPSConfig()
+	specs := paramserver.PSTables()
+	store := &countingStore{MemoryShardStore: paramserver.NewMemoryShardStore()}
+	pcfg := paramserver.DefaultConfig()
 	pcfg.Store = store
 	pcfg.FrameRows = 5
 	cfg := psTestConfig(t)
@@ -117,7 +107,7 @@ func TestPSRepartition4To3To5(t *testing.T) {
 	rng := mrand.New(mrand.NewPCG(4, 3))
 
 	// Round 1: ranks 0..3 = nodes 0..3.
-	r1 := mustPSRounds(t, nodes[:4], 1, PSWorld{}, 0)
+	r1 := mustPSRounds(t, nodes[:4], 1, paramserver.World{}, 0)
 	trainSteps(t, r1, specs, rng, 3)
 	commitAll(t, r1, 3)
 	at3 := dumpShards(t, specs, r1)
@@ -132,7 +122,7 @@ func TestPSRepartition4To3To5(t *testing.T) {
 	// Round 2: nodes 0, 2, 3 on 3 shards, from step 3.
 	n2 := []*psNode{nodes[0], nodes[2], nodes[3]}
 	loads := store.loads.Load()
-	r2 := mustPSRounds(t, n2, 2, PSWorld{}, 3)
+	r2 := mustPSRounds(t, n2, 2, paramserver.World{}, 3)
 	sameRows(t, "4 -> 3 shards", dumpShards(t, specs, r2), at3)
 	if got := store.loads.Load() - loads; got == 0 {
 		t.Fatalf("the dead rank's shard was not loaded from the store")
@@ -152,7 +142,7 @@ func TestPSRepartition4To3To5(t *testing.T) {
 	// Round 3: the three survivors and two new nodes, on 5 shards.
 	n3 := []*psNode{nodes[0], nodes[2], nodes[3], nodes[4], nodes[5]}
 	loads = store.loads.Load()
-	r3 := mustPSRounds(t, n3, 3, PSWorld{}, 5)
+	r3 := mustPSRounds(t, n3, 3, paramserver.World{}, 5)
 	sameRows(t, "3 -> 5 shards", dumpShards(t, specs, r3), at5)
 	if got := store.loads.Load() - loads; got != 0 {
 		t.Fatalf("%d shards loaded from the store although every old owner is alive", got)
@@ -165,7 +155,7 @@ func TestPSRepartition4To3To5(t *testing.T) {
 
 	// Whole-job restart: two fresh processes, step 5 from the store only.
 	fresh := newPSNodes(t, 2, cfg, specs, pcfg)
-	r4 := mustPSRounds(t, fresh, 4, PSWorld{}, 5)
+	r4 := mustPSRounds(t, fresh, 4, paramserver.World{}, 5)
 	sameRows(t, "store -> 2 shards", dumpShards(t, specs, r4), at5)
 }
 
@@ -173,24 +163,24 @@ func TestPSRepartition4To3To5(t *testing.T) {
 // is gone cannot be restored: every rank of the new round gets ErrRowsLost
 // naming it, none starts with rows missing.
 func TestPSRowsLostWithoutStore(t *testing.T) {
-	specs := psTables()
-	nodes := newPSNodes(t, 3, psTestConfig(t), specs, DefaultPSConfig())
-	r1 := mustPSRounds(t, nodes, 1, PSWorld{}, 0)
+	specs := paramserver.PSTables()
+	nodes := newPSNodes(t, 3, psTestConfig(t), specs, paramserver.DefaultConfig())
+	r1 := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
 	trainSteps(t, r1, specs, mrand.New(mrand.NewPCG(1, 1)), 1)
 	commitAll(t, r1, 1)
 	for _, r := range r1 {
 		r.Close()
 	}
 	nodes[2].ps.Close()
-	_, errs := psRounds(nodes[:2], 2, PSWorld{}, 1)
+	_, errs := psRounds(nodes[:2], 2, paramserver.World{}, 1)
 	for i, err := range errs {
-		if !errors.Is(err, ErrRowsLost) {
+		if !errors.Is(err, paramserver.ErrRowsLost) {
 			t.Fatalf("rank %d: got %v, want ErrRowsLost", i, err)
 		}
 	}
 	// The same restore with the dead rank's commit on a live node is fine:
 	// step 0 (the initial values) needs nobody.
-	rs := mustPSRounds(t, nodes[:2], 3, PSWorld{}, 0)
+	rs := mustPSRounds(t, nodes[:2], 3, paramserver.World{}, 0)
 	if rs[0].Step() != 0 {
 		t.Fatal("bad step")
 	}
@@ -201,15 +191,15 @@ func TestPSRowsLostWithoutStore(t *testing.T) {
 // gone, so its push fails and round 2's rows do not change; and a frame
 // carrying another round's number on a live connection is refused.
 func TestPSOldRoundFenced(t *testing.T) {
-	specs := psTables()
-	pcfg := DefaultPSConfig()
-	pcfg.Store = NewMemoryShardStore()
+	specs := paramserver.PSTables()
+	pcfg := paramserver.DefaultConfig()
+	pcfg.Store = paramserver.NewMemoryShardStore()
 	nodes := newPSNodes(t, 3, psTestConfig(t), specs, pcfg)
-	r1 := mustPSRounds(t, nodes, 1, PSWorld{}, 0)
+	r1 := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
 	commitAll(t, r1, 0)
 	// Nodes 1 and 2 move on to round 2 without node 0 (Round closes their
 	// round-1 PSRounds).
-	r2 := mustPSRounds(t, nodes[1:], 2, PSWorld{}, 0)
+	r2 := mustPSRounds(t, nodes[1:], 2, paramserver.World{}, 0)
 	before := dumpShards(t, specs, r2)
 	push := randomBatch(mrand.New(mrand.NewPCG(2, 2)), specs, 0, 30)
 	if err := r1[0].Push(context.Background(), push); err == nil {
@@ -218,15 +208,12 @@ func TestPSOldRoundFenced(t *testing.T) {
 	sameRows(t, "after the zombie's push", dumpShards(t, specs, r2), before)
 
 	// A frame of round 1 on a round-2 connection: refused as a bad frame.
-	p := r2[0].peers[1]
 	h := wire.PSHeader{Kind: wire.PSPull, Round: 1, ID: 99, Aux: 1}
 	var hb [wire.PSHeaderSize]byte
 	h.Put(hb[:])
-	p.wmu.Lock()
-	p.conn.Write(hb[:])
-	p.wmu.Unlock()
+	paramserver.WriteRaw(r2[0], 1, hb[:])
 	<-r2[1].Done()
-	if err := r2[1].Err(); !errors.Is(err, ErrBadFrame) {
+	if err := r2[1].Err(); !errors.Is(err, elsync.ErrBadFrame) {
 		t.Fatalf("rank 1 of round 2: got %v, want ErrBadFrame", err)
 	}
 }
@@ -235,19 +222,19 @@ func TestPSOldRoundFenced(t *testing.T) {
 // dedicated parameter-server process); ranks 1..3 pull and push. Results
 // match the reference, and the host's Done closes when the workers close.
 func TestPSDedicatedHost(t *testing.T) {
-	specs := psTables()
-	nodes := newPSNodes(t, 4, psTestConfig(t), specs, DefaultPSConfig())
-	rs := mustPSRounds(t, nodes, 1, PSWorld{Hosts: []int{0}, Workers: []int{1, 2, 3}, Shards: 3}, 0)
+	specs := paramserver.PSTables()
+	nodes := newPSNodes(t, 4, psTestConfig(t), specs, paramserver.DefaultConfig())
+	rs := mustPSRounds(t, nodes, 1, paramserver.World{Hosts: []int{0}, Workers: []int{1, 2, 3}, Shards: 3}, 0)
 	ref := newPSRef(specs)
 	rng := mrand.New(mrand.NewPCG(5, 5))
 	for step := 0; step < 3; step++ {
-		pushes := make([][]Rows, 4)
+		pushes := make([][]paramserver.Rows, 4)
 		for w := 1; w < 4; w++ {
 			for tb := range specs {
 				pushes[w] = append(pushes[w], randomBatch(rng, specs, tb, 15))
 			}
 		}
-		eachRank(t, "push", rs[1:], func(i int, r *PSRound) error { return r.Push(context.Background(), pushes[i+1]...) })
+		eachRank(t, "push", rs[1:], func(i int, r *paramserver.Round) error { return r.Push(context.Background(), pushes[i+1]...) })
 		ref.step(pushes)
 	}
 	for tb := range specs {
@@ -258,7 +245,7 @@ func TestPSDedicatedHost(t *testing.T) {
 			}
 		}
 	}
-	if err := rs[0].Push(context.Background()); !errors.Is(err, ErrInvalid) {
+	if err := rs[0].Push(context.Background()); !errors.Is(err, elsync.ErrInvalid) {
 		t.Fatalf("push from the dedicated host: got %v, want ErrInvalid", err)
 	}
 	var wg gosync.WaitGroup
@@ -270,58 +257,24 @@ func TestPSDedicatedHost(t *testing.T) {
 	<-rs[0].Done()
 }
 
-// TestPSShardEncoding: a shard round-trips through its encoding; any
-// truncation or flipped bit is ErrCorruptShard, never a panic; a store
-// holding a corrupt shard fails the restore with ErrCorruptShard.
-func TestPSShardEncoding(t *testing.T) {
-	specs := psTables()
-	d := newShardData(specs, 1, 3)
-	initShardData(specs, d)
-	d.step = 42
-	b := encodeShard(nil, specs, d)
-	got, err := decodeShard(b, specs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got.step != 42 || got.shards != 3 || got.shard != 1 || fmt.Sprint(got.tables) != fmt.Sprint(d.tables) {
-		t.Fatal("round trip changed the shard")
-	}
-	info, err := DecodeShardInfo(b)
-	if err != nil || info.Step != 42 || len(info.Tables) != 3 || info.Tables[1].Name != "items" || info.Tables[1].Held != ShardRows(61, 1, 3) {
-		t.Fatalf("DecodeShardInfo = %+v, %v", info, err)
-	}
-	for n := 0; n < len(b); n += 1 + n/7 {
-		if _, err := decodeShard(b[:n], specs); !errors.Is(err, ErrCorruptShard) {
-			t.Fatalf("truncated to %d bytes: %v", n, err)
-		}
-	}
-	for i := 0; i < len(b); i += 3 {
-		c := append([]byte(nil), b...)
-		c[i] ^= 0x10
-		if _, err := decodeShard(c, specs); !errors.Is(err, ErrCorruptShard) {
-			t.Fatalf("bit flipped at %d: %v", i, err)
-		}
-	}
-	other := psTables()
-	other[1].Dim = 6
-	if _, err := decodeShard(b, other); !errors.Is(err, ErrCorruptShard) {
-		t.Fatalf("other table specs: %v", err)
-	}
-
+// TestPSCorruptShardInStore: a store holding a corrupt shard fails the
+// restore with ErrCorruptShard (the encoding itself is TestPSShardEncoding's).
+func TestPSCorruptShardInStore(t *testing.T) {
+	specs := paramserver.PSTables()
 	// A corrupt shard in the store fails the restore on every rank.
-	store := NewMemoryShardStore()
-	pcfg := DefaultPSConfig()
+	store := paramserver.NewMemoryShardStore()
+	pcfg := paramserver.DefaultConfig()
 	pcfg.Store = store
 	cfg := psTestConfig(t)
 	nodes := newPSNodes(t, 2, cfg, specs, pcfg)
-	r1 := mustPSRounds(t, nodes, 1, PSWorld{}, 0)
+	r1 := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
 	commitAll(t, r1, 0)
 	trainSteps(t, r1, specs, mrand.New(mrand.NewPCG(3, 3)), 1)
 	commitAll(t, r1, 1)
 	for _, r := range r1 {
 		r.Close()
 	}
-	key := ShardKey{Step: 1, Shards: 2, Shard: 1}
+	key := paramserver.ShardKey{Step: 1, Shards: 2, Shard: 1}
 	blob, err := store.LoadShard(context.Background(), key)
 	if err != nil {
 		t.Fatal(err)
@@ -329,13 +282,13 @@ func TestPSShardEncoding(t *testing.T) {
 	blob[len(blob)/2] ^= 1
 	store.SaveShard(context.Background(), key, blob)
 	fresh := newPSNodes(t, 2, cfg, specs, pcfg)
-	_, errs := psRounds(fresh, 1, PSWorld{}, 1)
+	_, errs := psRounds(fresh, 1, paramserver.World{}, 1)
 	corrupt := 0
 	for _, err := range errs {
 		if err == nil {
 			t.Fatal("a restore from a corrupt shard succeeded")
 		}
-		if errors.Is(err, ErrCorruptShard) {
+		if errors.Is(err, paramserver.ErrCorruptShard) {
 			corrupt++
 		}
 	}
@@ -344,49 +297,21 @@ func TestPSShardEncoding(t *testing.T) {
 	}
 }
 
-// FuzzPSHeader: the frame header decoder never panics and rejects what it
-// cannot bound.
-func FuzzPSHeader(f *testing.F) {
-	var b [wire.PSHeaderSize]byte
-	(&wire.PSHeader{Kind: wire.PSPush, Length: 16, Round: 3, Count: 1}).Put(b[:])
-	f.Add(b[:])
-	f.Add([]byte{0xa2, 0xe7, 9})
-	f.Fuzz(func(t *testing.T, data []byte) {
-		h, err := wire.ParsePSHeader(data, 1<<20)
-		if err == nil && (h.Length > 1<<20 || h.Kind == 0 || h.Kind > wire.PSBarrier) {
-			t.Fatalf("accepted %+v", h)
-		}
-	})
-}
-
-// FuzzPSShardDecode: the shard decoder never panics on any input.
-func FuzzPSShardDecode(f *testing.F) {
-	specs := psTables()
-	d := newShardData(specs, 0, 2)
-	f.Add(encodeShard(nil, specs, d))
-	f.Add([]byte("ETPS"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		if _, err := decodeShard(data, specs); err != nil && !errors.Is(err, ErrCorruptShard) {
-			t.Fatalf("error %v does not wrap ErrCorruptShard", err)
-		}
-	})
-}
-
 // TestPSBarrierThenClose: after Barrier every rank may close at once:
 // no rank fails because another left first, and a barrier waits for the
 // slowest rank.
 func TestPSBarrierThenClose(t *testing.T) {
-	specs := psTables()
+	specs := paramserver.PSTables()
 	for iter := 0; iter < 5; iter++ {
-		nodes := newPSNodes(t, 4, psTestConfig(t), specs, DefaultPSConfig())
-		rs, errs := psRounds(nodes, 1, PSWorld{}, 0)
+		nodes := newPSNodes(t, 4, psTestConfig(t), specs, paramserver.DefaultConfig())
+		rs, errs := psRounds(nodes, 1, paramserver.World{}, 0)
 		for i, err := range errs {
 			if err != nil {
 				t.Fatalf("rank %d: %v", i, err)
 			}
 		}
 		var entered atomic.Int32
-		eachRank(t, "barrier", rs, func(w int, r *PSRound) error {
+		eachRank(t, "barrier", rs, func(w int, r *paramserver.Round) error {
 			for b := 0; b < 3; b++ {
 				entered.Add(1)
 				if err := r.Barrier(context.Background()); err != nil {
@@ -400,7 +325,7 @@ func TestPSBarrierThenClose(t *testing.T) {
 			return nil
 		})
 		for i, r := range rs {
-			if err := r.Err(); !errors.Is(err, ErrClosed) {
+			if err := r.Err(); !errors.Is(err, elsync.ErrClosed) {
 				t.Fatalf("rank %d after its close: %v", i, err)
 			}
 		}
@@ -413,15 +338,15 @@ func TestPSBarrierThenClose(t *testing.T) {
 // later round cannot restore it, and DirShardStore.RemoveAfter removes its
 // files.
 func TestPSReadTablesAndForget(t *testing.T) {
-	specs := psTables()
-	store, err := NewDirShardStore(t.TempDir(), 0)
+	specs := paramserver.PSTables()
+	store, err := paramserver.NewDirShardStore(t.TempDir(), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	pcfg := DefaultPSConfig()
+	pcfg := paramserver.DefaultConfig()
 	pcfg.Store = store
 	nodes := newPSNodes(t, 3, psTestConfig(t), specs, pcfg)
-	rs := mustPSRounds(t, nodes, 1, PSWorld{}, 0)
+	rs := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
 	trainSteps(t, rs, specs, mrand.New(mrand.NewPCG(5, 5)), 2)
 	commitAll(t, rs, 2)
 	at2 := dumpShards(t, specs, rs)
@@ -454,14 +379,14 @@ func TestPSReadTablesAndForget(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("from the store after Close", got)
-	if _, err := nodes[0].ps.ReadTables(context.Background(), 7); !errors.Is(err, ErrRowsLost) {
+	if _, err := nodes[0].ps.ReadTables(context.Background(), 7); !errors.Is(err, paramserver.ErrRowsLost) {
 		t.Fatalf("a step never committed: %v", err)
 	}
 
 	// Step 3 is rolled back: forgotten in memory and removed from the store,
 	// a round restoring it fails on every rank instead of finding it.
 	fresh := newPSNodes(t, 2, psTestConfig(t), specs, pcfg)
-	r2 := mustPSRounds(t, fresh, 2, PSWorld{}, 3)
+	r2 := mustPSRounds(t, fresh, 2, paramserver.World{}, 3)
 	commitAll(t, r2, 3)
 	for _, r := range r2 {
 		r.Close()
@@ -478,12 +403,12 @@ func TestPSReadTablesAndForget(t *testing.T) {
 	if s := store.Steps(); fmt.Sprint(s) != "[2]" {
 		t.Fatalf("store steps %v after RemoveAfter(2), want [2]", s)
 	}
-	_, errs := psRounds(fresh, 3, PSWorld{}, 3)
+	_, errs := psRounds(fresh, 3, paramserver.World{}, 3)
 	for i, err := range errs {
-		if !errors.Is(err, ErrRowsLost) {
+		if !errors.Is(err, paramserver.ErrRowsLost) {
 			t.Fatalf("rank %d restoring a removed step: %v", i, err)
 		}
 	}
-	r4 := mustPSRounds(t, fresh, 4, PSWorld{}, 2)
+	r4 := mustPSRounds(t, fresh, 4, paramserver.World{}, 2)
 	sameRows(t, "restore of step 2 onto 2 shards", dumpShards(t, specs, r4), at2)
 }

@@ -1,8 +1,9 @@
-package sync
+package paramserver
 
 import (
 	"context"
 	"fmt"
+	"github.com/elastictrain/elastictrain/sync/mesh"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -11,7 +12,7 @@ import (
 	"strings"
 	gosync "sync"
 
-	"github.com/elastictrain/elastictrain/internal/atomicfile"
+	"github.com/elastictrain/elastictrain/internal/stepdir"
 )
 
 // ShardKey names one committed shard: shard Shard of a layout of Shards
@@ -72,7 +73,7 @@ func (s *MemoryShardStore) LoadShard(ctx context.Context, key ShardKey) ([]byte,
 	defer s.mu.Unlock()
 	d, ok := s.m[key]
 	if !ok {
-		return nil, fmt.Errorf("sync: shard %d/%d of step %d: %w", key.Shard, key.Shards, key.Step, fs.ErrNotExist)
+		return nil, fmt.Errorf("paramserver: shard %d/%d of step %d: %w", key.Shard, key.Shards, key.Step, fs.ErrNotExist)
 	}
 	return slices.Clone(d), nil
 }
@@ -101,93 +102,58 @@ func (s *MemoryShardStore) Delete(key ShardKey) {
 }
 
 // DirShardStore is a ShardStore in a local (or shared network) directory:
-// dir/step-<step>/of-<shards>/shard-<shard>.bin, each written to a temporary
-// file, fsynced and renamed into place, and the directory fsynced (the
-// module's one atomic file writer, shared with the trainer's checkpoints),
-// so a crash leaves either the old or the new file whole (the encoding's
-// checksum catches anything else).
-// Safe for concurrent use by goroutines and processes.
+// dir/step-<step>/of-<shards>/shard-<shard>.bin, one directory per step in
+// the module's keep-N atomic directory store (internal/stepdir, shared with
+// the trainer's checkpoints): each file written to a temporary file,
+// fsynced and renamed into place, and the directory fsynced, so a crash
+// leaves either the old or the new file whole (the encoding's checksum
+// catches anything else). Safe for concurrent use by goroutines and
+// processes.
 type DirShardStore struct {
-	dir  string
-	keep int
+	st *stepdir.Store
 }
 
 // NewDirShardStore returns a store in dir (created if missing) that keeps
 // the shards of the newest keep steps and removes older ones after each
-// save (keep <= 0 keeps everything). Keep at least 3 so that a restore
-// step is never removed while a round uses it.
+// save (keep <= 0 keeps everything): the step just saved and the keep-1
+// newest steps before it; steps after it (another history's, see
+// RemoveAfter) are left alone and do not count. Keep at least 3 so that a
+// restore step is never removed while a round uses it.
 func NewDirShardStore(dir string, keep int) (*DirShardStore, error) {
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return nil, fmt.Errorf("sync: shard store: %w", err)
+	st, err := stepdir.New(dir, "step-", "", stepdir.Dir, keep)
+	if err != nil {
+		return nil, fmt.Errorf("paramserver: shard store: %w", err)
 	}
-	return &DirShardStore{dir: dir, keep: keep}, nil
+	return &DirShardStore{st: st}, nil
 }
 
-func (s *DirShardStore) path(k ShardKey) string {
-	return filepath.Join(s.stepDir(k.Step), fmt.Sprintf("of-%05d", k.Shards), fmt.Sprintf("shard-%05d.bin", k.Shard))
-}
-
-func (s *DirShardStore) stepDir(step int64) string {
-	return filepath.Join(s.dir, fmt.Sprintf("step-%020d", step))
+// rel is key's file within its step's directory.
+func (k ShardKey) rel() string {
+	return filepath.Join(fmt.Sprintf("of-%05d", k.Shards), fmt.Sprintf("shard-%05d.bin", k.Shard))
 }
 
 // Path returns the file in which key is (or would be) stored.
-func (s *DirShardStore) Path(key ShardKey) string { return s.path(key) }
+func (s *DirShardStore) Path(key ShardKey) string {
+	return filepath.Join(s.st.Path(key.Step), key.rel())
+}
 
 // Dir returns the store's directory.
-func (s *DirShardStore) Dir() string { return s.dir }
+func (s *DirShardStore) Dir() string { return s.st.Dir() }
 
-// SaveShard implements ShardStore.
+// SaveShard implements ShardStore, then removes steps beyond the newest
+// keep (a failure to remove them is not the save's).
 func (s *DirShardStore) SaveShard(ctx context.Context, key ShardKey, data []byte) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
 	if key.Step < 0 || key.Shards < 1 || key.Shard < 0 || key.Shard >= key.Shards {
-		return fmt.Errorf("%w: shard key %+v", ErrInvalid, key)
+		return fmt.Errorf("%w: shard key %+v", mesh.ErrInvalid, key)
 	}
-	p := s.path(key)
-	if err := atomicfile.MkdirAll(filepath.Dir(p)); err != nil {
-		return fmt.Errorf("sync: shard store: %w", err)
+	if _, err := s.st.Write(key.Step, key.rel(), data); err != nil {
+		return fmt.Errorf("paramserver: shard store: save %s: %w", s.Path(key), err)
 	}
-	if _, err := atomicfile.Write(p, data); err != nil {
-		return fmt.Errorf("sync: shard store: save %s: %w", p, err)
-	}
-	s.prune(key.Step)
+	s.st.Prune(key.Step)
 	return nil
-}
-
-// prune removes the directories of steps older than the keep newest.
-func (s *DirShardStore) prune(latest int64) {
-	if s.keep <= 0 {
-		return
-	}
-	steps := s.steps()
-	if len(steps) <= s.keep {
-		return
-	}
-	for _, st := range steps[:len(steps)-s.keep] {
-		if st < latest {
-			atomicfile.RemoveAll(s.stepDir(st))
-		}
-	}
-}
-
-// steps lists the steps present, ascending.
-func (s *DirShardStore) steps() []int64 {
-	ents, err := os.ReadDir(s.dir)
-	if err != nil {
-		return nil
-	}
-	var steps []int64
-	for _, e := range ents {
-		if v, ok := strings.CutPrefix(e.Name(), "step-"); ok && e.IsDir() {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				steps = append(steps, n)
-			}
-		}
-	}
-	slices.Sort(steps)
-	return steps
 }
 
 // LoadShard implements ShardStore.
@@ -195,9 +161,9 @@ func (s *DirShardStore) LoadShard(ctx context.Context, key ShardKey) ([]byte, er
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	b, err := os.ReadFile(s.path(key))
+	b, err := os.ReadFile(s.Path(key))
 	if err != nil {
-		return nil, fmt.Errorf("sync: shard store: %w", err)
+		return nil, fmt.Errorf("paramserver: shard store: %w", err)
 	}
 	return b, nil
 }
@@ -207,13 +173,13 @@ func (s *DirShardStore) ListShards(ctx context.Context, step int64) ([]ShardKey,
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	root := s.stepDir(step)
+	root := s.st.Path(step)
 	layouts, err := os.ReadDir(root)
 	if err != nil {
 		if os.IsNotExist(err) {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("sync: shard store: %w", err)
+		return nil, fmt.Errorf("paramserver: shard store: %w", err)
 	}
 	var keys []ShardKey
 	for _, l := range layouts {
@@ -239,7 +205,10 @@ func (s *DirShardStore) ListShards(ctx context.Context, step int64) ([]ShardKey,
 }
 
 // Steps returns the steps with shards in the store, ascending.
-func (s *DirShardStore) Steps() []int64 { return s.steps() }
+func (s *DirShardStore) Steps() []int64 {
+	steps, _ := s.st.Steps()
+	return steps
+}
 
 // RemoveAfter removes the shards of every step after step: commits of a
 // history that was rolled back or abandoned (a round restored an older
@@ -247,15 +216,11 @@ func (s *DirShardStore) Steps() []int64 { return s.steps() }
 // mistaken for the new history's commits of the same step numbers. Call it
 // while no process of the job saves shards.
 func (s *DirShardStore) RemoveAfter(ctx context.Context, step int64) error {
-	for _, st := range s.steps() {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		if st > step {
-			if err := atomicfile.RemoveAll(s.stepDir(st)); err != nil {
-				return fmt.Errorf("sync: shard store: %w", err)
-			}
-		}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := s.st.RemoveAfter(step); err != nil {
+		return fmt.Errorf("paramserver: shard store: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package sync
+package paramserver
 
 import (
 	"encoding/binary"
