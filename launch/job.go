@@ -107,6 +107,8 @@ type Job struct {
 	// own releases before the launcher shrinks what is left.
 	shrinkTimer *time.Timer
 	shrinkTime  <-chan time.Time
+
+	eventMu sync.Mutex // serialises Hooks.OnEvent
 }
 
 // proc is one worker process.
@@ -119,8 +121,9 @@ type proc struct {
 	killed  bool // the launcher SIGKILLed it (supervisor)
 	// afterFinish: killed because it outstayed the finished job (supervisor)
 	afterFinish bool
-	released    bool // it called Release (supervisor)
-	shrunk      bool // the launcher told it to leave: the capacity dropped (supervisor)
+	released    bool       // it called Release (supervisor)
+	shrunk      bool       // the launcher told it to leave: the capacity dropped (supervisor)
+	events      *eventPipe // its events, with Hooks.OnEvent; nil otherwise
 }
 
 type procExit struct {
@@ -536,13 +539,18 @@ func (j *Job) spawn(i, restart int) error {
 	// after this long rather than holding up the exit (they are killed
 	// with its process group anyway).
 	cmd.WaitDelay = 2 * time.Second
+	if err := j.openEvents(p, cmd); err != nil {
+		return err
+	}
 	if j.hooks.Prepare != nil {
 		if err := j.hooks.Prepare(p.Process, cmd); err != nil {
+			p.events.abandon()
 			return fmt.Errorf("launch: worker %d: prepare: %w", i, err)
 		}
 	}
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
+		p.events.abandon()
 		return fmt.Errorf("launch: start worker %d: %w", i, err)
 	}
 	p.cmd, p.PID, p.started = cmd, cmd.Process.Pid, time.Now()
@@ -556,6 +564,7 @@ func (j *Job) spawn(i, restart int) error {
 	if j.hooks.OnStart != nil {
 		j.hooks.OnStart(p.Process)
 	}
+	j.startEvents(p)
 	return nil
 }
 
@@ -574,6 +583,7 @@ func (j *Job) wait(p *proc) {
 		_ = signalGroup(p.PID, syscall.SIGKILL)
 	}
 	err := p.cmd.Wait()
+	p.events.drain()
 	j.exitc <- procExit{p: p, err: err}
 }
 
