@@ -208,7 +208,8 @@ func (s Spec) Validate() error {
 // of a Job are called one at a time, never concurrently: from Start for the
 // first workers, then from the job's own goroutine. They must not block for
 // long and must not call Add, Signal or Wait (which wait for that
-// goroutine); Stop and Kill are safe in them.
+// goroutine); Stop and Kill are safe in them. OnEvent is the exception:
+// see its comment.
 type Hooks struct {
 	// Prepare is called before each worker process starts (restarts too)
 	// with the command about to start: Path, Args, Env, Dir, Stdout and
@@ -228,6 +229,19 @@ type Hooks struct {
 	// it runs for a reason other than a crash: the capacity file changed,
 	// a worker's Resize or Release, or Job.Add.
 	OnScale func(Scale)
+	// OnEvent, when set, turns the event protocol on: every worker
+	// process gets a pipe of its own, named to it in EnvEvents (file
+	// descriptor 3, before any ExtraFiles Prepare adds), on which its
+	// Emitter writes Events, and the launcher hands each one to OnEvent
+	// with Event.Worker set to the process's index. For one process, OnStart
+	// returns before its first OnEvent, and every event it wrote has been
+	// handed on before its OnExit (the launcher waits up to 2 s after the
+	// exit for the pipe to close; a child that keeps it open loses what it
+	// writes later). OnEvent is called from the reading goroutine of each
+	// process, one call at a time over the whole job, but concurrently
+	// with the other hooks; while it blocks, that worker's writes wait once
+	// its pipe is full. It may call every method of Job but Wait.
+	OnEvent func(Event)
 }
 
 // Scale is one change of the number of workers the launcher runs (see
