@@ -268,6 +268,9 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 // openStore pings Config.Redis and marks the job there, or starts the
 // embedded store.
 func (j *Job) openStore(ctx context.Context) error {
+	if j.cfg.NoStore {
+		return nil
+	}
 	if j.cfg.Redis != "" {
 		if err := ping(ctx, j.cfg.Redis); err != nil {
 			return err
