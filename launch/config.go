@@ -84,6 +84,13 @@ type Config struct {
 	// (the default) starts an embedded Redis-protocol server
 	// (elastic/standalone) in the launcher for the job's life.
 	Redis string
+	// NoStore says the workers reach their store by a configuration of
+	// their own (a TLS, ACL or Sentinel Redis, say, which the launcher's
+	// plain client cannot check): Start then neither starts the embedded
+	// store nor pings Redis, keeps no mark on the job ID, and gives the
+	// workers an empty EnvStore (WorkerEnv refuses it: such workers read
+	// their own configuration). Redis must be "". Default false.
+	NoStore bool
 	// StoreListen is where the embedded store listens when Redis is "";
 	// the workers are told the address it got. Default "127.0.0.1:0" (a
 	// free loopback port). Workers in other network namespaces (Spec.Wrap)
@@ -172,7 +179,9 @@ func (c Config) Validate() error {
 		return bad("StartupWindow %v: want 0 (off) or more", c.StartupWindow)
 	case c.GracePeriod <= 0:
 		return bad("GracePeriod %v: want more than 0", c.GracePeriod)
-	case c.Redis == "" && c.StoreListen == "":
+	case c.NoStore && c.Redis != "":
+		return bad("NoStore with Redis %q: want one of them", c.Redis)
+	case c.Redis == "" && c.StoreListen == "" && !c.NoStore:
 		return bad("StoreListen is empty: the embedded store needs an address (default 127.0.0.1:0)")
 	case c.Secret != nil && len(c.Secret) < 16:
 		return bad("Secret of %d bytes: want at least 16", len(c.Secret))
