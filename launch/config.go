@@ -222,8 +222,9 @@ func (s Spec) Validate() error {
 type Hooks struct {
 	// Prepare is called before each worker process starts (restarts too)
 	// with the command about to start: Path, Args, Env, Dir, Stdout and
-	// Stderr are set. It may add ExtraFiles, replace Stdout or Stderr, or
-	// append to Env; it must not start the command or set SysProcAttr (the
+	// Stderr are set. It may add ExtraFiles, set Stdin, replace Stdout or
+	// Stderr, or append to Args (arguments of this worker's own) or Env;
+	// it must not start the command or set SysProcAttr (the
 	// launcher's process group and parent-death signal replace it). An
 	// error counts as a failed start of that worker: the worker does not
 	// start, and Start (or Add) returns the error.
