@@ -203,7 +203,7 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 	// inherits an outer launcher's (etrun under etrun).
 	j.env = slices.DeleteFunc(j.env, func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == EnvControl || k == EnvAutoscale || k == EnvShareCores
+		return k == EnvControl || k == EnvAutoscale || k == EnvShareCores || k == EnvEvents
 	})
 	if n := cfg.GOMAXPROCS; n != -1 && !hasVar(j.env, "GOMAXPROCS") {
 		if n == 0 {
