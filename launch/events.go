@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"strconv"
 	gosync "sync"
+	"syscall"
 	"time"
 )
 
@@ -177,6 +178,9 @@ func NewEmitter() *Emitter {
 	e := &Emitter{w: io.Discard}
 	var fd, idx int
 	if _, err := fmt.Sscan(os.Getenv(EnvEvents), &fd); err == nil && fd > 2 {
+		// The worker's own children do not inherit it: the launcher
+		// reads until the last holder of the pipe is gone.
+		syscall.CloseOnExec(fd)
 		e.w = os.NewFile(uintptr(fd), "events")
 	}
 	if _, err := fmt.Sscan(os.Getenv(EnvWorker), &idx); err == nil {
