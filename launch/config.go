@@ -84,6 +84,13 @@ type Config struct {
 	// (the default) starts an embedded Redis-protocol server
 	// (elastic/standalone) in the launcher for the job's life.
 	Redis string
+	// NoStore says the workers reach their store by a configuration of
+	// their own (a TLS, ACL or Sentinel Redis, say, which the launcher's
+	// plain client cannot check): Start then neither starts the embedded
+	// store nor pings Redis, keeps no mark on the job ID, and gives the
+	// workers an empty EnvStore (WorkerEnv refuses it: such workers read
+	// their own configuration). Redis must be "". Default false.
+	NoStore bool
 	// StoreListen is where the embedded store listens when Redis is "";
 	// the workers are told the address it got. Default "127.0.0.1:0" (a
 	// free loopback port). Workers in other network namespaces (Spec.Wrap)
@@ -172,7 +179,9 @@ func (c Config) Validate() error {
 		return bad("StartupWindow %v: want 0 (off) or more", c.StartupWindow)
 	case c.GracePeriod <= 0:
 		return bad("GracePeriod %v: want more than 0", c.GracePeriod)
-	case c.Redis == "" && c.StoreListen == "":
+	case c.NoStore && c.Redis != "":
+		return bad("NoStore with Redis %q: want one of them", c.Redis)
+	case c.Redis == "" && c.StoreListen == "" && !c.NoStore:
 		return bad("StoreListen is empty: the embedded store needs an address (default 127.0.0.1:0)")
 	case c.Secret != nil && len(c.Secret) < 16:
 		return bad("Secret of %d bytes: want at least 16", len(c.Secret))
@@ -208,12 +217,14 @@ func (s Spec) Validate() error {
 // of a Job are called one at a time, never concurrently: from Start for the
 // first workers, then from the job's own goroutine. They must not block for
 // long and must not call Add, Signal or Wait (which wait for that
-// goroutine); Stop and Kill are safe in them.
+// goroutine); Stop and Kill are safe in them. OnEvent is the exception:
+// see its comment.
 type Hooks struct {
 	// Prepare is called before each worker process starts (restarts too)
 	// with the command about to start: Path, Args, Env, Dir, Stdout and
-	// Stderr are set. It may add ExtraFiles, replace Stdout or Stderr, or
-	// append to Env; it must not start the command or set SysProcAttr (the
+	// Stderr are set. It may add ExtraFiles, set Stdin, replace Stdout or
+	// Stderr, or append to Args (arguments of this worker's own) or Env;
+	// it must not start the command or set SysProcAttr (the
 	// launcher's process group and parent-death signal replace it). An
 	// error counts as a failed start of that worker: the worker does not
 	// start, and Start (or Add) returns the error.
@@ -228,6 +239,19 @@ type Hooks struct {
 	// it runs for a reason other than a crash: the capacity file changed,
 	// a worker's Resize or Release, or Job.Add.
 	OnScale func(Scale)
+	// OnEvent, when set, turns the event protocol on: every worker
+	// process gets a pipe of its own, named to it in EnvEvents (file
+	// descriptor 3, before any ExtraFiles Prepare adds), on which its
+	// Emitter writes Events, and the launcher hands each one to OnEvent
+	// with Event.Worker set to the process's index. For one process, OnStart
+	// returns before its first OnEvent, and every event it wrote has been
+	// handed on before its OnExit (the launcher waits up to 2 s after the
+	// exit for the pipe to close; a child that keeps it open loses what it
+	// writes later). OnEvent is called from the reading goroutine of each
+	// process, one call at a time over the whole job, but concurrently
+	// with the other hooks; while it blocks, that worker's writes wait once
+	// its pipe is full. It may call every method of Job but Wait.
+	OnEvent func(Event)
 }
 
 // Scale is one change of the number of workers the launcher runs (see

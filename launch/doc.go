@@ -135,6 +135,18 @@
 // closed connection. Config.Autoscale reaches the workers as EnvAutoscale
 // (Worker.Autoscale). Hooks.OnScale sees every such change.
 //
+// # Events, faults and placement
+//
+// With Hooks.OnEvent set, every worker gets a pipe of its own (EnvEvents,
+// file descriptor 3) on which it writes Events with NewEmitter: its rounds,
+// steps, the job done, an error. The launcher hands each one on, marked
+// with the worker's index, after that process's OnStart and before its
+// OnExit, one at a time; OnEvent may call Add and Signal, so a supervisor
+// can act on a step. Netns places workers in Linux network namespaces
+// (Spec.Wrap). Package launch/monitor runs a job watched by its events
+// (progress, membership changes, recovery times, a Summary), injecting the
+// step-triggered faults of launch/faults; the examples run through it.
+//
 // # Exit status
 //
 // Result.Outcome, Result.ExitStatus and Wait's error follow one rule, over

@@ -107,6 +107,8 @@ type Job struct {
 	// own releases before the launcher shrinks what is left.
 	shrinkTimer *time.Timer
 	shrinkTime  <-chan time.Time
+
+	eventMu sync.Mutex // serialises Hooks.OnEvent
 }
 
 // proc is one worker process.
@@ -119,8 +121,9 @@ type proc struct {
 	killed  bool // the launcher SIGKILLed it (supervisor)
 	// afterFinish: killed because it outstayed the finished job (supervisor)
 	afterFinish bool
-	released    bool // it called Release (supervisor)
-	shrunk      bool // the launcher told it to leave: the capacity dropped (supervisor)
+	released    bool       // it called Release (supervisor)
+	shrunk      bool       // the launcher told it to leave: the capacity dropped (supervisor)
+	events      *eventPipe // its events, with Hooks.OnEvent; nil otherwise
 }
 
 type procExit struct {
@@ -200,7 +203,7 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 	// inherits an outer launcher's (etrun under etrun).
 	j.env = slices.DeleteFunc(j.env, func(kv string) bool {
 		k, _, _ := strings.Cut(kv, "=")
-		return k == EnvControl || k == EnvAutoscale || k == EnvShareCores
+		return k == EnvControl || k == EnvAutoscale || k == EnvShareCores || k == EnvEvents
 	})
 	if n := cfg.GOMAXPROCS; n != -1 && !hasVar(j.env, "GOMAXPROCS") {
 		if n == 0 {
@@ -265,6 +268,9 @@ func Start(ctx context.Context, spec Spec, cfg Config, opts ...Option) (*Job, er
 // openStore pings Config.Redis and marks the job there, or starts the
 // embedded store.
 func (j *Job) openStore(ctx context.Context) error {
+	if j.cfg.NoStore {
+		return nil
+	}
 	if j.cfg.Redis != "" {
 		if err := ping(ctx, j.cfg.Redis); err != nil {
 			return err
@@ -536,13 +542,18 @@ func (j *Job) spawn(i, restart int) error {
 	// after this long rather than holding up the exit (they are killed
 	// with its process group anyway).
 	cmd.WaitDelay = 2 * time.Second
+	if err := j.openEvents(p, cmd); err != nil {
+		return err
+	}
 	if j.hooks.Prepare != nil {
 		if err := j.hooks.Prepare(p.Process, cmd); err != nil {
+			p.events.abandon()
 			return fmt.Errorf("launch: worker %d: prepare: %w", i, err)
 		}
 	}
 	cmd.SysProcAttr = sysProcAttr()
 	if err := cmd.Start(); err != nil {
+		p.events.abandon()
 		return fmt.Errorf("launch: start worker %d: %w", i, err)
 	}
 	p.cmd, p.PID, p.started = cmd, cmd.Process.Pid, time.Now()
@@ -556,6 +567,7 @@ func (j *Job) spawn(i, restart int) error {
 	if j.hooks.OnStart != nil {
 		j.hooks.OnStart(p.Process)
 	}
+	j.startEvents(p)
 	return nil
 }
 
@@ -574,6 +586,7 @@ func (j *Job) wait(p *proc) {
 		_ = signalGroup(p.PID, syscall.SIGKILL)
 	}
 	err := p.cmd.Wait()
+	p.events.drain()
 	j.exitc <- procExit{p: p, err: err}
 }
 

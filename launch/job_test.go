@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -60,6 +61,8 @@ func TestMain(m *testing.M) {
 //	             SIGUSR1 (an error a restart cannot fix), 143 on SIGTERM
 //	             or SIGINT
 //	refused-on-usr1  the same with StatusRefused on SIGUSR1
+//	events       emit a round, a line that is not an event, a step with a
+//	             NaN loss and "done" on its events pipe, exit 0
 func fakeWorker(mode string) int {
 	w, err := WorkerEnv()
 	if err != nil {
@@ -168,6 +171,15 @@ func fakeWorker(mode string) int {
 	case "no-handler":
 		ready()
 		time.Sleep(time.Hour)
+		return 0
+	case "events":
+		// Its events: a round, a line that is not JSON, a step with a NaN
+		// loss, then "done"; exit 0.
+		e := NewEmitter()
+		e.Emit(Event{Ev: EvRound, Round: 1, Rank: w.Index})
+		os.NewFile(3, "events").Write([]byte("{not json\n"))
+		e.Emit(Event{Ev: EvStep, Step: 1, Loss: math.NaN()})
+		e.Emit(Event{Ev: EvDone, Step: 1})
 		return 0
 	case "grandchild":
 		cmd := exec.Command("sleep", "1000")

@@ -246,8 +246,8 @@ func measureOurs(ctx context.Context, o options, im string, np int, hostOf func(
 		mode = "off"
 	}
 	extra := []string{"-np", strconv.Itoa(np), "-listen", "0.0.0.0:0", "-hierarchy", mode}
-	g, err := ranks.StartWith(ctx, np, envPrefix, "bench-", extra, func(rank int, name string, args ...string) *exec.Cmd {
-		return hostOf(rank).Command(ctx, name, args...)
+	g, err := ranks.StartWith(ctx, np, envPrefix, "bench-", extra, func(rank int) []string {
+		return []string{"ip", "netns", "exec", hostOf(rank).Namespace()}
 	})
 	if err != nil {
 		return nil, "", err

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 )
 
 // TestTheCapacityFileShrinksAndGrowsTheJob is Must show 2 of issue 28:
@@ -84,7 +84,7 @@ func TestTheCapacityFileShrinksAndGrowsTheJob(t *testing.T) {
 	require.Zero(t, res.AuditMissing)
 	require.Zero(t, res.AuditDuplicates)
 	require.Len(t, res.Scaling, 2)
-	for i, want := range []launcher.ScalingSeen{{From: 3, To: 1, Reason: "capacity"}, {From: 1, To: 2, Reason: "capacity"}} {
+	for i, want := range []monitor.ScalingSeen{{From: 3, To: 1, Reason: "capacity"}, {From: 1, To: 2, Reason: "capacity"}} {
 		got := res.Scaling[i]
 		require.Positive(t, got.Step)
 		got.Step = 0

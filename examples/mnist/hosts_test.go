@@ -11,14 +11,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/internal/netns"
 	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // The job across hosts: every worker on a host of its own (a network
 // namespace with its own address, internal/netns), or two per host, Redis
-// on another; the launcher places the workers (launcher.EnvNetns) and the
+// on another; the launcher places the workers (launch.EnvNetns) and the
 // workers listen on 0.0.0.0, so they can only train if each advertises
 // its host's address and reaches the others over the links between hosts.
 // A worker is killed mid-epoch and a new one joins later (on the host
@@ -49,7 +49,7 @@ func runOnHosts(t *testing.T, placement []string) {
 	for i, p := range placement {
 		spaces[i] = n.Host(p).Namespace()
 	}
-	t.Setenv(launcher.EnvNetns, strings.Join(spaces, ","))
+	t.Setenv(launch.EnvNetns, strings.Join(spaces, ","))
 	args := append([]string{"-workers", strconv.Itoa(len(placement)), "-redis", srv.Addr()}, hostsRun...)
 	code, stdout, stderr := runMain(t, args...)
 	require.Equal(t, 0, code, "stderr:\n%s", stderr)

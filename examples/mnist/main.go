@@ -24,8 +24,9 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/faults"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -45,7 +46,7 @@ type config struct {
 	micro               int
 	slow                slowFlag
 	plot, otlp, metrics string
-	faults              []launcher.Fault
+	faults              []faults.Fault
 	detect              time.Duration
 	// set by the launcher for workers
 	job, audit string
@@ -85,10 +86,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
 	fs.StringVar(&c.otlp, "otlp", "", otlpHelp)
 	fs.StringVar(&c.metrics, "metrics", "", metricsHelp)
-	fs.Var(launcher.Faults{Kind: launcher.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
-	fs.Var(launcher.Faults{Kind: launcher.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable); with -hosts each goes to the host with the fewest live workers, the lowest-numbered such host")
+	fs.Var(faults.Flag{Kind: faults.Kill, List: &c.faults}, "kill", "SIGKILL the worker holding RANK when the job reaches STEP: RANK@STEP (repeatable)")
+	fs.Var(faults.Flag{Kind: faults.Stop, List: &c.faults}, "stop", "SIGSTOP (hang) the worker holding RANK at STEP: RANK@STEP (repeatable)")
+	fs.Var(faults.Flag{Kind: faults.Term, List: &c.faults}, "term", "SIGTERM (preempt) the worker holding RANK at STEP: RANK@STEP (repeatable)")
+	fs.Var(faults.Flag{Kind: faults.Join, List: &c.faults}, "join", "start COUNT more workers when the job reaches STEP: COUNT@STEP (repeatable); with -hosts each goes to the host with the fewest live workers, the lowest-numbered such host")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random; workers get it from the launcher)")
 	fs.StringVar(&c.audit, "audit", "", "append the exactly-once audit log to this file (default: a temporary file; with -worker: none)")
 	fs.BoolVar(&c.worker, "worker", false, "run as one worker of a job whose other workers run elsewhere (one per pod), without a launcher: needs -job and -redis, and the job secret (hex) in $"+jobenv.EnvSecret)
@@ -163,7 +164,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	if c.plot != "" && !strings.HasSuffix(strings.ToLower(c.plot), ".png") {
 		return nil, fmt.Errorf("-plot %q: want a .png file name", c.plot)
 	}
-	if err := launcher.CheckFaults(c.faults, c.workers, c.max); err != nil {
+	if err := faults.Check(c.faults, c.workers, c.max); err != nil {
 		return nil, err
 	}
 	if err := jobenv.CheckJobID(c.job); err != nil {
@@ -255,7 +256,7 @@ type result struct {
 	// Scaling lists every change of the job's size: rank 0's decisions
 	// (-autoscale: probes and their undoing included) and the launcher's
 	// own when the -capacity file changed (reason "capacity").
-	Scaling []launcher.ScalingSeen `json:"scaling"`
+	Scaling []monitor.ScalingSeen `json:"scaling"`
 	// Loss is the mean loss per sample of the last step; null when it is
 	// not a finite number, and then Diverged is true.
 	Loss     *float64 `json:"loss"`
@@ -316,7 +317,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	fmt.Fprintf(logw, "[launcher] job %s: %d workers, model %s, %d epochs, global batch %d, store %s, %d cores\n",
 		c.job, c.workers, c.model, c.epochs, c.batch, store.Desc, runtime.NumCPU())
-	sum, err := launcher.Run(ctx, launcher.Spec{
+	sum, err := monitor.Run(ctx, monitor.Spec{
 		Workers: c.workers, MaxWorkers: c.max, Args: workerArgs(c), Faults: c.faults, Log: logw, Quiet: c.quiet,
 		Store: store.Addr, JobID: c.job, GracePeriod: c.grace, Netns: spaces, Autoscale: c.autoscale, CapacityFile: c.capacity,
 	})
@@ -331,7 +332,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		return err
 	}
 	var unclean error // the job finished, but its final rank 0 failed after reporting it
-	if errors.Is(err, launcher.ErrFinishedWithError) {
+	if errors.Is(err, monitor.ErrFinishedWithError) {
 		unclean, err = err, nil
 	}
 	if err != nil {
@@ -373,7 +374,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		}
 	}
 	res.EpochStepsPerSecond, res.MeanWorldSize = sum.EpochStepsPerSecond(), sum.MeanWorldSize()
-	res.Scaling = append([]launcher.ScalingSeen{}, sum.Scaling...)
+	res.Scaling = append([]monitor.ScalingSeen{}, sum.Scaling...)
 	var plotErr error
 	if c.plot != "" {
 		if plotErr = writePlot(c.plot, sum); plotErr != nil {

@@ -32,13 +32,14 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(launcher.EnvWorker) != "" || os.Getenv(envAsMain) != "" {
+	if os.Getenv(launch.EnvWorker) != "" || os.Getenv(envAsMain) != "" {
 		// A worker re-executed by the launcher from this test binary, or
 		// the command itself run by a test as a process of its own.
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
@@ -506,9 +507,9 @@ func keys(m map[string][]string) []string {
 
 // syntheticSummary is a 3-worker job that lost rank 1 at step 300 (rolled
 // back to 298, went on with 2) and grew back to 3 at step 601.
-func syntheticSummary() launcher.Summary {
-	var sum launcher.Summary
-	sum.Rounds = []launcher.RoundSeen{
+func syntheticSummary() monitor.Summary {
+	var sum monitor.Summary
+	sum.Rounds = []monitor.RoundSeen{
 		{Round: 1, WorldSize: 3},
 		{Round: 2, WorldSize: 2, Step: 298, Recovery: true},
 		{Round: 3, WorldSize: 3, Step: 601},
@@ -516,7 +517,7 @@ func syntheticSummary() launcher.Summary {
 	add := func(from, to int64, round uint64, ws int) {
 		for s := from; s <= to; s++ {
 			loss := 2.3*math.Exp(-float64(s)/40) + 0.08 + 0.04*math.Sin(float64(s))
-			sum.Steps = append(sum.Steps, launcher.StepSeen{Step: s, Round: round, WorldSize: ws, Loss: loss})
+			sum.Steps = append(sum.Steps, monitor.StepSeen{Step: s, Round: round, WorldSize: ws, Loss: loss})
 		}
 	}
 	add(1, 300, 1, 3)
@@ -559,19 +560,19 @@ func TestFinalHistoryKeepsTheRetrainedStep(t *testing.T) {
 
 func TestWritePlotHandlesDegenerateSummaries(t *testing.T) {
 	dir := t.TempDir()
-	one := launcher.Summary{Steps: []launcher.StepSeen{{Step: 1, Round: 1, WorldSize: 1, Loss: 2}}}
-	flat := launcher.Summary{Rounds: []launcher.RoundSeen{{Round: 1, WorldSize: 2}}}
-	bad := launcher.Summary{Rounds: []launcher.RoundSeen{{Round: 1, WorldSize: 2}, {Round: 2, WorldSize: 1, Step: 3, Recovery: true}}}
+	one := monitor.Summary{Steps: []monitor.StepSeen{{Step: 1, Round: 1, WorldSize: 1, Loss: 2}}}
+	flat := monitor.Summary{Rounds: []monitor.RoundSeen{{Round: 1, WorldSize: 2}}}
+	bad := monitor.Summary{Rounds: []monitor.RoundSeen{{Round: 1, WorldSize: 2}, {Round: 2, WorldSize: 1, Step: 3, Recovery: true}}}
 	for s := int64(1); s <= 5; s++ {
-		flat.Steps = append(flat.Steps, launcher.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: 0.5})
-		bad.Steps = append(bad.Steps, launcher.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: []float64{math.NaN(), math.Inf(1), 0, -1, math.NaN()}[s-1]})
+		flat.Steps = append(flat.Steps, monitor.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: 0.5})
+		bad.Steps = append(bad.Steps, monitor.StepSeen{Step: s, Round: 1, WorldSize: 2, Loss: []float64{math.NaN(), math.Inf(1), 0, -1, math.NaN()}[s-1]})
 	}
-	for name, sum := range map[string]launcher.Summary{"one step, no rounds": one, "constant loss": flat, "no finite positive loss": bad} {
+	for name, sum := range map[string]monitor.Summary{"one step, no rounds": one, "constant loss": flat, "no finite positive loss": bad} {
 		path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".png")
 		require.NoError(t, writePlot(path, sum), name)
 		decodePNG(t, path)
 	}
-	err := writePlot(filepath.Join(dir, "none.png"), launcher.Summary{})
+	err := writePlot(filepath.Join(dir, "none.png"), monitor.Summary{})
 	require.True(t, errors.Is(err, errNoSteps), "%v", err)
 	require.ErrorContains(t, writePlot(filepath.Join(dir, "no-such-dir", "x.png"), syntheticSummary()), "no such file or directory")
 }

@@ -16,7 +16,7 @@ import (
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgimg"
 
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 )
 
 // Size of the -plot image.
@@ -42,7 +42,7 @@ var errNoSteps = errors.New("no step was reported, nothing to plot")
 // world size against step in the lower one, and a dashed vertical mark at
 // the step each new round continued from, labelled with its world size (red
 // after a failure, green after a join or a graceful leave).
-func writePlot(path string, sum launcher.Summary) (err error) {
+func writePlot(path string, sum monitor.Summary) (err error) {
 	// gonum/plot panics on some degenerate ranges; writePlot avoids them,
 	// and turns any that slips through into an error rather than a crash
 	// at the end of a finished job.
@@ -56,7 +56,7 @@ func writePlot(path string, sum launcher.Summary) (err error) {
 		return errNoSteps
 	}
 	rounds := slices.Clone(sum.Rounds)
-	slices.SortFunc(rounds, func(a, b launcher.RoundSeen) int { return cmp.Compare(a.Round, b.Round) })
+	slices.SortFunc(rounds, func(a, b monitor.RoundSeen) int { return cmp.Compare(a.Round, b.Round) })
 	lastStep := steps[len(steps)-1].Step
 	xmax := float64(max(lastStep, 1))
 
@@ -95,23 +95,23 @@ func writePlot(path string, sum launcher.Summary) (err error) {
 // rolled back by a failure is trained again in a later round, and only that
 // later report is part of the final model's history. Non-finite losses are
 // kept (the world size is still known) and skipped by the loss panel.
-func finalHistory(in []launcher.StepSeen) []launcher.StepSeen {
-	last := map[int64]launcher.StepSeen{}
+func finalHistory(in []monitor.StepSeen) []monitor.StepSeen {
+	last := map[int64]monitor.StepSeen{}
 	for _, s := range in {
 		if p, ok := last[s.Step]; !ok || s.Round >= p.Round {
 			last[s.Step] = s
 		}
 	}
-	out := make([]launcher.StepSeen, 0, len(last))
+	out := make([]monitor.StepSeen, 0, len(last))
 	for _, s := range last {
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b launcher.StepSeen) int { return cmp.Compare(a.Step, b.Step) })
+	slices.SortFunc(out, func(a, b monitor.StepSeen) int { return cmp.Compare(a.Step, b.Step) })
 	return out
 }
 
 // lossPanel plots the per-step loss and its trailing moving mean.
-func lossPanel(steps []launcher.StepSeen, rounds []launcher.RoundSeen, xmax float64) (*plot.Plot, error) {
+func lossPanel(steps []monitor.StepSeen, rounds []monitor.RoundSeen, xmax float64) (*plot.Plot, error) {
 	p := plot.New()
 	p.Title.Text = "MNIST: training loss and world size against step"
 	p.Y.Label.Text = "training loss"
@@ -170,7 +170,7 @@ func lossPanel(steps []launcher.StepSeen, rounds []launcher.RoundSeen, xmax floa
 
 // worldPanel plots the world size as a step function of the step, from the
 // rounds (each holds from the step it continued from until the next round).
-func worldPanel(steps []launcher.StepSeen, rounds []launcher.RoundSeen, xmax float64) (*plot.Plot, error) {
+func worldPanel(steps []monitor.StepSeen, rounds []monitor.RoundSeen, xmax float64) (*plot.Plot, error) {
 	p := plot.New()
 	p.X.Label.Text = "global step"
 	p.Y.Label.Text = "world size"
@@ -234,7 +234,7 @@ func alignX(a *plot.Plot, ca draw.Canvas, b *plot.Plot, cb draw.Canvas) (draw.Ca
 // first continued from; with labels, it writes the new world size beside
 // it ("W=2"), moving a label down a line when it would overlap the last.
 type roundMarks struct {
-	rounds []launcher.RoundSeen
+	rounds []monitor.RoundSeen
 	labels bool
 }
 

@@ -19,7 +19,6 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
@@ -51,10 +50,10 @@ const (
 )
 
 func runWorker(c *config, stderr io.Writer) int {
-	ev := launcher.NewEmitter()
+	ev := launch.NewEmitter()
 	logger := newLogger(c, stderr)
 	fail := func(err error) int {
-		ev.Emit(launcher.ErrorEvent(err))
+		ev.Emit(jobenv.ErrorEvent(err))
 		logger.Error("worker failed", "err", err)
 		if s := launch.ExitStatus(err); s == launch.StatusPermanent || s == launch.StatusRefused {
 			return s // not restarted; a permanent error also stops the job
@@ -164,15 +163,15 @@ func runWorker(c *config, stderr io.Writer) int {
 	opts = append(opts, trainer.WithHooks(trainer.Hooks{
 		OnRound: func(r trainer.RoundInfo) {
 			rank = r.Rank
-			ev.Emit(launcher.Event{Ev: "round", Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
+			ev.Emit(launch.Event{Ev: launch.EvRound, Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
 				Epoch: r.Epoch, Source: r.Source, Recovery: r.Recovery, RolledBack: r.RolledBack})
 		},
 		OnStep: func(s trainer.StepInfo) {
 			if s.Rank == 0 {
-				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
+				ev.Emit(launch.Event{Ev: launch.EvStep, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
 				if d := s.Scaling; d != nil {
-					ev.Emit(launcher.Event{Ev: launcher.EvScaling, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: d.Step,
+					ev.Emit(launch.Event{Ev: launch.EvScaling, Round: s.Round, Rank: s.Rank, WorldSize: s.WorldSize, Step: d.Step,
 						From: d.From, To: d.To, Reason: d.Reason, Message: d.Detail})
 				}
 			}
@@ -228,7 +227,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		// report the result, and exit with a failure (every rank of the
 		// last round has this error; rank 0 tells the launcher why).
 		if rank == 0 {
-			ev.Emit(launcher.ErrorEvent(err))
+			ev.Emit(jobenv.ErrorEvent(err))
 		}
 		logger.Error("the job finished without its final checkpoint", "err", err)
 		status = exitError
@@ -238,7 +237,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		// training diverged (and exits 1); the others have nothing to add.
 		logger.Error("training diverged", "err", err, "step", res.Step)
 		if rank == 0 {
-			ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: math.NaN()})
+			ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: math.NaN()})
 		}
 		return exitOK
 	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0:
@@ -250,7 +249,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	case errors.Is(err, elastic.ErrJobFinished):
 		// The job was over before this worker trained: an earlier run of
 		// this job ID finished it. The launcher says so when nobody trained.
-		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+		ev.Emit(launch.Event{Ev: launch.EvFinished})
 		logger.Info("the job had finished before this worker joined", "err", err)
 		return exitOK
 	case err != nil:
@@ -270,7 +269,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		return fail(err)
 	}
 	sha := paramsSHA256(model.Params())
-	ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
+	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
 		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)

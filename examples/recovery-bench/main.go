@@ -43,7 +43,9 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/faults"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -223,10 +225,10 @@ func trial(ctx context.Context, c *config, idle int) (Trial, error) {
 	args := []string{"-redis", c.redis, "-job", job, "-lease", c.lease.String(), "-step", c.stepDelay.String(),
 		"-kill-at", fmt.Sprint(c.killAt), "-workers", fmt.Sprint(c.workers), "-extra-steps", fmt.Sprint(extra),
 		fmt.Sprintf("-local-sockets=%v", c.localSockets)}
-	kill := launcher.Fault{Kind: launcher.Kill, Rank: 1, Step: c.killAt}
+	kill := faults.Fault{Kind: faults.Kill, Rank: 1, Step: c.killAt}
 	tr := Trial{Workers: c.workers, KilledAtStep: c.killAt, LocalSocket: c.localSockets}
 	var fl *floodProc
-	var onEvent func(launcher.Event)
+	var onEvent func(launch.Event)
 	var openAtKill, openedAtKill, failedAtKill atomic.Int64
 	var gated gosync.WaitGroup
 	fctx, stopFlood := context.WithCancel(ctx)
@@ -236,7 +238,7 @@ func trial(ctx context.Context, c *config, idle int) (Trial, error) {
 		tr.IdleConns, tr.IdleFrom = idle, c.idleFrom
 		gate := make(chan struct{})
 		kill.After = gate // the kill waits until the flood stands
-		onEvent = func(ev launcher.Event) {
+		onEvent = func(ev launch.Event) {
 			if fl != nil || floodErr != nil || ev.Ev != "round" || ev.Rank != 0 || ev.Message == "" {
 				return
 			}
@@ -267,10 +269,10 @@ func trial(ctx context.Context, c *config, idle int) (Trial, error) {
 			}()
 		}
 	}
-	sum, err := launcher.Run(ctx, launcher.Spec{
+	sum, err := monitor.Run(ctx, monitor.Spec{
 		Workers: c.workers, Args: args, Quiet: true, Log: io.Discard,
 		Store: c.redis, JobID: job,
-		Faults: []launcher.Fault{kill}, OnEvent: onEvent, StopWhenRecovered: true,
+		Faults: []faults.Fault{kill}, OnEvent: onEvent, StopWhenRecovered: true,
 	})
 	stopFlood()
 	gated.Wait()
@@ -298,7 +300,7 @@ func trial(ctx context.Context, c *config, idle int) (Trial, error) {
 
 // worker trains linear regression until a few hundred steps after the kill.
 func worker(c *config) error {
-	ev := launcher.NewEmitter()
+	ev := launch.NewEmitter()
 	secret, err := jobenv.Secret()
 	if err != nil {
 		return err
@@ -337,11 +339,11 @@ func worker(c *config) error {
 	tr, err := trainer.New(model.Params(), trainer.NewSGD(0.1), loader, model.Step, elastic.NewRedisStore(client), cfg,
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) {
-				ev.Emit(launcher.Event{Ev: "round", Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step, Recovery: r.Recovery, Message: addr})
+				ev.Emit(launch.Event{Ev: launch.EvRound, Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step, Recovery: r.Recovery, Message: addr})
 			},
 			OnStep: func(s trainer.StepInfo) {
 				if s.Rank == 0 {
-					ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step, Samples: s.Samples})
+					ev.Emit(launch.Event{Ev: launch.EvStep, Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step, Samples: s.Samples})
 				}
 			},
 		}))
@@ -352,6 +354,6 @@ func worker(c *config) error {
 	if err != nil {
 		return err
 	}
-	ev.Emit(launcher.Event{Ev: "done", Step: res.Step})
+	ev.Emit(launch.Event{Ev: launch.EvDone, Step: res.Step})
 	return nil
 }

@@ -10,11 +10,11 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(launcher.EnvWorker) != "" || os.Getenv(envFlood) != "" {
+	if os.Getenv(launch.EnvWorker) != "" || os.Getenv(envFlood) != "" {
 		// A worker or the flood process, re-executed from this test binary.
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}

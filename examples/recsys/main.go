@@ -34,9 +34,10 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/examples/internal/telemetry"
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/faults"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/ps"
@@ -50,7 +51,7 @@ type config struct {
 	gen                                                            GenConfig
 	redis, dir, ckpt, audit, job, otlp, metrics                    string
 	json, quiet, dynamic                                           bool
-	faults                                                         []launcher.Fault
+	faults                                                         []faults.Fault
 	detect, slow                                                   time.Duration
 	args                                                           []string
 }
@@ -83,8 +84,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.dynamic, "dynamic", false, "lease data shards from a queue in Redis (default: the loader's fixed split)")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
-	for _, k := range []launcher.FaultKind{launcher.Kill, launcher.Stop, launcher.Term, launcher.Join} {
-		fs.Var(launcher.Faults{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(string(k))+" the worker holding RANK at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
+	for _, k := range []faults.Kind{faults.Kill, faults.Stop, faults.Term, faults.Join} {
+		fs.Var(faults.Flag{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(string(k))+" the worker holding RANK at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
 	}
 	fs.IntVar(&c.slowWorker, "slow-worker", -1, "launch index of a worker made slow by -slow (a straggler)")
 	fs.DurationVar(&c.slow, "slow", 0, "compute time added per sample on -slow-worker")
@@ -103,7 +104,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	case c.gen.Users < 1 || c.gen.Items < 1 || c.gen.Impressions < 10:
 		return nil, fmt.Errorf("-users %d and -items %d must be positive, -impressions %d at least 10", c.gen.Users, c.gen.Items, c.gen.Impressions)
 	}
-	if err := cmp.Or(launcher.CheckFaults(c.faults, c.workers, c.max), telemetry.ValidateFlags(c.otlp, c.metrics)); err != nil {
+	if err := cmp.Or(faults.Check(c.faults, c.workers, c.max), telemetry.ValidateFlags(c.otlp, c.metrics)); err != nil {
 		return nil, err
 	}
 	return c, jobenv.CheckJobID(c.job)
@@ -138,7 +139,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s\n",
 		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc)
 	args := append(slices.Clone(c.args), "-job", c.job, "-redis", store.Addr, "-shard-dir", c.dir, "-audit", c.audit) // later flags win
-	sum, err := launcher.Run(ctx, launcher.Spec{Workers: c.workers, MaxWorkers: c.max, Args: args, Faults: c.faults,
+	sum, err := monitor.Run(ctx, monitor.Spec{Workers: c.workers, MaxWorkers: c.max, Args: args, Faults: c.faults,
 		Log: stderr, Quiet: c.quiet, Store: store.Addr, JobID: c.job})
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
@@ -157,7 +158,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err != nil {
 		return err
 	}
-	first := append(sum.Rounds, launcher.RoundSeen{})[0]
+	first := append(sum.Rounds, monitor.RoundSeen{})[0]
 	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
 		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(),
 		"recoveries": sum.RecoveriesFromFailures(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
@@ -175,7 +176,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 // runWorker trains as one worker of the job and returns its exit status:
 // 0, 1 on error, 143 (128+SIGTERM) when it left after a preemption.
 func runWorker(c *config, stderr io.Writer) int {
-	ev := launcher.NewEmitter()
+	ev := launch.NewEmitter()
 	fail := jobenv.Fail(ev, stderr, "recsys")
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: launch.ReplaceDurations}))
 	tcfg := trainer.DefaultConfig()
@@ -220,7 +221,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	train, test := Generate(c.gen)
 	model, look := NewModel(c.dim), &Lookup{}
-	if strconv.Itoa(c.slowWorker) != os.Getenv(launcher.EnvWorker) {
+	if strconv.Itoa(c.slowWorker) != os.Getenv(launch.EnvWorker) {
 		c.slow = 0
 	}
 	step := func(ctx context.Context, b dataloader.Batch[[]Sample]) (float64, error) {
@@ -264,7 +265,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0: // finished by the others while this worker was out
 		return 0
 	case errors.Is(err, elastic.ErrJobFinished): // an earlier run of this job ID finished it
-		ev.Emit(launcher.Event{Ev: launcher.EvFinished})
+		ev.Emit(launch.Event{Ev: launch.EvFinished})
 		return 0
 	case err != nil:
 		return fail(err)
@@ -278,7 +279,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	auc := AUC(test, func(s Sample) float64 {
 		return model.Logit(tabs[tableUsers][int(s.User)*c.dim:], tabs[tableItems][int(s.Item)*c.dim:])
 	})
-	ev.Emit(launcher.Event{Ev: "done", Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
+	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
 		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train)}})
 	return 0
 }

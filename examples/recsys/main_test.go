@@ -18,11 +18,11 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 func TestMain(m *testing.M) {
-	if os.Getenv(launcher.EnvWorker) != "" {
+	if os.Getenv(launch.EnvWorker) != "" {
 		// A worker re-executed by the launcher from this test binary.
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
@@ -167,7 +167,7 @@ func TestBackwardMatchesFiniteDifferences(t *testing.T) {
 
 func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{{"-workers", "0"}, {"-lr", "0"}, {"-users", "0"}, {"-max", "1", "-workers", "2"}} {
-		t.Setenv(launcher.EnvWorker, "")
+		t.Setenv(launch.EnvWorker, "")
 		var o, e bytes.Buffer
 		if code := run(args, &o, &e); code != 2 {
 			t.Fatalf("%v: exit %d, want 2 (%s)", args, code, e.String())

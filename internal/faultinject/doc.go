@@ -11,9 +11,14 @@
 // calls WorkerMain, which trains the linear-regression job of package
 // trainer/trainertest (a few milliseconds per step) with a trainer.FileAudit
 // shared by all workers, durable checkpoints in a shared directory, and the
-// timings of WorkerConfig. It reports JSON lines (Report) on standard output
-// and logs JSON on standard error; the job secret travels in the
-// environment only.
+// timings of WorkerConfig. It reports its rounds, steps and end as
+// launch.Events on the launcher's events pipe (read back as Reports) and
+// logs JSON on standard error; the job secret travels in the environment
+// only. Every worker process is a launch.Job of its own (one worker, no
+// restarts, no store of launch's: launch.Config.NoStore), so starting,
+// signalling, reaping and placing it on a host (launch.Spec.Wrap) is
+// launch's, while the faults, the invariant checks and the audits are the
+// harness's.
 //
 // # Harness
 //

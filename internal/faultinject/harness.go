@@ -1,22 +1,22 @@
 package faultinject
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/elastictrain/elastictrain/internal/freeport"
-	"github.com/elastictrain/elastictrain/internal/netns"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/elastictrain/elastictrain/internal/freeport"
+	"github.com/elastictrain/elastictrain/internal/netns"
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // RedisServer controls the Redis a harness runs against, for the faults
@@ -185,7 +185,7 @@ type Worker struct {
 	// RedisProxy and PeerProxy are the worker's proxies (nil when off).
 	RedisProxy, PeerProxy *Proxy
 
-	cmd      *exec.Cmd
+	job      *launch.Job // its process's supervisor; nil until it started
 	exited   chan struct{}
 	stopped  bool      // SIGSTOPped and not yet continued
 	killed   bool      // SIGKILLed by the harness
@@ -206,6 +206,7 @@ type Worker struct {
 // Harness runs the worker processes of one job and injects faults into
 // them. Its methods are safe for concurrent use. Close kills every worker
 // still running, closes every proxy and waits for every goroutine.
+// Each worker process is a launch.Job of its own (see the package doc).
 type Harness struct {
 	cfg     Config
 	command []string
@@ -219,8 +220,6 @@ type Harness struct {
 	steps    []stepMark // (time, round) of each step report, for recovery times
 	notify   chan struct{}
 	closed   bool
-
-	wg sync.WaitGroup
 }
 
 type stepMark struct {
@@ -368,55 +367,51 @@ func (h *Harness) startWorker(ctx context.Context, jobID, audit string, minWorke
 	if err != nil {
 		return fail(err)
 	}
-	defer logf.Close()
-	cmd := exec.Command(h.command[0], h.command[1:]...)
+	defer logf.Close() // the worker holds its own descriptor
+	// The worker is a launch.Job of its own: launch starts it (in its
+	// host's namespace), reads its events, signals it and reaps it; the
+	// harness decides everything else, so launch restarts nothing, starts
+	// no store (the worker has its Redis settings in WorkerConfig), and
+	// never ends a worker by itself (the grace period only runs after a
+	// stop, which only Close asks for).
+	lcfg := launch.DefaultConfig()
+	lcfg.NoStore, lcfg.StoreListen, lcfg.MaxRestarts, lcfg.GOMAXPROCS = true, "", 0, -1
+	lcfg.Secret, lcfg.GracePeriod = h.cfg.Secret, time.Hour
+	spec := launch.Spec{Command: h.command, Stderr: logf,
+		Env: []string{EnvWorker + "=" + string(js), EnvSecret + "=" + hex.EncodeToString(h.cfg.Secret),
+			EnvRedisPassword + "=" + h.cfg.RedisPassword}}
 	if w.Host != nil {
-		cmd = w.Host.Command(context.Background(), h.command[0], h.command[1:]...)
+		ns := w.Host.Namespace()
+		spec.Wrap = func(int) []string { return []string{"ip", "netns", "exec", ns} }
 	}
-	cmd.Env = append(os.Environ(), EnvWorker+"="+string(js), EnvSecret+"="+hex.EncodeToString(h.cfg.Secret),
-		EnvRedisPassword+"="+h.cfg.RedisPassword)
-	cmd.Stderr = logf
-	// A worker dies with the harness's process even if Close is never called.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	out, err := cmd.StdoutPipe()
+	hooks := launch.Hooks{
+		OnStart: func(p launch.Process) {
+			h.mu.Lock()
+			w.PID = p.PID
+			h.mu.Unlock()
+		},
+		OnEvent: func(ev launch.Event) { h.record(w, reportOf(ev, w.Index, time.Now())) },
+		OnExit:  func(x launch.Exit) { h.exit(w, x) },
+	}
+	job, err := launch.Start(context.WithoutCancel(ctx), spec, lcfg, launch.WithHooks(hooks))
 	if err != nil {
 		return fail(err)
 	}
-	if err := cmd.Start(); err != nil {
-		return fail(err)
-	}
 	h.mu.Lock()
-	w.cmd, w.PID = cmd, cmd.Process.Pid
+	w.job = job
 	h.mu.Unlock()
 	h.logf("started worker %d (pid %d, peer address %s)", w.Index, w.PID, w.Addr)
-	h.wg.Add(1)
-	go h.read(w, out)
 	return w, nil
 }
 
-// read consumes a worker's reports until its stdout closes, then reaps it.
-func (h *Harness) read(w *Worker, out io.Reader) {
-	defer h.wg.Done()
-	sc := bufio.NewScanner(out)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		var r Report
-		if json.Unmarshal(sc.Bytes(), &r) != nil {
-			continue
-		}
-		r.At = time.Now()
-		h.record(w, r)
-	}
-	_, _ = io.Copy(io.Discard, out)
-	err := w.cmd.Wait()
+// exit records how worker w's process ended (launch's OnExit: every event
+// it sent was recorded before).
+func (h *Harness) exit(w *Worker, x launch.Exit) {
 	h.mu.Lock()
-	w.exitCode = w.cmd.ProcessState.ExitCode()
-	if ws, ok := w.cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
-		w.signal = ws.Signal()
-	}
+	w.exitCode, w.signal = x.Code, x.Signal
 	w.stopped = false
 	h.mu.Unlock()
-	h.logf("worker %d (pid %d) exited: %v", w.Index, w.PID, err)
+	h.logf("worker %d (pid %d) exited: %v", w.Index, x.PID, x.Err)
 	close(w.exited)
 	h.wake()
 }
@@ -556,7 +551,7 @@ func (h *Harness) targets() []*Worker {
 	defer h.mu.Unlock()
 	var ranked, other []*Worker
 	for _, w := range h.workers {
-		if w.isExited() || w.stopped || w.killed || w.termed || w.cmd == nil {
+		if w.isExited() || w.stopped || w.killed || w.termed || w.job == nil {
 			continue
 		}
 		if w.round == h.maxRound && w.round > 0 {
@@ -577,7 +572,10 @@ func (h *Harness) Signal(w *Worker, sig syscall.Signal) error {
 	if w.isExited() {
 		return fmt.Errorf("faultinject: worker %d already exited", w.Index)
 	}
-	if err := syscall.Kill(w.PID, sig); err != nil {
+	if w.job == nil {
+		return fmt.Errorf("faultinject: worker %d never started", w.Index)
+	}
+	if err := w.job.Signal(0, sig); err != nil {
 		return fmt.Errorf("faultinject: signal worker %d: %w", w.Index, err)
 	}
 	switch sig {
@@ -640,7 +638,7 @@ func (h *Harness) WaitExit(ctx context.Context) []int {
 	}
 	for _, i := range left {
 		w := h.Workers()[i]
-		_ = syscall.Kill(w.PID, syscall.SIGCONT)
+		_ = h.Signal(w, syscall.SIGCONT)
 		_ = h.Signal(w, syscall.SIGKILL)
 		<-w.exited
 	}
@@ -655,12 +653,12 @@ func (h *Harness) Close() error {
 	ws := append([]*Worker(nil), h.workers...)
 	h.mu.Unlock()
 	for _, w := range ws {
-		if w.cmd != nil && !w.isExited() {
-			_ = syscall.Kill(w.PID, syscall.SIGCONT)
-			_ = syscall.Kill(w.PID, syscall.SIGKILL)
+		if w.job != nil {
+			_ = w.job.Signal(0, syscall.SIGCONT) // a stopped worker dies of the SIGKILL only once continued
+			w.job.Kill()
+			_, _ = w.job.Wait() // reaped, and every hook returned
 		}
 	}
-	h.wg.Wait()
 	for _, w := range ws {
 		if w.RedisProxy != nil {
 			w.RedisProxy.Close()

@@ -176,10 +176,10 @@ func (h *Harness) Inject(ctx context.Context, f Fault) (Injection, error) {
 func (h *Harness) crash(ctx context.Context) error {
 	n := 0
 	for _, w := range h.Workers() {
-		if w.cmd == nil || w.isExited() {
+		if w.job == nil || w.isExited() {
 			continue
 		}
-		_ = syscall.Kill(w.PID, syscall.SIGCONT)
+		_ = h.Signal(w, syscall.SIGCONT)
 		if err := h.Signal(w, syscall.SIGKILL); err == nil {
 			n++
 		}

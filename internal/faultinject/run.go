@@ -171,7 +171,7 @@ func (h *Harness) staying() int {
 	defer h.mu.Unlock()
 	n := 0
 	for _, w := range h.workers {
-		if w.cmd != nil && !w.isExited() && !w.stopped && !w.killed && !w.termed {
+		if w.job != nil && !w.isExited() && !w.stopped && !w.killed && !w.termed {
 			n++
 		}
 	}
@@ -244,7 +244,7 @@ func (h *Harness) check(ctx context.Context, res *RunResult, b Bounds) {
 	h.mu.Unlock()
 	var shas = map[string][]int{}
 	for _, w := range workers {
-		if w.cmd == nil {
+		if w.job == nil {
 			continue
 		}
 		if !w.isExited() {

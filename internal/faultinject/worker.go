@@ -222,7 +222,9 @@ func (s *slowSave) Save(ctx context.Context, step int64, data []byte) error {
 	return s.CheckpointStore.Save(ctx, step, data)
 }
 
-// Report is one JSON line a worker writes on its standard output.
+// Report is one report of a worker as the harness reads it: a
+// launch.Event its worker sent (see Report.event for the mapping), with
+// the time the harness read it.
 type Report struct {
 	// Kind is "start", "round", "step", "final" or "error".
 	Kind  string `json:"kind"`
@@ -247,6 +249,29 @@ type Report struct {
 	Err  string  `json:"err,omitempty"`
 	// At is when the harness read the line (set by the harness, not sent).
 	At time.Time `json:"-"`
+}
+
+// event is r as the launch.Event the worker sends: Kind is Ev, Size
+// WorldSize, SHA Digest, Err Message, Addr Message of a "start" (the
+// launcher stamps Worker and PID).
+func (r Report) event() launch.Event {
+	msg := r.Err
+	if r.Kind == "start" {
+		msg = r.Addr
+	}
+	return launch.Event{Ev: r.Kind, Round: r.Round, Rank: r.Rank, WorldSize: r.Size, Step: r.Step, Source: r.Source,
+		Recovery: r.Recovery, RecoverySeconds: r.RecoverySeconds, Digest: r.SHA, Loss: r.Loss, Message: msg}
+}
+
+// reportOf is the Report of an event that worker index sent, read at at.
+func reportOf(ev launch.Event, index int, at time.Time) Report {
+	r := Report{Kind: ev.Ev, Index: index, PID: ev.PID, Round: ev.Round, Rank: ev.Rank, Size: ev.WorldSize, Step: ev.Step,
+		Source: ev.Source, Recovery: ev.Recovery, RecoverySeconds: ev.RecoverySeconds, SHA: ev.Digest, Loss: ev.Loss,
+		Err: ev.Message, At: at}
+	if ev.Ev == "start" {
+		r.Addr, r.Err = ev.Message, ""
+	}
+	return r
 }
 
 // Exit statuses of a worker process.
@@ -293,17 +318,11 @@ func ParamsHash(ps []trainer.Param, opt trainer.Optimizer) string {
 //	}
 //
 // SIGTERM preempts the trainer (graceful leave). Logs (JSON, level Info and
-// above) go to standard error; reports to standard output.
+// above) go to standard error; reports go to the launcher as launch.Events (launch.NewEmitter).
 func WorkerMain() int {
-	var mu sync.Mutex
-	enc := json.NewEncoder(os.Stdout)
+	ev := launch.NewEmitter() // the harness's launch.Job reads them (Hooks.OnEvent)
 	var wc WorkerConfig
-	emit := func(r Report) {
-		r.PID, r.Index = os.Getpid(), wc.Index
-		mu.Lock()
-		_ = enc.Encode(r)
-		mu.Unlock()
-	}
+	emit := func(r Report) { ev.Emit(r.event()) }
 	fail := func(err error) int {
 		emit(Report{Kind: "error", Err: err.Error()})
 		return ExitError

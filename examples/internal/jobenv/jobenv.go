@@ -25,8 +25,8 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 )
 
 // EnvSecret names the environment variable that carries the job secret
@@ -57,11 +57,11 @@ func CheckJobID(id string) error {
 	return nil
 }
 
-// LaunchError returns the error a program reports for launcher.Run's err
-// on job: for launcher.ErrJobAlreadyFinished, one that names the job and
+// LaunchError returns the error a program reports for monitor.Run's err
+// on job: for monitor.ErrJobAlreadyFinished, one that names the job and
 // says how to train again; any other error unchanged.
 func LaunchError(job string, err error) error {
-	if errors.Is(err, launcher.ErrJobAlreadyFinished) {
+	if errors.Is(err, monitor.ErrJobAlreadyFinished) {
 		return fmt.Errorf("job %s already finished: its workers found it marked finished in the store, which keeps it so until the job's keys expire (%v after its last write); "+
 			"to train again, pass another -job (or none, for a random one) or wait for the keys to expire",
 			job, elastic.DefaultConfig().StateTTL)
@@ -157,7 +157,7 @@ var ErrUsage = errors.New("bad command line")
 // the exit code and what it wrote to stdout and stderr. For tests.
 func RunAsLauncher(t testing.TB, run func(args []string, stdout, stderr io.Writer) int, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
-	t.Setenv(launcher.EnvWorker, "")
+	t.Setenv(launch.EnvWorker, "")
 	var o, e bytes.Buffer
 	code = run(args, &o, &e)
 	return code, o.String(), e.String()
@@ -223,7 +223,7 @@ func Run(name string, stderr io.Writer, parseErr error, worker func() int, launc
 		fmt.Fprintf(stderr, "%s: %v\n", name, parseErr)
 		return 2
 	}
-	if os.Getenv(launcher.EnvWorker) != "" {
+	if os.Getenv(launch.EnvWorker) != "" {
 		return worker()
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

@@ -1,13 +1,13 @@
 package jobenv
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
 	"syscall"
 
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
@@ -15,15 +15,15 @@ import (
 // TrainerHooks returns hooks that report a worker's rounds (on every rank)
 // and steps (on rank 0) to the launcher through ev, as its summary of the
 // job expects them.
-func TrainerHooks(ev *launcher.Emitter) trainer.Hooks {
+func TrainerHooks(ev *launch.Emitter) trainer.Hooks {
 	return trainer.Hooks{
 		OnRound: func(r trainer.RoundInfo) {
-			ev.Emit(launcher.Event{Ev: "round", Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
+			ev.Emit(launch.Event{Ev: launch.EvRound, Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step,
 				Epoch: r.Epoch, Source: r.Source, Recovery: r.Recovery, RolledBack: r.RolledBack})
 		},
 		OnStep: func(s trainer.StepInfo) {
 			if s.Rank == 0 {
-				ev.Emit(launcher.Event{Ev: "step", Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step,
+				ev.Emit(launch.Event{Ev: launch.EvStep, Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
 			}
 		},
@@ -71,13 +71,22 @@ func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (t
 // cannot fix (launch.Permanent: the launcher then restarts nothing and
 // stops the job), launch.StatusRefused for a worker the job refused (not
 // restarted; the job goes on), else 1.
-func Fail(ev *launcher.Emitter, w io.Writer, name string) func(err error) int {
+func Fail(ev *launch.Emitter, w io.Writer, name string) func(err error) int {
 	return func(err error) int {
-		ev.Emit(launcher.ErrorEvent(err))
+		ev.Emit(ErrorEvent(err))
 		fmt.Fprintf(w, "%s worker %d: %v\n", name, os.Getpid(), err)
 		if s := launch.ExitStatus(err); s == launch.StatusPermanent || s == launch.StatusRefused {
 			return s
 		}
 		return 1
 	}
+}
+
+// ErrorEvent is the launch.EvError a worker sends for err before it exits:
+// its message, marked Checkpoint when err wraps trainer.ErrCheckpoint (the
+// monitor then does not call the job clean). It lives here, beside the
+// other trainer-side glue of the examples, because package launch must not
+// import trainer.
+func ErrorEvent(err error) launch.Event {
+	return launch.Event{Ev: launch.EvError, Message: err.Error(), Checkpoint: errors.Is(err, trainer.ErrCheckpoint)}
 }

@@ -1,16 +1,18 @@
 // Package ranks runs the processes of a single-host benchmark
 // (allreduce-bench, ps-bench), one process per rank, and summarises their
-// timings.
+// timings. The processes are one launch.Job: launch starts, places,
+// signals and reaps them; this package adds the benchmarks' exchange of
+// addresses and their report lines.
 //
 // # Protocol
 //
-// The parent re-executes its own binary once per rank with "-child RANK"
-// in front of its own arguments, and with a job ID and a random 32-byte
-// secret (hex) in the environment variables PREFIX_JOB and PREFIX_SECRET.
-// Each child listens on loopback, prints "ADDR host:port" on stdout and
-// reads "WORLD addr0,addr1,..." (every rank's address, by rank) from
-// stdin (JoinWorld). Afterwards a child reports on stdout, one line per
-// measurement, which the parent reads with Group.Line or Reports.
+// The parent re-executes its own binary once per rank with its own
+// arguments followed by "-child RANK", and with a job ID and a random
+// 32-byte secret (hex) in the environment variables PREFIX_JOB and
+// PREFIX_SECRET. Each child listens on loopback, prints "ADDR host:port" on
+// stdout and reads "WORLD addr0,addr1,..." (every rank's address, by rank)
+// from stdin (JoinWorld). Afterwards a child reports on stdout, one line
+// per measurement, which the parent reads with Group.Line or Reports.
 package ranks
 
 import (
@@ -30,38 +32,43 @@ import (
 	"strconv"
 	"strings"
 	gosync "sync"
+	"time"
+
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 // Group is the parent's handle on the child processes, one per rank. Not
 // safe for concurrent use.
 type Group struct {
+	job   *launch.Job
 	ranks []*rank
 }
 
 type rank struct {
-	cmd   *exec.Cmd
-	stdin io.WriteCloser
-	out   *bufio.Scanner
+	stdin  io.WriteCloser // the parent's end of the child's stdin
+	out    *bufio.Scanner // the child's stdout
+	stdout *os.File       // the parent's end of it
+	// The child's ends, closed by the parent once it started.
+	childIn, childOut *os.File
 }
 
-// Start starts np children of this binary, "-child RANK" followed by this
-// process' arguments, with stderr shared with this process, and gives
-// them the environment entries envPrefix+"_JOB" = jobPrefix + 16 random
-// hex digits and envPrefix+"_SECRET" = a random 32-byte secret in hex
-// (read them back with JobEnv), then reads every child's "ADDR" line and
-// sends all of them the "WORLD" line. ctx bounds the children's lives. On
-// error the children already started are killed.
+// Start starts np children of this binary, this process' arguments
+// followed by "-child RANK", with stderr shared with this process, and
+// gives them the environment entries envPrefix+"_JOB" = jobPrefix + 16
+// random hex digits and envPrefix+"_SECRET" = a random 32-byte secret in
+// hex (read them back with JobEnv), then reads every child's "ADDR" line
+// and sends all of them the "WORLD" line. ctx bounds the children's lives
+// (launch stops them with a SIGTERM when it is done). On error the
+// children already started are killed.
 func Start(ctx context.Context, np int, envPrefix, jobPrefix string) (*Group, error) {
-	return StartWith(ctx, np, envPrefix, jobPrefix, nil, func(_ int, name string, args ...string) *exec.Cmd {
-		return exec.CommandContext(ctx, name, args...)
-	})
+	return StartWith(ctx, np, envPrefix, jobPrefix, nil, nil)
 }
 
 // StartWith is Start with extra arguments after this process' own (later
-// flags win) and with command building each rank's process (for example
-// inside a network namespace of its own: netns.Host.Command); the Cmd's
-// environment and stdio are set by StartWith.
-func StartWith(ctx context.Context, np int, envPrefix, jobPrefix string, extra []string, command func(rank int, name string, args ...string) *exec.Cmd) (*Group, error) {
+// flags win) and with wrap, when not nil, giving each rank's command prefix
+// (launch.Spec.Wrap: for example `ip netns exec NS` to start it in a
+// network namespace of its own).
+func StartWith(ctx context.Context, np int, envPrefix, jobPrefix string, extra []string, wrap func(rank int) []string) (*Group, error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, err
@@ -69,30 +76,66 @@ func StartWith(ctx context.Context, np int, envPrefix, jobPrefix string, extra [
 	secret, job := make([]byte, 32), make([]byte, 8)
 	rand.Read(secret)
 	rand.Read(job)
-	env := append(os.Environ(), envPrefix+"_JOB="+jobPrefix+hex.EncodeToString(job), envPrefix+"_SECRET="+hex.EncodeToString(secret))
 	g := &Group{ranks: make([]*rank, np)}
+	closeAll := func() {
+		for _, r := range g.ranks {
+			if r != nil {
+				r.stdin.Close()
+				r.stdout.Close()
+				r.childIn.Close()
+				r.childOut.Close()
+			}
+		}
+	}
 	for i := range g.ranks {
-		args := append(append([]string{"-child", strconv.Itoa(i)}, os.Args[1:]...), extra...)
-		cmd := command(i, exe, args...)
-		cmd.Env = env
-		cmd.Stderr = os.Stderr
-		stdin, err := cmd.StdinPipe()
+		r := &rank{}
+		var err error
+		var in *os.File
+		if r.childIn, in, err = os.Pipe(); err == nil {
+			r.stdin = in
+			r.stdout, r.childOut, err = os.Pipe()
+		}
 		if err != nil {
-			g.Kill()
+			if in != nil {
+				in.Close()
+				r.childIn.Close()
+			}
+			closeAll()
 			return nil, err
 		}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			g.Kill()
-			return nil, err
-		}
-		if err := cmd.Start(); err != nil {
-			g.Kill()
-			return nil, err
-		}
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 1<<20), 64<<20)
-		g.ranks[i] = &rank{cmd: cmd, stdin: stdin, out: sc}
+		r.out = bufio.NewScanner(r.stdout)
+		r.out.Buffer(make([]byte, 1<<20), 64<<20)
+		g.ranks[i] = r
+	}
+	cfg := launch.DefaultConfig()
+	cfg.Workers, cfg.MaxRestarts = np, 0
+	// The children pick their own GOMAXPROCS (-procs), talk to no store,
+	// and a rank that finished waits for nothing: the others end at the
+	// same time, or ctx ends them.
+	cfg.GOMAXPROCS, cfg.NoStore, cfg.StoreListen, cfg.GracePeriod = -1, true, "", time.Minute
+	spec := launch.Spec{
+		Command: append(append([]string{exe}, os.Args[1:]...), extra...),
+		Env:     []string{envPrefix + "_JOB=" + jobPrefix + hex.EncodeToString(job), envPrefix + "_SECRET=" + hex.EncodeToString(secret)},
+		Stderr:  os.Stderr,
+		Wrap:    wrap,
+	}
+	hooks := launch.Hooks{
+		Prepare: func(p launch.Process, cmd *exec.Cmd) error {
+			r := g.ranks[p.Worker]
+			cmd.Args = append(cmd.Args, "-child", strconv.Itoa(p.Worker))
+			cmd.Stdin, cmd.Stdout = r.childIn, r.childOut
+			return nil
+		},
+		OnStart: func(p launch.Process) {
+			r := g.ranks[p.Worker]
+			r.childIn.Close() // the child holds them now
+			r.childOut.Close()
+		},
+	}
+	g.job, err = launch.Start(ctx, spec, cfg, launch.WithHooks(hooks))
+	if err != nil {
+		closeAll()
+		return nil, err
 	}
 	if err := g.exchange(); err != nil {
 		g.Kill()
@@ -153,28 +196,39 @@ func (g *Group) Send(line string) {
 }
 
 // Wait closes every child's stdin and waits for each to exit; it returns
-// the first failure as "rank I: ...". Children that exited are forgotten
-// by Kill.
+// the first failure by rank as "rank I: ...".
 func (g *Group) Wait() error {
-	for i, r := range g.ranks {
+	for _, r := range g.ranks {
 		r.stdin.Close()
-		if err := r.cmd.Wait(); err != nil {
-			return fmt.Errorf("rank %d: %w", i, err)
+	}
+	res, _ := g.job.Wait()
+	g.closeOutputs()
+	for _, x := range res.Last() {
+		if x.Outcome != launch.Finished {
+			err := x.Err
+			if err == nil {
+				err = fmt.Errorf("exit status %d", x.Code)
+			}
+			return fmt.Errorf("rank %d: %w", x.Worker, err)
 		}
-		g.ranks[i] = nil
 	}
 	return nil
 }
 
-// Kill kills the children that Wait has not seen exit and waits for them;
-// defer it right after Start.
+// Kill kills the children that have not exited and waits for them; defer
+// it right after Start (after Wait it does nothing more).
 func (g *Group) Kill() {
 	for _, r := range g.ranks {
-		if r != nil {
-			r.stdin.Close()
-			r.cmd.Process.Kill()
-			r.cmd.Wait()
-		}
+		r.stdin.Close()
+	}
+	g.job.Kill()
+	g.job.Wait()
+	g.closeOutputs()
+}
+
+func (g *Group) closeOutputs() {
+	for _, r := range g.ranks {
+		r.stdout.Close()
 	}
 }
 

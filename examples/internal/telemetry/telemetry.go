@@ -28,7 +28,7 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"golang.org/x/net/netutil"
 
-	"github.com/elastictrain/elastictrain/examples/internal/launcher"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -133,7 +133,7 @@ func MetricsAddr(addr string, worker int) (string, error) {
 // WorkerIndex is this worker's launch index from the launcher's
 // environment (0 when run by hand).
 func WorkerIndex() int {
-	i, err := strconv.Atoi(os.Getenv(launcher.EnvWorker))
+	i, err := strconv.Atoi(os.Getenv(launch.EnvWorker))
 	if err != nil || i < 0 {
 		return 0
 	}

@@ -1,4 +1,10 @@
-package launcher
+// Package faults is the list of faults a test or a benchmark injects into
+// a local job when it reaches given steps: SIGKILL, SIGSTOP or SIGTERM the
+// worker holding a rank, or start more workers. launch/monitor applies them
+// as the workers' step events arrive; this package parses and checks them
+// (Flag, Check). It is a test kit: a production supervisor has no use
+// for it.
+package faults
 
 import (
 	"fmt"
@@ -7,15 +13,15 @@ import (
 	"strings"
 )
 
-// FaultKind is what the launcher does to a worker when the job reaches a step.
-type FaultKind string
+// Kind is what the supervisor does to a worker when the job reaches a step.
+type Kind string
 
-// The faults the launcher can inject.
+// The faults the supervisor can inject.
 const (
-	Kill FaultKind = "kill" // SIGKILL the worker holding Rank
-	Stop FaultKind = "stop" // SIGSTOP it (a hang); it is killed when the launcher exits
-	Term FaultKind = "term" // SIGTERM it (preemption: it commits, checkpoints, leaves)
-	Join FaultKind = "join" // start Rank (a count) more workers
+	Kill Kind = "kill" // SIGKILL the worker holding Rank
+	Stop Kind = "stop" // SIGSTOP it (a hang); it is killed when the supervisor exits
+	Term Kind = "term" // SIGTERM it (preemption: it commits, checkpoints, leaves)
+	Join Kind = "join" // start Rank (a count) more workers
 )
 
 // Fault is one injected event: Kind applied at global step Step, to the
@@ -24,14 +30,15 @@ const (
 // applies at the next step (a benchmark holds a kill until its disturbance
 // is in place).
 type Fault struct {
-	Kind  FaultKind
+	Kind  Kind
 	Rank  int
 	Step  int64
 	After <-chan struct{}
 }
 
-// ready reports whether nothing holds the fault back.
-func (f Fault) ready() bool {
+// Ready reports whether nothing holds the fault back (After is nil or
+// closed).
+func (f Fault) Ready() bool {
 	if f.After == nil {
 		return true
 	}
@@ -45,17 +52,17 @@ func (f Fault) ready() bool {
 
 func (f Fault) String() string { return fmt.Sprintf("%s %d@%d", f.Kind, f.Rank, f.Step) }
 
-// CheckFaults reports faults that can never apply to a job started with
+// Check reports faults that can never apply to a job started with
 // workers processes and at most max ranks: joins that would start more
-// than max workers in all (workers plus every -join count; Run refuses
-// them too, given max as Spec.MaxWorkers), or a kill, stop or term of a
-// rank that no worker can hold (ranks stay below the workers started,
-// counting those -join adds).
-func CheckFaults(faults []Fault, workers, max int) error {
-	if err := checkCount(faults, workers, max); err != nil {
+// than max workers in all (CheckCount; monitor.Run refuses them too, given
+// max as Spec.MaxWorkers), or a kill, stop or term of a rank that no
+// worker can hold (ranks stay below the workers started, counting those
+// -join adds). Its messages name the flags of Flag.
+func Check(faults []Fault, workers, max int) error {
+	if err := CheckCount(faults, workers, max); err != nil {
 		return err
 	}
-	n := workers + joined(faults)
+	n := workers + Joined(faults)
 	for _, f := range faults {
 		if f.Kind != Join && f.Rank >= n {
 			return fmt.Errorf("-%s %d@%d: no worker can hold rank %d (ranks 0..%d: %d workers at most, counting -join, and -max %d)",
@@ -65,14 +72,17 @@ func CheckFaults(faults []Fault, workers, max int) error {
 	return nil
 }
 
-// Faults is a repeatable flag value "RANK@STEP" (or "N@STEP" for joins) of
-// one kind.
-type Faults struct {
-	Kind FaultKind
+// Flag is a repeatable flag value "RANK@STEP" (or "N@STEP" for joins) of
+// one kind, appending to List:
+//
+//	fs.Var(faults.Flag{Kind: faults.Kill, List: &list}, "kill", "...")
+type Flag struct {
+	Kind Kind
 	List *[]Fault
 }
 
-func (f Faults) String() string {
+// String returns the faults of f's kind in List, "A@STEP,...".
+func (f Flag) String() string {
 	if f.List == nil {
 		return ""
 	}
@@ -86,7 +96,7 @@ func (f Faults) String() string {
 }
 
 // Set parses one "A@STEP" value.
-func (f Faults) Set(s string) error {
+func (f Flag) Set(s string) error {
 	what := "RANK"
 	if f.Kind == Join {
 		what = "COUNT"
@@ -110,9 +120,9 @@ func (f Faults) Set(s string) error {
 	return nil
 }
 
-// joined is how many workers the Join faults start in all, saturating at
+// Joined is how many workers the Join faults start in all, saturating at
 // math.MaxInt (each count comes from a flag and may be huge).
-func joined(faults []Fault) int {
+func Joined(faults []Fault) int {
 	n := 0
 	for _, f := range faults {
 		if f.Kind == Join {
@@ -129,13 +139,13 @@ func satAdd(a, b int) int {
 	return a + b
 }
 
-// checkCount refuses a job that would start more than limit workers over
+// CheckCount refuses a job that would start more than limit workers over
 // its life: workers at once, then every Join fault's count.
-func checkCount(faults []Fault, workers, limit int) error {
+func CheckCount(faults []Fault, workers, limit int) error {
 	if workers > limit {
 		return fmt.Errorf("-workers %d is above -max %d", workers, limit)
 	}
-	if j := joined(faults); satAdd(workers, j) > limit {
+	if j := Joined(faults); satAdd(workers, j) > limit {
 		return fmt.Errorf("-join: %d workers plus %d joining would start %d, above -max %d (at most %d may join)",
 			workers, j, satAdd(workers, j), limit, max(0, limit-workers))
 	}

@@ -1,215 +1,51 @@
-// Package launcher is the examples' presentation of a local elastic job over
-// the public launcher (package launch): it re-executes the example's own
-// binary as N workers through launch.Start, reads the workers' events from a
-// pipe each, injects faults (kill, stop, term, join) when the job reaches
-// given steps, and prints progress and membership changes. Starting,
-// signalling, stopping (a SIGTERM or Ctrl-C to the example is forwarded to
-// every worker with a grace period) and reaping the workers is launch's.
-package launcher
+// Package monitor runs a local elastic job through launch and follows it
+// by its workers' events (launch.Event): it prints progress lines and
+// membership changes, injects step-triggered faults (launch/faults) and
+// returns a Summary of the rounds, steps and recoveries it saw. The
+// examples and benchmarks present their jobs with it; a supervisor of your
+// own that needs only the events uses launch.Hooks.OnEvent directly.
+//
+// Run re-executes the calling program's own binary as N workers through
+// launch.Start; each worker reports with launch.NewEmitter. Starting,
+// signalling, stopping (a SIGTERM or Ctrl-C to the program is forwarded to
+// every worker with a grace period), placing (launch.Netns) and reaping the
+// workers is launch's.
+package monitor
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os"
-	"os/exec"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
 	"github.com/elastictrain/elastictrain/launch"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/launch/faults"
 )
-
-// EnvEventsFD names the environment variable that tells a worker which file
-// descriptor carries its events to the launcher.
-const EnvEventsFD = "ELASTICTRAIN_EVENTS_FD"
-
-// EnvWorker is set to the worker's launch index in every worker's environment.
-const EnvWorker = "ELASTICTRAIN_WORKER"
-
-// Event is one line a worker sends to the launcher, as JSON. Loss and
-// RecoverySeconds may be NaN or ±Inf (a diverged run): they travel as the
-// strings "NaN", "+Inf" and "-Inf", which plain JSON numbers cannot hold.
-type Event struct {
-	Ev              string  `json:"ev"` // "round", "step", "done", "error", "finished" (see EvFinished)
-	Worker          int     `json:"worker"`
-	PID             int     `json:"pid"`
-	Round           uint64  `json:"round,omitempty"`
-	Rank            int     `json:"rank"`
-	WorldSize       int     `json:"world_size,omitempty"`
-	Step            int64   `json:"step,omitempty"`
-	Epoch           int     `json:"epoch,omitempty"`
-	Loss            float64 `json:"loss,omitempty"`
-	Samples         int     `json:"samples,omitempty"`
-	Source          string  `json:"source,omitempty"`
-	Recovery        bool    `json:"recovery,omitempty"`
-	RolledBack      int64   `json:"rolled_back,omitempty"`
-	RecoverySeconds float64 `json:"recovery_seconds,omitempty"`
-	Message         string  `json:"message,omitempty"`
-	// From, To and Reason describe a scaling decision (EvScaling): the
-	// world size before and after, and the policy's reason.
-	From   int    `json:"from,omitempty"`
-	To     int    `json:"to,omitempty"`
-	Reason string `json:"reason,omitempty"`
-	// Restart is the worker process's restart number (EvStarted).
-	Restart int `json:"restart,omitempty"`
-	// Checkpoint marks an "error" event of a worker whose trainer's Run
-	// returned trainer.ErrCheckpoint (a durable checkpoint it had to write
-	// was not written): the job then does not end cleanly, whoever reports
-	// it done (Run returns ErrFinishedWithError). ErrorEvent sets it.
-	Checkpoint bool `json:"checkpoint,omitempty"`
-	// Extra carries example-specific results in "done" events. Its
-	// numbers must be finite: an event JSON cannot encode arrives as an
-	// "error" event instead (see Emitter.Emit).
-	Extra map[string]any `json:"extra,omitempty"`
-	// At is the worker's wall clock (unix seconds).
-	At float64 `json:"at"`
-}
-
-// EvScaling is the event rank 0 sends for a scaling decision that changed
-// the target world size (trainer.StepInfo.Scaling): Step, From, To and
-// Reason.
-const EvScaling = "scaling"
 
 // EvStarted is the event Run queues itself when a worker process started
 // (launch's OnStart), before any event of that process: Worker, PID and
 // Restart. Workers never send it.
 const EvStarted = "started"
 
-// ErrorEvent is the "error" event a worker sends for err before it exits:
-// its message, marked Checkpoint when err wraps trainer.ErrCheckpoint.
-func ErrorEvent(err error) Event {
-	return Event{Ev: "error", Message: err.Error(), Checkpoint: errors.Is(err, trainer.ErrCheckpoint)}
-}
-
-// EvFinished is the event a worker sends when the job had already
-// finished before it joined (an earlier run of the same job ID finished,
-// and its state in the store says so until it expires). When no worker
-// reports "done" and one reports this, Run returns ErrJobAlreadyFinished.
-const EvFinished = "finished"
-
 // ErrJobAlreadyFinished is Run's error when the job was over before its
-// workers joined: no worker trained or reported "done", and one of them
-// reported EvFinished.
-var ErrJobAlreadyFinished = errors.New("launcher: the job had already finished when its workers joined")
+// workers joined: no worker trained or reported launch.EvDone, and one of
+// them reported launch.EvFinished.
+var ErrJobAlreadyFinished = errors.New("monitor: the job had already finished when its workers joined")
 
 // ErrFinishedWithError is Run's error when the job finished (Summary.Done
 // is set and complete) but the worker that reported it exited with a
 // status other than 0, as a worker does whose trainer's Run returned
 // trainer.ErrCheckpoint (the final checkpoint was not written), or when any
-// worker reported a lost checkpoint (an "error" event marked Checkpoint: a
+// worker reported a lost checkpoint (an EvError marked Checkpoint: a
 // preempted worker whose checkpoint failed, say) while the others finished.
-// The message names the worker, its status and its last "error" event.
-var ErrFinishedWithError = errors.New("launcher: the job finished, but not cleanly")
-
-// eventJSON is Event without its methods, so MarshalJSON and UnmarshalJSON
-// can use the default encoding for every other field.
-type eventJSON Event
-
-// eventWire is the wire form of an Event: the float fields that may be
-// non-finite shadow the embedded ones.
-type eventWire struct {
-	eventJSON
-	Loss            wireFloat `json:"loss,omitempty"`
-	RecoverySeconds wireFloat `json:"recovery_seconds,omitempty"`
-}
-
-// MarshalJSON encodes ev with a non-finite Loss or RecoverySeconds as a
-// string ("NaN", "+Inf", "-Inf").
-func (ev Event) MarshalJSON() ([]byte, error) {
-	return json.Marshal(eventWire{eventJSON: eventJSON(ev), Loss: wireFloat(ev.Loss), RecoverySeconds: wireFloat(ev.RecoverySeconds)})
-}
-
-// UnmarshalJSON decodes what MarshalJSON encodes.
-func (ev *Event) UnmarshalJSON(b []byte) error {
-	var w eventWire
-	if err := json.Unmarshal(b, &w); err != nil {
-		return err
-	}
-	*ev = Event(w.eventJSON)
-	ev.Loss, ev.RecoverySeconds = float64(w.Loss), float64(w.RecoverySeconds)
-	return nil
-}
-
-// wireFloat is a float64 whose JSON form is a number when finite and the
-// string "NaN", "+Inf" or "-Inf" otherwise.
-type wireFloat float64
-
-func (f wireFloat) MarshalJSON() ([]byte, error) {
-	x := float64(f)
-	if math.IsNaN(x) || math.IsInf(x, 0) {
-		return strconv.AppendQuote(nil, strconv.FormatFloat(x, 'g', -1, 64)), nil
-	}
-	return json.Marshal(x)
-}
-
-func (f *wireFloat) UnmarshalJSON(b []byte) error {
-	if len(b) > 0 && b[0] == '"' {
-		var s string
-		if err := json.Unmarshal(b, &s); err != nil {
-			return err
-		}
-		switch s {
-		case "NaN", "+Inf", "-Inf":
-			x, _ := strconv.ParseFloat(s, 64)
-			*f = wireFloat(x)
-			return nil
-		}
-		return fmt.Errorf("launcher: %q is not a number", s)
-	}
-	var x float64
-	if err := json.Unmarshal(b, &x); err != nil {
-		return err
-	}
-	*f = wireFloat(x)
-	return nil
-}
-
-// Emitter writes a worker's events; safe for concurrent use.
-type Emitter struct {
-	mu     sync.Mutex
-	w      io.Writer
-	worker int
-}
-
-// NewEmitter returns the emitter of this worker: the descriptor named by
-// EnvEventsFD, or a discarding one when run without a launcher.
-func NewEmitter() *Emitter {
-	e := &Emitter{w: io.Discard}
-	var fd, idx int
-	if _, err := fmt.Sscan(os.Getenv(EnvEventsFD), &fd); err == nil && fd > 2 {
-		e.w = os.NewFile(uintptr(fd), "events")
-	}
-	if _, err := fmt.Sscan(os.Getenv(EnvWorker), &idx); err == nil {
-		e.worker = idx
-	}
-	return e
-}
-
-// Emit sends one event, stamping worker, pid and time. An event that
-// cannot be encoded (Extra holding a NaN or a value JSON has no form for)
-// is not dropped: an "error" event saying so takes its place, so the
-// launcher shows why the event it waited for never came.
-func (e *Emitter) Emit(ev Event) {
-	ev.Worker, ev.PID = e.worker, os.Getpid()
-	ev.At = float64(time.Now().UnixNano()) / 1e9
-	b, err := json.Marshal(ev)
-	if err != nil {
-		b, _ = json.Marshal(Event{Ev: "error", Worker: ev.Worker, PID: ev.PID, Rank: ev.Rank, Step: ev.Step, At: ev.At,
-			Message: fmt.Sprintf("launcher: cannot encode this worker's %q event (step %d): %v", ev.Ev, ev.Step, err)})
-	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.w.Write(append(b, '\n'))
-}
+// The message names the worker, its status and its last EvError.
+var ErrFinishedWithError = errors.New("monitor: the job finished, but not cleanly")
 
 // Spec says what to launch.
 type Spec struct {
@@ -230,7 +66,7 @@ type Spec struct {
 	// 0 means launch's default, 30 s.
 	GracePeriod time.Duration
 	// Faults to inject, by job step.
-	Faults []Fault
+	Faults []faults.Fault
 	// Log receives progress lines and the workers' own stdout and stderr;
 	// nil = discard. Run serialises its writes to it (other than an
 	// *os.File, which the workers write to directly).
@@ -247,13 +83,15 @@ type Spec struct {
 	// Wrap, when set, is launch.Spec.Wrap: worker i's command prefix.
 	Wrap func(worker int) []string
 	// Netns, when set and Wrap is not, places the workers in these
-	// network namespaces as EnvNetns does (worker i < len in the i-th, a
-	// later one in the listed namespace with the fewest live workers,
-	// the first such in list order), in place of EnvNetns.
+	// network namespaces (launch.Netns: worker i < len in the i-th, a
+	// later one in the listed namespace with the fewest live workers, the
+	// first such in list order). When neither is set, Run places them by
+	// launch.EnvNetns in its own environment, if that names namespaces.
+	// Each placement is logged ("worker I runs in network namespace NS").
 	Netns []string
 	// OnEvent, when set, sees every event before Run acts on it, from
 	// Run's goroutine; it must not block.
-	OnEvent func(Event)
+	OnEvent func(launch.Event)
 	// Autoscale and CapacityFile are launch.Config's: the workers size
 	// the job themselves, and the file bounds the workers Run runs.
 	Autoscale    bool
@@ -272,7 +110,7 @@ const DefaultMaxWorkers = launch.DefaultMaxWorkers
 // Summary is what the launcher saw of the job.
 type Summary struct {
 	// Done is the final rank 0's "done" event (nil if none arrived).
-	Done *Event
+	Done *launch.Event
 	// Rounds lists the rounds in order with their world sizes.
 	Rounds []RoundSeen
 	// Recoveries holds, per injected kill/stop, seconds from the fault until
@@ -376,101 +214,53 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	if limit <= 0 {
 		limit = DefaultMaxWorkers
 	}
-	if err := checkCount(spec.Faults, spec.Workers, limit); err != nil {
-		return sum, fmt.Errorf("launcher: %w", err)
+	if err := faults.CheckCount(spec.Faults, spec.Workers, limit); err != nil {
+		return sum, fmt.Errorf("monitor: %w", err)
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return sum, fmt.Errorf("launcher: %w", err)
+		return sum, fmt.Errorf("monitor: %w", err)
 	}
 
-	// Every worker sends its events through a pipe of its own (fd 3). The
-	// hooks run on launch's goroutine and never block: a reader goroutine
-	// per worker queues its events, and an exit is queued only after every
-	// event its worker wrote.
+	// launch hands every worker's events on, in order, between its start
+	// and its exit; the hooks queue them (and the exits and the capacity's
+	// changes) for this goroutine without ever blocking.
 	wrap := spec.Wrap
-	spaces := os.Getenv(EnvNetns)
-	if len(spec.Netns) > 0 {
-		spaces = strings.Join(spec.Netns, ",")
+	var place *launch.Netns
+	if wrap == nil {
+		if len(spec.Netns) > 0 {
+			place, err = launch.NewNetns(spec.Netns)
+		} else {
+			place, err = launch.NetnsFromEnv()
+		}
+		if err != nil {
+			return sum, fmt.Errorf("monitor: %w", err)
+		}
 	}
-	place := newPlacement(spaces, logw)
-	if wrap == nil && place != nil {
-		wrap = place.wrap
-	} else {
-		place = nil
+	if place != nil {
+		wrap = func(worker int) []string {
+			ns := place.Place(worker)
+			fmt.Fprintf(logw, "[launcher] worker %d runs in network namespace %s\n", worker, ns)
+			return []string{"ip", "netns", "exec", ns}
+		}
 	}
-	events := make(chan Event, 1024)
-	exits := make(chan exit, limit+1)
-	var readers sync.WaitGroup
-	var hookMu sync.Mutex // the pipes of the workers being started
-	pipes := map[int][2]*os.File{}
-	readDone := map[int]chan struct{}{}
+	q := &queue{ready: make(chan struct{}, 1)}
 	hooks := launch.Hooks{
-		Prepare: func(p launch.Process, cmd *exec.Cmd) error {
-			r, w, err := os.Pipe()
-			if err != nil {
-				return err
-			}
-			cmd.ExtraFiles = []*os.File{w}
-			cmd.Env = append(cmd.Env, fmt.Sprintf("%s=3", EnvEventsFD))
-			hookMu.Lock()
-			pipes[p.Worker] = [2]*os.File{r, w}
-			hookMu.Unlock()
-			return nil
-		},
 		OnStart: func(p launch.Process) {
-			hookMu.Lock()
-			rw := pipes[p.Worker]
-			delete(pipes, p.Worker)
-			done := make(chan struct{})
-			readDone[p.Worker] = done
-			hookMu.Unlock()
-			rw[1].Close() // the worker holds the write end now
-			readers.Add(1)
-			go func(idx, restart, pid int, r *os.File) {
-				defer readers.Done()
-				defer close(done)
-				defer r.Close()
-				events <- Event{Ev: EvStarted, Worker: idx, Restart: restart, PID: pid}
-				sc := bufio.NewScanner(r)
-				sc.Buffer(make([]byte, 64<<10), 16<<20)
-				for sc.Scan() {
-					var ev Event
-					if err := json.Unmarshal(sc.Bytes(), &ev); err != nil {
-						ev = Event{Ev: "error", Message: fmt.Sprintf("undecodable event %.200q: %v", sc.Bytes(), err)}
-					}
-					ev.Worker = idx
-					events <- ev
-				}
-				if err := sc.Err(); err != nil {
-					events <- Event{Ev: "error", Worker: idx, Message: fmt.Sprintf("reading events: %v (later events are lost)", err)}
-					io.Copy(io.Discard, r) // so the worker never blocks on a full pipe
-				}
-			}(p.Worker, p.Restart, p.PID, rw[0])
+			q.put(item{ev: &launch.Event{Ev: EvStarted, Worker: p.Worker, Restart: p.Restart, PID: p.PID}})
 		},
+		OnEvent: func(ev launch.Event) { q.put(item{ev: &ev}) },
 		OnScale: func(sc launch.Scale) {
 			if sc.Reason != "capacity" {
 				return // decisions arrive from rank 0 (EvScaling); Join faults are faults
 			}
-			readers.Add(1)
-			go func() {
-				defer readers.Done()
-				events <- Event{Ev: EvScaling, From: sc.From, To: sc.To, Reason: sc.Reason, Rank: -1}
-			}()
+			q.put(item{ev: &launch.Event{Ev: launch.EvScaling, From: sc.From, To: sc.To, Reason: sc.Reason, Rank: -1}})
 		},
 		OnExit: func(x launch.Exit) {
 			if place != nil {
-				place.exited(x.Worker)
+				place.Exited(x)
 			}
-			hookMu.Lock()
-			done := readDone[x.Worker]
-			hookMu.Unlock()
-			readers.Add(1)
-			go func() {
-				defer readers.Done()
-				<-done // every event the worker wrote is queued before its exit is
-				exits <- exit{idx: x.Worker, restart: x.Restart, code: x.Code, err: x.Err}
-			}()
+			q.put(item{exit: &exit{idx: x.Worker, restart: x.Restart, code: x.Code, err: x.Err}})
 		},
 	}
 	cfg := launch.DefaultConfig()
@@ -483,21 +273,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	job, err := launch.Start(ctx, launch.Spec{Command: append([]string{self}, spec.Args...), Env: spec.Env,
 		Stdout: logw, Stderr: logw, Wrap: wrap}, cfg, launch.WithHooks(hooks))
 	if err != nil {
-		// launch reaped whatever it started; let the readers of their
-		// pipes finish.
-		go func() {
-			for range events {
-			}
-		}()
-		readers.Wait()
-		close(events)
-		hookMu.Lock()
-		for _, rw := range pipes {
-			rw[0].Close()
-			rw[1].Close()
-		}
-		hookMu.Unlock()
-		return sum, fmt.Errorf("launcher: %w", err)
+		return sum, fmt.Errorf("monitor: %w", err) // launch reaped whatever it started
 	}
 	sum.JobID, sum.Store = job.JobID(), job.Store()
 	// Every process registers with its EvStarted event (queued before any
@@ -505,29 +281,15 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	// allows), Add, or launch itself when the capacity rose.
 	workers := map[int]*worker{}
 	begun := false
-	lostCheckpoint := map[int]string{} // worker index -> its "error" event marked Checkpoint (kept across restarts)
+	lostCheckpoint := map[int]string{} // worker index -> its EvError marked Checkpoint (kept across restarts)
 	defer func() {
 		// Every path out has seen every worker exit, but a panic and
-		// StopWhenRecovered; end them, and let every reader and exit
-		// forwarder finish.
+		// StopWhenRecovered; end them.
 		job.Kill()
-		for {
-			select {
-			case <-job.Done():
-				go func() {
-					for range events {
-					}
-				}()
-				readers.Wait()
-				close(events)
-				return
-			case <-events:
-			case <-exits:
-			}
-		}
+		<-job.Done()
 	}()
 
-	pending := append([]Fault(nil), spec.Faults...)
+	pending := append([]faults.Fault(nil), spec.Faults...)
 	sort.SliceStable(pending, func(i, j int) bool { return pending[i].Step < pending[j].Step })
 	type faultAt struct {
 		at    time.Time
@@ -558,8 +320,8 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 		return best
 	}
-	apply := func(f Fault) {
-		if f.Kind == Join {
+	apply := func(f faults.Fault) {
+		if f.Kind == faults.Join {
 			fmt.Fprintf(logw, "[launcher] step %d: starting %d more worker(s)\n", sum.MaxStep, f.Rank)
 			ids, err := job.Add(ctx, f.Rank)
 			for _, i := range ids {
@@ -576,18 +338,18 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			fmt.Fprintf(logw, "[launcher] step %d: no live worker holds rank %d; %s skipped\n", sum.MaxStep, f.Rank, f.Kind)
 			return
 		}
-		sig := map[FaultKind]syscall.Signal{Kill: syscall.SIGKILL, Stop: syscall.SIGSTOP, Term: syscall.SIGTERM}[f.Kind]
+		sig := map[faults.Kind]syscall.Signal{faults.Kill: syscall.SIGKILL, faults.Stop: syscall.SIGSTOP, faults.Term: syscall.SIGTERM}[f.Kind]
 		fmt.Fprintf(logw, "[launcher] step %d: %s rank %d (worker %d, pid %d)\n", sum.MaxStep, sig, f.Rank, w.idx, w.pid)
 		if err := job.Signal(w.idx, sig); err != nil {
 			fmt.Fprintf(logw, "[launcher] %v\n", err)
 			return
 		}
-		w.stopped = f.Kind == Stop
-		if f.Kind != Term {
+		w.stopped = f.Kind == faults.Stop
+		if f.Kind != faults.Term {
 			awaiting = append(awaiting, faultAt{at: time.Now(), round: lastRound})
 		}
 	}
-	handle := func(ev Event) {
+	handle := func(ev launch.Event) {
 		if spec.OnEvent != nil {
 			spec.OnEvent(ev)
 		}
@@ -602,7 +364,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				workers[ev.Worker] = &worker{idx: ev.Worker, restart: ev.Restart, rank: -1, pid: ev.PID}
 				running++
 			}
-		case EvScaling:
+		case launch.EvScaling:
 			sc := ScalingSeen{Step: ev.Step, From: ev.From, To: ev.To, Reason: ev.Reason}
 			if ev.Rank < 0 { // the launcher's own
 				sc.Step = sum.MaxStep
@@ -613,7 +375,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				why = ": " + ev.Message // the decision's figures (autoscale.Decision.Detail)
 			}
 			fmt.Fprintf(logw, "[launcher] step %d: scaling %d -> %d (%s)%s\n", sc.Step, sc.From, sc.To, sc.Reason, why)
-		case "round":
+		case launch.EvRound:
 			if w != nil {
 				w.rank, w.round, w.pid = ev.Rank, ev.Round, ev.PID
 			}
@@ -632,7 +394,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 					lastRound, lastWS = ev.Round, ev.WorldSize
 				}
 			}
-		case "step":
+		case launch.EvStep:
 			if ev.Step > sum.MaxStep {
 				sum.MaxStep = ev.Step
 			}
@@ -647,12 +409,12 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				fmt.Fprintf(logw, "[launcher] training again in round %d at step %d, %.3f s after the fault\n", ev.Round, ev.Step, d)
 				awaiting = awaiting[1:]
 			}
-			for len(pending) > 0 && sum.MaxStep >= pending[0].Step && pending[0].ready() {
+			for len(pending) > 0 && sum.MaxStep >= pending[0].Step && pending[0].Ready() {
 				f := pending[0]
 				pending = pending[1:]
 				apply(f)
 			}
-		case "done":
+		case launch.EvDone:
 			e := ev
 			sum.Done = &e
 			// A stopped worker never exits by itself; the job no longer needs it.
@@ -662,7 +424,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				}
 			}
 			doneTimeout = time.After(time.Minute)
-		case "error":
+		case launch.EvError:
 			if w != nil {
 				w.lastErr = ev.Message
 			}
@@ -670,7 +432,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				lostCheckpoint[ev.Worker] = ev.Message
 			}
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
-		case EvFinished:
+		case launch.EvFinished:
 			sum.AlreadyFinished = true
 			fmt.Fprintf(logw, "[launcher] worker %d: the job had already finished when it joined\n", ev.Worker)
 		}
@@ -681,7 +443,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			return false
 		}
 		for _, f := range pending {
-			if f.Kind == Kill || f.Kind == Stop {
+			if f.Kind == faults.Kill || f.Kind == faults.Stop {
 				return false
 			}
 		}
@@ -708,28 +470,25 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			// period), and this loop sees them go.
 			ctxDone = nil
 			fmt.Fprintf(logw, "[launcher] %v: stopping every worker (SIGTERM, then SIGKILL after the grace period)\n", context.Cause(ctx))
-		case ex := <-exits:
-			// Handle what the worker said before it exited first.
-			for drained := false; !drained; {
-				select {
-				case ev := <-events:
-					handle(ev)
-				default:
-					drained = true
+		case <-q.ready:
+			for _, it := range q.take() {
+				if it.ev != nil {
+					handle(*it.ev)
+					continue
+				}
+				// Every event of the worker came before its exit.
+				ex := it.exit
+				w := workers[ex.idx]
+				if w == nil || w.restart != ex.restart {
+					w = &worker{idx: ex.idx, rank: -1} // an older process of the index
+				}
+				w.exited = true
+				running--
+				sum.Exits[ex.idx] = ex.code
+				if ex.code != 0 {
+					fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
 				}
 			}
-			w := workers[ex.idx]
-			if w == nil || w.restart != ex.restart {
-				w = &worker{idx: ex.idx, rank: -1} // an older process of the index
-			}
-			w.exited = true
-			running--
-			sum.Exits[ex.idx] = ex.code
-			if ex.code != 0 {
-				fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
-			}
-		case ev := <-events:
-			handle(ev)
 		case <-doneTimeout:
 			fmt.Fprintf(logw, "[launcher] workers still running a minute after the job finished; killing them\n")
 			job.Kill()
@@ -749,9 +508,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	case ctx.Err() != nil && jobErr != nil:
 		// Stopped from outside: preempted (every worker left gracefully)
 		// or failed, by launch's rule.
-		return sum, fmt.Errorf("launcher: %w", jobErr)
+		return sum, fmt.Errorf("monitor: %w", jobErr)
 	case ctx.Err() != nil && sum.Done == nil:
-		return sum, fmt.Errorf("launcher: stopped before the job finished: %w", ctx.Err())
+		return sum, fmt.Errorf("monitor: stopped before the job finished: %w", ctx.Err())
 	case sum.Done == nil && sum.AlreadyFinished:
 		return sum, ErrJobAlreadyFinished
 	case sum.Done == nil:
@@ -767,9 +526,9 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			}
 		}
 		if len(why) > 0 {
-			return sum, fmt.Errorf("launcher: every worker exited and none reported the job done; %s", strings.Join(why, "; "))
+			return sum, fmt.Errorf("monitor: every worker exited and none reported the job done; %s", strings.Join(why, "; "))
 		}
-		return sum, errors.New("launcher: every worker exited and none reported the job done")
+		return sum, errors.New("monitor: every worker exited and none reported the job done")
 	}
 	if w := workers[sum.Done.Worker]; w != nil && sum.Exits[w.idx] != 0 {
 		// The worker that reported the job done failed after all (its
@@ -797,6 +556,39 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		return sum, fmt.Errorf("%w: a worker's checkpoint was not written: %s", ErrFinishedWithError, strings.Join(why, "; "))
 	}
 	return sum, nil
+}
+
+// item is one thing the hooks queue for Run: an event or an exit.
+type item struct {
+	ev   *launch.Event
+	exit *exit
+}
+
+// queue holds what the hooks hand Run, in the order launch calls them;
+// put never blocks, so a hook never waits for Run (which calls Job.Add
+// and Job.Signal). Safe for concurrent use.
+type queue struct {
+	mu    sync.Mutex
+	items []item
+	ready chan struct{} // capacity 1: something was queued since the last take
+}
+
+func (q *queue) put(it item) {
+	q.mu.Lock()
+	q.items = append(q.items, it)
+	q.mu.Unlock()
+	select {
+	case q.ready <- struct{}{}:
+	default:
+	}
+}
+
+func (q *queue) take() []item {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	items := q.items
+	q.items = nil
+	return items
 }
 
 // lockedWriter serialises the writes to w.

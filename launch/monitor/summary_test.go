@@ -1,10 +1,12 @@
-package launcher
+package monitor
 
 import (
 	"encoding/json"
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/launch"
 )
 
 func TestEpochStepsPerSecondAndMeanWorldSize(t *testing.T) {
@@ -27,11 +29,11 @@ func TestEpochStepsPerSecondAndMeanWorldSize(t *testing.T) {
 }
 
 func TestScalingEventsRoundTrip(t *testing.T) {
-	ev := Event{Ev: EvScaling, Step: 40, From: 2, To: 3, Reason: "probe"}
+	ev := launch.Event{Ev: launch.EvScaling, Step: 40, From: 2, To: 3, Reason: "probe"}
 	b, err := json.Marshal(ev)
 	require.NoError(t, err)
 	require.JSONEq(t, `{"ev":"scaling","worker":0,"pid":0,"rank":0,"step":40,"from":2,"to":3,"reason":"probe","at":0}`, string(b))
-	var back Event
+	var back launch.Event
 	require.NoError(t, json.Unmarshal(b, &back))
 	require.Equal(t, ev, back)
 	sc, err := json.Marshal(ScalingSeen{Step: 40, From: 2, To: 3, Reason: "probe"})
