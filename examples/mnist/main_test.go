@@ -647,26 +647,14 @@ func TestDiLoCoRunSurvivesAKillAndAJoinWithAnExactAudit(t *testing.T) {
 	code, stdout, stderr := runMain(t, "-workers", "2", "-epochs", "1", "-batch", "2000", "-sync", "diloco", "-sync-every", "4",
 		"-kill", "1@10", "-join", "1@18", "-json", "-quiet")
 	require.Equal(t, 0, code, "stderr: %s", stderr)
-	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	var res struct {
-		Steps           int64   `json:"steps"`
-		Recoveries      int     `json:"recoveries"`
-		SamplesApplied  int     `json:"samples_applied"`
-		AuditMissing    int     `json:"audit_missing"`
-		AuditDuplicates int     `json:"audit_duplicates"`
-		Sync            string  `json:"sync"`
-		SyncEvery       int     `json:"sync_every"`
-		OuterLR         float64 `json:"outer_lr"`
-		TestAccuracy    float64 `json:"test_accuracy"`
-	}
-	require.NoError(t, json.Unmarshal([]byte(lines[len(lines)-1]), &res), stdout)
+	var res result // the launcher's JSON line, the last of stdout
+	out := strings.TrimSpace(stdout)
+	require.NoError(t, json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &res), stdout)
 	require.Equal(t, "diloco", res.Sync)
 	require.Equal(t, 4, res.SyncEvery)
 	require.Equal(t, 0.7, res.OuterLR)
 	require.Equal(t, 1, res.Recoveries, "the kill")
-	require.Equal(t, int64(TrainSamples/2000), res.Steps)
-	require.Equal(t, TrainSamples, res.SamplesApplied)
-	require.Zero(t, res.AuditMissing)
-	require.Zero(t, res.AuditDuplicates)
+	require.Equal(t, [4]int{TrainSamples / 2000, TrainSamples, 0, 0},
+		[4]int{int(res.Steps), res.SamplesApplied, res.AuditMissing, res.AuditDuplicates}, "steps, samples, audit missing, duplicates")
 	require.Greater(t, res.TestAccuracy, 0.5, "it trained")
 }
