@@ -427,7 +427,9 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 			// Written once this rank said goodbye and left (Run): its
 			// peers would otherwise wait in the round-end barrier and
 			// for its leave while it writes.
-			step, data := t.step, t.latest.encode(nil, t.params)
+			// The latest commit's step: t.step itself unless a
+			// LocalStepper's ranks stopped between outer steps.
+			step, data := t.latest.step, t.latest.encode(nil, t.params)
 			t.preemptSave = func(ctx context.Context) error { return ck.saveNow(ctx, step, data) }
 		}
 	} else if t.o.ckpt != nil {
