@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math"
 	stdsync "sync"
@@ -37,10 +38,13 @@ type job struct {
 	audit *trainer.MemoryAudit
 	outer localsgd.Config
 
-	mu     stdsync.Mutex
-	models map[*trainertest.Worker]*trainertest.Model
-	rounds []trainer.RoundInfo // every worker's OnRound
-	bad    []string
+	ckpt trainer.CheckpointStore // nil: none
+
+	mu       stdsync.Mutex
+	models   map[*trainertest.Worker]*trainertest.Model
+	trainers map[*trainertest.Worker]*trainer.Trainer[trainertest.Batch]
+	rounds   []trainer.RoundInfo // every worker's OnRound
+	bad      []string
 }
 
 func newJob(t *testing.T, minWorkers int, inner func() trainer.Optimizer, outer localsgd.Config) *job {
@@ -50,7 +54,7 @@ func newJob(t *testing.T, minWorkers int, inner func() trainer.Optimizer, outer 
 	store := elastic.NewRedisStore(testredis.Client(t))
 	return &job{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store, Timeout: 2 * time.Minute}),
 		prob: trainertest.NewProblem(samples, 8, 0.1, 3), cfg: cfg, inner: inner, audit: &trainer.MemoryAudit{},
-		outer: outer, models: map[*trainertest.Worker]*trainertest.Model{}}
+		outer: outer, models: map[*trainertest.Worker]*trainertest.Model{}, trainers: map[*trainertest.Worker]*trainer.Trainer[trainertest.Batch]{}}
 }
 
 // hold runs before each step of a worker with its rank in the round and
@@ -101,8 +105,17 @@ func (j *job) start(h hold, delay time.Duration, joined chan struct{}) *trainert
 				j.bad = append(j.bad, fmt.Sprintf("round %d starts from step %d, not an outer step (H = %d)", r.Round, r.Step, every))
 			}
 		}}
-		return trainer.New(m.Params(), s.Optimizer(), loader, step, store, j.cfg,
-			trainer.WithBackend(s.Backend()), trainer.WithAudit(j.audit), trainer.WithHooks(hooks))
+		opts := []trainer.Option{trainer.WithBackend(s.Backend()), trainer.WithAudit(j.audit), trainer.WithHooks(hooks)}
+		if j.ckpt != nil {
+			opts = append(opts, trainer.WithCheckpointStore(j.ckpt))
+		}
+		tr, err := trainer.New(m.Params(), s.Optimizer(), loader, step, store, j.cfg, opts...)
+		if err == nil {
+			j.mu.Lock()
+			j.trainers[w] = tr
+			j.mu.Unlock()
+		}
+		return tr, err
 	})
 }
 
@@ -127,10 +140,10 @@ func (j *job) finish() string {
 	}
 	hash := ""
 	for _, w := range j.c.Workers() {
-		if w.Killed() {
+		res, err := w.Result()
+		if w.Killed() || errors.Is(err, trainer.ErrPreempted) {
 			continue
 		}
-		res, err := w.Result()
 		if err != nil || !res.Finished {
 			j.t.Fatalf("%v: Run = %+v, %v", w, res, err)
 		}
@@ -343,5 +356,62 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// A worker preempted between two outer steps leaves without a commit
+// there: its checkpoint holds the last outer step and is named by it, and
+// the others (with a replacement) roll back to it; exactly-once holds.
+func TestPreemptionBetweenOuterStepsCheckpointsTheLastOuterStep(t *testing.T) {
+	j := newJob(t, 2, func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }, localsgd.Config{Every: every, Outer: localsgd.Average})
+	dir, err := trainer.NewLocalDir(t.TempDir(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	j.ckpt = dir
+	preempted := make(chan *trainertest.Worker, 1)
+	var once stdsync.Once
+	h := func(_ context.Context, w *trainertest.Worker, rank int, step int64) error {
+		if rank == 1 && step == 7 { // it leaves after step 7, three steps past the outer step at 4
+			once.Do(func() {
+				j.mu.Lock()
+				j.trainers[w].Preempt()
+				j.mu.Unlock()
+				preempted <- w
+			})
+		}
+		return nil
+	}
+	j.start(h, 0, nil)
+	j.start(h, 0, nil)
+	var w *trainertest.Worker
+	select {
+	case w = <-preempted:
+	case <-time.After(time.Minute):
+		t.Fatal("rank 1 never reached step 7")
+	}
+	<-w.Done()
+	if _, err := w.Result(); !errors.Is(err, trainer.ErrPreempted) {
+		t.Fatalf("the preempted worker's Run = %v, want ErrPreempted", err)
+	}
+	j.start(nil, 0, nil)
+	j.finish()
+	steps, err := dir.List(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, st := range steps {
+		ck, err := trainer.LoadCheckpoint(context.Background(), dir, st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ck.Step != st || st%every != 0 {
+			t.Errorf("checkpoint named %d holds step %d (outer steps every %d)", st, ck.Step, every)
+		}
+		found = found || st == 4
+	}
+	if !found {
+		t.Fatalf("no checkpoint of the outer step 4 before the preemption: %v", steps)
 	}
 }
