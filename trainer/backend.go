@@ -72,3 +72,36 @@ type Backend interface {
 type GradientReducer interface {
 	SumGradients(ctx context.Context, grads [][]float32) error
 }
+
+// LocalStepper is an optional capability of a round's Synchronizer: a
+// low-communication strategy (LocalSGD, DiLoCo; package trainer/localsgd)
+// whose ranks step on their own gradients and reconcile their parameters
+// only at some steps, its outer steps. With it the trainer:
+//
+//   - reduces no gradient: each rank's optimizer steps on the gradient sum
+//     of its own share of the global batch times W/N (W ranks, N samples
+//     in the global batch), which is its share's mean when the shares are
+//     even, and makes the mean of the ranks' updates the synchronous
+//     update for plain SGD with one local step between outer steps. The
+//     shares are not balanced (Config.Balance does not apply): what a
+//     rank trains on depends only on the global batch and the world size;
+//   - calls OuterStep after the optimizer's update of every applied step,
+//     with the step count after it and final false, and once more with
+//     final true at the end of the job when the last step was not
+//     committed; synced reports that every rank's parameters are the same
+//     now (an outer step took place, or none was pending), and must be the
+//     same answer on every rank (a function of the step count and the
+//     strategy's committed state); with final true it must be true;
+//   - commits and checkpoints only at synced step boundaries: a round that
+//     ends anywhere else (a failure, a join, a preemption) rolls back to
+//     the last commit, so every commit (parameters, optimizer, loader
+//     cursor) is one of an outer step and exactly-once holds across it.
+//
+// OuterStep is called from the loop goroutine, like every collective, and
+// must make the same calls on the Synchronizer on every rank. An error
+// ends the round as a failure, like a failed collective. Set
+// Config.CheckpointEvery to a multiple of the strategy's period: a
+// checkpoint due at an unsynced boundary is skipped.
+type LocalStepper interface {
+	OuterStep(ctx context.Context, step int64, final bool) (synced bool, err error)
+}

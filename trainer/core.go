@@ -299,6 +299,11 @@ type boundaryIn struct {
 	evict           int  // the straggler to evict, or -1
 	rank            int
 	preempted       bool // this worker was preempted
+	// unsynced: the ranks' parameters differ at this boundary (a
+	// LocalStepper between two outer steps), so it can be neither
+	// committed nor checkpointed; a round that ends here rolls back to
+	// the last commit.
+	unsynced bool
 }
 
 // decideBoundary decides the step boundary from the agreed outcome: a
@@ -306,9 +311,9 @@ type boundaryIn struct {
 // checkpoint is due, or the round ends (a preemption, an eviction, a
 // pending membership change: every rank commits before it leaves); a
 // checkpoint every CheckpointEvery steps unless a preemption writes its
-// own; then the end: the preempted leave and the others rejoin, the
-// evicted rank leaves and the others rejoin, a membership change makes
-// everyone rejoin. An empty global batch is no step: only the loader's
+// own; neither where the ranks' parameters differ (unsynced); then the
+// end: the preempted leave and the others rejoin, the evicted rank leaves
+// and the others rejoin, a membership change makes everyone rejoin. An empty global batch is no step: only the loader's
 // request, a preemption and a membership change count.
 func decideBoundary(o *stepOutcome, in boundaryIn) boundary {
 	empty := o.samples == 0
@@ -316,6 +321,9 @@ func decideBoundary(o *stepOutcome, in boundaryIn) boundary {
 	var b boundary
 	b.checkpoint = !empty && !o.stop && in.checkpointEvery > 0 && in.step%int64(in.checkpointEvery) == 0
 	b.commit = leaving || in.commitAsked || b.checkpoint || (!empty && in.step%int64(in.commitEvery) == 0)
+	if in.unsynced {
+		b.commit, b.checkpoint = false, false
+	}
 	switch {
 	case o.stop && in.preempted:
 		b.end = endPreempted

@@ -288,7 +288,7 @@ func (e *scriptEnv) scriptStep(t *testing.T, c scriptCase) []string {
 func (e *scriptEnv) scriptBoundary(t *testing.T, c scriptCase) []string {
 	a := c.args
 	in := boundaryIn{step: int64(num(t, a, "step", 0)), commitEvery: int(num(t, a, "every", 1)), checkpointEvery: int(num(t, a, "ckpt", 0)),
-		commitAsked: a["asked"] != "", evict: int(num(t, a, "evict", -1)), rank: int(num(t, a, "rank", 0)), preempted: a["preempted"] != ""}
+		commitAsked: a["asked"] != "", evict: int(num(t, a, "evict", -1)), rank: int(num(t, a, "rank", 0)), preempted: a["preempted"] != "", unsynced: a["unsynced"] != ""}
 	b := decideBoundary(&e.outcome, in)
 	end := map[roundEnd]string{endNone: "go on", endRejoin: "rejoin", endPreempted: "leave (preempted)", endEvicted: "leave (evicted)"}[b.end]
 	return []string{fmt.Sprintf("commit=%v checkpoint=%v then %s", b.commit, b.checkpoint, end)}

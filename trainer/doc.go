@@ -61,8 +61,10 @@
 //     carries the control values, the state agreement and broadcast and
 //     the gradients. Capabilities of the Synchronizer: sync.AllGatherer
 //     (used to gather per-rank loader states and partition manifests;
-//     broadcasts otherwise) and GradientReducer (a gradient sync of its
-//     own, outside deterministic mode). Default: NewRingBackend from
+//     broadcasts otherwise), GradientReducer (a gradient sync of its
+//     own, outside deterministic mode) and LocalStepper (local steps and
+//     an outer step every so often, commits at outer steps only:
+//     trainer/localsgd). Default: NewRingBackend from
 //     Config.ListenAddr and Config.Sync; another with WithBackend.
 //   - The data loader (loader.go): New takes a Source that is a Loader
 //     (a cursor the same on every rank: *dataloader.Loader) or a

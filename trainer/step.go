@@ -112,6 +112,18 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 	return loss, 0, nil
 }
 
+// localGrads leaves this rank's own gradients for a LocalStepper's local
+// step: in default mode nothing is to be done (the loop scales the share's
+// sum by W/N); in deterministic mode the micro-batches' gradients are
+// summed exactly in fixed point as in reduceGrads, without the allreduce,
+// and scaled by w/globalSize.
+func (t *Trainer[B]) localGrads(ctx context.Context, gmax float64, globalSize, w int) error {
+	if !t.cfg.Deterministic {
+		return nil
+	}
+	return t.fixedPointSum(ctx, nil, gmax, globalSize, w)
+}
+
 // reduceGrads sums the gradients over every rank.
 //
 // Default mode: the round's GradientReducer when its Synchronizer has one,
@@ -138,6 +150,13 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 		}
 		return t.grads.AllReduce(ctx, comm, sync.OpSum)
 	}
+	return t.fixedPointSum(ctx, comm, gmax, globalSize, 1)
+}
+
+// fixedPointSum is the deterministic mode of reduceGrads (comm non-nil) and
+// localGrads (comm nil: this rank's micro-batches only): the exact sum,
+// divided by globalSize and multiplied by w.
+func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, gmax float64, globalSize, w int) error {
 	if math.IsInf(gmax, 0) || math.IsNaN(gmax) {
 		return fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, gmax)
 	}
@@ -164,10 +183,12 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 			fixed[i] += (float64(g)*scale + magic) - magic
 		}
 	}
-	if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
-		return err
+	if comm != nil {
+		if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
+			return err
+		}
 	}
-	unscale, inv := math.Ldexp(1, -s), 1/float64(max(globalSize, 1))
+	unscale, inv := math.Ldexp(1, -s), float64(w)/float64(max(globalSize, 1))
 	off := 0
 	for _, p := range t.params {
 		f := fixed[off : off+len(p.Grad)]

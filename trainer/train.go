@@ -73,7 +73,11 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	// it converts the gradients, and a GradientReducer sums them its own
 	// way: both keep the control allreduce.
 	_, reducer := comm.(GradientReducer)
-	merged := !t.cfg.Deterministic && !reducer
+	// A LocalStepper's ranks step on their own gradients and commit only
+	// where their parameters agree (see LocalStepper).
+	local, _ := comm.(LocalStepper)
+	unsynced := false // the state installed at the round's start is a commit
+	merged := !t.cfg.Deterministic && !reducer && local == nil
 	if merged && t.gradsW != W {
 		t.ctlPacked = make([]float32, ctlLanes*len(ctl))
 		t.grads = sync.NewBuckets(append(slices.Clip(t.gradList), t.ctlPacked), t.cfg.BucketBytes)
@@ -158,7 +162,11 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					// Every rank saw the same largest gradient: all stop here, together.
 					err = fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
 				case !o.stepFailed && o.samples > 0: // a global batch without samples is no step: nothing to reduce
-					err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
+					if local != nil {
+						err = t.localGrads(actx, o.gradMax, b.GlobalSize, W)
+					} else {
+						err = t.reduceGrads(actx, comm, o.gradMax, b.GlobalSize)
+					}
 					if err == nil && t.afterReduce != nil {
 						err = t.afterReduce(rank, t.step+1)
 					}
@@ -211,6 +219,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			inv := float32(1)
 			if !t.cfg.Deterministic {
 				inv = float32(1 / o.samples)
+				if local != nil {
+					inv = float32(float64(W) / o.samples) // this share's sum times W/N (see LocalStepper)
+				}
 				if !fused {
 					for _, p := range t.params {
 						for i := range p.Grad {
@@ -238,6 +249,18 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			t.step++
 			t.trained++
+			if local != nil {
+				watch.enter()
+				synced, err := local.OuterStep(sctx, t.step, false)
+				watch.leave()
+				if err != nil {
+					if span != nil {
+						endSpan(span, err)
+					}
+					return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: outer step: %w", t.step, err))
+				}
+				unsynced = !synced
+			}
 			t.lastLoss = o.lossSum / o.samples
 			if !tracked {
 				t.epoch, t.epochStep = b.Epoch, b.Step+1
@@ -263,11 +286,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if !empty {
 			decision, figures = t.observeScaling(ctx, world, o)
 			evict = t.observeStragglers(ctx, world, o)
-			if err := t.rebalance(ctx, world, o); err != nil {
-				if span != nil {
-					endSpan(span, err)
+			if local == nil { // a LocalStepper's shares stay even (see LocalStepper)
+				if err := t.rebalance(ctx, world, o); err != nil {
+					if span != nil {
+						endSpan(span, err)
+					}
+					return t.classify(runCtx, ctx, err)
 				}
-				return t.classify(runCtx, ctx, err)
 			}
 		}
 		if !empty {
@@ -293,7 +318,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 		}
 		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
-			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted()})
+			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted(), unsynced: unsynced})
 		if bd.commit {
 			var cspan trace.Span
 			if span != nil || bd.end != endNone {
@@ -402,7 +427,9 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 			// Written once this rank said goodbye and left (Run): its
 			// peers would otherwise wait in the round-end barrier and
 			// for its leave while it writes.
-			step, data := t.step, t.latest.encode(nil, t.params)
+			// The latest commit's step: t.step itself unless a
+			// LocalStepper's ranks stopped between outer steps.
+			step, data := t.latest.step, t.latest.encode(nil, t.params)
 			t.preemptSave = func(ctx context.Context) error { return ck.saveNow(ctx, step, data) }
 		}
 	} else if t.o.ckpt != nil {
@@ -453,6 +480,19 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 	// leased loader), that commit is the final one, and the loader is not
 	// asked for its state with a batch outstanding.
 	if t.uncommitted {
+		if local, ok := comm.(LocalStepper); ok {
+			// The local steps since the last outer step become part of
+			// the final model in one last outer step.
+			watch.enter()
+			synced, err := local.OuterStep(ctx, t.step, true)
+			watch.leave()
+			if err != nil {
+				return t.classify(runCtx, ctx, fmt.Errorf("trainer: the final outer step: %w", err))
+			}
+			if !synced {
+				return endFatal, fmt.Errorf("%w: %T: the final OuterStep left the ranks' parameters apart", ErrInvalidConfig, comm)
+			}
+		}
 		if err := t.commit(ctx, comm, watch); err != nil {
 			return t.classify(runCtx, ctx, err)
 		}

@@ -28,6 +28,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch/faults"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/localsgd"
 )
 
 // config holds the parsed flags.
@@ -57,6 +58,9 @@ type config struct {
 	logFormat, logLevel string
 	redisOpts           jobenv.Redis
 	hosts               hostFlags // -hosts, -cap (hosts.go)
+	sync                string    // -sync: ring, localsgd or diloco
+	syncEvery           int       // -sync-every: H, local steps between outer steps
+	outerLR, outerMu    float64   // -outer-lr, -outer-momentum (diloco)
 }
 
 func parseFlags(args []string, stderr io.Writer) (*config, error) {
@@ -97,6 +101,10 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.DurationVar(&c.grace, "grace", trainer.DefaultConfig().GracePeriod, "how long a worker told to leave (SIGTERM) may take to commit, checkpoint and go (trainer.Config.GracePeriod); keep a pod's terminationGracePeriodSeconds above it")
 	fs.StringVar(&c.logFormat, "log-format", "text", "workers' log format on standard error: text or json (log/slog, one JSON object per line)")
 	fs.StringVar(&c.logLevel, "log-level", "", "workers' lowest log level: debug, info, warn or error (default: info with -worker, else warn)")
+	fs.StringVar(&c.sync, "sync", "ring", "how the workers agree: ring (allreduce the gradients every step), localsgd (average the parameters every -sync-every steps) or diloco (Nesterov outer step on the averaged change every -sync-every steps; trainer/localsgd)")
+	fs.IntVar(&c.syncEvery, "sync-every", 16, "with -sync localsgd or diloco: local steps (global batches) between two synchronisations, H")
+	fs.Float64Var(&c.outerLR, "outer-lr", localsgd.DefaultConfig().LR, "with -sync diloco: the outer learning rate")
+	fs.Float64Var(&c.outerMu, "outer-momentum", localsgd.DefaultConfig().Momentum, "with -sync diloco: the outer Nesterov momentum, in [0, 1)")
 	c.redisOpts.RegisterFlags(fs)
 	c.hosts.register(fs)
 	if err := jobenv.ParseFlags(fs, args); err != nil {
@@ -136,6 +144,14 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-grace %v: want a positive duration", c.grace)
 	case c.logFormat != "text" && c.logFormat != "json":
 		return nil, fmt.Errorf("-log-format %q: want text or json", c.logFormat)
+	case c.sync != "ring" && c.sync != "localsgd" && c.sync != "diloco":
+		return nil, fmt.Errorf("-sync %q: want ring, localsgd or diloco", c.sync)
+	case c.syncEvery < 1:
+		return nil, fmt.Errorf("-sync-every %d: want at least 1", c.syncEvery)
+	case !(c.outerLR > 0) || math.IsInf(c.outerLR, 1):
+		return nil, fmt.Errorf("-outer-lr %v: want a positive finite rate", c.outerLR)
+	case !(c.outerMu >= 0 && c.outerMu < 1):
+		return nil, fmt.Errorf("-outer-momentum %v: want [0, 1)", c.outerMu)
 	}
 	if _, err := logLevel(c); err != nil {
 		return nil, err
@@ -216,6 +232,10 @@ func workerArgs(c *config) []string {
 	if !c.balance {
 		a = append(a, "-balance=false")
 	}
+	if c.sync != "ring" {
+		a = append(a, "-sync", c.sync, "-sync-every", fmt.Sprint(c.syncEvery),
+			"-outer-lr", fmt.Sprint(c.outerLR), "-outer-momentum", fmt.Sprint(c.outerMu))
+	}
 	if c.slow.rank >= 0 {
 		a = append(a, "-slow", c.slow.String())
 	}
@@ -266,6 +286,17 @@ type result struct {
 	Redis    string   `json:"redis"`
 	Hosts    string   `json:"hosts,omitempty"` // -hosts HxL; "" when the workers ran in the launcher's namespace
 	Cap      string   `json:"cap,omitempty"`   // -cap with -hosts
+	// Sync is -sync (ring, localsgd or diloco); SyncEvery its -sync-every
+	// (0 with ring).
+	Sync      string `json:"sync"`
+	SyncEvery int    `json:"sync_every,omitempty"`
+	// OuterLR and OuterMomentum are DiLoCo's outer optimizer's (-sync diloco).
+	OuterLR       float64 `json:"outer_lr,omitempty"`
+	OuterMomentum float64 `json:"outer_momentum,omitempty"`
+	// BytesSentPerEpoch is what the final rank 0's host sent over its
+	// network interfaces (loopback excluded), over the epochs it trained
+	// in (with -hosts only: each worker has a namespace of its own).
+	BytesSentPerEpoch float64 `json:"bytes_sent_per_epoch,omitempty"`
 }
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -338,7 +369,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err != nil {
 		return jobenv.LaunchError(c.job, err)
 	}
-	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Hosts: c.hosts.arg, Cap: c.hosts.capDesc(), Rounds: len(sum.Rounds),
+	res := result{Workers: c.workers, Model: c.model, Redis: store.Desc, Hosts: c.hosts.arg, Cap: c.hosts.capDesc(), Sync: c.sync, Rounds: len(sum.Rounds),
 		WorldSizes: sum.WorldSizes(), RecoverySeconds: append([]float64{}, sum.Recoveries...),
 		Recoveries: sum.RecoveriesFromFailures()}
 	d := sum.Done
@@ -347,6 +378,15 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	if v, ok := d.Extra["params_sha256"].(string); ok {
 		res.ParamsSHA256 = v
+	}
+	if c.sync != "ring" {
+		res.SyncEvery = c.syncEvery
+	}
+	if c.sync == "diloco" {
+		res.OuterLR, res.OuterMomentum = c.outerLR, c.outerMu
+	}
+	if v, ok := d.Extra["bytes_sent"].(float64); ok && c.hosts.arg != "" && c.epochs > 0 {
+		res.BytesSentPerEpoch = v / float64(c.epochs)
 	}
 	res.Steps = d.Step
 	res.Epochs = c.epochs

@@ -87,6 +87,10 @@ func TestBadFlagsExitWithStatus2AndSayWhy(t *testing.T) {
 		{[]string{"-slow", "1@0.5"}, `bad -slow factor "0.5": want a number >= 1`},
 		{[]string{"-slow", "1@NaN"}, `bad -slow factor "NaN"`},
 		{[]string{"-micro", "0"}, "-micro 0: want at least 1"},
+		{[]string{"-sync", "gossip"}, `-sync "gossip": want ring, localsgd or diloco`},
+		{[]string{"-sync", "diloco", "-sync-every", "0"}, "-sync-every 0: want at least 1"},
+		{[]string{"-sync", "diloco", "-outer-lr", "0"}, "-outer-lr 0: want a positive finite rate"},
+		{[]string{"-sync", "diloco", "-outer-momentum", "1"}, "-outer-momentum 1: want [0, 1)"},
 		{[]string{"-metrics", "9464"}, `-metrics "9464": want host:port`},
 		{[]string{"-metrics", "localhost:http"}, `-metrics "localhost:http": want a port number`},
 		{[]string{"-metrics", ":70000"}, `-metrics ":70000": want a port number`},
@@ -627,10 +631,31 @@ func TestWorkersAcceptTheFlagsTheLauncherPassesThem(t *testing.T) {
 		{"-workers", "1", "-max", "1"},
 		{"-workers", "3", "-min", "3", "-max", "3"},
 		{"-workers", "4", "-min", "4", "-autoscale"},
+		{"-sync", "diloco", "-sync-every", "8", "-outer-lr", "0.5", "-outer-momentum", "0.8"},
 	} {
 		c, err := parseFlags(args, io.Discard)
 		require.NoError(t, err, "%q", args)
-		_, err = parseFlags(workerArgs(c), io.Discard)
+		w, err := parseFlags(workerArgs(c), io.Discard)
 		require.NoError(t, err, "a worker of %q", args)
+		require.Equal(t, [4]any{c.sync, c.syncEvery, c.outerLR, c.outerMu}, [4]any{w.sync, w.syncEvery, w.outerLR, w.outerMu}, "a worker of %q", args)
 	}
+}
+
+// -sync diloco across a SIGKILL and a join between outer steps: worker
+// processes over TCP roll back to the last outer step and the audit is
+// exact; the result names the mode.
+func TestDiLoCoRunSurvivesAKillAndAJoinWithAnExactAudit(t *testing.T) {
+	code, stdout, stderr := runMain(t, "-workers", "2", "-epochs", "1", "-batch", "2000", "-sync", "diloco", "-sync-every", "4",
+		"-kill", "1@10", "-join", "1@18", "-json", "-quiet")
+	require.Equal(t, 0, code, "stderr: %s", stderr)
+	var res result // the launcher's JSON line, the last of stdout
+	out := strings.TrimSpace(stdout)
+	require.NoError(t, json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &res), stdout)
+	require.Equal(t, "diloco", res.Sync)
+	require.Equal(t, 4, res.SyncEvery)
+	require.Equal(t, 0.7, res.OuterLR)
+	require.Equal(t, 1, res.Recoveries, "the kill")
+	require.Equal(t, [4]int{TrainSamples / 2000, TrainSamples, 0, 0},
+		[4]int{int(res.Steps), res.SamplesApplied, res.AuditMissing, res.AuditDuplicates}, "steps, samples, audit missing, duplicates")
+	require.Greater(t, res.TestAccuracy, 0.5, "it trained")
 }

@@ -21,6 +21,7 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/localsgd"
 )
 
 // batch is a collated global-batch share: n images of 784 pixels in [0,1]
@@ -185,7 +186,28 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 		return loss, err
 	}
-	tr, err := trainer.New(model.Params(), trainer.NewAdam(c.lr), loader, step, store, tcfg, opts...)
+	opt := trainer.Optimizer(trainer.NewAdam(c.lr))
+	if c.sync != "ring" {
+		// Low-communication sync (trainer/localsgd) over the default ring.
+		scfg := localsgd.DefaultConfig()
+		scfg.Every, scfg.LR, scfg.Momentum = c.syncEvery, c.outerLR, c.outerMu
+		if c.sync == "localsgd" {
+			scfg.Outer = localsgd.Average
+		}
+		tcfg.Sync.JobID = tcfg.JobID
+		s, err := localsgd.New(model.Params(), opt, trainer.NewRingBackend(tcfg.ListenAddr, tcfg.Sync), scfg)
+		if err != nil {
+			return fail(err)
+		}
+		opt = s.Optimizer()
+		opts = append(opts, trainer.WithBackend(s.Backend()))
+		if tcfg.CheckpointEvery > 0 {
+			// Checkpoints are taken at outer steps only.
+			tcfg.CheckpointEvery = (tcfg.CheckpointEvery + c.syncEvery - 1) / c.syncEvery * c.syncEvery
+		}
+	}
+	sentBefore := netBytesSent()
+	tr, err := trainer.New(model.Params(), opt, loader, step, store, tcfg, opts...)
 	if err != nil {
 		return fail(err)
 	}
@@ -270,7 +292,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	sha := paramsSHA256(model.Params())
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha}})
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore)}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return status
