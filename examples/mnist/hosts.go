@@ -25,7 +25,7 @@ import (
 // reach it through a relay on the bridge (netns.Net.Forward), over their
 // capped links like any other traffic. A worker started later (-join) goes
 // to the host with the fewest live workers, the lowest-numbered such host
-// (the launcher's placement, launcher.Spec.Netns). Everything made is
+// (the launcher's placement, monitor.Spec.Netns). Everything made is
 // removed when the run ends, on success, failure or Ctrl-C; what a
 // SIGKILLed launcher leaves behind the next run removes (netns.New).
 
