@@ -72,6 +72,7 @@ type Transport struct {
 	rings      map[*Ring]struct{}
 	stats      TransportStats
 	refuseLog  refuseLog
+	lays       layoutBook       // layout mismatches of future rounds, the last round failed on one (layoutcheck.go)
 	now        func() time.Time // the clock of connection ages and log intervals (tests move it)
 }
 
@@ -155,7 +156,8 @@ type connectState struct {
 	// direction, and the ranks that a failed handshake accepted here
 	// claimed to be (unverified: anyone can claim a rank).
 	proved, claimed map[int]bool
-	note            chan struct{} // capacity 1: proved or claimed changed
+	layout          layoutTally   // the peers' layouts met (see LayoutError)
+	note            chan struct{} // capacity 1: proved, claimed or layout changed
 }
 
 func newConnectState(w World) *connectState {
@@ -536,13 +538,21 @@ func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connK
 			t.refused(remote, fmt.Errorf("%w: dialer refused this rank (code %d): %s", rejectSentinel(code), code, text))
 		}
 		return connKey{}, decision{}, false
-	case typ != wire.MsgProof || len(p) != wire.ProofSize:
-		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof", ErrBadFrame, typ, len(p)))
-	case !hmac.Equal(p, proof(t.cfg.Secret, "client", helloBytes, nonce[:])):
+	case typ != wire.MsgProof || (len(p) != wire.ProofSize && len(p) != wire.ProofSize+wire.LayoutSize):
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof and a layout", ErrBadFrame, typ, len(p)))
+	case !hmac.Equal(p[:wire.ProofSize], proof(t.cfg.Secret, "client", helloBytes, append(nonce[:], p[wire.ProofSize:]...))):
 		t.claimAuthFailure(hello)
 		return reject(wire.RejectAuth, fmt.Errorf("%w: the dialer's proof of the job secret does not verify (wrong or missing secret)", ErrAuth))
 	}
 	key := connKey{round: hello.Round, from: int(hello.From), to: int(hello.To), kind: hello.ConnKind, lane: int(hello.Lane)}
+	// The dialer proved the secret: its layout may be judged and this
+	// rank's told (see LayoutError).
+	if ref := t.judgeLayout(key, p[wire.ProofSize:]); ref != nil {
+		t.refused(remote, ref.err)
+		wire.WriteMsg(c, scratch, wire.MsgReject, ref.payload)
+		e.rejected = true
+		return connKey{}, decision{}, false
+	}
 	d, h := t.place(key, e)
 	if h == nil {
 		return key, d, true
@@ -592,6 +602,7 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	t.trustLocked(e.a.key)
 	if st := t.connecting; st != nil && key.round == st.w.Round {
 		st.provedLocked(key.from)
+		st.layout.agreeWith(key.from) // judgeLayout let it through
 	}
 	switch {
 	case t.isClosed:
@@ -599,6 +610,9 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	case t.haveRound && key.round < t.round:
 		return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, t.round)}}, nil
 	case t.haveRound && key.round == t.round:
+		if t.connecting == nil && t.lays.failed && t.lays.failedRound == key.round {
+			return decision{ref: &refusal{wire.RejectLayoutRound, fmt.Errorf("%w: round %d failed on this rank: its ranks' transport layouts differ", ErrLayoutMismatch, key.round)}}, nil
+		}
 		if t.connecting == nil {
 			return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: round %d is already formed on this rank", ErrRoundMismatch, key.round)}}, nil
 		}
@@ -649,6 +663,8 @@ func rejectSentinel(code uint8) error {
 		return errNotReady
 	case wire.RejectClosed:
 		return ErrClosed
+	case wire.RejectLayout, wire.RejectLayoutRound:
+		return ErrLayoutMismatch
 	}
 	return ErrBadFrame
 }
@@ -695,7 +711,12 @@ func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire
 		c.SetDeadline(time.Unix(1, 0)) // cancelled meanwhile: keep it so
 	}
 	if typ == wire.MsgReject {
-		return false, parseRefusal(p)
+		err := parseRefusal(p)
+		if errors.Is(err, ErrLayoutMismatch) {
+			// Only a peer that proved the secret may speak of layouts.
+			return false, fmt.Errorf("%w: a layout refusal before the peer proved the job secret", ErrBadFrame)
+		}
+		return false, err
 	}
 	if typ != wire.MsgChallenge || len(p) != wire.NonceSize+wire.ProofSize {
 		return false, fmt.Errorf("%w: handshake message %d of %d bytes, want a challenge", ErrBadFrame, typ, len(p))
@@ -706,7 +727,10 @@ func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, wire.RejectAuth, err.Error()))
 		return false, err
 	}
-	if err := wire.WriteMsg(c, scratch, wire.MsgProof, proof(t.cfg.Secret, "client", helloBytes, nonce)); err != nil {
+	// The proof covers this rank's layout, which follows it.
+	lay := t.cfg.wireLayout()
+	lb := wire.AppendLayout(nil, &lay)
+	if err := wire.WriteMsg(c, scratch, wire.MsgProof, append(proof(t.cfg.Secret, "client", helloBytes, append(nonce, lb...)), lb...)); err != nil {
 		return true, fmt.Errorf("%w: sending proof: %v", errRetry, err)
 	}
 	typ, p, err = wire.ReadMsg(c, buf)
@@ -736,6 +760,13 @@ func parseRefusal(p []byte) error {
 	code, text, err := wire.ParseReject(p)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	if code == wire.RejectLayout {
+		l, msg, err := wire.ParseLayoutReject(text)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadFrame, err)
+		}
+		return &peerLayoutError{layout: l, text: msg}
 	}
 	return fmt.Errorf("%w: refused by peer: %s", rejectSentinel(code), text)
 }
