@@ -985,13 +985,15 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	}
 	t.haveRound, t.round, t.connecting = true, w.Round, st
 	t.trustWorldLocked(w)
+	t.takePendingLayoutsLocked(st)
 	for key, h := range t.held {
 		switch {
 		case key.round < w.Round:
 			h.decide <- decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
 			delete(t.held, key)
 		case key.round == w.Round:
-			st.provedLocked(key.from) // held connections are authenticated
+			st.provedLocked(key.from)     // held connections are authenticated
+			st.layout.agreeWith(key.from) // and of this rank's layout
 			h.decide <- claim(st, key)
 			delete(t.held, key)
 		}
@@ -1032,16 +1034,29 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	remaining := len(dials) + nAccept
 	dialing := len(dials)
 	var firstErr error
-	// A dialed peer that fails authentication dooms the round. Connect then
-	// goes on forming the other connections for a while, to learn which
-	// side of the failure holds the majority of the round (see AuthError).
+	// A dialed peer that fails authentication dooms the round, and so does
+	// a peer whose layout differs. Connect then goes on forming the other
+	// connections for a while, to learn which side of the failure holds
+	// the majority of the round (see AuthError and LayoutError).
 	auth := authTally{failed: map[int]bool{}}
 	var grace <-chan time.Time
+	startGrace := func() {
+		if grace == nil {
+			tm := time.NewTimer(authGrace)
+			grace = tm.C
+			context.AfterFunc(cctx, func() { tm.Stop() })
+		}
+	}
+	layoutDoomed := t.layoutDoomed(st) // mismatches met before this Connect began
+	if layoutDoomed {
+		startGrace()
+	}
 	for remaining > 0 && firstErr == nil {
 		select {
 		case r := <-results:
 			remaining--
 			dialing--
+			layoutFailed := t.noteDialLayout(st, r.peer, r.err)
 			switch {
 			case r.err == nil:
 				rc.put(connKey{kind: r.kind, lane: r.lane}, r.peer, r.conn, true)
@@ -1049,11 +1064,12 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 				auth.failed[r.peer] = true
 				if auth.first == nil {
 					auth.first = r.err
-					tm := time.NewTimer(authGrace)
-					defer tm.Stop()
-					grace = tm.C
+					startGrace()
 				}
-			case auth.first != nil && cctx.Err() == nil:
+			case layoutFailed:
+				layoutDoomed = true
+				startGrace()
+			case (auth.first != nil || layoutDoomed) && cctx.Err() == nil:
 				// Doomed already: a peer that gave up on the round
 				// (it settled first) says nothing about the secret.
 			default:
@@ -1067,31 +1083,44 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			switch {
 			case a.err == nil:
 				rc.put(a.key, a.key.from, a.conn, false)
-			case auth.first != nil:
+			case auth.first != nil || layoutDoomed:
 			default:
 				firstErr = a.err
 			}
-		case <-st.note: // a peer proved the secret or claimed to fail it
+		case <-st.note: // a peer proved the secret, claimed to fail it, or sent another layout
+			if !layoutDoomed && t.layoutDoomed(st) {
+				layoutDoomed = true
+				startGrace()
+			}
 		case <-grace:
-			firstErr = t.authError(st, &auth)
+			firstErr = t.doomedError(st, &auth)
 		case <-cctx.Done():
 			firstErr = t.connectTimeout(ctx, w, lay, rc)
-			if auth.first != nil {
-				firstErr = t.authError(st, &auth)
+			if auth.first != nil || layoutDoomed {
+				firstErr = t.doomedError(st, &auth)
 			}
 		case <-t.closed:
 			firstErr = fmt.Errorf("%w: transport closed during Connect", ErrClosed)
 		}
-		if firstErr == nil && auth.first != nil && t.authSettled(st, &auth, dialing) {
+		switch {
+		case firstErr != nil:
+		case auth.first != nil && t.authSettled(st, &auth, dialing):
 			firstErr = t.authError(st, &auth)
+		case auth.first == nil && layoutDoomed && t.layoutSettled(st, dialing):
+			firstErr = t.layoutError(st)
 		}
 	}
-	if firstErr == nil && auth.first != nil {
-		firstErr = t.authError(st, &auth) // every other connection formed
+	if firstErr == nil && (auth.first != nil || layoutDoomed) {
+		firstErr = t.doomedError(st, &auth) // every other connection formed
 	}
 	if firstErr != nil {
 		cancel()
 		wg.Wait()
+		if layoutDoomed {
+			t.mu.Lock()
+			t.layoutFailedLocked(w.Round)
+			t.mu.Unlock()
+		}
 		finish()
 		close(results)
 		for r := range results {
@@ -1115,7 +1144,8 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		}
 		rc.closeAll()
 		var ae *AuthError
-		if !errors.As(firstErr, &ae) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
+		var le *LayoutError
+		if !errors.As(firstErr, &ae) && !errors.As(firstErr, &le) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
 			firstErr = fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, firstErr)
 		}
 		return nil, firstErr
