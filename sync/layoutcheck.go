@@ -311,20 +311,8 @@ func (t *Transport) layoutSettled(st *connectState, dialing int) bool {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	n := st.w.Size()
-	agree, open := 0, 0
-	for p := range n {
-		_, differ := st.layout.differ[p]
-		switch {
-		case !st.peer(p), differ:
-		case st.layout.agree[p]:
-			agree++
-		default:
-			open++
-		}
-	}
-	k := 1 + agree
-	return open == 0 || 2*k > n || 2*(k+open) < n
+	differs := func(p int) bool { _, ok := st.layout.differ[p]; return ok }
+	return st.settledLocked(func(p int) bool { return st.layout.agree[p] && !differs(p) }, differs)
 }
 
 // layoutError builds the error of a Connect doomed by a layout mismatch:
