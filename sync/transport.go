@@ -921,8 +921,11 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 // round already connected, or a peer is in another round), ErrAuth (a peer
 // does not know the secret: an *AuthError saying which ranks proved the
 // secret and which failed, after up to a second more of forming the other
-// connections), ErrTimeout (not all connections formed within DialTimeout;
-// the message names the missing ones), ErrClosed, ctx errors.
+// connections), ErrLayoutMismatch (a peer that proved the secret has
+// another ChunkBytes, DirectBytes, Streams or Hierarchy: a *LayoutError
+// naming the settings, every rank's value and which ranks agree, after up
+// to a second more), ErrTimeout (not all connections formed within
+// DialTimeout; the message names the missing ones), ErrClosed, ctx errors.
 func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	if w.JobID == "" {
 		w.JobID = t.cfg.JobID
