@@ -15,8 +15,9 @@ import (
 // handshake checks them: another JobID or Secret fails Connect with
 // ErrJobMismatch or an *AuthError; another ChunkBytes (compared rounded
 // down to a multiple of 8), DirectBytes, Streams or Hierarchy, sent only
-// once the peer proved the secret, fails Connect on both ends at once
-// (within a second, not DialTimeout) with a *LayoutError
+// once the peer proved the secret, fails Connect on both ends as soon as
+// the ranks' layouts are known (at most LayoutGrace, not DialTimeout,
+// after the first mismatch) with a *LayoutError
 // (ErrLayoutMismatch) naming the setting, each rank's value as configured,
 // and which ranks agree. The other fields may differ between ranks.
 type Config struct {

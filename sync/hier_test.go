@@ -418,11 +418,7 @@ func TestRanksThatDisagreeOnHierarchyDoNotConnect(t *testing.T) {
 		}
 	}
 	for r, err := range errs {
-		var le *LayoutError
-		if !errors.As(err, &le) || len(le.Diffs) != 1 || le.Diffs[0].Setting != "sync hierarchy" ||
-			!slices.Equal(le.Diffs[0].Values, []string{"auto", "auto", "off", "off"}) || len(le.Differ) != 2 {
-			t.Errorf("rank %d: %v, want a *LayoutError naming the hierarchy of every rank", r, err)
-		}
+		checkLayoutError(t, r, err, "sync hierarchy", []string{"auto", "auto", "off", "off"})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
@@ -21,9 +22,10 @@ var ErrLayoutMismatch = errors.New("sync: ranks disagree on the transport layout
 // DirectBytes, Streams or Hierarchy. Each connection's handshake carries
 // the dialer's layout after its proof, and the listener refuses one that
 // differs with its own, so both ends learn both values without waiting:
-// Connect goes on forming the round's other connections for up to a
-// second (as for an AuthError) to learn which ranks agree with this one,
-// then fails. errors.Is(err, ErrLayoutMismatch) holds.
+// Connect goes on forming the round's other connections (as for an
+// AuthError) until it knows every peer's layout or its side is a
+// majority, for at most Config.LayoutGrace, to learn which ranks agree
+// with this one, then fails. errors.Is(err, ErrLayoutMismatch) holds.
 //
 // Ranks that agree with one another see the same layout, so at most one
 // group of agreeing ranks is more than half of the round (Majority): a
@@ -371,3 +373,11 @@ func (t *Transport) doomedError(st *connectState, auth *authTally) error {
 	}
 	return t.layoutError(st)
 }
+
+// LayoutGrace is how long a Connect that met a layout mismatch goes on
+// learning its other peers' layouts when they do not all arrive (it ends
+// sooner once it learnt enough: every peer's layout known, or this rank's
+// side a majority): HandshakeTimeout (the time a peer is given to complete
+// a handshake, so that a loaded host's late peers still count), at least
+// a second.
+func (c Config) LayoutGrace() time.Duration { return max(authGrace, c.handshakeTimeout()) }

@@ -923,8 +923,8 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 // secret and which failed, after up to a second more of forming the other
 // connections), ErrLayoutMismatch (a peer that proved the secret has
 // another ChunkBytes, DirectBytes, Streams or Hierarchy: a *LayoutError
-// naming the settings, every rank's value and which ranks agree, after up
-// to a second more), ErrTimeout (not all connections formed within
+// naming the settings, every rank's value and which ranks agree, once it
+// learnt every peer's layout or at most Config.LayoutGrace later), ErrTimeout (not all connections formed within
 // DialTimeout; the message names the missing ones), ErrClosed, ctx errors.
 func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	if w.JobID == "" {
@@ -1043,16 +1043,16 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	// the majority of the round (see AuthError and LayoutError).
 	auth := authTally{failed: map[int]bool{}}
 	var grace <-chan time.Time
-	startGrace := func() {
+	startGrace := func(d time.Duration) {
 		if grace == nil {
-			tm := time.NewTimer(authGrace)
+			tm := time.NewTimer(d)
 			grace = tm.C
 			context.AfterFunc(cctx, func() { tm.Stop() })
 		}
 	}
 	layoutDoomed := t.layoutDoomed(st) // mismatches met before this Connect began
 	if layoutDoomed {
-		startGrace()
+		startGrace(t.cfg.LayoutGrace())
 	}
 	for remaining > 0 && firstErr == nil {
 		select {
@@ -1067,11 +1067,11 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 				auth.failed[r.peer] = true
 				if auth.first == nil {
 					auth.first = r.err
-					startGrace()
+					startGrace(authGrace)
 				}
 			case layoutFailed:
 				layoutDoomed = true
-				startGrace()
+				startGrace(t.cfg.LayoutGrace())
 			case (auth.first != nil || layoutDoomed) && cctx.Err() == nil:
 				// Doomed already: a peer that gave up on the round
 				// (it settled first) says nothing about the secret.
@@ -1093,7 +1093,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		case <-st.note: // a peer proved the secret, claimed to fail it, or sent another layout
 			if !layoutDoomed && t.layoutDoomed(st) {
 				layoutDoomed = true
-				startGrace()
+				startGrace(t.cfg.LayoutGrace())
 			}
 		case <-grace:
 			firstErr = t.doomedError(st, &auth)

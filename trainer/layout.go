@@ -26,21 +26,22 @@ import (
 // and every member stops with a SettingsError without Refused.
 //
 // A Connect cut short by the round's end (a report of the job's members
-// landed first) may have learnt only part of the picture: such a member
-// that is not a majority by what it learnt rejoins instead (an ordinary
-// failed round); if the job evicted it, its next Join says so (fenced),
-// and it stops then, refused.
+// landed first), or one that did not learn every peer's layout within
+// Sync.LayoutGrace (a peer late on a loaded host), may hold only part of
+// the picture: such a member that is not a majority by what it learnt
+// rejoins instead (an ordinary failed round); if the job evicted it, its
+// next Join says so (fenced), and it stops then, refused.
 
 // layoutWait is how long a member outside the job's layout waits to be
-// evicted: the majority's Connect gives up at most a second after it met
-// the mismatch (sync's grace), reports at once, and this member's Agent
-// learns of its eviction at its next heartbeat, within a lease.
+// evicted: the majority's Connect gives up at most Sync.LayoutGrace after
+// it met the mismatch, reports at once, and this member's Agent learns of
+// its eviction at its next heartbeat, within a lease.
 func (t *Trainer[B]) layoutWait() time.Duration {
 	lease := t.cfg.Elastic.LeaseTTL
 	if lease <= 0 {
 		lease = elastic.DefaultLeaseTTL
 	}
-	return time.Second + lease
+	return t.cfg.Sync.LayoutGrace() + lease
 }
 
 // mayEvictLayout reports whether this worker's layout group is the job:
@@ -70,7 +71,8 @@ func layoutSettingsError(world elastic.World, le *sync.LayoutError) *SettingsErr
 // (endRefused); the others wait to be evicted and stop with a
 // *SettingsError (endFatal). cut says that the Connect was cut short by
 // the round's end: a member that is not the job then rejoins
-// (endFailure, with the SettingsError; see layoutRefused).
+// (endFailure, with the SettingsError; see layoutRefused), as it does
+// when it did not learn every peer's layout.
 func (t *Trainer[B]) judgeLayout(ctx context.Context, agent *elastic.Agent, world elastic.World, le *sync.LayoutError, cut bool) (roundEnd, error) {
 	se := layoutSettingsError(world, le)
 	if mayEvictLayout(le, t.latest != nil) {
@@ -91,7 +93,7 @@ func (t *Trainer[B]) judgeLayout(ctx context.Context, agent *elastic.Agent, worl
 		}
 		return endRefused, nil
 	}
-	if cut {
+	if cut || 1+len(le.Agree)+len(le.Differ) < le.Size {
 		return endFailure, se
 	}
 	if t.waitEvicted(ctx, agent, t.layoutWait()) {

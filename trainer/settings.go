@@ -41,8 +41,8 @@ import (
 //     others and train on, and each of those stops with this error,
 //     Refused naming it. When no group is (a new job split evenly), every
 //     member stops with this error, Refused empty, once it has waited
-//     about a second and a lease (Config.Elastic.LeaseTTL) for an eviction
-//     that nobody sends.
+//     Sync.LayoutGrace and a lease (Config.Elastic.LeaseTTL) for an
+//     eviction that nobody sends.
 //
 // The round ends before any state moves, and a stopped worker is not
 // retried: restarted, it would differ again (launch.ExitStatus gives
