@@ -63,21 +63,18 @@ type LayoutDiff struct {
 func (e *LayoutError) Error() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "sync: connect round %d rank %d: the transport layout differs between ranks (Config.ChunkBytes, DirectBytes, Streams and Hierarchy must be equal on every rank):", e.Round, e.Rank)
+	parts := make([]string, len(e.Diffs))
 	for i, d := range e.Diffs {
-		if i > 0 {
-			b.WriteString(";")
-		}
-		fmt.Fprintf(&b, " %s:", d.Setting)
+		vals := make([]string, len(d.Values))
 		for r, v := range d.Values {
-			if r > 0 {
-				b.WriteString(",")
-			}
-			fmt.Fprintf(&b, " %s on rank %d", v, r)
+			vals[r] = fmt.Sprintf("%s on rank %d", v, r)
 			if r == e.Rank {
-				b.WriteString(" (this rank)")
+				vals[r] += " (this rank)"
 			}
 		}
+		parts[i] = " " + d.Setting + ": " + strings.Join(vals, ", ")
 	}
+	b.WriteString(strings.Join(parts, ";"))
 	fmt.Fprintf(&b, "; ranks %v agree with this rank, ranks %v differ (%d of the round's %d members share this rank's layout)",
 		e.Agree, e.Differ, 1+len(e.Agree), e.Size)
 	return b.String()

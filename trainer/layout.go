@@ -83,14 +83,7 @@ func (t *Trainer[B]) judgeLayout(ctx context.Context, agent *elastic.Agent, worl
 		}
 		t.log.Warn("refused members whose sync transport layout differs from the job's; training on without them",
 			"round", world.Round, "refused", se.Refused, "err", se)
-		for _, id := range se.Refused {
-			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-			err := agent.ReportFailure(rctx, world.Round, id)
-			cancel()
-			if err != nil {
-				t.log.Warn("failure report failed", "member", id, "err", err)
-			}
-		}
+		t.reportMembers(ctx, agent, world.Round, se.Refused)
 		return endRefused, nil
 	}
 	if cut || 1+len(le.Agree)+len(le.Differ) < le.Size {
