@@ -85,19 +85,26 @@ func (t *Transport) authSettled(st *connectState, a *authTally, dialing int) boo
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	return st.settledLocked(func(p int) bool { return st.proved[p] }, func(p int) bool { return a.failed[p] || st.claimed[p] })
+}
+
+// settledLocked is the rule of a doomed Connect that has learnt enough:
+// of the round's n members, this rank's group (itself and the peers for
+// which same holds) and the peers still open (neither same nor other),
+// either none is open, or the group is more than half of the round, or
+// it cannot reach half any more. Transport.mu held.
+func (st *connectState) settledLocked(same, other func(p int) bool) bool {
 	n := st.w.Size()
-	proved, open := 0, 0
+	k, open := 1, 0
 	for p := range n {
 		switch {
 		case !st.peer(p):
-		case st.proved[p]:
-			proved++
-		case a.failed[p], st.claimed[p]:
-		default:
+		case same(p):
+			k++
+		case !other(p):
 			open++
 		}
 	}
-	k := 1 + proved
 	return open == 0 || 2*k > n || 2*(k+open) < n
 }
 

@@ -10,9 +10,16 @@ import (
 
 // Config holds the settings of a Transport and the Rings it connects.
 // Start from DefaultConfig; Listen calls Validate. JobID, Secret,
-// ChunkBytes, DirectBytes, Streams and Hierarchy must be equal on every rank of a job
-// (they shape the wire traffic); a disagreement fails Connect or the
-// operations (at worst after OpTimeout) rather than hanging.
+// ChunkBytes, DirectBytes, Streams and Hierarchy must be equal on every
+// rank of a job (they shape the wire traffic). Every connection's
+// handshake checks them: another JobID or Secret fails Connect with
+// ErrJobMismatch or an *AuthError; another ChunkBytes (compared rounded
+// down to a multiple of 8), DirectBytes, Streams or Hierarchy, sent only
+// once the peer proved the secret, fails Connect on both ends as soon as
+// the ranks' layouts are known (at most LayoutGrace, not DialTimeout,
+// after the first mismatch) with a *LayoutError
+// (ErrLayoutMismatch) naming the setting, each rank's value as configured,
+// and which ranks agree. The other fields may differ between ranks.
 type Config struct {
 	// JobID names the job; a connection from another job is refused
 	// (ErrJobMismatch). Required; at most 255 bytes.

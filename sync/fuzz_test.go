@@ -27,6 +27,7 @@ func FuzzServerHandshake(f *testing.F) {
 	hello := wire.AppendHello(nil, &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnLane, Round: 3, From: 1, To: 0, JobID: cfg.JobID})
 	f.Add(msg(wire.MsgHello, hello))
 	f.Add(append(msg(wire.MsgHello, hello), msg(wire.MsgProof, make([]byte, wire.ProofSize))...))
+	f.Add(append(msg(wire.MsgHello, hello), msg(wire.MsgProof, make([]byte, wire.ProofSize+wire.LayoutSize))...))
 	f.Add(append(msg(wire.MsgHello, hello), msg(wire.MsgReject, wire.AppendReject(nil, wire.RejectAuth, "no"))...))
 	f.Add([]byte{wire.MsgHello, 0xff, 0xff})
 	f.Add([]byte("garbage"))

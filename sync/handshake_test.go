@@ -14,6 +14,7 @@ import (
 	"io"
 	"math/big"
 	"net"
+	"slices"
 	gosync "sync"
 	"testing"
 	"time"
@@ -170,6 +171,14 @@ func rawHello(t *testing.T, tr *Transport, hello wire.Hello) (net.Conn, []byte) 
 	return c, hb
 }
 
+// proofMsg is the payload of a genuine MsgProof of cfg's rank over hello
+// hb and the listener's nonce: the proof, then the layout it covers.
+func proofMsg(cfg Config, hb, nonce []byte) []byte {
+	l := cfg.wireLayout()
+	lb := wire.AppendLayout(nil, &l)
+	return append(proof(cfg.Secret, "client", hb, append(slices.Clip(nonce), lb...)), lb...)
+}
+
 func readReject(t *testing.T, c net.Conn) uint8 {
 	t.Helper()
 	typ, p, err := wire.ReadMsg(c, make([]byte, wire.MaxMsgBytes))
@@ -202,7 +211,7 @@ func TestReplayedHandshakeRefused(t *testing.T) {
 	if err != nil || typ != wire.MsgChallenge {
 		t.Fatalf("challenge: %d %v", typ, err)
 	}
-	recorded := proof(cfg.Secret, "client", hb, p[:wire.NonceSize])
+	recorded := proofMsg(cfg, hb, p[:wire.NonceSize])
 	if err := wire.WriteMsg(c1, nil, wire.MsgProof, recorded); err != nil {
 		t.Fatal(err)
 	}
@@ -223,7 +232,7 @@ func TestReplayedHandshakeRefused(t *testing.T) {
 	c3, _ := rawHello(t, tr, hello)
 	defer c3.Close()
 	wire.ReadMsg(c3, buf)
-	wire.WriteMsg(c3, nil, wire.MsgProof, make([]byte, wire.ProofSize))
+	wire.WriteMsg(c3, nil, wire.MsgProof, make([]byte, wire.ProofSize+wire.LayoutSize))
 	if code := readReject(t, c3); code != wire.RejectAuth {
 		t.Fatalf("missing secret: reject code %d", code)
 	}

@@ -76,6 +76,7 @@ type Transport struct {
 	rings      map[*Ring]struct{}
 	stats      TransportStats
 	refuseLog  refuseLog
+	lays       layoutBook       // layout mismatches of future rounds, the last round failed on one (layoutcheck.go)
 	now        func() time.Time // the clock of connection ages and log intervals (tests move it)
 }
 
@@ -159,7 +160,8 @@ type connectState struct {
 	// direction, and the ranks that a failed handshake accepted here
 	// claimed to be (unverified: anyone can claim a rank).
 	proved, claimed map[int]bool
-	note            chan struct{} // capacity 1: proved or claimed changed
+	layout          layoutTally   // the peers' layouts met (see LayoutError)
+	note            chan struct{} // capacity 1: proved, claimed or layout changed
 }
 
 func newConnectState(w World) *connectState {
@@ -540,13 +542,21 @@ func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connK
 			t.refused(remote, fmt.Errorf("%w: dialer refused this rank (code %d): %s", rejectSentinel(code), code, text))
 		}
 		return connKey{}, decision{}, false
-	case typ != wire.MsgProof || len(p) != wire.ProofSize:
-		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof", ErrBadFrame, typ, len(p)))
-	case !hmac.Equal(p, proof(t.cfg.Secret, "client", helloBytes, nonce[:])):
+	case typ != wire.MsgProof || (len(p) != wire.ProofSize && len(p) != wire.ProofSize+wire.LayoutSize):
+		return reject(wire.RejectMalformed, fmt.Errorf("%w: handshake message %d of %d bytes, want a proof and a layout", ErrBadFrame, typ, len(p)))
+	case !hmac.Equal(p[:wire.ProofSize], proof(t.cfg.Secret, "client", helloBytes, append(nonce[:], p[wire.ProofSize:]...))):
 		t.claimAuthFailure(hello)
 		return reject(wire.RejectAuth, fmt.Errorf("%w: the dialer's proof of the job secret does not verify (wrong or missing secret)", ErrAuth))
 	}
 	key := connKey{round: hello.Round, from: int(hello.From), to: int(hello.To), kind: hello.ConnKind, lane: int(hello.Lane)}
+	// The dialer proved the secret: its layout may be judged and this
+	// rank's told (see LayoutError).
+	if ref := t.judgeLayout(key, p[wire.ProofSize:]); ref != nil {
+		t.refused(remote, ref.err)
+		wire.WriteMsg(c, scratch, wire.MsgReject, ref.payload)
+		e.rejected = true
+		return connKey{}, decision{}, false
+	}
 	d, h := t.place(key, e)
 	if h == nil {
 		return key, d, true
@@ -596,6 +606,7 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	t.trustLocked(e.a.key)
 	if st := t.connecting; st != nil && key.round == st.w.Round {
 		st.provedLocked(key.from)
+		st.layout.agreeWith(key.from) // judgeLayout let it through
 	}
 	switch {
 	case t.isClosed:
@@ -603,6 +614,9 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	case t.haveRound && key.round < t.round:
 		return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, t.round)}}, nil
 	case t.haveRound && key.round == t.round:
+		if t.connecting == nil && t.lays.failed && t.lays.failedRound == key.round {
+			return decision{ref: &refusal{wire.RejectLayoutRound, fmt.Errorf("%w: round %d failed on this rank: its ranks' transport layouts differ", ErrLayoutMismatch, key.round)}}, nil
+		}
 		if t.connecting == nil {
 			return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: round %d is already formed on this rank", ErrRoundMismatch, key.round)}}, nil
 		}
@@ -653,6 +667,8 @@ func rejectSentinel(code uint8) error {
 		return errNotReady
 	case wire.RejectClosed:
 		return ErrClosed
+	case wire.RejectLayout, wire.RejectLayoutRound:
+		return ErrLayoutMismatch
 	}
 	return ErrBadFrame
 }
@@ -699,7 +715,12 @@ func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire
 		c.SetDeadline(time.Unix(1, 0)) // cancelled meanwhile: keep it so
 	}
 	if typ == wire.MsgReject {
-		return false, parseRefusal(p)
+		err := parseRefusal(p)
+		if errors.Is(err, ErrLayoutMismatch) {
+			// Only a peer that proved the secret may speak of layouts.
+			return false, fmt.Errorf("%w: a layout refusal before the peer proved the job secret", ErrBadFrame)
+		}
+		return false, err
 	}
 	if typ != wire.MsgChallenge || len(p) != wire.NonceSize+wire.ProofSize {
 		return false, fmt.Errorf("%w: handshake message %d of %d bytes, want a challenge", ErrBadFrame, typ, len(p))
@@ -710,7 +731,10 @@ func (t *Transport) clientHandshake(ctx context.Context, c net.Conn, hello *wire
 		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, wire.RejectAuth, err.Error()))
 		return false, err
 	}
-	if err := wire.WriteMsg(c, scratch, wire.MsgProof, proof(t.cfg.Secret, "client", helloBytes, nonce)); err != nil {
+	// The proof covers this rank's layout, which follows it.
+	lay := t.cfg.wireLayout()
+	lb := wire.AppendLayout(nil, &lay)
+	if err := wire.WriteMsg(c, scratch, wire.MsgProof, append(proof(t.cfg.Secret, "client", helloBytes, append(nonce, lb...)), lb...)); err != nil {
 		return true, fmt.Errorf("%w: sending proof: %v", errRetry, err)
 	}
 	typ, p, err = wire.ReadMsg(c, buf)
@@ -740,6 +764,13 @@ func parseRefusal(p []byte) error {
 	code, text, err := wire.ParseReject(p)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadFrame, err)
+	}
+	if code == wire.RejectLayout {
+		l, msg, err := wire.ParseLayoutReject(text)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadFrame, err)
+		}
+		return &peerLayoutError{layout: l, text: msg}
 	}
 	return fmt.Errorf("%w: refused by peer: %s", rejectSentinel(code), text)
 }
@@ -894,8 +925,11 @@ func (rc *ringConns) put(key connKey, peer int, c net.Conn, dialed bool) {
 // round already connected, or a peer is in another round), ErrAuth (a peer
 // does not know the secret: an *AuthError saying which ranks proved the
 // secret and which failed, after up to a second more of forming the other
-// connections), ErrTimeout (not all connections formed within DialTimeout;
-// the message names the missing ones), ErrClosed, ctx errors.
+// connections), ErrLayoutMismatch (a peer that proved the secret has
+// another ChunkBytes, DirectBytes, Streams or Hierarchy: a *LayoutError
+// naming the settings, every rank's value and which ranks agree, once it
+// learnt every peer's layout or at most Config.LayoutGrace later), ErrTimeout (not all connections formed within
+// DialTimeout; the message names the missing ones), ErrClosed, ctx errors.
 func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	if w.JobID == "" {
 		w.JobID = t.cfg.JobID
@@ -958,13 +992,15 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	}
 	t.haveRound, t.round, t.connecting = true, w.Round, st
 	t.trustWorldLocked(w)
+	t.takePendingLayoutsLocked(st)
 	for key, h := range t.held {
 		switch {
 		case key.round < w.Round:
 			h.decide <- decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
 			delete(t.held, key)
 		case key.round == w.Round:
-			st.provedLocked(key.from) // held connections are authenticated
+			st.provedLocked(key.from)     // held connections are authenticated
+			st.layout.agreeWith(key.from) // and of this rank's layout
 			h.decide <- claim(st, key)
 			delete(t.held, key)
 		}
@@ -1005,16 +1041,29 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	remaining := len(dials) + nAccept
 	dialing := len(dials)
 	var firstErr error
-	// A dialed peer that fails authentication dooms the round. Connect then
-	// goes on forming the other connections for a while, to learn which
-	// side of the failure holds the majority of the round (see AuthError).
+	// A dialed peer that fails authentication dooms the round, and so does
+	// a peer whose layout differs. Connect then goes on forming the other
+	// connections for a while, to learn which side of the failure holds
+	// the majority of the round (see AuthError and LayoutError).
 	auth := authTally{failed: map[int]bool{}}
 	var grace <-chan time.Time
+	startGrace := func(d time.Duration) {
+		if grace == nil {
+			tm := time.NewTimer(d)
+			grace = tm.C
+			context.AfterFunc(cctx, func() { tm.Stop() })
+		}
+	}
+	layoutDoomed := t.layoutDoomed(st) // mismatches met before this Connect began
+	if layoutDoomed {
+		startGrace(t.cfg.LayoutGrace())
+	}
 	for remaining > 0 && firstErr == nil {
 		select {
 		case r := <-results:
 			remaining--
 			dialing--
+			layoutFailed := t.noteDialLayout(st, r.peer, r.err)
 			switch {
 			case r.err == nil:
 				rc.put(connKey{kind: r.kind, lane: r.lane}, r.peer, r.conn, true)
@@ -1022,11 +1071,12 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 				auth.failed[r.peer] = true
 				if auth.first == nil {
 					auth.first = r.err
-					tm := time.NewTimer(authGrace)
-					defer tm.Stop()
-					grace = tm.C
+					startGrace(authGrace)
 				}
-			case auth.first != nil && cctx.Err() == nil:
+			case layoutFailed:
+				layoutDoomed = true
+				startGrace(t.cfg.LayoutGrace())
+			case (auth.first != nil || layoutDoomed) && cctx.Err() == nil:
 				// Doomed already: a peer that gave up on the round
 				// (it settled first) says nothing about the secret.
 			default:
@@ -1040,31 +1090,44 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 			switch {
 			case a.err == nil:
 				rc.put(a.key, a.key.from, a.conn, false)
-			case auth.first != nil:
+			case auth.first != nil || layoutDoomed:
 			default:
 				firstErr = a.err
 			}
-		case <-st.note: // a peer proved the secret or claimed to fail it
+		case <-st.note: // a peer proved the secret, claimed to fail it, or sent another layout
+			if !layoutDoomed && t.layoutDoomed(st) {
+				layoutDoomed = true
+				startGrace(t.cfg.LayoutGrace())
+			}
 		case <-grace:
-			firstErr = t.authError(st, &auth)
+			firstErr = t.doomedError(st, &auth)
 		case <-cctx.Done():
 			firstErr = t.connectTimeout(ctx, w, lay, rc)
-			if auth.first != nil {
-				firstErr = t.authError(st, &auth)
+			if auth.first != nil || layoutDoomed {
+				firstErr = t.doomedError(st, &auth)
 			}
 		case <-t.closed:
 			firstErr = fmt.Errorf("%w: transport closed during Connect", ErrClosed)
 		}
-		if firstErr == nil && auth.first != nil && t.authSettled(st, &auth, dialing) {
+		switch {
+		case firstErr != nil:
+		case auth.first != nil && t.authSettled(st, &auth, dialing):
 			firstErr = t.authError(st, &auth)
+		case auth.first == nil && layoutDoomed && t.layoutSettled(st, dialing):
+			firstErr = t.layoutError(st)
 		}
 	}
-	if firstErr == nil && auth.first != nil {
-		firstErr = t.authError(st, &auth) // every other connection formed
+	if firstErr == nil && (auth.first != nil || layoutDoomed) {
+		firstErr = t.doomedError(st, &auth) // every other connection formed
 	}
 	if firstErr != nil {
 		cancel()
 		wg.Wait()
+		if layoutDoomed {
+			t.mu.Lock()
+			t.layoutFailedLocked(w.Round)
+			t.mu.Unlock()
+		}
 		finish()
 		close(results)
 		for r := range results {
@@ -1088,7 +1151,8 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		}
 		rc.closeAll()
 		var ae *AuthError
-		if !errors.As(firstErr, &ae) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
+		var le *LayoutError
+		if !errors.As(firstErr, &ae) && !errors.As(firstErr, &le) && !errors.Is(firstErr, ErrTimeout) && !errors.Is(firstErr, context.Canceled) && !errors.Is(firstErr, context.DeadlineExceeded) {
 			firstErr = fmt.Errorf("sync: connect round %d rank %d: %w", w.Round, w.Rank, firstErr)
 		}
 		return nil, firstErr

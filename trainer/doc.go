@@ -26,7 +26,11 @@
 //     new job, a whole-job restart) or the holders disagree, every member
 //     stops in this round with that error. It names the settings with the
 //     values as each member configured them, and the members; it is not
-//     retried.
+//     retried. Members whose sync transport layout differs (Config.Sync's
+//     ChunkBytes, DirectBytes, Streams, Hierarchy) cannot connect at all:
+//     the transport's handshake names them (sync.LayoutError), the
+//     round's majority evicts them and trains on, and they stop with the
+//     same error (see ErrSettingsMismatch).
 //  3. Agree on state. The ranks first check with one max-allreduce that they
 //     hold the same model (names, shapes, optimizer; otherwise every rank
 //     returns ErrModelMismatch), then find the newest commit that every

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"log/slog"
 	"math"
@@ -25,6 +26,7 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -44,6 +46,8 @@ const (
 	// HeartbeatInterval (3 s, 500 ms) instead of the 1 s lease the fault
 	// tests detect a death with.
 	envLease = "ELASTICTRAIN_TRAINER_TEST_DEFAULT_LEASE"
+	// envStreams, when set, is the worker's Config.Sync.Streams.
+	envStreams = "ELASTICTRAIN_TRAINER_TEST_STREAMS"
 )
 
 // Process-test problem: big enough that faults land mid-epoch.
@@ -114,6 +118,9 @@ func workerMain() int {
 		cfg.Elastic.HeartbeatInterval = elastic.DefaultHeartbeatInterval
 	}
 	cfg.Elastic.LastCall = 300 * time.Millisecond
+	if v := os.Getenv(envStreams); v != "" {
+		cfg.Sync.Streams, _ = strconv.Atoi(v)
+	}
 	cfg.CheckpointEvery = 20
 	if v := os.Getenv(envCkptEvery); v != "" {
 		cfg.CheckpointEvery, _ = strconv.Atoi(v)
@@ -159,6 +166,9 @@ func workerMain() int {
 	res, err := tr.Run(context.Background())
 	if err != nil {
 		emit(report{Kind: "error", Err: err.Error()})
+		if errors.Is(err, ErrSettingsMismatch) {
+			return launch.ExitStatus(err) // refused or permanent, as a launched worker
+		}
 		if res.Step > 0 {
 			return 143
 		}

@@ -31,6 +31,11 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	comm, err := t.backend.Connect(rctx, sync.World{JobID: t.cfg.JobID, Round: world.Round, Rank: world.Rank, Addrs: world.Endpoints(EndpointSync)})
 	watch.leave()
 	if err != nil {
+		var le *sync.LayoutError
+		if errors.As(err, &le) && le.Round == world.Round && le.Size == world.Size && ctx.Err() == nil {
+			// Members whose transport layout differs (layout.go).
+			return t.judgeLayout(ctx, agent, world, le, rctx.Err() != nil)
+		}
 		return t.classify(ctx, rctx, fmt.Errorf("trainer: connect round %d: %w", world.Round, err))
 	}
 	defer comm.Close()

@@ -31,10 +31,22 @@ import (
 //     restart) or the holders disagree among themselves, nobody can tell
 //     which settings are the job's: every member stops in that round with
 //     this error.
+//   - The sync transport's wire layout (Config.Sync's ChunkBytes,
+//     DirectBytes, Streams and Hierarchy: "sync chunk bytes", "sync direct
+//     bytes", "sync streams", "sync hierarchy") cannot be compared over
+//     the round's collectives, since members whose layouts differ cannot
+//     connect: the transport's handshake compares it (sync.LayoutError).
+//     The members that share a layout and are more than half of the round
+//     (or exactly half and hold trained state) are the job: they evict the
+//     others and train on, and each of those stops with this error,
+//     Refused naming it. When no group is (a new job split evenly), every
+//     member stops with this error, Refused empty, once it has waited
+//     Sync.LayoutGrace and a lease (Config.Elastic.LeaseTTL) for an
+//     eviction that nobody sends.
 //
 // The round ends before any state moves, and a stopped worker is not
 // retried: restarted, it would differ again (launch.ExitStatus gives
-// launch.StatusPermanent). The error is a *SettingsError naming the
+// launch.StatusPermanent; a refused one launch.StatusRefused). The error is a *SettingsError naming the
 // settings with the values as each member configured them, and the
 // members; when their models differ, it matches ErrModelMismatch too.
 // The settings compared are the
@@ -71,7 +83,11 @@ type SettingDiff struct {
 	// "parameter tensors", "parameter values",
 	// "epochs", "learning rate", "global batch", "dataset length",
 	// "shuffle seed", "commit interval", "deterministic mode",
-	// "gradient bucket bytes".
+	// "gradient bucket bytes"; for the sync transport's layout (compared
+	// by its handshake, see ErrSettingsMismatch) "sync chunk bytes",
+	// "sync direct bytes", "sync streams", "sync hierarchy", whose Values
+	// read "unknown" for a member whose layout the reporting worker did
+	// not learn.
 	Setting string
 	// Values holds each member's value, in rank order, as text: the value
 	// as configured (the optimizer's learning rate at New, a Schedule's
@@ -86,10 +102,14 @@ func (e *SettingsError) Error() string {
 	if e.Model() {
 		b.WriteString("trainer: ranks hold different models; ")
 	}
-	if len(e.Refused) > 0 {
+	switch {
+	case len(e.Refused) > 0 && e.layout():
+		fmt.Fprintf(&b, "trainer: refused by the job in round %d: the sync transport layout of member %s differs from that of the job's members (the round's majority), "+
+			"which train on without it (every worker of a job must be configured the same):", e.Round, strings.Join(e.Refused, ", "))
+	case len(e.Refused) > 0:
 		fmt.Fprintf(&b, "trainer: refused by the job in round %d: the settings of member %s differ from those of the members that hold the job's trained state, "+
 			"which train on without it (every worker of a job must be configured the same):", e.Round, strings.Join(e.Refused, ", "))
-	} else {
+	default:
 		fmt.Fprintf(&b, "trainer: workers disagree on the job's settings in round %d (every worker of a job must be configured the same):", e.Round)
 	}
 	for i, d := range e.Diffs {
@@ -105,6 +125,12 @@ func (e *SettingsError) Error() string {
 		}
 	}
 	return b.String()
+}
+
+// layout reports whether the settings that differ are the sync
+// transport's layout (compared by its handshake, not by agreeSettings).
+func (e *SettingsError) layout() bool {
+	return len(e.Diffs) > 0 && strings.HasPrefix(e.Diffs[0].Setting, "sync ")
 }
 
 // Unwrap lets errors.Is(err, ErrSettingsMismatch) match.

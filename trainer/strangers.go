@@ -151,9 +151,15 @@ func (t *Trainer[B]) refuse(ctx context.Context, agent *elastic.Agent, world ela
 	if reporter != world.Rank {
 		return
 	}
-	for _, id := range se.Refused {
+	t.reportMembers(ctx, agent, world.Round, se.Refused)
+}
+
+// reportMembers reports the members ids as failed in round (each report
+// bounded by 5 s); a report that fails is logged.
+func (t *Trainer[B]) reportMembers(ctx context.Context, agent *elastic.Agent, round uint64, ids []string) {
+	for _, id := range ids {
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		err := agent.ReportFailure(rctx, world.Round, id)
+		err := agent.ReportFailure(rctx, round, id)
 		cancel()
 		if err != nil {
 			t.log.Warn("failure report failed", "member", id, "err", err)

@@ -485,6 +485,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	shutOut := false                         // the last round failed and nobody in it authenticated this worker (see strangers.go)
 	undurable := false                       // preempted, this worker holds a commit no checkpoint has: it joins on, within the grace period
 	doubted := false                         // a round of this run of unformed rounds failed authentication with nobody on this worker's side (abandoned)
+	var layoutOut *SettingsError             // the last round failed on a layout mismatch, cut short, this worker not the job (layout.go)
 	for {
 		if t.preempted() && ctx.Err() == nil && !undurable {
 			if undurable = t.holdsUndurable(ctx); !undurable {
@@ -517,6 +518,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 			// come back as a new member. Our commits stay: state agreement
 			// prefers holders from a later round, so they only count if no
 			// fresher holder exists (every member was fenced at once).
+			if layoutOut != nil {
+				return res, layoutRefused(layoutOut, agent.Member().ID)
+			}
 			if shutOut {
 				return res, t.strangerError(uf.n)
 			}
@@ -560,7 +564,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 
 		trainedBefore, sizeBefore := t.trained, prevSize
 		end, rerr := t.round(ctx, agent, world, prevSize, failed, failedAt, ck)
-		shutOut = false
+		shutOut, layoutOut = false, nil
 		trainedHere := t.trained != trainedBefore // this worker applied a step in the round
 		if trainedHere {
 			uf.trained()
@@ -608,6 +612,9 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 			av := t.judgeAuth(ctx, agent, world, rerr)
 			reported := av.reported
 			shutOut = av.shutOut
+			if se := (*SettingsError)(nil); errors.As(rerr, &se) {
+				layoutOut = se
+			}
 			if r := reportTarget(rerr, world.Rank, len(world.Members), t.latest != nil); r >= 0 && !av.auth {
 				// Sent beside the rejoin (report.go): a slow store must
 				// not hold the recovery back.

@@ -22,7 +22,12 @@
 //
 // A handshake message is a type byte, a 2-byte payload length (at most
 // MaxMsgBytes) and the payload. The decoders never trust a length they have
-// not bounded, and they never panic on any input.
+// not bounded, and they never panic on any input. The dialer sends a
+// MsgHello; the listener a MsgChallenge (its nonce and its proof of the
+// secret); the dialer a MsgProof (its proof, then its Layout); the
+// listener a MsgAccept or a MsgReject. A MsgProof of ProofSize bytes
+// alone (a peer of a release before Layout) is malformed unless the
+// listener refuses it for another reason first.
 package wire
 
 import (
@@ -402,8 +407,91 @@ const (
 	RejectNotReady  = 5 // this rank did not reach Connect for that round in time; retry
 	RejectRank      = 6 // this rank is not the rank the dialer asked for, or the slot is taken
 	RejectClosed    = 7 // the transport is closing
-	maxReject       = RejectClosed
+	// RejectLayout: the dialer's Layout (sent with its proof) differs from
+	// this rank's; the text starts with this rank's Layout (LayoutSize
+	// bytes, see AppendLayoutReject).
+	RejectLayout = 8
+	// RejectLayoutRound: this rank's Connect of the dialer's round failed
+	// because the layouts of that round's ranks differ (the dialer's
+	// matched this rank's; another rank's did not).
+	RejectLayoutRound = 9
+	maxReject         = RejectLayoutRound
 )
+
+// Layout is the part of a rank's configuration that shapes the wire
+// traffic of a round and must be equal on every rank (sync.Config's
+// ChunkBytes, DirectBytes, Streams and Hierarchy, as configured). The
+// dialer sends it after its proof of the secret (MsgProof: the proof, then
+// the Layout, which the proof's HMAC covers); the listener compares it
+// with its own after the proof verified, and refuses a different one with
+// RejectLayout, carrying its own. So neither side tells its layout to a
+// peer that has not proved the secret. Encoded in LayoutSize bytes,
+// little-endian:
+//
+//	offset size field
+//	0      4    ChunkBytes
+//	4      4    DirectBytes
+//	8      1    Streams (1..255)
+//	9      1    Hierarchy
+type Layout struct {
+	ChunkBytes  uint32
+	DirectBytes uint32
+	Streams     uint8
+	Hierarchy   uint8
+}
+
+// LayoutSize is the size of an encoded Layout in bytes.
+const LayoutSize = 10
+
+// AppendLayout appends the encoded l (LayoutSize bytes) to dst.
+func AppendLayout(dst []byte, l *Layout) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, l.ChunkBytes)
+	dst = binary.LittleEndian.AppendUint32(dst, l.DirectBytes)
+	return append(dst, l.Streams, l.Hierarchy)
+}
+
+// ParseLayout decodes a Layout from exactly LayoutSize bytes; another
+// length or zero Streams gives an error wrapping ErrMalformed.
+func ParseLayout(b []byte) (Layout, error) {
+	if len(b) != LayoutSize {
+		return Layout{}, fmt.Errorf("%w: transport layout of %d bytes, want %d", ErrMalformed, len(b), LayoutSize)
+	}
+	l := Layout{
+		ChunkBytes:  binary.LittleEndian.Uint32(b[0:]),
+		DirectBytes: binary.LittleEndian.Uint32(b[4:]),
+		Streams:     b[8],
+		Hierarchy:   b[9],
+	}
+	if l.Streams == 0 {
+		return Layout{}, fmt.Errorf("%w: transport layout with 0 streams", ErrMalformed)
+	}
+	return l, nil
+}
+
+// AppendLayoutReject appends a RejectLayout payload: the code, the
+// refusing rank's Layout, then text (truncated so that the whole fits
+// 1+MaxRejectText bytes).
+func AppendLayoutReject(dst []byte, l *Layout, text string) []byte {
+	if len(text) > MaxRejectText-LayoutSize {
+		text = text[:MaxRejectText-LayoutSize]
+	}
+	dst = append(dst, RejectLayout)
+	dst = AppendLayout(dst, l)
+	return append(dst, text...)
+}
+
+// ParseLayoutReject splits the text of a RejectLayout (as ParseReject
+// returns it) into the refusing rank's Layout and the message.
+func ParseLayoutReject(text string) (Layout, string, error) {
+	if len(text) < LayoutSize {
+		return Layout{}, "", fmt.Errorf("%w: layout refusal of %d bytes, want at least %d", ErrMalformed, len(text), LayoutSize)
+	}
+	l, err := ParseLayout([]byte(text[:LayoutSize]))
+	if err != nil {
+		return Layout{}, "", err
+	}
+	return l, text[LayoutSize:], nil
+}
 
 // MaxRejectText bounds the human-readable text of a MsgReject.
 const MaxRejectText = 512

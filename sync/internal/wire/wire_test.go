@@ -30,6 +30,36 @@ func TestHelloRoundTrip(t *testing.T) {
 	}
 }
 
+// A Layout travels after the dialer's proof and in a RejectLayout; short,
+// long and zero-stream encodings are malformed, never a panic.
+func TestLayoutRoundTrip(t *testing.T) {
+	l := Layout{ChunkBytes: 256 << 10, DirectBytes: 32 << 10, Streams: 2, Hierarchy: 1}
+	b := AppendLayout(nil, &l)
+	if len(b) != LayoutSize {
+		t.Fatalf("%d bytes, want %d", len(b), LayoutSize)
+	}
+	if got, err := ParseLayout(b); err != nil || got != l {
+		t.Fatalf("got %+v %v", got, err)
+	}
+	for _, bad := range [][]byte{nil, b[:LayoutSize-1], append(slices.Clone(b), 0), {1, 0, 0, 0, 1, 0, 0, 0, 0, 0}} {
+		if _, err := ParseLayout(bad); !errors.Is(err, ErrMalformed) {
+			t.Fatalf("ParseLayout(%v): %v, want ErrMalformed", bad, err)
+		}
+	}
+	long := string(make([]byte, 2*MaxRejectText))
+	code, text, err := ParseReject(AppendLayoutReject(nil, &l, long))
+	if err != nil || code != RejectLayout {
+		t.Fatalf("ParseReject: %d %v", code, err)
+	}
+	got, msg, err := ParseLayoutReject(text)
+	if err != nil || got != l || len(msg) != MaxRejectText-LayoutSize {
+		t.Fatalf("ParseLayoutReject: %+v %d bytes %v", got, len(msg), err)
+	}
+	if _, _, err := ParseLayoutReject("short"); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("short layout refusal: %v", err)
+	}
+}
+
 // FuzzParseHeader: the frame decoder never panics, and whatever it accepts
 // encodes back to the same bytes.
 func FuzzParseHeader(f *testing.F) {
@@ -92,7 +122,12 @@ func FuzzReadMsg(f *testing.F) {
 				t.Fatalf("payload of %d bytes", len(p))
 			}
 			if typ == MsgReject {
-				ParseReject(p)
+				if code, text, err := ParseReject(p); err == nil && code == RejectLayout {
+					ParseLayoutReject(text)
+				}
+			}
+			if typ == MsgProof && len(p) >= ProofSize {
+				ParseLayout(p[ProofSize:])
 			}
 			ParseHello(p)
 		} else if !errors.Is(err, ErrMalformed) && err != io.EOF && err != io.ErrUnexpectedEOF {

@@ -1,0 +1,242 @@
+package sync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+// A rank whose wire layout differs from its peers' (another Streams: its
+// lanes never complete; another ChunkBytes: its chunks never match) once
+// made Connect wait out DialTimeout on every rank, round after round. Now
+// the handshake compares the layouts once the peer proved the secret, and
+// every rank's Connect fails with a *LayoutError naming the setting and
+// the values as configured, and which ranks agree: the ranks that share
+// the job's layout are a majority, the odd one is not.
+func TestALayoutMismatchFailsConnectOnEveryRankNamingIt(t *testing.T) {
+	for _, c := range []struct {
+		name    string
+		odd     func(*Config)
+		setting string
+		job     string // the others' value as configured
+		value   string // the odd rank's
+	}{
+		{"streams", func(c *Config) { c.Streams = 1 }, "sync streams", "2", "1"},
+		{"chunk bytes", func(c *Config) { c.ChunkBytes = 64 << 10 }, "sync chunk bytes", "262144", "65536"},
+	} {
+		for odd := range 3 {
+			t.Run(fmt.Sprintf("%s at rank %d", c.name, odd), func(t *testing.T) {
+				base := testConfig(t)
+				base.DialTimeout = 30 * time.Second // never waited out: a timeout fails the test
+				ts := make([]*Transport, 3)
+				addrs := make([]string, 3)
+				for r := range ts {
+					cfg := base
+					if r == odd {
+						c.odd(&cfg)
+					}
+					ts[r] = listenOne(t, cfg)
+					addrs[r] = ts[r].Addr()
+				}
+				rings, errs := tryConnectAll(ts, addrs, 1)
+				for _, r := range rings {
+					if r != nil {
+						r.Close()
+						t.Fatal("a round formed from ranks with different layouts")
+					}
+				}
+				want := make([]string, 3)
+				for r := range want {
+					want[r] = c.job
+				}
+				want[odd] = c.value
+				for r, err := range errs {
+					checkLayoutError(t, r, err, c.setting, want)
+				}
+			})
+		}
+	}
+}
+
+// Of two ranks whose layouts differ, neither is a majority; a peer that
+// dialed before this rank reached Connect of its round (held, in the past
+// a hang until DialTimeout) is judged all the same.
+func TestALayoutMismatchOfAPairIsNobodysMajority(t *testing.T) {
+	base := testConfig(t)
+	base.DialTimeout = 30 * time.Second
+	odd := base
+	odd.DirectBytes = 4 << 10
+	refused := make(chan struct{}, 64)
+	odd.Logger = slog.New(signalHandler{msg: "sync: refused connection", c: refused})
+	a, b := listenOne(t, base), listenOne(t, odd)
+	addrs := []string{a.Addr(), b.Addr()}
+	errs := make(chan error, 1)
+	go func() {
+		_, err := a.Connect(context.Background(), World{Round: 7, Rank: 0, Addrs: addrs})
+		errs <- err
+	}()
+	// Rank 1 reaches Connect once rank 0's dial was judged (refused on
+	// its layout, which rank 1 remembers for round 7).
+	select {
+	case <-refused:
+	case err := <-errs:
+		t.Fatalf("rank 0 ended before rank 1 judged its dial: %v", err)
+	}
+	_, errB := b.Connect(context.Background(), World{Round: 7, Rank: 1, Addrs: addrs})
+	for r, err := range []error{<-errs, errB} {
+		var le *LayoutError
+		if !errors.As(err, &le) || le.Majority() || len(le.Agree) != 0 || !slices.Equal(le.Differ, []int{1 - r}) {
+			t.Fatalf("rank %d: %v, want a *LayoutError, no majority", r, err)
+		}
+		if le.Diffs[0].Setting != "sync direct bytes" || !slices.Equal(le.Diffs[0].Values, []string{"32768", "4096"}) {
+			t.Errorf("rank %d: %+v", r, le.Diffs)
+		}
+	}
+}
+
+// A proof without a layout (a peer of an older release) is refused as
+// malformed, with a message that says so, and never panics; one for a
+// round this rank has left is refused as stale, as before layouts. A
+// layout refusal from a listener that has not proved the secret is not
+// believed.
+func TestAProofWithoutALayoutIsMalformed(t *testing.T) {
+	cfg := testConfig(t)
+	tr := listenOne(t, cfg)
+	legacy := func(round uint64) (uint8, string) {
+		hello := wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: round, From: 0, To: 1, JobID: cfg.JobID}
+		c, hb := rawHello(t, tr, hello)
+		defer c.Close()
+		buf := make([]byte, wire.MaxMsgBytes)
+		typ, p, err := wire.ReadMsg(c, buf)
+		if err != nil || typ != wire.MsgChallenge {
+			t.Fatalf("challenge: %d %v", typ, err)
+		}
+		wire.WriteMsg(c, nil, wire.MsgProof, proof(cfg.Secret, "client", hb, p[:wire.NonceSize]))
+		typ, p, err = wire.ReadMsg(c, buf)
+		if err != nil || typ != wire.MsgReject {
+			t.Fatalf("want a reject: %d %v", typ, err)
+		}
+		code, text, err := wire.ParseReject(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return code, text
+	}
+	if code, text := legacy(5); code != wire.RejectMalformed || !strings.Contains(text, "no transport layout") {
+		t.Fatalf("legacy proof: code %d %q", code, text)
+	}
+	// Move the transport on to round 6 (a world of one forms at once).
+	ring, err := tr.Connect(context.Background(), World{Round: 6, Rank: 0, Addrs: []string{tr.Addr()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring.Close()
+	if code, text := legacy(5); code != wire.RejectRound || !strings.Contains(text, "moved on") {
+		t.Fatalf("legacy proof of an old round: code %d %q", code, text)
+	}
+
+	// A listener that sends a layout refusal instead of its challenge.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		l := wire.Layout{ChunkBytes: 64, Streams: 9}
+		wire.ReadMsg(c, make([]byte, wire.MaxMsgBytes))
+		wire.WriteMsg(c, nil, wire.MsgReject, wire.AppendLayoutReject(nil, &l, "fake"))
+	}()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	proved, err := tr.clientHandshake(ctx, c, &wire.Hello{Version: wire.ProtocolVersion, ConnKind: wire.ConnControl, Round: 9, To: 1, JobID: cfg.JobID})
+	if proved || !errors.Is(err, ErrBadFrame) || errors.Is(err, ErrLayoutMismatch) {
+		t.Fatalf("unproven layout refusal: proved %v, %v; want ErrBadFrame only", proved, err)
+	}
+}
+
+// signalHandler is a slog.Handler that signals c (without blocking) for
+// every record with message msg.
+type signalHandler struct {
+	msg string
+	c   chan struct{}
+}
+
+func (h signalHandler) Enabled(context.Context, slog.Level) bool { return true }
+
+func (h signalHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.c <- struct{}{}:
+		default:
+		}
+	}
+	return nil
+}
+
+func (h signalHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h signalHandler) WithGroup(string) slog.Handler      { return h }
+
+// checkLayoutError checks rank r's Connect error in a round whose ranks
+// configured want for setting: a *LayoutError whose Differ names ranks
+// of another value (at least one) and Agree ranks of r's, with their
+// values and r's own right and "unknown" for the ranks it did not learn of
+// (a peer late on a loaded host, past LayoutGrace); a rank of the
+// majority value that learnt of every peer is a Majority, any other not.
+func checkLayoutError(t *testing.T, r int, err error, setting string, want []string) {
+	t.Helper()
+	var le *LayoutError
+	if !errors.As(err, &le) || !errors.Is(err, ErrLayoutMismatch) {
+		t.Errorf("rank %d: %v, want a *LayoutError", r, err)
+		return
+	}
+	if len(le.Diffs) != 1 || le.Diffs[0].Setting != setting || len(le.Diffs[0].Values) != len(want) {
+		t.Errorf("rank %d: diffs %+v, want %s of %d ranks", r, le.Diffs, setting, len(want))
+		return
+	}
+	if len(le.Differ) == 0 {
+		t.Errorf("rank %d: %v names no rank that differs", r, err)
+		return
+	}
+	vals := le.Diffs[0].Values
+	for p := range want {
+		known := p == r || slices.Contains(le.Agree, p) || slices.Contains(le.Differ, p)
+		switch {
+		case slices.Contains(le.Agree, p) && want[p] != want[r], slices.Contains(le.Differ, p) && want[p] == want[r]:
+			t.Errorf("rank %d: agree %v differ %v, but rank %d has %s", r, le.Agree, le.Differ, p, want[p])
+		case known && vals[p] != want[p], !known && vals[p] != "unknown":
+			t.Errorf("rank %d: value %q for rank %d, want %q (known %v)", r, vals[p], p, want[p], known)
+		}
+	}
+	for _, v := range []string{setting, want[r], want[le.Differ[0]]} {
+		if !strings.Contains(err.Error(), v) {
+			t.Errorf("rank %d: %q does not name %q", r, err, v)
+		}
+	}
+	same := 0
+	for _, v := range want {
+		if v == want[r] {
+			same++
+		}
+	}
+	if full := 1+len(le.Agree)+len(le.Differ) == len(want); full && le.Majority() != (2*same > len(want)) {
+		t.Errorf("rank %d: majority %v with %d of %d ranks sharing its value", r, le.Majority(), same, len(want))
+	}
+}
