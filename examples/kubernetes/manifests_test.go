@@ -111,6 +111,12 @@ func objectMeta(obj any) metav1.ObjectMeta {
 		return o.ObjectMeta
 	case *networkingv1.NetworkPolicy:
 		return o.ObjectMeta
+	case *corev1.ServiceAccount:
+		return o.ObjectMeta
+	case *rbacv1.Role:
+		return o.ObjectMeta
+	case *rbacv1.RoleBinding:
+		return o.ObjectMeta
 	}
 	panic(fmt.Sprintf("no ObjectMeta for %T", obj))
 }
@@ -218,9 +224,12 @@ func TestManifestsDecodeStrictlyAgainstTheKubernetesTypes(t *testing.T) {
 		"NetworkPolicy/mnist-workers",
 		"PersistentVolumeClaim/mnist-checkpoints",
 		"PodDisruptionBudget/mnist",
+		"Role/mnist-scaler",
+		"RoleBinding/mnist-scaler",
 		"Secret/mnist-job",
 		"Service/elastictrain-redis",
 		"Service/mnist",
+		"ServiceAccount/mnist-worker",
 	}, keys)
 
 	// The strict decoding is strict: an unknown field is refused.
@@ -592,4 +601,38 @@ func runIn(t *testing.T, dir string, env []string, name string, args ...string) 
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
 	return buf.Bytes(), err
+}
+
+// The workers' Role allows what package kubernetes/jobscale calls and
+// nothing more (its tests against a real API server, in kubernetes/e2e,
+// run the workers with this Role's service account), and the Job's Pods
+// run as the bound account.
+func TestTheWorkersMaySizeTheirJobAndNothingElse(t *testing.T) {
+	m := loadManifests(t, "manifests")
+	role := get[*rbacv1.Role](t, m, "Role/mnist-scaler")
+	got := map[string][]string{}
+	for _, r := range role.Rules {
+		require.Empty(t, r.ResourceNames)
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				got[g+"/"+res] = append(got[g+"/"+res], r.Verbs...)
+			}
+		}
+	}
+	require.Equal(t, map[string][]string{"batch/jobs": {"get", "patch"}, "/pods": {"list", "delete"}}, got)
+	rb := get[*rbacv1.RoleBinding](t, m, "RoleBinding/mnist-scaler")
+	require.Equal(t, "Role", rb.RoleRef.Kind)
+	require.Equal(t, role.Name, rb.RoleRef.Name)
+	require.Len(t, rb.Subjects, 1)
+	require.Equal(t, "ServiceAccount", rb.Subjects[0].Kind)
+	sa := get[*corev1.ServiceAccount](t, m, "ServiceAccount/"+rb.Subjects[0].Name)
+	v := workerJob(t, m)
+	require.Equal(t, sa.Name, v.job.Spec.Template.Spec.ServiceAccountName)
+	for name, path := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+		"JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']"} {
+		e := envVar(t, v.container, name)
+		require.NotNil(t, e.ValueFrom)
+		require.NotNil(t, e.ValueFrom.FieldRef)
+		require.Equal(t, path, e.ValueFrom.FieldRef.FieldPath)
+	}
 }
