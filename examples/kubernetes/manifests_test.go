@@ -96,29 +96,11 @@ func splitYAML(b []byte) [][]byte {
 }
 
 func objectMeta(obj any) metav1.ObjectMeta {
-	switch o := obj.(type) {
-	case *batchv1.Job:
-		return o.ObjectMeta
-	case *corev1.Service:
-		return o.ObjectMeta
-	case *corev1.Secret:
-		return o.ObjectMeta
-	case *corev1.PersistentVolumeClaim:
-		return o.ObjectMeta
-	case *appsv1.Deployment:
-		return o.ObjectMeta
-	case *policyv1.PodDisruptionBudget:
-		return o.ObjectMeta
-	case *networkingv1.NetworkPolicy:
-		return o.ObjectMeta
-	case *corev1.ServiceAccount:
-		return o.ObjectMeta
-	case *rbacv1.Role:
-		return o.ObjectMeta
-	case *rbacv1.RoleBinding:
-		return o.ObjectMeta
+	o, ok := obj.(metav1.ObjectMetaAccessor)
+	if !ok {
+		panic(fmt.Sprintf("no ObjectMeta for %T", obj))
 	}
-	panic(fmt.Sprintf("no ObjectMeta for %T", obj))
+	return *o.GetObjectMeta().(*metav1.ObjectMeta)
 }
 
 func get[T any](t *testing.T, m manifests, key string) T {
