@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -32,13 +33,16 @@ import (
 // kinds maps each apiVersion/kind the manifests may hold to a new value of
 // its Kubernetes API type.
 var kinds = map[string]func() any{
-	"batch/v1/Job":                       func() any { return &batchv1.Job{} },
-	"v1/Service":                         func() any { return &corev1.Service{} },
-	"v1/Secret":                          func() any { return &corev1.Secret{} },
-	"v1/PersistentVolumeClaim":           func() any { return &corev1.PersistentVolumeClaim{} },
-	"apps/v1/Deployment":                 func() any { return &appsv1.Deployment{} },
-	"policy/v1/PodDisruptionBudget":      func() any { return &policyv1.PodDisruptionBudget{} },
-	"networking.k8s.io/v1/NetworkPolicy": func() any { return &networkingv1.NetworkPolicy{} },
+	"batch/v1/Job":                             func() any { return &batchv1.Job{} },
+	"v1/Service":                               func() any { return &corev1.Service{} },
+	"v1/Secret":                                func() any { return &corev1.Secret{} },
+	"v1/PersistentVolumeClaim":                 func() any { return &corev1.PersistentVolumeClaim{} },
+	"apps/v1/Deployment":                       func() any { return &appsv1.Deployment{} },
+	"policy/v1/PodDisruptionBudget":            func() any { return &policyv1.PodDisruptionBudget{} },
+	"networking.k8s.io/v1/NetworkPolicy":       func() any { return &networkingv1.NetworkPolicy{} },
+	"v1/ServiceAccount":                        func() any { return &corev1.ServiceAccount{} },
+	"rbac.authorization.k8s.io/v1/Role":        func() any { return &rbacv1.Role{} },
+	"rbac.authorization.k8s.io/v1/RoleBinding": func() any { return &rbacv1.RoleBinding{} },
 }
 
 // manifests holds every object of manifests/*.yaml by "Kind/name".
@@ -92,23 +96,11 @@ func splitYAML(b []byte) [][]byte {
 }
 
 func objectMeta(obj any) metav1.ObjectMeta {
-	switch o := obj.(type) {
-	case *batchv1.Job:
-		return o.ObjectMeta
-	case *corev1.Service:
-		return o.ObjectMeta
-	case *corev1.Secret:
-		return o.ObjectMeta
-	case *corev1.PersistentVolumeClaim:
-		return o.ObjectMeta
-	case *appsv1.Deployment:
-		return o.ObjectMeta
-	case *policyv1.PodDisruptionBudget:
-		return o.ObjectMeta
-	case *networkingv1.NetworkPolicy:
-		return o.ObjectMeta
+	o, ok := obj.(metav1.ObjectMetaAccessor)
+	if !ok {
+		panic(fmt.Sprintf("no ObjectMeta for %T", obj))
 	}
-	panic(fmt.Sprintf("no ObjectMeta for %T", obj))
+	return *o.GetObjectMeta().(*metav1.ObjectMeta)
 }
 
 func get[T any](t *testing.T, m manifests, key string) T {
@@ -214,9 +206,12 @@ func TestManifestsDecodeStrictlyAgainstTheKubernetesTypes(t *testing.T) {
 		"NetworkPolicy/mnist-workers",
 		"PersistentVolumeClaim/mnist-checkpoints",
 		"PodDisruptionBudget/mnist",
+		"Role/mnist-scaler",
+		"RoleBinding/mnist-scaler",
 		"Secret/mnist-job",
 		"Service/elastictrain-redis",
 		"Service/mnist",
+		"ServiceAccount/mnist-worker",
 	}, keys)
 
 	// The strict decoding is strict: an unknown field is refused.
@@ -233,10 +228,16 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	require.Equal(t, batchv1.IndexedCompletion, *spec.CompletionMode)
 	require.NotNil(t, spec.Parallelism)
 	require.NotNil(t, spec.Completions)
-	require.Equal(t, *spec.Completions, *spec.Parallelism, "an elastic Indexed Job scales parallelism and completions together")
 	minW, maxW := intFlag(t, v, "min"), intFlag(t, v, "max")
+	require.Equal(t, maxW, int(*spec.Completions), "completions is the most workers the job may have: parallelism moves below it")
 	require.GreaterOrEqual(t, int(*spec.Parallelism), minW, "the first round needs -min workers")
 	require.LessOrEqual(t, int(*spec.Parallelism), maxW)
+	// Fewer indexes than completions run: the first success ends the Job.
+	require.NotNil(t, spec.SuccessPolicy)
+	require.Len(t, spec.SuccessPolicy.Rules, 1)
+	require.NotNil(t, spec.SuccessPolicy.Rules[0].SucceededCount)
+	require.EqualValues(t, 1, *spec.SuccessPolicy.Rules[0].SucceededCount)
+	require.Nil(t, spec.SuccessPolicy.Rules[0].SucceededIndexes)
 	require.Equal(t, corev1.RestartPolicyNever, v.job.Spec.Template.Spec.RestartPolicy, "podFailurePolicy needs restartPolicy Never")
 
 	// The exit codes of the worker the failure policy names are the
@@ -269,6 +270,7 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	require.True(t, failing[exitUsage], "bad flags (exit %d) fail the Job at once", exitUsage)
 	require.True(t, failIndex[exitPermanent], "a permanent error (exit %d) stops its index only, not the Job", exitPermanent)
 	require.True(t, failIndex[exitRefused], "a refused stale pod (exit %d) stops its index only, not the Job", exitRefused)
+	require.True(t, failIndex[4], "a worker whose job had finished before it started (exit 4, launch.StatusJobFinished) stops its index only")
 	require.True(t, disruption, "evictions (DisruptionTarget) are not failures")
 
 	// The headless Service selects the Job's pods, which name it as their
@@ -581,4 +583,38 @@ func runIn(t *testing.T, dir string, env []string, name string, args ...string) 
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := cmd.Run()
 	return buf.Bytes(), err
+}
+
+// The workers' Role allows what package kubernetes/jobscale calls and
+// nothing more (its tests against a real API server, in kubernetes/e2e,
+// run the workers with this Role's service account), and the Job's Pods
+// run as the bound account.
+func TestTheWorkersMaySizeTheirJobAndNothingElse(t *testing.T) {
+	m := loadManifests(t, "manifests")
+	role := get[*rbacv1.Role](t, m, "Role/mnist-scaler")
+	got := map[string][]string{}
+	for _, r := range role.Rules {
+		require.Empty(t, r.ResourceNames)
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				got[g+"/"+res] = append(got[g+"/"+res], r.Verbs...)
+			}
+		}
+	}
+	require.Equal(t, map[string][]string{"batch/jobs": {"get", "patch"}, "/pods": {"list", "delete"}}, got)
+	rb := get[*rbacv1.RoleBinding](t, m, "RoleBinding/mnist-scaler")
+	require.Equal(t, "Role", rb.RoleRef.Kind)
+	require.Equal(t, role.Name, rb.RoleRef.Name)
+	require.Len(t, rb.Subjects, 1)
+	require.Equal(t, "ServiceAccount", rb.Subjects[0].Kind)
+	sa := get[*corev1.ServiceAccount](t, m, "ServiceAccount/"+rb.Subjects[0].Name)
+	v := workerJob(t, m)
+	require.Equal(t, sa.Name, v.job.Spec.Template.Spec.ServiceAccountName)
+	for name, path := range map[string]string{"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace",
+		"JOB_NAME": "metadata.labels['batch.kubernetes.io/job-name']"} {
+		e := envVar(t, v.container, name)
+		require.NotNil(t, e.ValueFrom)
+		require.NotNil(t, e.ValueFrom.FieldRef)
+		require.Equal(t, path, e.ValueFrom.FieldRef.FieldPath)
+	}
 }

@@ -73,7 +73,9 @@ func TestGuideMatchesTheManifests(t *testing.T) {
 	require.Contains(t, guide, "`-min "+v.flags["min"]+"` and `-max "+v.flags["max"]+"`")
 	tgps := strconv.Itoa(int(*v.job.Spec.Template.Spec.TerminationGracePeriodSeconds))
 	require.Contains(t, guide, "`terminationGracePeriodSeconds` "+tgps+" above `-grace "+v.flags["grace"]+"`")
-	require.Contains(t, guide, "`parallelism` = `completions` = "+strconv.Itoa(int(*v.job.Spec.Parallelism)))
+	require.Contains(t, guide, "`parallelism` "+strconv.Itoa(int(*v.job.Spec.Parallelism))+" between")
+	require.Contains(t, guide, "`-max "+v.flags["max"]+"` (= `completions`)")
+	require.Equal(t, v.flags["max"], strconv.Itoa(int(*v.job.Spec.Completions)))
 	require.Contains(t, guide, "exits with status 143")
 	mem := v.container.Resources.Limits[corev1.ResourceMemory]
 	require.Contains(t, guide, "a "+strings.TrimSuffix(mem.String(), "Gi")+" GiB memory limit")

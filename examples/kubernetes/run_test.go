@@ -87,8 +87,18 @@ func podEnv(t *testing.T, c corev1.Container, ip string, secrets map[string]stri
 		case e.ValueFrom == nil:
 			env[e.Name] = expand(e.Value, env)
 		case e.ValueFrom.FieldRef != nil:
-			require.Equal(t, "status.podIP", e.ValueFrom.FieldRef.FieldPath)
-			env[e.Name] = ip
+			switch f := e.ValueFrom.FieldRef.FieldPath; f {
+			case "status.podIP":
+				env[e.Name] = ip
+			case "metadata.name":
+				env[e.Name] = "mnist-" + ip
+			case "metadata.namespace":
+				env[e.Name] = "default"
+			case "metadata.labels['batch.kubernetes.io/job-name']":
+				env[e.Name] = "mnist"
+			default:
+				t.Fatalf("environment variable %s: unsupported field %s", e.Name, f)
+			}
 		case e.ValueFrom.SecretKeyRef != nil:
 			v, ok := secrets[e.ValueFrom.SecretKeyRef.Key]
 			require.True(t, ok, "no secret value for %s", e.ValueFrom.SecretKeyRef.Key)
