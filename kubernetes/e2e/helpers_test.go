@@ -152,17 +152,21 @@ func (ns *testNS) getJob(t *testing.T) *batchv1.Job {
 	return j
 }
 
-// waitFor polls cond every 50 ms until it holds, or fails after d (a
-// bound far above what the mechanism takes: the agent, the Job
-// controller's reaction and a round change).
+// waitFor polls cond every 50 ms, on the test's goroutine (cond may use
+// t), until it holds, or fails after d (a bound far above what the
+// mechanism takes: the agent, the Job controller's reaction and a round
+// change). A poll: the conditions read the API server and the agent's
+// records, which have no event to wait on.
 func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(d)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out after %v waiting for %s", d, what)
 		}
-		time.Sleep(50 * time.Millisecond)
+		<-tick.C
 	}
 }
 
