@@ -270,7 +270,7 @@ func TestTheJobIsAnElasticIndexedJob(t *testing.T) {
 	require.True(t, failing[exitUsage], "bad flags (exit %d) fail the Job at once", exitUsage)
 	require.True(t, failIndex[exitPermanent], "a permanent error (exit %d) stops its index only, not the Job", exitPermanent)
 	require.True(t, failIndex[exitRefused], "a refused stale pod (exit %d) stops its index only, not the Job", exitRefused)
-	require.True(t, failIndex[4], "a worker whose job had finished before it started (exit 4, launch.StatusJobFinished) stops its index only")
+	require.True(t, failIndex[exitJobFinished], "a worker whose job had finished before it started (exit 4, launch.StatusJobFinished) stops its index only")
 	require.True(t, disruption, "evictions (DisruptionTarget) are not failures")
 
 	// The headless Service selects the Job's pods, which name it as their
@@ -450,10 +450,11 @@ const telemetryFlush = 5 * time.Second
 // Exit statuses of the mnist worker (examples/mnist exitPreempted, and
 // jobenv's exit status for bad flags).
 const (
-	exitPreempted = 143
-	exitUsage     = 2
-	exitPermanent = 78 // launch.StatusPermanent
-	exitRefused   = 79 // launch.StatusRefused
+	exitPreempted   = 143
+	exitUsage       = 2
+	exitJobFinished = 4  // launch.StatusJobFinished
+	exitPermanent   = 78 // launch.StatusPermanent
+	exitRefused     = 79 // launch.StatusRefused
 )
 
 // dockerfile is what the tests read from the Dockerfile.

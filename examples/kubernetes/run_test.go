@@ -203,7 +203,8 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 // ID and a shorter run. One pod is told to leave (SIGTERM, as for a
 // deleted or evicted pod) and exits with the status the Job's failure
 // policy ignores; the others finish the job and log its accuracy; a pod
-// started after the end exits 0, so its index completes. The Secret's
+// started after the end trained nothing and exits 4, which the failure
+// policy turns into a failed index (not a retry). The Secret's
 // placeholder value is refused.
 func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	m := loadManifests(t, "manifests")
@@ -263,9 +264,9 @@ func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	require.NotEmpty(t, entries, "rank 0 wrote checkpoints to the volume")
 
 	// A pod the Job controller starts after the end (a replacement for
-	// the one that left) finds the job finished and completes its index.
+	// the one that left) finds the job finished and says so in its status.
 	late := start("127.0.0.4", secrets)
-	require.Equal(t, 0, late.wait(t, 60*time.Second))
+	require.Equal(t, exitJobFinished, late.wait(t, 60*time.Second))
 	require.NotEmpty(t, late.records("the job had finished before this worker joined"))
 
 	for _, p := range append(pods, stale, late) {

@@ -270,10 +270,13 @@ func runWorker(c *config, stderr io.Writer) int {
 		return exitOK
 	case errors.Is(err, elastic.ErrJobFinished):
 		// The job was over before this worker trained: an earlier run of
-		// this job ID finished it. The launcher says so when nobody trained.
+		// this job ID finished it. The launcher says so when nobody trained;
+		// the status (4, launch.StatusJobFinished) tells a platform that
+		// this worker trained nothing (the Kubernetes manifest's
+		// podFailurePolicy fails its index instead of counting a success).
 		ev.Emit(launch.Event{Ev: launch.EvFinished})
 		logger.Info("the job had finished before this worker joined", "err", err)
-		return exitOK
+		return launch.StatusJobFinished
 	case err != nil:
 		return fail(err)
 	}
