@@ -479,12 +479,12 @@ func (s *Store) Load(ctx context.Context, step int64) ([]byte, error) {
 	return data, nil
 }
 
+// readParts reads and verifies every part m names. Memory follows what the
+// server holds, not what the manifest claims: a part is read up to its
+// claimed size plus one byte, and the payload is assembled only once every
+// part verified (a damaged manifest claiming an exabyte costs nothing).
 func (s *Store) readParts(ctx context.Context, m manifest) ([]byte, error) {
-	data := make([]byte, m.Size)
-	offs := make([]int64, len(m.Parts))
-	for i := 1; i < len(m.Parts); i++ {
-		offs[i] = offs[i-1] + m.Parts[i-1].Size
-	}
+	got := make([][]byte, len(m.Parts))
 	err := s.each(ctx, len(m.Parts), func(ctx context.Context, i int) error {
 		p := m.Parts[i]
 		b, _, err := s.get(ctx, p.Name, p.Size)
@@ -500,11 +500,15 @@ func (s *Store) readParts(ctx context.Context, m manifest) ([]byte, error) {
 		case sum256(b) != p.SHA256:
 			return fmt.Errorf("%w: part %s: SHA-256 mismatch", trainer.ErrCorruptCheckpoint, p.Name)
 		}
-		copy(data[offs[i]:], b)
+		got[i] = b
 		return nil
 	})
 	if err != nil {
 		return nil, err
+	}
+	data := bytes.Join(got, nil)
+	if data == nil {
+		data = []byte{}
 	}
 	if sum256(data) != m.SHA256 {
 		return nil, fmt.Errorf("%w: payload SHA-256 mismatch", trainer.ErrCorruptCheckpoint)

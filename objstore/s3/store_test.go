@@ -105,7 +105,24 @@ func TestLoadVerifiesEveryPart(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, st.put(ctx, manifestName(2), mb[:len(mb)/2]))
 
-	for _, s := range []int64{4, 3, 2} {
+	// Step 1's manifest copied as step 5's, claiming its first part holds
+	// an exabyte more: refused without reading or allocating it.
+	m, err = st.readManifest(ctx, 1)
+	require.NoError(t, err)
+	m.Step, m.Size = 5, m.Size+1<<60
+	m.Parts = append([]part(nil), m.Parts...)
+	m.Parts[0].Size += 1 << 60
+	for i := range m.Parts {
+		m.Parts[i].Name = strings.Replace(m.Parts[i].Name, partsDir(1), partsDir(5), 1)
+		b, err := os.ReadFile(file(strings.Replace(m.Parts[i].Name, partsDir(5), partsDir(1), 1)))
+		require.NoError(t, err)
+		require.NoError(t, st.put(ctx, m.Parts[i].Name, b))
+	}
+	mb, err = json.Marshal(m)
+	require.NoError(t, err)
+	require.NoError(t, st.put(ctx, manifestName(5), mb))
+
+	for _, s := range []int64{5, 4, 3, 2} {
 		_, err := st.Load(ctx, s)
 		require.ErrorIs(t, err, trainer.ErrCorruptCheckpoint, "step %d", s)
 		require.Contains(t, err.Error(), "set aside", "step %d", s)
@@ -119,7 +136,7 @@ func TestLoadVerifiesEveryPart(t *testing.T) {
 	require.Equal(t, payload(3000, 1), got)
 	aside, err := st.names(ctx, corruptDir, true)
 	require.NoError(t, err)
-	require.Len(t, aside, 3)
+	require.Len(t, aside, 4)
 }
 
 // A Save of a step that is already published, cut short by the server's
