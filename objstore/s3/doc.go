@@ -1,6 +1,7 @@
 // Package s3 is a trainer.CheckpointStore in S3-compatible object storage
-// (AWS S3, Ceph RGW, SeaweedFS, VersityGW, Google Cloud Storage's XML API,
-// ...), for jobs whose workers share no filesystem.
+// (any server that speaks the S3 API with single-object PUT, GET, DELETE,
+// ListObjectsV2 and CopyObject; the tests run against VersityGW), for jobs
+// whose workers share no filesystem.
 //
 //	st, err := s3.New(ctx, s3.Config{ /* from s3.DefaultConfig() */ })
 //	tr, err := trainer.New(params, opt, loader, step, store, cfg, trainer.WithCheckpointStore(st))
