@@ -457,8 +457,9 @@ func (s *Store) get(ctx context.Context, name string, limit int64) ([]byte, stri
 // manifest does not decode or a part is missing, of another size or
 // checksum; then the manifest is set aside under "corrupt/" (copied, then
 // deleted, only if it is still the one that was read), so List no longer
-// returns it. Other errors (network, credentials) are returned as they
-// are and change nothing.
+// returns it (the copy is kept for inspection; the parts it names are
+// then orphans, which CleanTemp removes). Other errors (network,
+// credentials) are returned as they are and change nothing.
 func (s *Store) Load(ctx context.Context, step int64) ([]byte, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("s3: load checkpoint: %w", err)
