@@ -115,6 +115,9 @@ type Store struct {
 	// afterPart, when set (tests), runs after part i of a Save was
 	// written and before the next one or the manifest.
 	afterPart func(step int64, i int)
+	// afterUnpublish, when set (tests), runs after prune deleted step's
+	// manifest and before it deletes its parts.
+	afterUnpublish func(step int64)
 }
 
 var (
@@ -343,6 +346,9 @@ func (s *Store) prune(ctx context.Context, just int64) error {
 		}
 		if err := s.remove(ctx, manifestName(st)); err != nil {
 			return fmt.Errorf("prune step %d: %w", st, err)
+		}
+		if s.afterUnpublish != nil {
+			s.afterUnpublish(st)
 		}
 		if err := s.removeAll(ctx, partsDir(st)); err != nil {
 			return fmt.Errorf("prune step %d: %w", st, err)

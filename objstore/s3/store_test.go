@@ -270,3 +270,37 @@ func TestConfig(t *testing.T) {
 	require.Error(t, err)
 	t.Logf("wrong secret: %v", err)
 }
+
+// Pruning deletes a checkpoint's manifest before its parts: a server that
+// dies between the two leaves the pruned checkpoint unlisted (never listed
+// with parts missing), the kept ones whole, and parts that CleanTemp
+// removes.
+func TestServerDeathMidPrune(t *testing.T) {
+	srv := s3server.Start(t)
+	ctx := testCtx(t)
+	st := newTestStore(t, testConfig(srv, "q")) // Keep 2
+	for s := int64(1); s <= 2; s++ {
+		require.NoError(t, st.Save(ctx, s, payload(3000, uint64(s))))
+	}
+	st.afterUnpublish = func(int64) { srv.Kill() }
+	err := st.Save(ctx, 3, payload(3000, 3))
+	require.ErrorContains(t, err, "published, but cleaning up failed")
+	st.afterUnpublish = nil
+	srv.Restart()
+
+	steps, err := st.List(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int64{3, 2}, steps)
+	for _, s := range steps {
+		got, err := st.Load(ctx, s)
+		require.NoError(t, err)
+		require.Equal(t, payload(3000, uint64(s)), got)
+	}
+	removed, err := st.CleanTemp(ctx)
+	require.NoError(t, err)
+	require.Len(t, removed, 3, "step 1's three parts")
+	for _, n := range removed {
+		s, _, ok := parsePartName(n)
+		require.True(t, ok && s == 1, n)
+	}
+}
