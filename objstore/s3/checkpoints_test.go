@@ -2,6 +2,7 @@ package s3
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/objstore/s3/internal/s3server"
@@ -21,6 +23,19 @@ import (
 func TestMain(m *testing.M) {
 	code := m.Run()
 	s3server.Cleanup()
+	if code == 0 {
+		// No goroutine of the store or the trainer outlives the tests. The
+		// HTTP client's idle keep-alive connections (one transport per
+		// Store, as minio-go makes them) are the library's, closed by its
+		// idle timeout.
+		if err := goleak.Find(
+			goleak.IgnoreAnyFunction("net/http.(*persistConn).readLoop"),
+			goleak.IgnoreAnyFunction("net/http.(*persistConn).writeLoop"),
+		); err != nil {
+			fmt.Fprintln(os.Stderr, "goleak:", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

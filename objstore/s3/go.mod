@@ -6,6 +6,7 @@ require (
 	github.com/elastictrain/elastictrain v0.0.0
 	github.com/minio/minio-go/v7 v7.4.1
 	github.com/stretchr/testify v1.12.1
+	go.uber.org/goleak v1.3.0
 )
 
 require (
