@@ -353,8 +353,8 @@ type Server struct {
 	mu     gosync.Mutex
 	images map[memKey]*image // commits held in memory: own shards' and replicas'
 	round  *Round
-	pinned  int64 // restore step of the current round: its commits stay
-	closed  bool
+	pinned int64 // restore step of the current round: its commits stay
+	closed bool
 }
 
 // New returns the parameter server of this process for tables,

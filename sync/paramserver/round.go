@@ -131,7 +131,7 @@ type Round struct {
 	lbuf    []byte // local replies
 
 	stats struct {
-		pulled, pushed, sent, recv, stale atomic.Int64
+		pulled, pushed, sent, recv, stale        atomic.Int64
 		fromPeers, fromStore, replicated, copied atomic.Int64
 	}
 	storeShards []int // old shards read from the store (set by migrate)
