@@ -1,11 +1,15 @@
 package paramserver
 
 import (
+	"context"
+	"encoding/binary"
 	"fmt"
 	"net"
 	"net/netip"
 	"strings"
 	gosync "sync"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
 
 // Commits in memory
@@ -222,4 +226,77 @@ func replicasOf(owner int, addrs []string, k int) []int {
 		}
 	}
 	return out
+}
+
+// Gather returns every row of every table at committed step, by table
+// (Rows*Dim values, row r at [r*Dim, (r+1)*Dim)), fetched from the commits
+// of the round's shards in their hosts' memory: a way for one rank to keep
+// the whole tables (to evaluate the model after the job) when no Store
+// holds them. Every shard of the round must have committed step. The
+// other ranks must keep their round open meanwhile (they may wait in
+// Barrier). Called from the round's client goroutine. Errors: ErrRowsLost
+// (a shard's host holds no commit of step), the round's errors.
+func (r *Round) Gather(ctx context.Context, step int64) ([][]float32, error) {
+	if err := r.begin(ctx); err != nil {
+		return nil, err
+	}
+	specs := r.ps.tables
+	out := make([][]float32, len(specs))
+	for t, sp := range specs {
+		out[t] = make([]float32, sp.Rows*int64(sp.Dim))
+	}
+	copyOut := func(d *psShardData) {
+		for t, sp := range specs {
+			tab, dim := &d.tables[t], int64(sp.Dim)
+			for l := int64(0); l < tab.n; l++ {
+				row := l*int64(r.shards) + int64(d.shard)
+				copy(out[t][row*dim:(row+1)*dim], tab.val[l*dim:(l+1)*dim])
+			}
+		}
+	}
+	var remote []*psShardData
+	done := make(chan *psCall, 64)
+	inflight := 0
+	for s := 0; s < r.shards; s++ {
+		if q := r.HostOf(s); q == r.rank {
+			im := r.ps.image(memKey{r.shards, s}, false)
+			if im == nil || !im.view(step, copyOut) {
+				return nil, fmt.Errorf("%w: this rank holds no commit of shard %d of %d at step %d", ErrRowsLost, s, r.shards, step)
+			}
+			continue
+		}
+		d := newShardData(specs, s, r.shards)
+		remote = append(remote, d)
+		for t := range specs {
+			tab := &d.tables[t]
+			for lo := int64(0); lo < tab.n; lo += int64(r.rows[t]) {
+				hi := min(lo+int64(r.rows[t]), tab.n)
+				locals := make([]int64, hi-lo)
+				ids := make([]byte, 0, 8*len(locals))
+				for k := range locals {
+					locals[k] = lo + int64(k)
+					ids = binary.LittleEndian.AppendUint64(ids, uint64(locals[k]*int64(r.shards)+int64(s)))
+				}
+				c := &psCall{kind: wire.PSFetch, peer: r.HostOf(s), shard: s, count: len(locals), tab: tab, locals: locals, done: done}
+				h := wire.PSHeader{Kind: wire.PSFetch, Step: step, Aux: uint64(r.shards)<<32 | uint64(s), Table: uint32(t), Count: uint32(len(locals))}
+				if err := r.send(c, h, ids); err != nil {
+					return nil, r.fail(err, wire.ReasonPeerLost, c.peer)
+				}
+				inflight++
+				if inflight == cap(done) {
+					if err := r.await(ctx, done, 1, nil); err != nil {
+						return nil, err
+					}
+					inflight--
+				}
+			}
+		}
+	}
+	if err := r.await(ctx, done, inflight, nil); err != nil {
+		return nil, err
+	}
+	for _, d := range remote {
+		copyOut(d)
+	}
+	return out, nil
 }

@@ -1,7 +1,9 @@
 package paramserver_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	mrand "math/rand/v2"
 	"strings"
 	"testing"
@@ -55,6 +57,18 @@ func TestPSRestoreFromReplicas(t *testing.T) {
 	// Each step pushes at most 20 rows per table per rank (trainSteps).
 	if second < changed || second > 2*4*20*int64(len(specs)) || second >= total {
 		t.Fatalf("the second commit sent %d rows; %d rows changed, %d exist", second, changed, total)
+	}
+	// One rank gathers the whole tables of the commit from the hosts.
+	g, err := r1[0].Gather(context.Background(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tb, sp := range specs {
+		for row := range at5[tb] {
+			if got, want := fmt.Sprint(g[tb][int64(row)*int64(sp.Dim):][:sp.Dim]), fmt.Sprint(at5[tb][row].val); got != want {
+				t.Fatalf("Gather: table %d row %d = %s, want %s", tb, row, got, want)
+			}
+		}
 	}
 	trainSteps(t, r1, specs, rng, 1) // never committed
 	nodes[1].ps.Close()

@@ -64,6 +64,9 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if p.pending >= 0 { // this round's previous checkpoint: published, or the round would have failed
 		p.published = max(p.published, p.pending)
 	}
+	if p.store == nil {
+		return nil, fmt.Errorf("ps: checkpoint of step %d: the shards of a checkpoint need Config.Dir", step)
+	}
 	var rec *commitRec
 	for i := range p.commits {
 		if p.commits[i].step == step {
