@@ -306,7 +306,7 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 // shards read from Dir: no live rank held them in memory.
 func (p *Partition) countRestored(ctx context.Context, r trainer.PartitionRound) error {
 	st := p.round.Stats()
-	if len(st.StoreShards) > 0 {
+	if len(st.StoreShards) > 0 && r.Source == "commit" {
 		p.log.Warn("parameter-server shards restored from the shard directory: their host and every replica left", "round", r.World.Round,
 			"step", r.Step, "old_shards", st.StoreShards, "rows", st.RestoredFromStore)
 	}
