@@ -159,7 +159,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	first := append(sum.Rounds, monitor.RoundSeen{})[0]
 	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
-		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(), "commit_seconds": num("commit_seconds"),
+		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(), "commit_seconds": num("commit_seconds"), "checkpoint_blocked_seconds": num("ckpt_seconds"),
 		"recoveries": sum.RecoveriesFromFailures(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
 		"samples_applied": rep.Samples, "audit_missing": rep.Missing, "audit_duplicates": rep.Duplicates,
 		"restored_rows": map[string]float64{"peers": num("restored_peers"), "storage": num("restored_storage")}, "dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
@@ -278,7 +278,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	})
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
 		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train),
-			"restored_peers": peers, "restored_storage": stored, "commit_seconds": part.CommitSeconds()}})
+			"restored_peers": peers, "restored_storage": stored, "commit_seconds": part.CommitSeconds(), "ckpt_seconds": part.CheckpointSeconds()}})
 	return 0
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	stdsync "sync"
+	"time"
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
@@ -76,6 +77,8 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if rec == nil {
 		return nil, fmt.Errorf("ps: checkpoint of step %d, which this partition did not commit", step)
 	}
+	start := time.Now()
+	defer func() { p.ckptTime += time.Since(start).Seconds() }()
 	n := rec.shards
 	if n == 0 {
 		var err error

@@ -136,6 +136,7 @@ type Partition struct {
 
 	restoredPeers, restoredStore int64   // rows, summed over the ranks of every round restored
 	commitTime                   float64 // seconds in Commit
+	ckptTime                     float64 // seconds in Checkpoint
 
 	tr    *sync.Transport
 	ps    *paramserver.Server
@@ -331,6 +332,11 @@ func (p *Partition) Restored() (peers, storage int64) { return p.restoredPeers, 
 
 // CommitSeconds returns the time this process spent in Commit, in seconds.
 func (p *Partition) CommitSeconds() float64 { return p.commitTime }
+
+// CheckpointSeconds returns the time this process spent in Checkpoint, in
+// seconds: the training a checkpoint of the tables blocks (the trainer
+// writes its own part in the background).
+func (p *Partition) CheckpointSeconds() float64 { return p.ckptTime }
 
 // agreeStep returns the shards' step of the trainer's commit r.Step. Each
 // rank that recorded that commit offers the round in which it took it; the
