@@ -229,9 +229,9 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 // others), from the manifests for "checkpoint" (every file verified against
 // its size and SHA-256 before it is used), and is 0 for "init". Rank 0
 // removes from Dir the commits of later steps (a rolled-back or abandoned
-// history) and every rank forgets those it holds in memory. After a
-// checkpoint restore the round commits the restored step at once, so that
-// a rank lost before the next commit finds it in Dir.
+// history) and every rank forgets those it holds in memory. Then the round
+// commits the restored step at once in its own layout, so that a rank lost
+// before the next commit finds its rows on a replica (or in Dir).
 //
 // Errors: wrapping trainer.ErrPartitionLost when the rows of r.Step are on
 // no live rank and nowhere in Dir, or the manifests or their files are
@@ -289,14 +289,14 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 	if err := p.countRestored(ctx, r); err != nil {
 		return err
 	}
-	if r.Source == "checkpoint" {
-		if err := round.Commit(ctx, psStep); err != nil {
-			return fmt.Errorf("ps: committing the restored checkpoint: %w", err)
-		}
-		p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards(), round: r.World.Round})
-	} else if !slices.ContainsFunc(p.commits, func(c commitRec) bool { return c.step == r.Step }) {
-		p.record(commitRec{step: r.Step, ps: psStep, round: r.World.Round})
+	// Commit the restored step in this round's layout at once: its hosts
+	// and replicas then hold it in memory (and Dir, if set), so a rank lost
+	// before the round's first commit costs no rows even if the old
+	// holders of a shard are lost too.
+	if err := round.Commit(ctx, psStep); err != nil {
+		return fmt.Errorf("ps: committing the restored step: %w", err)
 	}
+	p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards(), round: r.World.Round})
 	p.log.Info("parameter-server round restored", "round", r.World.Round, "rank", r.World.Rank, "world_size", r.World.Size(),
 		"step", r.Step, "ps_step", psStep, "source", r.Source, "shards", round.Shards())
 	return nil
