@@ -36,6 +36,9 @@ type image struct {
 	prevStep int64        // the commit before data.step that undo restores; -1 none
 	undo     []undoLog    // by table
 	prev     *psShardData // prevStep materialised, cached; nil until asked
+	// pending: data.step's commit is arriving (begin called, end not
+	// yet): data holds only part of it, so only prevStep is served.
+	pending bool
 }
 
 // undoLog holds rows of one table at the image's previous commit: row
@@ -62,7 +65,7 @@ func (im *image) begin(step, base int64, full bool) error {
 	}
 	im.prev = nil
 	switch {
-	case im.data.step >= 0 && im.data.step == base:
+	case !im.pending && im.data.step >= 0 && im.data.step == base:
 		im.prevStep = base
 	case full:
 		im.prevStep = -1
@@ -73,8 +76,25 @@ func (im *image) begin(step, base int64, full bool) error {
 		return fmt.Errorf("%w: commit of step %d changes step %d, but the copy of shard %d of %d is at step %d",
 			ErrCorruptShard, step, base, im.data.shard, im.data.shards, st)
 	}
-	im.data.step = step
+	im.data.step, im.pending = step, true
 	return nil
+}
+
+// end completes the commit begun: the image serves it from now on.
+func (im *image) end() {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	im.pending = false
+}
+
+// arriving returns the step of the commit being received, or -1.
+func (im *image) arriving() int64 {
+	im.mu.Lock()
+	defer im.mu.Unlock()
+	if !im.pending {
+		return -1
+	}
+	return im.data.step
 }
 
 // put stores rows of table t: locals[i]'s dim values then sdim state
@@ -117,7 +137,7 @@ func (im *image) view(step int64, fn func(d *psShardData)) bool {
 	switch {
 	case step < 0:
 		return false
-	case step == im.data.step:
+	case step == im.data.step && !im.pending:
 		fn(im.data)
 		return true
 	case step == im.prevStep:
@@ -153,6 +173,9 @@ func (im *image) materialise() *psShardData {
 func (im *image) steps() (newest, prev int64) {
 	im.mu.Lock()
 	defer im.mu.Unlock()
+	if im.pending {
+		return -1, im.prevStep
+	}
 	return im.data.step, im.prevStep
 }
 
@@ -162,7 +185,7 @@ func (im *image) rollback(step int64) bool {
 	im.mu.Lock()
 	defer im.mu.Unlock()
 	switch {
-	case im.data.step >= 0 && im.data.step <= step:
+	case !im.pending && im.data.step >= 0 && im.data.step <= step:
 		if im.prevStep > step {
 			im.prevStep = -1
 		}
@@ -171,7 +194,7 @@ func (im *image) rollback(step int64) bool {
 		if im.prev == nil {
 			im.prev = im.materialise()
 		}
-		im.data, im.prev, im.prevStep = im.prev, nil, -1
+		im.data, im.prev, im.prevStep, im.pending = im.prev, nil, -1, false
 		for t := range im.undo {
 			im.undo[t] = undoLog{}
 		}

@@ -50,7 +50,8 @@ func fillRow(d *psShardData, t int, l int64, x float32) []float32 {
 }
 
 // TestImageCommits: an image serves its newest commit and the one before
-// it, copying only the rows a commit changes; a commit that does not
+// it, copying only the rows a commit changes, and a commit only once all
+// of it arrived (before, the one before it); a commit that does not
 // start from the image's step is refused unless it is full; rollback keeps
 // the commits at or before a step.
 func TestImageCommits(t *testing.T) {
@@ -76,6 +77,7 @@ func TestImageCommits(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+		im.end()
 	}
 	snap := func() string { return fmt.Sprint(live.tables) }
 	got := func(step int64) string {
@@ -105,7 +107,11 @@ func TestImageCommits(t *testing.T) {
 			if err := im.put(c.t, []int64{c.l}, row); err != nil {
 				t.Fatal(err)
 			}
+			if got(step) != "absent" || got(base) == "absent" {
+				t.Fatalf("while commit %d arrives the image serves it, or not %d", step, base)
+			}
 		}
+		im.end()
 	}
 	change(12, 10, 100)
 	at12 := snap()

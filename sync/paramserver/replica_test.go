@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	elsync "github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 )
 
@@ -114,5 +116,49 @@ func TestPSRowsLostOwnerAndReplica(t *testing.T) {
 		if !errors.Is(err, paramserver.ErrRowsLost) || !strings.Contains(err.Error(), "shard 2 of 4") {
 			t.Fatalf("rank %d: got %v, want ErrRowsLost naming shard 2 of 4", i, err)
 		}
+	}
+}
+
+// TestPSBadReplicaFrames: replica frames that lie (a shard the sender does
+// not host, a row outside the shard, a payload shorter than its rows, a
+// continuation of a commit never begun) are refused with an error reply,
+// never a panic, and leave the receiver's copies as they were: the
+// sender, which sent no such request, fails the round on the reply.
+func TestPSBadReplicaFrames(t *testing.T) {
+	specs := paramserver.PSTables()
+	for name, f := range map[string]func() (wire.PSHeader, []byte){
+		"foreign shard": func() (wire.PSHeader, []byte) {
+			return wire.PSHeader{Kind: wire.PSReplicate, Flags: wire.PSFlagBegin | wire.PSFlagFull, Step: 1, Aux: 2<<32 | 1}, make([]byte, 8)
+		},
+		"row outside": func() (wire.PSHeader, []byte) {
+			p := make([]byte, 8+8+4*(specs[0].Dim+specs[0].Optimizer.StateDim(specs[0].Dim)))
+			p[8+7] = 0x40 // local row 2^62
+			return wire.PSHeader{Kind: wire.PSReplicate, Flags: wire.PSFlagBegin | wire.PSFlagFull, Step: 1, Aux: 2 << 32, Count: 1}, p
+		},
+		"short payload": func() (wire.PSHeader, []byte) {
+			return wire.PSHeader{Kind: wire.PSReplicate, Flags: wire.PSFlagBegin | wire.PSFlagFull, Step: 1, Aux: 2 << 32, Count: 1000}, make([]byte, 16)
+		},
+		"not begun": func() (wire.PSHeader, []byte) {
+			return wire.PSHeader{Kind: wire.PSReplicate, Step: 7, Aux: 2 << 32}, make([]byte, 8)
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			nodes := newPSNodes(t, 2, psTestConfig(t), specs, paramserver.DefaultConfig())
+			rs := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
+			commitAll(t, rs, 0)
+			before := nodes[1].ps.Commits()
+			h, p := f()
+			h.Round, h.ID, h.Length = 1, 1<<40, uint32(len(p))
+			var hb [wire.PSHeaderSize]byte
+			h.Put(hb[:])
+			paramserver.WriteRaw(rs[0], 1, append(hb[:], p...))
+			<-rs[0].Done()
+			if err := rs[0].Err(); !errors.Is(err, elsync.ErrBadFrame) {
+				t.Fatalf("the sender: %v, want ErrBadFrame (an error reply to a request it never sent)", err)
+			}
+			if got := nodes[1].ps.Commits(); fmt.Sprint(got) != fmt.Sprint(before) {
+				t.Fatalf("the receiver's commits went from %v to %v", before, got)
+			}
+		})
 	}
 }

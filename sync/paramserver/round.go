@@ -1868,6 +1868,9 @@ func (r *Round) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader) 
 			if i == 0 {
 				fl |= wire.PSFlagBegin
 			}
+			if i == len(fs)-1 {
+				fl |= wire.PSFlagEnd
+			}
 			c := &psCall{kind: wire.PSReplicate, peer: q, shard: sh.idx, done: done}
 			hh := wire.PSHeader{Kind: wire.PSReplicate, Flags: fl, Step: step, Aux: uint64(r.shards)<<32 | uint64(sh.idx), Table: uint32(f.table), Count: uint32(f.count)}
 			if err := r.send(c, hh, f.p); err != nil {
@@ -1905,6 +1908,7 @@ func (r *Round) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader) 
 		}
 		r.stats.copied.Add(int64(f.count))
 	}
+	im.end()
 	if err := r.await(ctx, done, frames, nil); err != nil {
 		return 0, nil, err
 	}
@@ -2012,13 +2016,16 @@ func (r *Round) serveReplicate(from int, h *wire.PSHeader, p []byte) (int64, []b
 		r.ps.mu.Lock()
 		r.ps.pruneImages()
 		r.ps.mu.Unlock()
-	} else if a, _ := im.steps(); a != h.Step {
-		return 0, nil, psErrf(psCodeInvalid, "replica frame of step %d for a copy at step %d", h.Step, a)
+	} else if a := im.arriving(); a != h.Step {
+		return 0, nil, psErrf(psCodeInvalid, "replica frame of step %d, but the commit arriving is of step %d", h.Step, a)
 	}
 	if h.Count > 0 {
 		if err := applyFrame(im, int(h.Table), int(h.Count), p); err != nil {
 			return 0, nil, psErrf(psCodeInvalid, "%v", err)
 		}
+	}
+	if h.Flags&wire.PSFlagEnd != 0 {
+		im.end()
 	}
 	return h.Step, nil, nil
 }

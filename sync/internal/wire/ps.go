@@ -31,8 +31,9 @@ import (
 // PSError carries a human-readable text of at most MaxRejectText bytes.
 // PSReplicate carries the base step (int64: the commit the rows change),
 // Count local row indices (uint64) then Count*(dim+state) float32 values
-// of table Table; flags PSFlagBegin (the first frame of a commit to this
-// replica) and PSFlagFull (the frames of this commit carry every row);
+// of table Table; flags PSFlagBegin and PSFlagEnd (the first and last
+// frame of a commit to this replica) and PSFlagFull (the frames of this
+// commit carry every row);
 // its reply is empty.
 
 // PSHeaderSize is the size of a parameter-server frame header in bytes.
@@ -63,11 +64,13 @@ const (
 const PSFlagLast = 1
 
 // PSReplicate flags: PSFlagBegin marks the first frame of a commit sent to
-// one replica, PSFlagFull a commit whose frames carry every row of the
-// shard (the replica's copy starts over).
+// one replica, PSFlagEnd its last (the replica's copy holds the commit only
+// once it arrived), PSFlagFull a commit whose frames carry every row of
+// the shard (the replica's copy starts over).
 const (
 	PSFlagBegin = 2
 	PSFlagFull  = 4
+	PSFlagEnd   = 8
 )
 
 // String names the kind for error messages.
