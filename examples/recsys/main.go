@@ -1,13 +1,11 @@
 // Command recsys trains a click-through model whose user and item
 // embeddings live on the parameter server (package trainer/ps: rows
-// partitioned over the workers) and whose dense part the trainer
-// allreduces (a hybrid step, as in DLRM), on a generated click log with a
-// known best AUC. The loop is the trainer's: kills, joins, -term, a
-// whole-job restart from -checkpoint at any worker count, OpenTelemetry
-// (-otlp, -metrics); the tables are re-partitioned at every rescale, and an
-// audit proves every sample of every epoch was applied exactly once.
+// partitioned over the workers, commits kept in the workers' memory and
+// replicated) and whose dense part the trainer allreduces (a hybrid step,
+// as in DLRM), on a generated click log with a known best AUC, through
+// kills, joins, -term and whole-job restarts from -checkpoint; an audit
+// proves every sample of every epoch was applied exactly once.
 //
-//	go run ./examples/recsys -json
 //	go run ./examples/recsys -workers 3 -kill 1@300 -join 1@600 -json
 package main
 
@@ -74,8 +72,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.gen.Impressions, "impressions", c.gen.Impressions, "impressions in the log (train + test)")
 	fs.Uint64Var(&c.gen.Seed, "seed", c.gen.Seed, "seed of the log, the data order and the initial weights")
 	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
-	fs.StringVar(&c.ckpt, "checkpoint", "", "directory of durable checkpoints, the shards and the audit log; a job started again on it resumes")
-	fs.StringVar(&c.dir, "shard-dir", "", "directory of the committed shards (default: DIR/shards of -checkpoint, or a temporary one)")
+	fs.StringVar(&c.ckpt, "checkpoint", "", "directory of durable checkpoints, their shards and the audit log; a job started again on it resumes")
+	fs.StringVar(&c.dir, "shard-dir", "", "directory the commits also write the shards to (default: DIR/shards of -checkpoint, else none: commits stay in the workers' memory, replicated)")
 	fs.StringVar(&c.audit, "audit", "", "the exactly-once audit log (default: DIR/audit.log of -checkpoint, or a temporary one)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random)")
 	fs.StringVar(&c.otlp, "otlp", "", telemetry.OTLPHelp)
@@ -135,7 +133,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return fmt.Errorf("-checkpoint: %w", err)
 	}
-	c.dir, c.audit = cmp.Or(c.dir, filepath.Join(base, "shards")), cmp.Or(c.audit, filepath.Join(base, "audit.log"))
+	if c.audit = cmp.Or(c.audit, filepath.Join(base, "audit.log")); c.ckpt != "" { // checkpoints link the shards of the commits
+		c.dir = cmp.Or(c.dir, filepath.Join(base, "shards"))
+	}
 	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s\n",
 		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc)
 	args := append(slices.Clone(c.args), "-job", c.job, "-redis", store.Addr, "-shard-dir", c.dir, "-audit", c.audit) // later flags win
@@ -149,21 +149,20 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	num := func(k string) float64 { v, _ := sum.Done.Extra[k].(float64); return v }
 	n := int(num("train"))
-	rep, err := jobenv.VerifyAuditFile(c.audit, c.epochs, func(epoch int) []int {
-		if c.dynamic { // leased shards cover the whole epoch
-			return dataloader.Order(c.gen.Seed, epoch, n)
-		}
-		return dataloader.Order(c.gen.Seed, epoch, n)[:n/c.batch*c.batch] // the loader drops the last partial batch
-	})
+	m := n // samples applied per epoch: leased shards cover the whole epoch, the loader drops the last partial batch
+	if !c.dynamic {
+		m = n / c.batch * c.batch
+	}
+	rep, err := jobenv.VerifyAuditFile(c.audit, c.epochs, func(epoch int) []int { return dataloader.Order(c.gen.Seed, epoch, n)[:m] })
 	if err != nil {
 		return err
 	}
 	first := append(sum.Rounds, monitor.RoundSeen{})[0]
 	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
-		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(),
+		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(), "commit_seconds": num("commit_seconds"), "checkpoint_blocked_seconds": num("ckpt_seconds"),
 		"recoveries": sum.RecoveriesFromFailures(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
 		"samples_applied": rep.Samples, "audit_missing": rep.Missing, "audit_duplicates": rep.Duplicates,
-		"dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
+		"restored_rows": map[string]float64{"peers": num("restored_peers"), "storage": num("restored_storage")}, "dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
 	fmt.Fprintf(stdout, "test AUC %.4f (oracle %.4f) after %d steps in %.1f s; world sizes %v; %d recoveries; audit: %d samples, %d missing, %d duplicates\n",
 		res["auc"], res["oracle_auc"], res["steps"], res["wall_seconds"], res["world_sizes"], res["recoveries"], rep.Samples, rep.Missing, rep.Duplicates)
 	b, err := json.Marshal(res)
@@ -189,7 +188,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	e := &tcfg.Elastic
 	e.MinWorkers, e.MaxWorkers, e.LeaseTTL, e.HeartbeatInterval, e.LastCall = c.min, c.max, c.detect, c.detect/6, time.Second
 	pcfg := ps.DefaultConfig()
-	pcfg.Dir, pcfg.Sync, pcfg.Logger = c.dir, tcfg.Sync, log
+	pcfg.Dir, pcfg.Sync, pcfg.Logger, pcfg.KeepTables = c.dir, tcfg.Sync, log, true
 	pcfg.Tables = []paramserver.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
 		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
 	pcfg.Sync.JobID = tcfg.JobID
@@ -222,7 +221,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	train, test := Generate(c.gen)
 	model, look := NewModel(c.dim), &Lookup{}
 	if strconv.Itoa(c.slowWorker) != os.Getenv(launch.EnvWorker) {
-		c.slow = 0
+		c.slow = 0 // -slow applies to -slow-worker only
 	}
 	step := func(ctx context.Context, b dataloader.Batch[[]Sample]) (float64, error) {
 		look.Prepare(b.Data, c.dim)
@@ -256,10 +255,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	stop()
 	switch {
 	case errors.Is(err, trainer.ErrCheckpoint):
-		// A preempted worker whose checkpoint failed did not leave
-		// cleanly, and a job whose final checkpoint failed did not end
-		// cleanly: exit 1 with the reason (launch.ExitStatus's rule).
-		return fail(err)
+		return fail(err) // a preemption or job end whose checkpoint failed was not clean (launch.ExitStatus's rule)
 	case errors.Is(err, trainer.ErrPreempted):
 		return 143
 	case errors.Is(err, elastic.ErrJobFinished) && res.Step > 0: // finished by the others while this worker was out
@@ -272,15 +268,17 @@ func runWorker(c *config, stderr io.Writer) int {
 	case res.Rank != 0:
 		return 0
 	}
-	tabs, err := part.Tables(context.Background()) // the final commit's rows, from the shard directory
+	tabs, err := part.Tables(context.Background()) // the final commit's rows, gathered at the end of the last round
 	if err != nil {
 		return fail(err)
 	}
+	peers, stored := part.Restored() // over the rounds this rank saw: all of them for a rank 0 that was never killed
 	auc := AUC(test, func(s Sample) float64 {
 		return model.Logit(tabs[tableUsers][int(s.User)*c.dim:], tabs[tableItems][int(s.Item)*c.dim:])
 	})
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train)}})
+		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train),
+			"restored_peers": peers, "restored_storage": stored, "commit_seconds": part.CommitSeconds(), "ckpt_seconds": part.CheckpointSeconds()}})
 	return 0
 }
 

@@ -64,20 +64,29 @@
 //
 // # Commits, checkpoints and elasticity
 //
-// Round.Commit snapshots every shard at a step and saves it to
-// Config.Store (encoded with its optimizer state, versioned and CRC-32C
-// checksummed; DecodeShardInfo reads the header). Server.Round(ctx, w, c) starts a
+// Round.Commit keeps every shard's rows and optimizer state at a step in
+// memory, on its host and on Config.Replicas other ranks (default 1; ranks
+// on other hosts first, as the addresses of the round tell them apart):
+// the host copies the rows changed since the previous commit into its own
+// copy and sends the same rows to each replica, which keeps a copy of its
+// own (a replica new to the shard in a round gets every row once). Each
+// copy serves its newest commit and the one before it (an undo log of the
+// changed rows). Nothing on this path touches a disk. Config.Store, when
+// set, also receives every committed shard whole (encoded with its
+// optimizer state, versioned and CRC-32C checksummed; DecodeShardInfo reads
+// the header), for a whole-job restart. Server.Round(ctx, w, c) starts a
 // round from committed step c: rank 0 gathers which ranks of the new round
-// hold which commits of step c, picks a complete layout (every old shard on
-// a live rank or in the store; otherwise ErrRowsLost on every rank, never
-// a table with holes), and each new shard gathers its rows (r % newShards)
-// from the old shards (r % oldShards): from the rank that held them when it
-// is alive, else from the store, with their optimizer state. Every row is
-// thus in exactly one shard, with the value and state it had at step c,
-// whatever the old and new shard counts; a whole-job restart restores from
-// the store alone onto any number of shards. Rows pushed after step c are
-// rolled back, in step with the dense state and data cursor of the same
-// commit.
+// hold which commits of step c (as host or replica), picks a complete
+// layout (every old shard in a live rank's memory or in the store;
+// otherwise ErrRowsLost on every rank, naming the shards, never a table
+// with holes), and each new shard gathers its rows (r % newShards) from
+// the old shards (r % oldShards): from a live rank holding them, else from
+// the store, with their optimizer state. Every row is thus in exactly one
+// shard, with the value and state it had at step c, whatever the old and
+// new shard counts; a whole-job restart restores from the store alone onto
+// any number of shards. Rows pushed after step c are rolled back, in step
+// with the dense state and data cursor of the same commit. Round.Stats
+// counts the rows restored from memory and from the store.
 //
 // # Performance
 //

@@ -96,11 +96,13 @@ func commitAll(t testing.TB, rs []*paramserver.Round, step int64) {
 // its live owner. After each move every row is held exactly once, with the
 // values and optimizer state it had at the commit. Finally a whole-job
 // restart (all new processes) restores onto 2 shards from the store alone.
+// No replicas (TestPSRestoreFromReplicas has them), so that the dead
+// rank's rows can only come from the store.
 func TestPSRepartition4To3To5(t *testing.T) {
 	specs := paramserver.PSTables()
 	store := &countingStore{MemoryShardStore: paramserver.NewMemoryShardStore()}
 	pcfg := paramserver.DefaultConfig()
-	pcfg.Store = store
+	pcfg.Store, pcfg.Replicas = store, 0
 	pcfg.FrameRows = 5
 	cfg := psTestConfig(t)
 	nodes := newPSNodes(t, 7, cfg, specs, pcfg)
@@ -159,12 +161,14 @@ func TestPSRepartition4To3To5(t *testing.T) {
 	sameRows(t, "store -> 2 shards", dumpShards(t, specs, r4), at5)
 }
 
-// TestPSRowsLostWithoutStore: with no store, a committed shard whose host
-// is gone cannot be restored: every rank of the new round gets ErrRowsLost
-// naming it, none starts with rows missing.
+// TestPSRowsLostWithoutStore: with no store and no replicas, a committed
+// shard whose host is gone cannot be restored: every rank of the new round
+// gets ErrRowsLost naming it, none starts with rows missing.
 func TestPSRowsLostWithoutStore(t *testing.T) {
 	specs := paramserver.PSTables()
-	nodes := newPSNodes(t, 3, psTestConfig(t), specs, paramserver.DefaultConfig())
+	pcfg := paramserver.DefaultConfig()
+	pcfg.Replicas = 0
+	nodes := newPSNodes(t, 3, psTestConfig(t), specs, pcfg)
 	r1 := mustPSRounds(t, nodes, 1, paramserver.World{}, 0)
 	trainSteps(t, r1, specs, mrand.New(mrand.NewPCG(1, 1)), 1)
 	commitAll(t, r1, 1)
@@ -412,3 +416,5 @@ func TestPSReadTablesAndForget(t *testing.T) {
 	r4 := mustPSRounds(t, fresh, 4, paramserver.World{}, 2)
 	sameRows(t, "restore of step 2 onto 2 shards", dumpShards(t, specs, r4), at2)
 }
+
+func (r psRow) String() string { return fmt.Sprint(r.val, r.st) }

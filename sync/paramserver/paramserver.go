@@ -205,12 +205,19 @@ type Config struct {
 	// applied since the pull a push was computed on; a staler push is
 	// refused with ErrStale. Default 8.
 	MaxStaleness int64
-	// Store receives every committed shard (Round.Commit), so that the
-	// rows of a host that died can be restored in the next round and a
-	// whole job can restart onto any number of shards. It must be shared
-	// by every process (e.g. a directory on a shared filesystem, see
-	// NewDirShardStore). Default nil: commits live only in the hosts'
-	// memory, and a host's death loses its rows (ErrRowsLost).
+	// Replicas is how many ranks other than a shard's host keep a copy of
+	// its commits in memory (ranks on other hosts first, see Round.Commit),
+	// so that the rows of a rank that died come back from a live copy.
+	// A commit sends each copy only the rows changed since the previous
+	// commit. 0 keeps commits on their host only. Default 1.
+	Replicas int
+	// Store, when set, also receives every committed shard whole
+	// (Round.Commit waits for it), so that a whole job can restart from it
+	// onto any number of shards and a shard whose host and every replica
+	// died can still be restored. Every process must see the same store
+	// (e.g. a directory on a shared filesystem, see NewDirShardStore).
+	// Default nil: commits live in the memory of the hosts and their
+	// replicas only, and nothing on the training path touches a disk.
 	Store ShardStore
 	// KeepCommits is how many of the latest committed steps each process
 	// keeps in memory to serve restores. At least 2, since ranks may be one
@@ -224,7 +231,7 @@ type Config struct {
 
 // DefaultConfig returns a Config with the documented defaults.
 func DefaultConfig() Config {
-	return Config{Mode: Sync, MaxStaleness: 8, KeepCommits: 2}
+	return Config{Mode: Sync, MaxStaleness: 8, KeepCommits: 2, Replicas: 1}
 }
 
 // Validate reports the first invalid field with an error wrapping ErrInvalid.
@@ -236,6 +243,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: Config.MaxStaleness %d is negative", mesh.ErrInvalid, c.MaxStaleness)
 	case c.KeepCommits < 2:
 		return fmt.Errorf("%w: Config.KeepCommits %d, want at least 2", mesh.ErrInvalid, c.KeepCommits)
+	case c.Replicas < 0 || c.Replicas > 1<<16:
+		return fmt.Errorf("%w: Config.Replicas %d, want 0..65536", mesh.ErrInvalid, c.Replicas)
 	case c.FrameRows < 0:
 		return fmt.Errorf("%w: Config.FrameRows %d is negative", mesh.ErrInvalid, c.FrameRows)
 	}
@@ -341,11 +350,11 @@ type Server struct {
 	tables []TableSpec
 	fp     uint64
 
-	mu      gosync.Mutex
-	commits []*psCommit
-	round   *Round
-	pinned  int64 // restore step of the current round: its commits stay
-	closed  bool
+	mu     gosync.Mutex
+	images map[memKey]*image // commits held in memory: own shards' and replicas'
+	round  *Round
+	pinned int64 // restore step of the current round: its commits stay
+	closed bool
 }
 
 // New returns the parameter server of this process for tables,
@@ -374,7 +383,7 @@ func New(tr mesh.Dialer, tables []TableSpec, cfg Config) (*Server, error) {
 		}
 		names[t.Name] = true
 	}
-	ps := &Server{tr: tr, cfg: cfg, tables: slices.Clone(tables), pinned: -1}
+	ps := &Server{tr: tr, cfg: cfg, tables: slices.Clone(tables), pinned: -1, images: map[memKey]*image{}}
 	ps.fp = psFingerprint(ps.tables, cfg)
 	return ps, nil
 }
@@ -395,15 +404,18 @@ func (ps *Server) Tables() []TableSpec { return slices.Clone(ps.tables) }
 // Config returns the configuration.
 func (ps *Server) Config() Config { return ps.cfg }
 
-// Commits returns the committed steps whose shards this process holds in
-// memory, newest first.
+// Commits returns the committed steps of which this process holds shards
+// in memory (as their host or as a replica), newest first.
 func (ps *Server) Commits() []int64 {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	var steps []int64
-	for _, c := range ps.commits {
-		if !slices.Contains(steps, c.step) {
-			steps = append(steps, c.step)
+	for _, im := range ps.images {
+		a, b := im.steps()
+		for _, s := range []int64{a, b} {
+			if s >= 0 && !slices.Contains(steps, s) {
+				steps = append(steps, s)
+			}
 		}
 	}
 	slices.Sort(steps)
@@ -418,14 +430,44 @@ func (ps *Server) Commits() []int64 {
 func (ps *Server) ForgetCommitsAfter(step int64) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
-	kept := ps.commits[:0]
-	for _, c := range ps.commits {
-		if c.step <= step {
-			kept = append(kept, c)
+	for k, im := range ps.images {
+		if !im.rollback(step) {
+			delete(ps.images, k)
 		}
 	}
-	clear(ps.commits[len(kept):])
-	ps.commits = kept
+}
+
+// held returns the shards of which this process holds the commit of step.
+func (ps *Server) held(step int64) []memKey {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	var out []memKey
+	for k, im := range ps.images {
+		if a, b := im.steps(); a == step || b == step {
+			out = append(out, k)
+		}
+	}
+	slices.SortFunc(out, func(x, y memKey) int { return cmpKey(x, y) })
+	return out
+}
+
+func cmpKey(x, y memKey) int {
+	if x.shards != y.shards {
+		return x.shards - y.shards
+	}
+	return x.shard - y.shard
+}
+
+// image returns the image of k, created (empty, at no step) if create.
+func (ps *Server) image(k memKey, create bool) *image {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	im := ps.images[k]
+	if im == nil && create && !ps.closed {
+		im = newImage(ps.tables, k)
+		ps.images[k] = im
+	}
+	return im
 }
 
 // ReadTables returns every row of every table at the committed step, by
@@ -437,17 +479,13 @@ func (ps *Server) ForgetCommitsAfter(step int64) {
 // Close, from the store). Errors: ErrRowsLost (no complete layout of
 // step), ErrCorruptShard, the store's errors, ctx errors.
 func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, error) {
-	mem := map[int]map[int]*psShardData{} // shards -> shard -> data
-	ps.mu.Lock()
-	for _, c := range ps.commits {
-		if c.step == step {
-			if mem[c.shards] == nil {
-				mem[c.shards] = map[int]*psShardData{}
-			}
-			mem[c.shards][c.shard] = c.data
+	mem := map[int]map[int]*image{} // shards -> shard -> image holding step
+	for _, k := range ps.held(step) {
+		if mem[k.shards] == nil {
+			mem[k.shards] = map[int]*image{}
 		}
+		mem[k.shards][k.shard] = ps.image(k, false)
 	}
-	ps.mu.Unlock()
 	stored := map[int]map[int]bool{}
 	if st := ps.cfg.Store; st != nil {
 		keys, err := st.ListShards(ctx, step)
@@ -487,27 +525,34 @@ func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, erro
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		d := mem[best][j]
-		if d == nil {
-			key := ShardKey{Step: step, Shards: best, Shard: j}
-			b, err := ps.cfg.Store.LoadShard(ctx, key)
-			if err != nil {
-				return nil, fmt.Errorf("%w: loading %+v: %w", ErrRowsLost, key, err)
-			}
-			if d, err = decodeShard(b, ps.tables); err != nil {
-				return nil, fmt.Errorf("shard %+v: %w", key, err)
-			}
-			if d.shards != best || d.shard != j {
-				return nil, fmt.Errorf("%w: stored %+v holds shard %d of %d", ErrCorruptShard, key, d.shard, d.shards)
+		copyOut := func(d *psShardData) {
+			for t, sp := range ps.tables {
+				tab, dim := &d.tables[t], int64(sp.Dim)
+				for l := int64(0); l < tab.n; l++ {
+					row := l*int64(best) + int64(j)
+					copy(out[t][row*dim:(row+1)*dim], tab.val[l*dim:(l+1)*dim])
+				}
 			}
 		}
-		for t, sp := range ps.tables {
-			tab, dim := &d.tables[t], int64(sp.Dim)
-			for l := int64(0); l < tab.n; l++ {
-				row := l*int64(best) + int64(j)
-				copy(out[t][row*dim:(row+1)*dim], tab.val[l*dim:(l+1)*dim])
-			}
+		if im := mem[best][j]; im != nil && im.view(step, copyOut) {
+			continue
 		}
+		key := ShardKey{Step: step, Shards: best, Shard: j}
+		if ps.cfg.Store == nil {
+			return nil, fmt.Errorf("%w: shard %d of %d at step %d left this process's memory", ErrRowsLost, j, best, step)
+		}
+		b, err := ps.cfg.Store.LoadShard(ctx, key)
+		if err != nil {
+			return nil, fmt.Errorf("%w: loading %+v: %w", ErrRowsLost, key, err)
+		}
+		d, err := decodeShard(b, ps.tables)
+		if err != nil {
+			return nil, fmt.Errorf("shard %+v: %w", key, err)
+		}
+		if d.shards != best || d.shard != j {
+			return nil, fmt.Errorf("%w: stored %+v holds shard %d of %d", ErrCorruptShard, key, d.shard, d.shards)
+		}
+		copyOut(d)
 	}
 	return out, nil
 }
@@ -518,7 +563,7 @@ func (ps *Server) Close() error {
 	ps.mu.Lock()
 	r := ps.round
 	ps.closed = true
-	ps.commits = nil
+	ps.images = map[memKey]*image{}
 	ps.mu.Unlock()
 	if r != nil {
 		r.Close()
@@ -526,44 +571,13 @@ func (ps *Server) Close() error {
 	return nil
 }
 
-// psCommit is one shard's rows and optimizer state at a committed step.
-type psCommit struct {
-	step   int64
-	shards int // shard count of the layout
-	shard  int
-	data   *psShardData
-}
-
-func (ps *Server) findCommit(step int64, shards, shard int) *psCommit {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	for _, c := range ps.commits {
-		if c.step == step && c.shards == shards && c.shard == shard {
-			return c
-		}
-	}
-	return nil
-}
-
-// addCommit records c and forgets commits older than the KeepCommits
-// newest steps (except the current round's restore step).
-func (ps *Server) addCommit(c *psCommit) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	if ps.closed {
-		return
-	}
-	kept := ps.commits[:0]
-	for _, o := range ps.commits {
-		if !(o.step == c.step && o.shards == c.shards && o.shard == c.shard) {
-			kept = append(kept, o)
-		}
-	}
-	ps.commits = append(kept, c)
+// pruneImages forgets the commits older than the KeepCommits newest
+// steps held (except the current round's restore step). ps.mu is held.
+func (ps *Server) pruneImages() {
 	var steps []int64
-	for _, o := range ps.commits {
-		if !slices.Contains(steps, o.step) {
-			steps = append(steps, o.step)
+	for _, im := range ps.images {
+		if a, _ := im.steps(); a >= 0 && !slices.Contains(steps, a) {
+			steps = append(steps, a)
 		}
 	}
 	slices.Sort(steps)
@@ -571,12 +585,13 @@ func (ps *Server) addCommit(c *psCommit) {
 		return
 	}
 	cut := steps[len(steps)-ps.cfg.KeepCommits]
-	kept = ps.commits[:0]
-	for _, o := range ps.commits {
-		if o.step >= cut || o.step == ps.pinned {
-			kept = append(kept, o)
+	for k, im := range ps.images {
+		a, b := im.steps()
+		switch {
+		case a < cut && a != ps.pinned && b != ps.pinned:
+			delete(ps.images, k)
+		case b >= 0 && b < cut && b != ps.pinned && a != ps.pinned:
+			im.dropPrev()
 		}
 	}
-	clear(ps.commits[len(kept):])
-	ps.commits = kept
 }

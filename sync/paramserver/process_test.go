@@ -56,13 +56,15 @@ func psHelperMain() int {
 		return 1
 	}
 	defer tr.Close()
-	store, err := paramserver.NewDirShardStore(os.Getenv("PS_HELPER_STORE"), 0)
-	if err != nil {
-		fmt.Println("FATAL", err)
-		return 1
-	}
 	pcfg := paramserver.DefaultConfig()
-	pcfg.Store = store
+	if dir := os.Getenv("PS_HELPER_STORE"); dir != "" {
+		store, err := paramserver.NewDirShardStore(dir, 0)
+		if err != nil {
+			fmt.Println("FATAL", err)
+			return 1
+		}
+		pcfg.Store, pcfg.Replicas = store, 0
+	}
 	specs := paramserver.PSTables()
 	ps, err := paramserver.New(tr, specs, pcfg)
 	if err != nil {
@@ -109,18 +111,28 @@ func psHelperMain() int {
 // process hosting a shard. After a commit at step 2 it is SIGKILLed while
 // everyone trains: both survivors' calls fail with a *PeerError naming rank
 // 2 within 2 s. The survivors then form round 2 from step 2: the dead
-// rank's rows come back from the directory store, with their optimizer
-// state, and every row is exactly as the reference had it at step 2.
+// rank's rows come back, with their optimizer state, from the directory
+// store (no replicas) or from rank 0's memory (its replica, no store), and
+// every row is exactly as the reference had it at step 2.
 func TestPSKilledHostProcess(t *testing.T) {
+	for _, viaStore := range []bool{true, false} {
+		t.Run(fmt.Sprintf("store=%v", viaStore), func(t *testing.T) { killedHostProcess(t, viaStore) })
+	}
+}
+
+func killedHostProcess(t *testing.T, viaStore bool) {
 	specs := paramserver.PSTables()
 	cfg := psTestConfig(t)
-	dir := t.TempDir()
-	store, err := paramserver.NewDirShardStore(dir, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
 	pcfg := paramserver.DefaultConfig()
-	pcfg.Store = store
+	dir := ""
+	if viaStore {
+		dir = t.TempDir()
+		store, err := paramserver.NewDirShardStore(dir, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pcfg.Store, pcfg.Replicas = store, 0
+	}
 	nodes := newPSNodes(t, 2, cfg, specs, pcfg)
 
 	cmd := exec.Command(os.Args[0], "-test.run=^TestPSHelperProcess$", "-test.v=false")
@@ -221,6 +233,13 @@ func TestPSKilledHostProcess(t *testing.T) {
 	}
 
 	r2 := mustPSRounds(t, nodes, 2, paramserver.World{}, 2)
+	var fromStore int64
+	for _, r := range r2 {
+		fromStore += r.Stats().RestoredFromStore
+	}
+	if viaStore != (fromStore > 0) {
+		t.Fatalf("%d rows restored from the store", fromStore)
+	}
 	got := dumpShards(t, specs, r2)
 	for tb := range specs {
 		d, sd := int64(specs[tb].Dim), int64(specs[tb].Optimizer.StateDim(specs[tb].Dim))

@@ -73,6 +73,19 @@ type Stats struct {
 	PulledRows, PushedRows int64 // rows requested and sent, local shards included
 	SentBytes, RecvBytes   int64 // frame bytes written to and read from peers (headers included)
 	StalePushes            int64 // pushes refused with ErrStale
+	// RestoredFromPeers and RestoredFromStore count the rows this rank's
+	// shards took at the start of the round from commits in memory (their
+	// old host's or a replica's, this rank's own included) and from
+	// Config.Store.
+	RestoredFromPeers, RestoredFromStore int64
+	// StoreShards lists the old shards (of the restore step's layout) that
+	// the round read from Config.Store because no live rank held them in
+	// memory.
+	StoreShards []int
+	// ReplicatedRows counts the rows this rank's shards sent to replicas
+	// at commits, and CommitCopiedRows the rows they copied into their
+	// own in-memory commits.
+	ReplicatedRows, CommitCopiedRows int64
 }
 
 // Round is one round of a parameter server on this process: the shards
@@ -99,6 +112,7 @@ type Round struct {
 	rank      int
 	size      int
 	hosts     []int
+	addrs     []string // by rank: the round's advertised addresses
 	workers   []int
 	widx      []int // by rank: index in workers, or -1
 	shards    int
@@ -117,8 +131,10 @@ type Round struct {
 	lbuf    []byte // local replies
 
 	stats struct {
-		pulled, pushed, sent, recv, stale atomic.Int64
+		pulled, pushed, sent, recv, stale        atomic.Int64
+		fromPeers, fromStore, replicated, copied atomic.Int64
 	}
+	storeShards []int // old shards read from the store (set by migrate)
 
 	barSeq    int64         // client: barriers entered
 	barMu     gosync.Mutex  // guards barIn, barNote
@@ -149,10 +165,18 @@ type psPeer struct {
 	pending map[uint64]*psCall
 	lost    error // set when the connection ended
 
-	qmu   gosync.Mutex
-	queue []psReq
-	qnote chan struct{}
-	sbuf  []byte // server reply buffer
+	main reqQueue // requests but PSReplicate, served in order
+	repl reqQueue // PSReplicate requests, served in order by a goroutine of their own
+	sbuf []byte   // server reply buffer of main's goroutine
+}
+
+// reqQueue is a peer's queue of requests to serve. A replica's copy is
+// updated on a queue of its own so that it never waits behind a request
+// that waits for a commit (a host's commit waits for its replicas).
+type reqQueue struct {
+	mu    gosync.Mutex
+	items []psReq
+	note  chan struct{}
 }
 
 type psReq struct {
@@ -196,6 +220,23 @@ type psShard struct {
 
 	commitMu  gosync.Mutex
 	committed int64 // last step snapshotted, -1 none
+
+	// Changed rows since the last commit (under mu): by table, a bit per
+	// local row and the list of those set.
+	dirty   [][]uint64
+	dlist   [][]int64
+	base    int64        // under commitMu: the commit the image holds, -1 none (the next commit is full)
+	replSet []int        // ranks keeping copies of this shard's commits
+	sent    map[int]bool // under commitMu: replicas that got a full copy this round
+}
+
+// markDirty records that local row l of table t changed. sh.mu is held.
+func (sh *psShard) markDirty(t int, l int64) {
+	w, b := l>>6, uint64(1)<<(l&63)
+	if sh.dirty[t][w]&b == 0 {
+		sh.dirty[t][w] |= b
+		sh.dlist[t] = append(sh.dlist[t], l)
+	}
 }
 
 type psPushRec struct {
@@ -250,7 +291,7 @@ func (ps *Server) Round(ctx context.Context, w World, restore int64) (*Round, er
 	}
 	r := &Round{
 		ps: ps, m: m, opTimeout: m.OpTimeout(), maxFrame: m.MaxFrameBytes(), round: w.Round, rank: w.Rank, size: w.Size(),
-		hosts: hosts, workers: workers, shards: shards, restore: restore,
+		hosts: hosts, addrs: slices.Clone(w.Addrs), workers: workers, shards: shards, restore: restore,
 		widx: make([]int, w.Size()), local: make([]*psShard, shards), peers: make([]*psPeer, w.Size()),
 		pulled: make([]int64, shards), seen: make([]bool, shards),
 		dead: make(chan struct{}), done: make(chan struct{}), step: restore, barNote: make(chan struct{}),
@@ -314,13 +355,9 @@ func (r *Round) agree(ctx context.Context, w World) (*psPlan, error) {
 	lh := psLayoutHash(r.hosts, r.workers, r.shards)
 	// Holdings: the commits of the restore step this process holds.
 	var held []ShardKey
-	r.ps.mu.Lock()
-	for _, c := range r.ps.commits {
-		if c.step == r.restore {
-			held = append(held, ShardKey{Step: c.step, Shards: c.shards, Shard: c.shard})
-		}
+	for _, k := range r.ps.held(r.restore) {
+		held = append(held, ShardKey{Step: r.restore, Shards: k.shards, Shard: k.shard})
 	}
-	r.ps.mu.Unlock()
 	v := []float64{float64(r.ps.fp), -float64(r.ps.fp), float64(lh), -float64(lh), float64(r.restore), -float64(r.restore), float64(len(held))}
 	if err := r.maxOver(ctx, v); err != nil {
 		return nil, err
@@ -529,6 +566,15 @@ func (r *Round) start() {
 		for i := range sh.acc {
 			sh.acc[i].slot = map[int64]int32{}
 		}
+		sh.base, sh.sent = -1, map[int]bool{}
+		for _, sp := range r.ps.tables {
+			n := ShardRows(sp.Rows, s, r.shards)
+			sh.dirty = append(sh.dirty, make([]uint64, (n+63)/64))
+			sh.dlist = append(sh.dlist, nil)
+		}
+		if r.size > 1 {
+			sh.replSet = replicasOf(r.rank, r.addrs, r.ps.cfg.Replicas)
+		}
 		r.local[s] = sh
 	}
 	if r.size == 1 {
@@ -541,11 +587,13 @@ func (r *Round) start() {
 		}
 		// The stream's reader, not a new one: it may already hold frames a
 		// peer sent right after the last collective of agree.
-		p := &psPeer{rank: q, conn: st.Conn, br: st.Reader, pending: map[uint64]*psCall{}, qnote: make(chan struct{}, 1)}
+		p := &psPeer{rank: q, conn: st.Conn, br: st.Reader, pending: map[uint64]*psCall{}}
+		p.main.note, p.repl.note = make(chan struct{}, 1), make(chan struct{}, 1)
 		r.peers[q] = p
-		r.wg.Add(2)
+		r.wg.Add(3)
 		go r.readLoop(p)
-		go r.serveLoop(p)
+		go r.serveLoop(p, &p.main, &p.sbuf)
+		go r.serveLoop(p, &p.repl, new([]byte))
 	}
 }
 
@@ -585,11 +633,12 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 				var from *psShardData
 				switch src := plan.src[j]; {
 				case src == r.rank:
-					c := r.ps.findCommit(r.restore, plan.oldShards, j)
-					if c == nil {
+					im := r.ps.image(memKey{plan.oldShards, j}, false)
+					if im == nil || !im.view(r.restore, func(od *psShardData) { copyRows(tab, &od.tables[t], rows, plan.oldShards, S) }) {
 						return fmt.Errorf("%w: this rank announced shard %d of %d at step %d but lost it", ErrRowsLost, j, plan.oldShards, r.restore)
 					}
-					from = c.data
+					r.stats.fromPeers.Add(int64(len(rows)))
+					continue
 				case src < 0:
 					if loaded[j] == nil {
 						key := ShardKey{Step: r.restore, Shards: plan.oldShards, Shard: j}
@@ -605,8 +654,12 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 							return fmt.Errorf("%w: stored %+v holds shard %d of %d", ErrCorruptShard, key, od.shard, od.shards)
 						}
 						loaded[j] = od
+						if !slices.Contains(r.storeShards, j) {
+							r.storeShards = append(r.storeShards, j)
+						}
 					}
 					from = loaded[j]
+					r.stats.fromStore.Add(int64(len(rows)))
 				default:
 					for lo := 0; lo < len(rows); lo += r.rows[t] {
 						hi := min(lo+r.rows[t], len(rows))
@@ -621,6 +674,7 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 							return err
 						}
 						calls = append(calls, c)
+						r.stats.fromPeers.Add(int64(hi - lo))
 						inflight++
 						if inflight == cap(done) {
 							if err := r.await(ctx, done, 1, nil); err != nil {
@@ -631,12 +685,7 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 					}
 					continue
 				}
-				ot := &from.tables[t]
-				for _, row := range rows {
-					ol, nl := row/int64(plan.oldShards), row/S
-					copy(tab.val[nl*int64(tab.dim):(nl+1)*int64(tab.dim)], ot.val[ol*int64(ot.dim):(ol+1)*int64(ot.dim)])
-					copy(tab.st[nl*int64(tab.sdim):(nl+1)*int64(tab.sdim)], ot.st[ol*int64(ot.sdim):(ol+1)*int64(ot.sdim)])
-				}
+				copyRows(tab, &from.tables[t], rows, plan.oldShards, S)
 			}
 		}
 	}
@@ -644,9 +693,17 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 		return err
 	}
 	for _, sh := range r.local {
-		if sh != nil {
-			close(sh.ready)
+		if sh == nil {
+			continue
 		}
+		// The rows are those of commit restore: a copy of this very shard
+		// at that commit lets the next commit send only what changes.
+		if im := r.ps.image(memKey{r.shards, sh.idx}, false); im != nil && !plan.init {
+			if a, _ := im.steps(); a == r.restore {
+				sh.base = r.restore
+			}
+		}
+		close(sh.ready)
 	}
 	// Return only once every rank's shards are in place, so that Round
 	// succeeds or fails on all ranks alike.
@@ -667,6 +724,16 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 		}
 	}
 	return r.await(ctx, done, inflight, nil)
+}
+
+// copyRows copies rows (row IDs) of one table from an old shard of
+// oldShards shards to a new shard of shards shards.
+func copyRows(tab, ot *psTableData, rows []int64, oldShards int, shards int64) {
+	for _, row := range rows {
+		ol, nl := row/int64(oldShards), row/shards
+		copy(tab.val[nl*int64(tab.dim):(nl+1)*int64(tab.dim)], ot.val[ol*int64(ot.dim):(ol+1)*int64(ot.dim)])
+		copy(tab.st[nl*int64(tab.sdim):(nl+1)*int64(tab.sdim)], ot.st[ol*int64(ot.sdim):(ol+1)*int64(ot.sdim)])
+	}
 }
 
 // idPayload encodes row IDs into the round's scratch buffer.
@@ -702,7 +769,9 @@ func (r *Round) HostOf(s int) int { return r.hosts[s%len(r.hosts)] }
 // Stats returns the traffic counters of this round.
 func (r *Round) Stats() Stats {
 	return Stats{PulledRows: r.stats.pulled.Load(), PushedRows: r.stats.pushed.Load(),
-		SentBytes: r.stats.sent.Load(), RecvBytes: r.stats.recv.Load(), StalePushes: r.stats.stale.Load()}
+		SentBytes: r.stats.sent.Load(), RecvBytes: r.stats.recv.Load(), StalePushes: r.stats.stale.Load(),
+		RestoredFromPeers: r.stats.fromPeers.Load(), RestoredFromStore: r.stats.fromStore.Load(),
+		StoreShards: slices.Clone(r.storeShards), ReplicatedRows: r.stats.replicated.Load(), CommitCopiedRows: r.stats.copied.Load()}
 }
 
 // Err returns the error that broke the round, or nil.
@@ -1339,40 +1408,44 @@ func (r *Round) readLoop(p *psPeer) {
 			r.peerErr(p, err)
 			return
 		}
-		p.qmu.Lock()
-		p.queue = append(p.queue, psReq{h: h, p: buf})
-		p.qmu.Unlock()
+		q := &p.main
+		if h.Kind == wire.PSReplicate {
+			q = &p.repl
+		}
+		q.mu.Lock()
+		q.items = append(q.items, psReq{h: h, p: buf})
+		q.mu.Unlock()
 		select {
-		case p.qnote <- struct{}{}:
+		case q.note <- struct{}{}:
 		default:
 		}
 	}
 }
 
-// serveLoop answers the requests of peer p in order.
-func (r *Round) serveLoop(p *psPeer) {
+// serveLoop answers the requests of peer p on queue rq in order.
+func (r *Round) serveLoop(p *psPeer, rq *reqQueue, sbuf *[]byte) {
 	defer r.wg.Done()
 	var hb [wire.PSHeaderSize]byte
 	for {
-		p.qmu.Lock()
+		rq.mu.Lock()
 		var q psReq
-		ok := len(p.queue) > 0
+		ok := len(rq.items) > 0
 		if ok {
-			q = p.queue[0]
-			p.queue[0] = psReq{}
-			p.queue = p.queue[1:]
+			q = rq.items[0]
+			rq.items[0] = psReq{}
+			rq.items = rq.items[1:]
 		}
-		p.qmu.Unlock()
+		rq.mu.Unlock()
 		if !ok {
 			select {
-			case <-p.qnote:
+			case <-rq.note:
 				continue
 			case <-r.dead:
 				return
 			}
 		}
 		ctx := context.Background()
-		step, reply, err := r.serve(ctx, p.rank, &q.h, q.p, &p.sbuf)
+		step, reply, err := r.serve(ctx, p.rank, &q.h, q.p, sbuf)
 		out := wire.PSHeader{Kind: wire.PSReply, Round: r.round, ID: q.h.ID, Step: step, Count: q.h.Count, Table: q.h.Table}
 		if err != nil {
 			var pe *psError
@@ -1530,6 +1603,8 @@ func (r *Round) serve(ctx context.Context, from int, h *wire.PSHeader, p []byte,
 	switch h.Kind {
 	case wire.PSFetch:
 		return r.serveFetch(h, p, buf)
+	case wire.PSReplicate:
+		return r.serveReplicate(from, h, p)
 	case wire.PSBarrier:
 		return 0, nil, r.waitBarrier(ctx, h.Step)
 	case wire.PSReady:
@@ -1737,6 +1812,7 @@ func (r *Round) applyRecs(sh *psShard, recs [][]psPushRec) {
 		for k, id := range a.rows {
 			l := id / S
 			psApply(&sp.Optimizer, tab.val[l*d:(l+1)*d], tab.st[l*sd:(l+1)*sd], a.g[k*tab.dim:(k+1)*tab.dim])
+			sh.markDirty(t, l)
 		}
 	}
 }
@@ -1759,43 +1835,231 @@ func (r *Round) serveCommit(ctx context.Context, sh *psShard, h *wire.PSHeader) 
 	} else {
 		sh.mu.Lock()
 	}
-	snap := sh.data.clone()
+	// Under the shard's lock: copy out the rows changed since the last
+	// commit (every row for a copy that starts over), nothing else.
+	ownFull := sh.base < 0
+	var deltaTo, fullTo []int
+	for _, q := range sh.replSet {
+		if sh.sent[q] {
+			deltaTo = append(deltaTo, q)
+		} else {
+			fullTo = append(fullTo, q)
+		}
+	}
+	var delta, full []replFrame
+	if !ownFull || len(deltaTo) > 0 {
+		delta = r.rowFrames(sh, sh.base, false)
+	}
+	if ownFull || len(fullTo) > 0 {
+		full = r.rowFrames(sh, sh.base, true)
+	}
+	for t := range sh.dlist {
+		clear(sh.dirty[t])
+		sh.dlist[t] = sh.dlist[t][:0]
+	}
 	sh.mu.Unlock()
-	snap.step = step
+
+	// The replicas first (their copies travel while this rank copies its own).
+	frames := len(deltaTo)*len(delta) + len(fullTo)*len(full)
+	done := make(chan *psCall, max(frames, 1))
+	sendAll := func(q int, fs []replFrame, flags uint8) error {
+		for i, f := range fs {
+			fl := flags
+			if i == 0 {
+				fl |= wire.PSFlagBegin
+			}
+			if i == len(fs)-1 {
+				fl |= wire.PSFlagEnd
+			}
+			c := &psCall{kind: wire.PSReplicate, peer: q, shard: sh.idx, done: done}
+			hh := wire.PSHeader{Kind: wire.PSReplicate, Flags: fl, Step: step, Aux: uint64(r.shards)<<32 | uint64(sh.idx), Table: uint32(f.table), Count: uint32(f.count)}
+			if err := r.send(c, hh, f.p); err != nil {
+				return err
+			}
+			r.stats.replicated.Add(int64(f.count))
+		}
+		return nil
+	}
+	for _, q := range deltaTo {
+		if err := sendAll(q, delta, 0); err != nil {
+			return 0, nil, err
+		}
+	}
+	for _, q := range fullTo {
+		if err := sendAll(q, full, wire.PSFlagFull); err != nil {
+			return 0, nil, err
+		}
+	}
+	key := memKey{r.shards, sh.idx}
+	im := r.ps.image(key, true)
+	if im == nil {
+		return 0, nil, psErrf(psCodeClosed, "parameter server closed on rank %d", r.rank)
+	}
+	own := delta
+	if ownFull {
+		own = full
+	}
+	if err := im.begin(step, sh.base, ownFull); err != nil {
+		return 0, nil, psErrf(psCodeInvalid, "%v", err)
+	}
+	for _, f := range own {
+		if err := applyFrame(im, f.table, f.count, f.p); err != nil {
+			return 0, nil, psErrf(psCodeInvalid, "%v", err)
+		}
+		r.stats.copied.Add(int64(f.count))
+	}
+	im.end()
+	if err := r.await(ctx, done, frames, nil); err != nil {
+		return 0, nil, err
+	}
 	if st := r.ps.cfg.Store; st != nil {
-		key := ShardKey{Step: step, Shards: r.shards, Shard: sh.idx}
-		if err := st.SaveShard(ctx, key, encodeShard(nil, r.ps.tables, snap)); err != nil {
+		var b []byte
+		im.view(step, func(d *psShardData) { b = encodeShard(nil, r.ps.tables, d) })
+		if err := st.SaveShard(ctx, ShardKey{Step: step, Shards: r.shards, Shard: sh.idx}, b); err != nil {
 			return 0, nil, psErrf(psCodeStore, "saving shard %d of %d at step %d: %v", sh.idx, r.shards, step, err)
 		}
 	}
-	r.ps.addCommit(&psCommit{step: step, shards: r.shards, shard: sh.idx, data: snap})
-	sh.committed = step
+	for _, q := range fullTo {
+		sh.sent[q] = true
+	}
+	sh.base, sh.committed = step, step
+	r.ps.mu.Lock()
+	r.ps.pruneImages()
+	r.ps.mu.Unlock()
 	return step, nil, nil
+}
+
+// replFrame is one PSReplicate payload: count rows of table.
+type replFrame struct {
+	table, count int
+	p            []byte
+}
+
+// rowFrames copies rows of shard sh into PSReplicate payloads: the rows
+// changed since the last commit, or every row if all; at least one frame
+// (an empty one when nothing changed). sh.mu is held.
+func (r *Round) rowFrames(sh *psShard, base int64, all bool) []replFrame {
+	var out []replFrame
+	for t := range r.ps.tables {
+		tab := &sh.data.tables[t]
+		var locals []int64
+		n := int64(len(sh.dlist[t]))
+		if all {
+			n = tab.n
+		} else {
+			locals = sh.dlist[t]
+		}
+		per := tab.dim + tab.sdim
+		d, sd := int64(tab.dim), int64(tab.sdim)
+		for lo := int64(0); lo < n; lo += int64(r.rows[t]) {
+			hi := min(lo+int64(r.rows[t]), n)
+			k := int(hi - lo)
+			p := make([]byte, 8+8*k+4*per*k)
+			binary.LittleEndian.PutUint64(p, uint64(base))
+			vals := bytesAsF32(p[8+8*k:])
+			for i := 0; i < k; i++ {
+				l := lo + int64(i)
+				if !all {
+					l = locals[lo+int64(i)]
+				}
+				binary.LittleEndian.PutUint64(p[8+8*i:], uint64(l))
+				copy(vals[i*per:], tab.val[l*d:(l+1)*d])
+				copy(vals[i*per+tab.dim:], tab.st[l*sd:(l+1)*sd])
+			}
+			out = append(out, replFrame{table: t, count: k, p: p})
+		}
+	}
+	if len(out) == 0 {
+		p := make([]byte, 8)
+		binary.LittleEndian.PutUint64(p, uint64(base))
+		out = append(out, replFrame{p: p})
+	}
+	return out
+}
+
+// applyFrame puts the rows of a PSReplicate payload (count rows of table)
+// into im. Errors wrap ErrCorruptShard.
+func applyFrame(im *image, table, count int, p []byte) error {
+	if len(p) < 8 || (len(p)-8)/8 < count {
+		return fmt.Errorf("%w: replica frame of %d bytes for %d rows", ErrCorruptShard, len(p), count)
+	}
+	locals := make([]int64, count)
+	for i := range locals {
+		locals[i] = int64(binary.LittleEndian.Uint64(p[8+8*i:]))
+	}
+	rest := p[8+8*count:]
+	if len(rest)%4 != 0 {
+		return fmt.Errorf("%w: replica frame of %d bytes for %d rows", ErrCorruptShard, len(p), count)
+	}
+	return im.put(table, locals, bytesAsF32(rest))
+}
+
+// serveReplicate keeps the rows of a commit of a shard hosted by rank
+// from in this process's copy of it.
+func (r *Round) serveReplicate(from int, h *wire.PSHeader, p []byte) (int64, []byte, error) {
+	shards, shard := int(h.Aux>>32), int(h.Aux&0xffffffff)
+	if shards != r.shards || shard >= shards || r.HostOf(shard) != from {
+		return 0, nil, psErrf(psCodeInvalid, "rank %d sent a copy of shard %d of %d, which it does not host in round %d", from, shard, shards, r.round)
+	}
+	if int(h.Table) >= len(r.ps.tables) || h.Step < 0 || len(p) < 8 {
+		return 0, nil, psErrf(psCodeInvalid, "malformed replica frame (table %d, step %d, %d bytes)", h.Table, h.Step, len(p))
+	}
+	im := r.ps.image(memKey{shards, shard}, true)
+	if im == nil {
+		return 0, nil, psErrf(psCodeClosed, "parameter server closed on rank %d", r.rank)
+	}
+	if h.Flags&wire.PSFlagBegin != 0 {
+		base := int64(binary.LittleEndian.Uint64(p))
+		if err := im.begin(h.Step, base, h.Flags&wire.PSFlagFull != 0); err != nil {
+			return 0, nil, psErrf(psCodeInvalid, "%v", err)
+		}
+		r.ps.mu.Lock()
+		r.ps.pruneImages()
+		r.ps.mu.Unlock()
+	} else if a := im.arriving(); a != h.Step {
+		return 0, nil, psErrf(psCodeInvalid, "replica frame of step %d, but the commit arriving is of step %d", h.Step, a)
+	}
+	if h.Count > 0 {
+		if err := applyFrame(im, int(h.Table), int(h.Count), p); err != nil {
+			return 0, nil, psErrf(psCodeInvalid, "%v", err)
+		}
+	}
+	if h.Flags&wire.PSFlagEnd != 0 {
+		im.end()
+	}
+	return h.Step, nil, nil
 }
 
 // serveFetch answers a fetch of rows of a commit this rank holds.
 func (r *Round) serveFetch(h *wire.PSHeader, p []byte, buf *[]byte) (int64, []byte, error) {
 	oldShards, oldShard := int(h.Aux>>32), int(h.Aux&0xffffffff)
-	c := r.ps.findCommit(h.Step, oldShards, oldShard)
-	if c == nil {
-		return 0, nil, psErrf(psCodeLost, "rank %d holds no commit of shard %d of %d at step %d", r.rank, oldShard, oldShards, h.Step)
+	im := r.ps.image(memKey{oldShards, oldShard}, false)
+	lost := psErrf(psCodeLost, "rank %d holds no commit of shard %d of %d at step %d", r.rank, oldShard, oldShards, h.Step)
+	if im == nil || int(h.Table) >= len(r.ps.tables) {
+		return 0, nil, lost
 	}
 	ids, _, err := r.rowsOf(h, p, oldShards, oldShard, 8)
 	if err != nil {
 		return 0, nil, err
 	}
-	t := &c.data.tables[h.Table]
-	per := (t.dim + t.sdim) * 4
-	need := len(ids) * per
-	if cap(*buf) < need {
-		*buf = make([]byte, need)
-	}
-	out := (*buf)[:need]
-	d, sd := int64(t.dim), int64(t.sdim)
-	for k, id := range ids {
-		l := id / int64(oldShards)
-		n := copy(out[k*per:], f32AsBytes(t.val[l*d:(l+1)*d]))
-		copy(out[k*per+n:], f32AsBytes(t.st[l*sd:(l+1)*sd]))
+	var out []byte
+	ok := im.view(h.Step, func(d *psShardData) {
+		t := &d.tables[h.Table]
+		per := (t.dim + t.sdim) * 4
+		need := len(ids) * per
+		if cap(*buf) < need {
+			*buf = make([]byte, need)
+		}
+		out = (*buf)[:need]
+		dd, sd := int64(t.dim), int64(t.sdim)
+		for k, id := range ids {
+			l := id / int64(oldShards)
+			n := copy(out[k*per:], f32AsBytes(t.val[l*dd:(l+1)*dd]))
+			copy(out[k*per+n:], f32AsBytes(t.st[l*sd:(l+1)*sd]))
+		}
+	})
+	if !ok {
+		return 0, nil, lost
 	}
 	return h.Step, out, nil
 }

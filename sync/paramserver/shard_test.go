@@ -67,7 +67,7 @@ func FuzzPSHeader(f *testing.F) {
 	f.Add([]byte{0xa2, 0xe7, 9})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		h, err := wire.ParsePSHeader(data, 1<<20)
-		if err == nil && (h.Length > 1<<20 || h.Kind == 0 || h.Kind > wire.PSBarrier) {
+		if err == nil && (h.Length > 1<<20 || h.Kind == 0 || h.Kind > wire.PSReplicate) {
 			t.Fatalf("accepted %+v", h)
 		}
 	})

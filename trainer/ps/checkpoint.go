@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	stdsync "sync"
+	"time"
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
@@ -64,6 +65,9 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if p.pending >= 0 { // this round's previous checkpoint: published, or the round would have failed
 		p.published = max(p.published, p.pending)
 	}
+	if p.store == nil {
+		return nil, fmt.Errorf("ps: checkpoint of step %d: the shards of a checkpoint need Config.Dir", step)
+	}
 	var rec *commitRec
 	for i := range p.commits {
 		if p.commits[i].step == step {
@@ -73,6 +77,8 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if rec == nil {
 		return nil, fmt.Errorf("ps: checkpoint of step %d, which this partition did not commit", step)
 	}
+	start := time.Now()
+	defer func() { p.ckptTime += time.Since(start).Seconds() }()
 	n := rec.shards
 	if n == 0 {
 		var err error

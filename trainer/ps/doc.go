@@ -6,7 +6,7 @@
 // the optimizer, the data cursor). Register it with trainer.WithPartition
 // and let the StepFunc capture it:
 //
-//	part, _ := ps.New(cfg)                 // tables, shard directory, transport
+//	part, _ := ps.New(cfg)                 // tables, transport
 //	step := func(ctx context.Context, b dataloader.Batch[B]) (float64, error) {
 //		part.Pull(ctx, rows...)             // the rows this rank's share needs
 //		loss := forwardBackward(b, rows)    // dense gradients into Param.Grad
@@ -48,14 +48,21 @@
 //
 // # Commits and failures
 //
-// Commit snapshots every shard and writes it to Config.Dir (one atomic
-// file per shard: temp, fsync, rename, fsync directory). At Restore the
-// ranks of the new round agree on the shards' step of the trainer's
-// commit, forget what came after it, and the parameter server moves every
-// row to its new owner: from the rank that held it when that rank is
-// alive, from Config.Dir otherwise, re-partitioned over any number of
-// ranks. So a killed rank loses nothing that was committed, and a rescale
-// 3 -> 2 -> 3 moves only what it must.
+// Commit keeps every shard's rows at the step in memory, on its host and
+// on paramserver.Config.Replicas other ranks (default 1, on another host
+// when there is one): only the rows changed since the last commit are
+// copied and sent, and nothing touches a disk unless Config.Dir is set
+// (then each shard is also written there whole: temp, fsync, rename). At
+// Restore the ranks of the new round agree on the shards' step of the
+// trainer's commit, forget what came after it, and the parameter server
+// moves every row to its new owner: from a live rank holding it in memory
+// (its host or a replica), from Config.Dir otherwise, re-partitioned over
+// any number of ranks. So a killed rank loses nothing that was committed
+// while one copy of each of its shards lives, and a rescale 3 -> 2 -> 3
+// moves only what it must. When a shard's host and every replica died at
+// once and no Dir holds it, Restore fails with trainer.ErrPartitionLost
+// naming the shard. Restored and CommitSeconds report what restores took
+// from where and the time spent committing.
 //
 // # Checkpoints
 //

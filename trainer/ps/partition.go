@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
@@ -35,15 +36,30 @@ type Config struct {
 	// worker of the job must pass the same.
 	Tables []paramserver.TableSpec
 	// PS sets the parameter server's Mode (default paramserver.Sync),
-	// MaxStaleness and FrameRows. Its Store and KeepCommits are the
+	// MaxStaleness, FrameRows and Replicas (default 1: every commit of a
+	// shard is kept in the memory of its host and of one other rank, on
+	// another host when there is one). Its Store and KeepCommits are the
 	// partition's own (Dir); values set there are ignored.
 	PS paramserver.Config
-	// Dir is the durable directory of the shards, shared by every worker of
-	// the job (a local directory when they share a host, a shared
-	// filesystem otherwise). It holds the shards of the recent commits
-	// (step-*/) and of checkpoints (ckpt-*/). One job's history per
-	// directory. Required.
+	// Dir, when set, is a durable directory of the shards, shared by every
+	// worker of the job (a local directory when they share a host, a
+	// shared filesystem otherwise): every commit also writes each shard
+	// there whole (with an fsync, on the training path), and checkpoints
+	// link them (ckpt-*/). One job's history per directory. Default ""
+	// (no shared filesystem): commits live in the memory of the shards'
+	// hosts and replicas only; a round restores a dead rank's rows from a
+	// live copy, and fails with trainer.ErrPartitionLost only when a
+	// shard's host and every replica died at once. Checkpoint needs Dir.
+	//
+	// Deprecated: as a place for commits. Leave it empty unless the job
+	// takes durable checkpoints of the tables.
 	Dir string
+	// KeepTables makes rank 0 gather every row of the newest commit from
+	// the shards' hosts at the end of each round (EndRound), so that
+	// Tables can return the whole tables after Run without Dir (to
+	// evaluate the model). It costs the tables' size in traffic and
+	// memory on rank 0 per round end. Default false.
+	KeepTables bool
 	// KeepSteps is how many of the newest committed steps stay in Dir
 	// (checkpoints are kept apart, see Checkpoints). At least 3, so that a
 	// round never loses the commit it restores. Default 4.
@@ -82,8 +98,6 @@ func (c Config) Validate() error {
 		return bad("Name %q must be 1..64 bytes", c.Name)
 	case len(c.Tables) == 0:
 		return bad("no Tables")
-	case c.Dir == "":
-		return bad("Dir is empty")
 	case c.KeepSteps < 3:
 		return bad("KeepSteps %d < 3", c.KeepSteps)
 	case c.ListenAddr == "":
@@ -117,6 +131,13 @@ type Partition struct {
 	view       *viewStore
 	tablesHash string
 
+	tables   [][]float32 // gathered at EndRound (KeepTables) at step tablesAt
+	tablesAt int64
+
+	restoredPeers, restoredStore int64   // rows, summed over the ranks of every round restored
+	commitTime                   float64 // seconds in Commit
+	ckptTime                     float64 // seconds in Checkpoint
+
 	tr    *sync.Transport
 	ps    *paramserver.Server
 	round *paramserver.Round
@@ -149,16 +170,18 @@ func New(cfg Config) (*Partition, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	store, err := paramserver.NewDirShardStore(cfg.Dir, cfg.KeepSteps)
-	if err != nil {
-		return nil, fmt.Errorf("ps: %w", err)
-	}
-	p := &Partition{cfg: cfg, log: cfg.Logger, store: store, tablesHash: hashTables(cfg.Tables), published: -1, pending: -1}
+	p := &Partition{cfg: cfg, log: cfg.Logger, tablesHash: hashTables(cfg.Tables), published: -1, pending: -1, tablesAt: -1}
 	p.cfg.Tables = slices.Clone(cfg.Tables)
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
-	p.view = &viewStore{DirShardStore: store}
+	if cfg.Dir != "" {
+		store, err := paramserver.NewDirShardStore(cfg.Dir, cfg.KeepSteps)
+		if err != nil {
+			return nil, fmt.Errorf("ps: %w", err)
+		}
+		p.store, p.view = store, &viewStore{DirShardStore: store}
+	}
 	return p, nil
 }
 
@@ -185,7 +208,10 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("ps: listen: %w", err)
 	}
 	pc := p.cfg.PS
-	pc.Store, pc.KeepCommits = p.view, 2
+	pc.Store, pc.KeepCommits = nil, 2
+	if p.view != nil {
+		pc.Store = p.view
+	}
 	ps, err := paramserver.New(tr, p.cfg.Tables, pc)
 	if err != nil {
 		tr.Close()
@@ -203,9 +229,9 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 // others), from the manifests for "checkpoint" (every file verified against
 // its size and SHA-256 before it is used), and is 0 for "init". Rank 0
 // removes from Dir the commits of later steps (a rolled-back or abandoned
-// history) and every rank forgets those it holds in memory. After a
-// checkpoint restore the round commits the restored step at once, so that
-// a rank lost before the next commit finds it in Dir.
+// history) and every rank forgets those it holds in memory. Then the round
+// commits the restored step at once in its own layout, so that a rank lost
+// before the next commit finds its rows on a replica (or in Dir).
 //
 // Errors: wrapping trainer.ErrPartitionLost when the rows of r.Step are on
 // no live rank and nowhere in Dir, or the manifests or their files are
@@ -224,6 +250,9 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 		p.commits = nil
 		psStep = -1 // for RemoveAfter: every step in Dir is another history's
 	case "checkpoint":
+		if p.store == nil {
+			return fmt.Errorf("%w: ps: restoring the checkpoint of step %d needs Config.Dir", trainer.ErrPartitionLost, r.Step)
+		}
 		m, err := p.parseManifests(r.Step, r.Manifests)
 		if err != nil {
 			return fmt.Errorf("%w: %w", trainer.ErrPartitionLost, err)
@@ -243,7 +272,7 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 	default:
 		return fmt.Errorf("%w: ps: unknown restore source %q", trainer.ErrInvalidConfig, r.Source)
 	}
-	if r.World.Rank == 0 {
+	if r.World.Rank == 0 && p.store != nil {
 		if err := p.store.RemoveAfter(ctx, psStep); err != nil {
 			return fmt.Errorf("ps: removing the commits of a rolled-back history: %w", err)
 		}
@@ -257,18 +286,57 @@ func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error
 		return fmt.Errorf("ps: round %d from step %d: %w", r.World.Round, r.Step, err)
 	}
 	p.round, p.step = round, psStep
-	if r.Source == "checkpoint" {
-		if err := round.Commit(ctx, psStep); err != nil {
-			return fmt.Errorf("ps: committing the restored checkpoint: %w", err)
-		}
-		p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards(), round: r.World.Round})
-	} else if !slices.ContainsFunc(p.commits, func(c commitRec) bool { return c.step == r.Step }) {
-		p.record(commitRec{step: r.Step, ps: psStep, round: r.World.Round})
+	if err := p.countRestored(ctx, r); err != nil {
+		return err
 	}
+	// Commit the restored step in this round's layout at once: its hosts
+	// and replicas then hold it in memory (and Dir, if set), so a rank lost
+	// before the round's first commit costs no rows even if the old
+	// holders of a shard are lost too.
+	if err := round.Commit(ctx, psStep); err != nil {
+		return fmt.Errorf("ps: committing the restored step: %w", err)
+	}
+	p.record(commitRec{step: r.Step, ps: psStep, shards: round.Shards(), round: r.World.Round})
 	p.log.Info("parameter-server round restored", "round", r.World.Round, "rank", r.World.Rank, "world_size", r.World.Size(),
 		"step", r.Step, "ps_step", psStep, "source", r.Source, "shards", round.Shards())
 	return nil
 }
+
+// countRestored adds the rows the round's ranks restored from memory and
+// from Dir to the partition's totals (a sum over r.Comm), and logs the
+// shards read from Dir: no live rank held them in memory.
+func (p *Partition) countRestored(ctx context.Context, r trainer.PartitionRound) error {
+	st := p.round.Stats()
+	if len(st.StoreShards) > 0 && r.Source == "commit" {
+		p.log.Warn("parameter-server shards restored from the shard directory: their host and every replica left", "round", r.World.Round,
+			"step", r.Step, "old_shards", st.StoreShards, "rows", st.RestoredFromStore)
+	}
+	if r.Comm == nil {
+		p.restoredPeers += st.RestoredFromPeers
+		p.restoredStore += st.RestoredFromStore
+		return nil
+	}
+	v := []float64{float64(st.RestoredFromPeers), float64(st.RestoredFromStore)}
+	if err := r.Comm.AllReduceFloat64(ctx, v, sync.OpSum); err != nil {
+		return fmt.Errorf("ps: counting the restored rows: %w", err)
+	}
+	p.restoredPeers += int64(v[0])
+	p.restoredStore += int64(v[1])
+	return nil
+}
+
+// Restored returns how many rows the rounds this process took part in
+// restored, summed over their ranks: from commits in the ranks' memory
+// (a live host or replica) and from Dir.
+func (p *Partition) Restored() (peers, storage int64) { return p.restoredPeers, p.restoredStore }
+
+// CommitSeconds returns the time this process spent in Commit, in seconds.
+func (p *Partition) CommitSeconds() float64 { return p.commitTime }
+
+// CheckpointSeconds returns the time this process spent in Checkpoint, in
+// seconds: the training a checkpoint of the tables blocks (the trainer
+// writes its own part in the background).
+func (p *Partition) CheckpointSeconds() float64 { return p.ckptTime }
 
 // agreeStep returns the shards' step of the trainer's commit r.Step. Each
 // rank that recorded that commit offers the round in which it took it; the
@@ -322,6 +390,13 @@ func (p *Partition) agreeStep(ctx context.Context, r trainer.PartitionRound) (in
 	return psStep, nil
 }
 
+func (p *Partition) lastRec() *commitRec {
+	if len(p.commits) == 0 {
+		return nil
+	}
+	return &p.commits[len(p.commits)-1]
+}
+
 func (p *Partition) record(c commitRec) {
 	p.commits = slices.DeleteFunc(p.commits, func(o commitRec) bool { return o.step == c.step })
 	p.commits = append(p.commits, c)
@@ -368,14 +443,18 @@ func (p *Partition) Stats() paramserver.Stats {
 	return p.round.Stats()
 }
 
-// Commit implements trainer.Partition: every shard snapshots its rows at
-// the current step and writes them to Dir; it returns once every shard of
-// the round did.
+// Commit implements trainer.Partition: every shard keeps its rows at the
+// current step in memory and sends the rows changed since the last commit
+// to its replicas (and, with Dir, writes itself there whole); it returns
+// once every shard of the round did.
 func (p *Partition) Commit(ctx context.Context, step int64) error {
 	if p.round == nil {
 		return fmt.Errorf("ps: commit of step %d: %w", step, ErrNoRound)
 	}
-	if err := p.round.Commit(ctx, p.step); err != nil {
+	start := time.Now()
+	err := p.round.Commit(ctx, p.step)
+	p.commitTime += time.Since(start).Seconds()
+	if err != nil {
 		return fmt.Errorf("ps: commit of step %d: %w", step, err)
 	}
 	p.record(commitRec{step: step, ps: p.step, shards: p.round.Shards(), round: p.round.Round()})
@@ -389,7 +468,19 @@ func (p *Partition) EndRound(ctx context.Context) error {
 	if p.round == nil {
 		return nil
 	}
-	err := p.round.Barrier(ctx)
+	var err error
+	// Only a commit this round's shards took is in their hosts' memory
+	// in this round's layout.
+	if c := p.lastRec(); p.cfg.KeepTables && p.rank == 0 && c != nil && c.round == p.round.Round() && c.shards == p.round.Shards() {
+		if tabs, gerr := p.round.Gather(ctx, c.ps); gerr == nil {
+			p.tables, p.tablesAt = tabs, c.ps
+		} else {
+			err = gerr
+		}
+	}
+	if err == nil {
+		err = p.round.Barrier(ctx)
+	}
 	p.closeRound()
 	if err != nil {
 		return fmt.Errorf("ps: end of round: %w", err)
@@ -429,7 +520,9 @@ func (p *Partition) LastCommit() (int64, bool) {
 // Tables returns every row of every table at the newest commit this
 // partition took or restored (see LastCommit), by table: Rows*Dim values,
 // row r at [r*Dim, (r+1)*Dim). It reads Dir and this process's memory
-// only, so it works once Run has returned (to evaluate the final model).
+// only (with KeepTables, rank 0's memory holds every row of the newest
+// commit once a round ended), so it works once Run has returned (to
+// evaluate the final model).
 // Errors: ErrNoRound when nothing was committed, paramserver.ErrRowsLost,
 // paramserver.ErrCorruptShard, I/O errors.
 func (p *Partition) Tables(ctx context.Context) ([][]float32, error) {
@@ -437,6 +530,9 @@ func (p *Partition) Tables(ctx context.Context) ([][]float32, error) {
 		return nil, fmt.Errorf("%w: nothing committed", ErrNoRound)
 	}
 	c := p.commits[len(p.commits)-1]
+	if p.tables != nil && p.tablesAt == c.ps {
+		return p.tables, nil
+	}
 	return p.ps.ReadTables(ctx, c.ps)
 }
 

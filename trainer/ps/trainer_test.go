@@ -75,7 +75,10 @@ type tjob struct {
 	// push, at the global step it returns (0: never).
 	failAt func(i int) int64
 	n      int // workers started
-	wg     stdsync.WaitGroup
+	// inMemory: no Dir and no checkpoint store; commits live in the
+	// workers' memory only (rank 0 keeps the tables at round ends).
+	inMemory bool
+	wg       stdsync.WaitGroup
 }
 
 func newTJob(t *testing.T) *tjob {
@@ -102,6 +105,10 @@ func (j *tjob) start() *worker {
 	pcfg := ps.DefaultConfig()
 	pcfg.Tables = []paramserver.TableSpec{{Name: "a", Rows: users, Dim: 1, Optimizer: paramserver.NewSparseSGD(0.3)}}
 	pcfg.Dir, pcfg.Checkpoints, pcfg.Logger = j.dir, j.ckpt, logger()
+	opts := []trainer.Option{trainer.WithCheckpointStore(j.ckpt)}
+	if j.inMemory {
+		pcfg.Dir, pcfg.Checkpoints, pcfg.KeepTables, opts = "", nil, true, nil
+	}
 	pcfg.Sync.JobID, pcfg.Sync.Secret, pcfg.Sync.OpTimeout = j.id, secret, 5*time.Second
 	part, err := ps.New(pcfg)
 	if err != nil {
@@ -142,11 +149,14 @@ func (j *tjob) start() *worker {
 	}
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery, tcfg.CheckpointEvery = j.id, j.epochs, 5, 20
+	if j.inMemory {
+		tcfg.CheckpointEvery = 0
+	}
 	tcfg.Elastic.LeaseTTL, tcfg.Elastic.HeartbeatInterval, tcfg.Elastic.LastCall = time.Second, 100*time.Millisecond, 300*time.Millisecond
 	tcfg.Elastic.MaxWorkers = 8
 	tcfg.Sync.OpTimeout, tcfg.Sync.Secret = 5*time.Second, secret
-	tr, err := trainer.New(params, trainer.NewSGD(0.5), loader, step, j.store, tcfg,
-		trainer.WithPartition(part), trainer.WithCheckpointStore(j.ckpt), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
+	tr, err := trainer.New(params, trainer.NewSGD(0.5), loader, step, j.store, tcfg, append(opts,
+		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },
 			OnStep: func(s trainer.StepInfo) {
@@ -155,7 +165,7 @@ func (j *tjob) start() *worker {
 				default:
 				}
 			},
-		}))
+		}))...)
 	if err != nil {
 		j.t.Fatal(err)
 	}
@@ -230,22 +240,54 @@ func (j *tjob) checkFinished(ws []*worker) {
 	if rep.Missing != 0 || rep.Duplicates != 0 || rep.Steps != j.epochs*samples/j.batch {
 		t.Fatalf("audit: %+v", rep)
 	}
-	tabs, err := fin[0].part.Tables(context.Background())
+	r0 := fin[0]
+	for _, w := range fin {
+		if w.res.Rank == 0 {
+			r0 = w // with KeepTables, the rank that gathered the tables
+		}
+	}
+	tabs, err := r0.part.Tables(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
 	for u := range int64(users) {
 		want := float32(u)/users - 0.5 + 0.25
-		if got := tabs[0][u] + fin[0].bias[0]; math.Abs(float64(got-want)) > 0.05 {
+		if got := tabs[0][u] + r0.bias[0]; math.Abs(float64(got-want)) > 0.05 {
 			t.Fatalf("user %d: prediction %v, want %v", u, got, want)
 		}
 	}
 }
 
 // A worker is killed and another joins while the job trains; the rows of
-// the killed one come from Dir, the joiner's from their live owners.
+// the killed one come from its replica (or Dir), the joiner's from their
+// live owners.
 func TestTrainerKillAndJoin(t *testing.T) {
 	j := newTJob(t)
+	killAndJoin(t, j)
+}
+
+// TestTrainerKillAndJoinInMemory: the same with no Dir and no checkpoint
+// store: the killed worker's rows come back from its replica's memory,
+// nothing from storage, and the job finishes exactly once.
+func TestTrainerKillAndJoinInMemory(t *testing.T) {
+	j := newTJob(t)
+	j.inMemory = true
+	ws := killAndJoin(t, j)
+	for _, w := range ws {
+		if w.res.Rank == 0 && w.err == nil {
+			if peers, stored := w.part.Restored(); peers == 0 || stored != 0 {
+				t.Fatalf("restored %d rows from peers and %d from storage; want some and none", peers, stored)
+			}
+			if ents, err := os.ReadDir(j.dir); err != nil || len(ents) != 0 {
+				t.Fatalf("the job wrote %d entries to a directory it was not given (%v)", len(ents), err)
+			}
+			return
+		}
+	}
+	t.Fatal("no finisher holds rank 0")
+}
+
+func killAndJoin(t *testing.T, j *tjob) []*worker {
 	ws := []*worker{j.start(), j.start(), j.start()}
 	ws[0].waitStep(t, 20)
 	ws[1].cancel() // killed: its Run ends, its memory is gone
@@ -262,7 +304,9 @@ func TestTrainerKillAndJoin(t *testing.T) {
 	if len(sizes) < 3 || sizes[0] != 3 || !slices.Contains(sizes, 2) || sizes[len(sizes)-1] != 3 {
 		t.Fatalf("world sizes %v, want 3, then 2, then 3", sizes)
 	}
-	j.checkFinished([]*worker{ws[0], ws[2], ws[3]})
+	fin := []*worker{ws[0], ws[2], ws[3]}
+	j.checkFinished(fin)
+	return fin
 }
 
 // A whole-job restart from the checkpoint at another world size: the

@@ -13,13 +13,14 @@ import (
 //
 //	offset size field
 //	0      2    magic 0xE7A2
-//	2      1    kind (PSPull ... PSBarrier)
+//	2      1    kind (PSPull ... PSReplicate)
 //	3      1    flags (PSFlagLast) or, in a PSError, the error code
 //	4      4    length of the payload in bytes
 //	8      8    round
 //	16     8    request ID (a reply carries its request's ID)
 //	24     8    step: the sync step, the pulled version, the commit step
-//	32     8    aux: kind-specific (PSFetch: old shard count << 32 | old shard)
+//	32     8    aux: kind-specific (PSFetch: old shard count << 32 | old shard;
+//	            PSReplicate: shard count << 32 | shard)
 //	40     4    table index (PSCommit, PSFetch of all tables: the shard index)
 //	44     4    count of rows in the payload
 //
@@ -28,6 +29,12 @@ import (
 // gradients; its reply is empty. PSCommit, PSReady and PSBarrier are empty both ways. PSFetch
 // carries Count row IDs; its reply Count*(dim+state) float32 values. A
 // PSError carries a human-readable text of at most MaxRejectText bytes.
+// PSReplicate carries the base step (int64: the commit the rows change),
+// Count local row indices (uint64) then Count*(dim+state) float32 values
+// of table Table; flags PSFlagBegin and PSFlagEnd (the first and last
+// frame of a commit to this replica) and PSFlagFull (the frames of this
+// commit carry every row);
+// its reply is empty.
 
 // PSHeaderSize is the size of a parameter-server frame header in bytes.
 const PSHeaderSize = 48
@@ -48,11 +55,23 @@ const (
 	PSError   PSKind = 6 // the failed reply to the request with the same ID
 	PSReady   PSKind = 7 // request: answered once the server's shards hold their rows
 	PSBarrier PSKind = 8 // request: answered once the server entered barrier number Step
-	maxPS            = PSBarrier
+	// PSReplicate: request: rows of a committed shard for a replica's copy
+	PSReplicate PSKind = 9
+	maxPS              = PSReplicate
 )
 
 // PSFlagLast marks the last push frame of one worker's step for a shard.
 const PSFlagLast = 1
+
+// PSReplicate flags: PSFlagBegin marks the first frame of a commit sent to
+// one replica, PSFlagEnd its last (the replica's copy holds the commit only
+// once it arrived), PSFlagFull a commit whose frames carry every row of
+// the shard (the replica's copy starts over).
+const (
+	PSFlagBegin = 2
+	PSFlagFull  = 4
+	PSFlagEnd   = 8
+)
 
 // String names the kind for error messages.
 func (k PSKind) String() string {
@@ -73,6 +92,8 @@ func (k PSKind) String() string {
 		return "ready"
 	case PSBarrier:
 		return "barrier"
+	case PSReplicate:
+		return "replicate"
 	}
 	return fmt.Sprintf("pskind(%d)", uint8(k))
 }
