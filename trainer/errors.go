@@ -4,22 +4,24 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // Sentinel errors returned by the trainer, wrapped with detail; test them with
 // errors.Is.
 var (
 	// ErrInvalidConfig reports a Config or option that fails validation.
-	ErrInvalidConfig = errors.New("trainer: invalid config")
+	ErrInvalidConfig = worker.ErrInvalidConfig
 	// ErrShapeMismatch reports parameters whose names or shapes differ from
 	// the ones a commit, checkpoint or peer holds.
-	ErrShapeMismatch = errors.New("trainer: parameter shape mismatch")
+	ErrShapeMismatch = worker.ErrShapeMismatch
 	// ErrModelMismatch reports that ranks of one round hold different models
 	// (names, shapes or optimizer); every rank of the round returns it, or
 	// only a newcomer whose model differs from that of the members holding
 	// the job's trained state, which refuse it and train on (see
 	// ErrSettingsMismatch).
-	ErrModelMismatch = errors.New("trainer: ranks hold different models")
+	ErrModelMismatch = worker.ErrModelMismatch
 	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
 	// its checks (bad magic, checksum, lengths).
 	ErrCorruptState = errors.New("trainer: corrupt state")
@@ -31,12 +33,12 @@ var (
 	// joined with the outcome, so lost durability is never silent.
 	// Periodic checkpoints that fail are logged and reported to
 	// Hooks.OnCheckpoint, and training goes on.
-	ErrCheckpoint = errors.New("trainer: checkpoint failed")
+	ErrCheckpoint = worker.ErrCheckpoint
 	// ErrNoCheckpoint is returned by CheckpointStore.Latest when none exists.
 	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
 	// ErrPreempted is returned by Run on a worker that left gracefully after
 	// Preempt (SIGTERM): its state was committed and checkpointed first.
-	ErrPreempted = errors.New("trainer: preempted")
+	ErrPreempted = worker.ErrPreempted
 	// ErrFailureBudget is returned when more recoveries than
 	// Config.MaxRecoveries happened within Config.RecoveryWindow, or when
 	// more than MaxRecoveries rounds in a row failed on this worker before
@@ -65,7 +67,7 @@ var (
 	// committed with the others and left gracefully, as a preempted worker
 	// does; nothing is lost or trained twice, and no recovery is counted.
 	// It does not match ErrPreempted: a launcher must not restart it.
-	ErrReleased = errors.New("trainer: released by a scaling decision")
+	ErrReleased = worker.ErrReleased
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")
 	// ErrPartitionLost is wrapped by a Partition's error when no round can

@@ -1,8 +1,9 @@
 package trainer
 
 import (
-	"errors"
 	"fmt"
+
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // ErrFinishedCheckpoint is returned by Run, on every rank of the round,
@@ -13,7 +14,7 @@ import (
 // Config.Epochs to train more epochs from it, or point the worker at an
 // empty directory for a new job. A restart fails the same way
 // (launch.ExitStatus gives launch.StatusPermanent).
-var ErrFinishedCheckpoint = errors.New("trainer: the checkpoint store holds a finished job")
+var ErrFinishedCheckpoint = worker.ErrFinishedCheckpoint
 
 // checkpointWhere is " in DIR" for a CheckpointStore with a directory
 // (LocalDir), or "".

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // ErrForeignCheckpoint is returned by Run, on every rank of the round,
@@ -21,7 +22,7 @@ import (
 // differs, or ErrSettingsMismatch when the newest checkpoint's position is
 // past this job's Config.Epochs (a job with more epochs wrote it). Point
 // the worker at an empty directory, or at the right model.
-var ErrForeignCheckpoint = errors.New("trainer: the checkpoint store holds another model's checkpoints")
+var ErrForeignCheckpoint = worker.ErrForeignCheckpoint
 
 // TempCleaner is an optional capability of a CheckpointStore: removing the
 // temporary files of writes that never completed (a rank 0 killed while

@@ -11,6 +11,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // Resource adjustment (Config.Autoscale): the I/O around the policy core
@@ -65,7 +66,7 @@ type scalingNorms struct {
 // scaling is the loop's resource-adjustment state (Run's goroutine).
 type scaling struct {
 	policy    *autoscale.Policy // nil: off
-	platform  autoscale.Platform
+	platform  worker.Platform
 	capacity  int       // the platform's last answer; 0: no bound stated
 	lastStart time.Time // when this worker began its previous step
 	prev, cur scalingNorms
