@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/internal/stepdir"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // CheckpointStore keeps durable checkpoints: opaque byte blobs named by the
@@ -26,20 +27,8 @@ import (
 // (each writes whole files under unique names) and must never expose a
 // partially written checkpoint as complete.
 //
-// Implement it to keep checkpoints in an object store; LocalDir is the
-// local-directory implementation.
-type CheckpointStore interface {
-	// Save stores data durably as the checkpoint of step; when it returns
-	// nil, a crash at any later instant leaves the checkpoint readable.
-	Save(ctx context.Context, step int64, data []byte) error
-	// List returns the steps of the stored checkpoints, newest first.
-	List(ctx context.Context) ([]int64, error)
-	// Load returns the checkpoint of step after verifying its checksum;
-	// ErrCorruptCheckpoint when it is truncated or damaged, ErrNoCheckpoint
-	// when there is none. An implementation may set a damaged checkpoint
-	// aside so that List no longer returns it.
-	Load(ctx context.Context, step int64) ([]byte, error)
-}
+// Deprecated: use driver.CheckpointStore, the same type.
+type CheckpointStore = driver.CheckpointStore
 
 // LocalDir is a CheckpointStore in a local directory. Each checkpoint is one
 // file "ckpt-<step>.etc": a magic string, a JSON manifest (step, payload

@@ -74,6 +74,25 @@ var (
 	// restore its state (parts that are on no live rank and in no durable
 	// storage); Run returns it instead of forming round after round.
 	ErrPartitionLost = errors.New("trainer: partitioned state lost")
+	// ErrFinishedCheckpoint is returned by Run, on every rank of the round,
+	// when the newest readable checkpoint in the CheckpointStore already
+	// completes Config.Epochs: the store holds a job that finished (restored
+	// under a new job ID, it would train nothing and report success). Run
+	// refuses to start before it changes anything in the store. Raise
+	// Config.Epochs to train more epochs from it, or point the worker at an
+	// empty directory for a new job. A restart fails the same way
+	// (launch.ExitStatus gives launch.StatusPermanent).
+	ErrFinishedCheckpoint = worker.ErrFinishedCheckpoint
+	// ErrForeignCheckpoint is returned by Run, on every rank of the round,
+	// when the newest readable checkpoint in the CheckpointStore was written
+	// by another model (other parameter names, shapes or optimizer): the
+	// directory belongs to another job. Run refuses to start before it changes
+	// anything in the store (it would train from scratch and rotate the other
+	// model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
+	// differs, or ErrSettingsMismatch when the newest checkpoint's position is
+	// past this job's Config.Epochs (a job with more epochs wrote it). Point
+	// the worker at an empty directory, or at the right model.
+	ErrForeignCheckpoint = worker.ErrForeignCheckpoint
 )
 
 // BudgetError is returned (wrapping ErrFailureBudget) when the failure budget

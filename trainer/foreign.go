@@ -10,19 +10,8 @@ import (
 	"strings"
 
 	"github.com/elastictrain/elastictrain/internal/atomicfile"
-	"github.com/elastictrain/elastictrain/worker"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
-
-// ErrForeignCheckpoint is returned by Run, on every rank of the round,
-// when the newest readable checkpoint in the CheckpointStore was written
-// by another model (other parameter names, shapes or optimizer): the
-// directory belongs to another job. Run refuses to start before it changes
-// anything in the store (it would train from scratch and rotate the other
-// model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
-// differs, or ErrSettingsMismatch when the newest checkpoint's position is
-// past this job's Config.Epochs (a job with more epochs wrote it). Point
-// the worker at an empty directory, or at the right model.
-var ErrForeignCheckpoint = worker.ErrForeignCheckpoint
 
 // TempCleaner is an optional capability of a CheckpointStore: removing the
 // temporary files of writes that never completed (a rank 0 killed while
@@ -30,10 +19,9 @@ var ErrForeignCheckpoint = worker.ErrForeignCheckpoint
 // job or a whole-job restart, when no write of the job can be in flight),
 // after the newest checkpoint matched the model (or none exists), never
 // before. LocalDir implements it.
-type TempCleaner interface {
-	// CleanTemp removes leftover temporary files and returns their names.
-	CleanTemp(ctx context.Context) ([]string, error)
-}
+//
+// Deprecated: use driver.TempCleaner, the same type.
+type TempCleaner = driver.TempCleaner
 
 // CleanTemp implements TempCleaner: it removes the temporary files that an
 // interrupted Save left in the directory (".tmp-ckpt-*"), never a

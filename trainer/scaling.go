@@ -11,6 +11,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -36,13 +37,9 @@ import (
 // Releasable is an optional capability of a Partition: whether this
 // rank's part of the partitioned state is held by another rank too, so
 // that a scaling decision may remove this rank without losing state.
-// Called from the loop goroutine at the start of every round. A Partition
-// without it is taken to hold state no other rank holds: its ranks are
-// never removed by a decision (the policy then shrinks only ranks it may,
-// or not at all).
-type Releasable interface {
-	Releasable() bool
-}
+//
+// Deprecated: use driver.Releasable, the same type.
+type Releasable = driver.Releasable
 
 // scalingTimeout bounds each call to the Platform.
 const scalingTimeout = 2 * time.Second

@@ -12,6 +12,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -195,9 +196,9 @@ var jobSettings = []jobSetting{
 // batch and dataset length it was built with, in samples, which the
 // trainer compares between the members of every round. A Loader's come
 // from its NewCursor; a StatefulLoader without it is not compared on them.
-type DataSettings interface {
-	DataSettings() (globalBatch, datasetLen int)
-}
+//
+// Deprecated: use driver.DataSettings, the same type.
+type DataSettings = driver.DataSettings
 
 // settingsRow is this worker's values of jobSettings, each exact in a
 // float64 (-1: not known).
