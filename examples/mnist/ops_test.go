@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // scrapeFamilies GETs a Prometheus text exposition and parses it with the
@@ -213,7 +214,7 @@ func keysOf[V any](m map[string]V) []string {
 // stallingStore is a CheckpointStore whose Save blocks until released, as
 // a slow volume or a large model would.
 type stallingStore struct {
-	trainer.CheckpointStore
+	driver.CheckpointStore
 	saving  chan struct{} // closed when the first Save starts
 	release chan struct{}
 	once    sync.Once

@@ -20,7 +20,7 @@
 //
 // A worker is the test binary re-executed with EnvWorker set: its TestMain
 // calls WorkerMain, which trains the linear-regression job of package
-// trainer/trainertest (a few milliseconds per step) with a trainer.FileAudit
+// trainer/trainertest (a few milliseconds per step) with a audit.File
 // shared by all workers, durable checkpoints in a shared directory, and the
 // timings of WorkerConfig. It reports its rounds, steps and end as
 // launch.Events on the launcher's events pipe (read back as Reports) and

@@ -16,6 +16,8 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -67,8 +69,8 @@ type tjob struct {
 	id     string
 	store  elastic.Store
 	dir    string
-	ckpt   trainer.CheckpointStore
-	audit  *trainer.MemoryAudit
+	ckpt   driver.CheckpointStore
+	audit  *audit.Memory
 	epochs int
 	batch  int
 	// failAt, when set, makes the StepFunc of worker i fail, before its
@@ -84,7 +86,7 @@ func newTJob(t *testing.T) *tjob {
 		t.Fatal(err)
 	}
 	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
-		dir: t.TempDir(), ckpt: ck, audit: &trainer.MemoryAudit{}, epochs: 3, batch: 32}
+		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32}
 }
 
 func logger() *slog.Logger {
@@ -226,7 +228,7 @@ func (j *tjob) checkFinished(ws []*worker) {
 			t.Fatalf("dense parameter %v on one rank, %v on another", fin[0].bias[0], w.bias[0])
 		}
 	}
-	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	rep := audit.Verify(j.audit.Entries(), j.epochs, j.expected)
 	if rep.Missing != 0 || rep.Duplicates != 0 || rep.Steps != j.epochs*samples/j.batch {
 		t.Fatalf("audit: %+v", rep)
 	}
@@ -298,7 +300,7 @@ func TestTrainerEmptyShares(t *testing.T) {
 			t.Fatalf("worker %d: %+v, %v", i, w.res, w.err)
 		}
 	}
-	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	rep := audit.Verify(j.audit.Entries(), j.epochs, j.expected)
 	if rep.Missing != 0 || rep.Duplicates != 0 {
 		t.Fatalf("audit: %+v", rep)
 	}
