@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -27,7 +28,7 @@ var (
 	ErrCorruptState = errors.New("trainer: corrupt state")
 	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated or
 	// fails its checksum; LocalDir skips such files for the previous good one.
-	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
+	ErrCorruptCheckpoint = driver.ErrCorruptCheckpoint
 	// ErrCheckpoint wraps a failed durable checkpoint that Run had to write
 	// (the final one of the job, or a preempted worker's): Run returns it,
 	// joined with the outcome, so lost durability is never silent.
@@ -35,7 +36,7 @@ var (
 	// Hooks.OnCheckpoint, and training goes on.
 	ErrCheckpoint = worker.ErrCheckpoint
 	// ErrNoCheckpoint is returned by CheckpointStore.Latest when none exists.
-	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
+	ErrNoCheckpoint = driver.ErrNoCheckpoint
 	// ErrPreempted is returned by Run on a worker that left gracefully after
 	// Preempt (SIGTERM): its state was committed and checkpointed first.
 	ErrPreempted = worker.ErrPreempted

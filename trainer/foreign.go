@@ -5,11 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
-	"github.com/elastictrain/elastictrain/internal/atomicfile"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
@@ -22,31 +18,6 @@ import (
 //
 // Deprecated: use driver.TempCleaner, the same type.
 type TempCleaner = driver.TempCleaner
-
-// CleanTemp implements TempCleaner: it removes the temporary files that an
-// interrupted Save left in the directory (".tmp-ckpt-*"), never a
-// checkpoint or a file of another name.
-func (d *LocalDir) CleanTemp(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(d.dir)
-	if err != nil {
-		return nil, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-	}
-	var removed []string
-	for _, e := range entries {
-		name := e.Name()
-		if !atomicfile.IsTemp(name) || !strings.HasPrefix(name, ".tmp-"+ckptPrefix) || !e.Type().IsRegular() {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		removed = append(removed, name)
-	}
-	return removed, nil
-}
 
 // foreignCheckpoint is rank 0's error for a checkpoint of step that loads
 // (its checksum holds) but belongs to another model (err, ErrShapeMismatch).

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
@@ -236,7 +237,7 @@ func TestHealthzAnswersDuringALongCheckpoint(t *testing.T) {
 	tel, err := newTelemetry(context.Background(), "", "127.0.0.1:0", 0, "job-healthz")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, tel.shutdown(context.Background())) }()
-	dir, err := trainer.NewLocalDir(t.TempDir(), 0)
+	dir, err := checkpoint.NewLocalDir(t.TempDir(), 0)
 	require.NoError(t, err)
 	st := &stallingStore{CheckpointStore: dir, saving: make(chan struct{}), release: make(chan struct{})}
 	done := make(chan struct{})

@@ -22,6 +22,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
@@ -155,7 +156,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
-		st, err := trainer.NewLocalDir(c.ckpt, 3)
+		st, err := checkpoint.NewLocalDir(c.ckpt, 3)
 		if err != nil {
 			return fail(err)
 		}

@@ -41,6 +41,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -210,7 +211,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	defer tel.Close()
 	opts := append(tel.Options(), trainer.WithAudit(audit), trainer.WithLogger(log), trainer.WithHooks(hooks))
 	if c.ckpt != "" {
-		st, err := trainer.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
+		st, err := checkpoint.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
 		if err != nil {
 			return fail(err)
 		}

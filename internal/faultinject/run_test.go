@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
 
 // Bounds are the time limits a run must keep; exceeding one is a violation
@@ -348,7 +348,7 @@ func VerifyAuditFile(path string, cfg Config) (audit.Report, error) {
 // LoadCheckpoints loads (and so checksums) every durable checkpoint in dir
 // and returns how many there are; the error names the ones that fail.
 func LoadCheckpoints(ctx context.Context, dir string) (int, error) {
-	st, err := trainer.NewLocalDir(dir, 0)
+	st, err := checkpoint.NewLocalDir(dir, 0)
 	if err != nil {
 		return 0, err
 	}

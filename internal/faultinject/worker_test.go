@@ -27,6 +27,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -427,7 +428,7 @@ func WorkerMain() int {
 		},
 	})}
 	if wc.CheckpointDir != "" {
-		dir, err := trainer.NewLocalDir(wc.CheckpointDir, 3)
+		dir, err := checkpoint.NewLocalDir(wc.CheckpointDir, 3)
 		if err != nil {
 			return fail(err)
 		}

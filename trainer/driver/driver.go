@@ -2,6 +2,7 @@ package driver
 
 import (
 	"context"
+	"errors"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/sync"
@@ -345,3 +346,15 @@ type Loader[B any] interface {
 	// NewCursor returns the cursor of a fresh job (epoch 0, position 0).
 	NewCursor() dataloader.Cursor
 }
+
+// Errors of the CheckpointStore contract; package trainer exports them
+// under the same names (trainer.ErrNoCheckpoint is driver.ErrNoCheckpoint).
+var (
+	// ErrNoCheckpoint is wrapped by CheckpointStore.Load for a step that
+	// has no checkpoint.
+	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
+	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated
+	// or fails its checksum; a store skips such files for the previous
+	// good one.
+	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
+)

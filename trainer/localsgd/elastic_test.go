@@ -17,6 +17,7 @@ import (
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -366,7 +367,7 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 // the others (with a replacement) roll back to it; exactly-once holds.
 func TestPreemptionBetweenOuterStepsCheckpointsTheLastOuterStep(t *testing.T) {
 	j := newJob(t, 2, func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }, localsgd.Config{Every: every, Outer: localsgd.Average})
-	dir, err := trainer.NewLocalDir(t.TempDir(), 10)
+	dir, err := checkpoint.NewLocalDir(t.TempDir(), 10)
 	if err != nil {
 		t.Fatal(err)
 	}

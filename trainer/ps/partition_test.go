@@ -21,6 +21,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
@@ -602,7 +603,7 @@ func TestCheckpointCrashAtEveryPoint(t *testing.T) {
 	}
 	for k := 0; ; k++ {
 		j := newJob(t)
-		st, err := trainer.NewLocalDir(t.TempDir(), 1)
+		st, err := checkpoint.NewLocalDir(t.TempDir(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -681,7 +682,7 @@ func TestCheckpointKeptUntilALaterOneIsPublished(t *testing.T) {
 	for _, withStore := range []bool{false, true} {
 		t.Run(fmt.Sprintf("Checkpoints=%v", withStore), func(t *testing.T) {
 			j := newJob(t)
-			st, err := trainer.NewLocalDir(t.TempDir(), 2)
+			st, err := checkpoint.NewLocalDir(t.TempDir(), 2)
 			if err != nil {
 				t.Fatal(err)
 			}

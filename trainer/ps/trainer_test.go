@@ -17,6 +17,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
@@ -81,7 +82,7 @@ type tjob struct {
 }
 
 func newTJob(t *testing.T) *tjob {
-	ck, err := trainer.NewLocalDir(t.TempDir(), 3)
+	ck, err := checkpoint.NewLocalDir(t.TempDir(), 3)
 	if err != nil {
 		t.Fatal(err)
 	}
