@@ -92,6 +92,7 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 	time.Sleep(2 * time.Second) // measuring the undisturbed rate over a fixed window
 	t1 := time.Now()
 	base := float64(stepAt(h, t1)-stepAt(h, t0)) / t1.Sub(t0).Seconds()
+	require.Positive(t, base, "no step in the undisturbed window")
 	round := h.Status().MaxRound
 
 	slow := h.Workers()[0]
@@ -133,8 +134,35 @@ func TestLivenessSlowStoreLink(t *testing.T) {
 	require.Less(t, left, cfg.LeaseTTL+time.Second)
 	slow.RedisProxy.SetLatency(0)
 	waitBack(t, h, slow, 3)
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
+}
+
+// finishBounds bounds the exit of a job that ran its faults and trains on:
+// the job's remaining steps take what they take at this machine's rate, so
+// the exit bound is Bounds' default (2 min) plus twice the time they take
+// at the rate of the run so far (faults and recoveries included, which
+// only lengthens it). A fixed bound failed under load: a run of 45 epochs
+// stopped at step 3510 of 4500 at 18 steps/s when its 2 min ran out.
+func finishBounds(h *faultinject.Harness, cfg faultinject.Config) faultinject.Bounds {
+	steps := h.Steps()
+	b := faultinject.Bounds{Exit: 2 * time.Minute}
+	if len(steps) < 2 {
+		return b
+	}
+	first, last := steps[0], steps[len(steps)-1]
+	for _, m := range steps {
+		if m.Step > last.Step {
+			last = m
+		}
+	}
+	span := last.At.Sub(first.At)
+	if last.Step <= first.Step || span <= 0 {
+		return b
+	}
+	remaining := cfg.TotalSteps() - last.Step
+	b.Exit += 2 * time.Duration(float64(remaining)*float64(span)/float64(last.Step-first.Step))
+	return b
 }
 
 // TestLivenessShortPause (Must show 4, last point): with the default lease
@@ -160,7 +188,7 @@ func TestLivenessShortPause(t *testing.T) {
 	_, err = h.WaitFor(ctx, func(s faultinject.Status) bool { return s.MaxStep >= at+100 || s.Finished > 0 })
 	require.NoError(t, err)
 	require.Equal(t, round, h.Status().MaxRound, "a 700 ms pause changed the round")
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
 	t.Logf("700 ms pause: round %d throughout; load %s", round, loadavg())
 }
@@ -196,7 +224,7 @@ func TestLivenessStoreBlackholedForGood(t *testing.T) {
 	require.Contains(t, r.Err, "store unavailable")
 	require.Equal(t, faultinject.ExitError, r.ExitCode)
 	cutOff.RedisProxy.SetBlackhole(false)
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	for _, v := range res.Violations {
 		if !strings.Contains(v, "store unavailable") {
 			t.Errorf("violation: %s", v)
@@ -258,7 +286,7 @@ func TestLivenessHungStepFunction(t *testing.T) {
 	}
 	require.NoError(t, h.Hang(hung, false))
 	waitBack(t, h, hung, 3)
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
 	log, err := os.ReadFile(hung.LogPath)
 	require.NoError(t, err)
@@ -392,7 +420,7 @@ func TestLivenessHungRankNamedWithinOpTimeout(t *testing.T) {
 	require.Less(t, took, 20*time.Second)
 	require.NoError(t, h.Hang(hung, false))
 	waitBack(t, h, hung, 3)
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
 }
 
@@ -458,7 +486,7 @@ func TestLivenessStuckFetchIsLeftBehind(t *testing.T) {
 	own := logTimeOf(t, victim.LogPath, `"level":"WARN"`, "outlasted the phase timeout", `"phase":"data fetch"`)
 	require.False(t, own.IsZero(), "the stuck worker names its phase in a WARN")
 	waitBack(t, h, victim, 3)
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
 	log, err := os.ReadFile(victim.LogPath)
 	require.NoError(t, err)
@@ -485,7 +513,7 @@ func TestWorkerLeftBehindAtTheEnd(t *testing.T) {
 	_, err = h.WaitFor(ctx, func(s faultinject.Status) bool { return s.Finished == 2 })
 	require.NoError(t, err)
 	require.NoError(t, h.Signal(paused, syscall.SIGCONT))
-	res := h.Finish(ctx, faultinject.Bounds{})
+	res := h.Finish(ctx, finishBounds(h, cfg))
 	require.Empty(t, res.Violations)
 	require.Equal(t, 2, res.Finished)
 	r := h.Result(paused)

@@ -102,8 +102,10 @@ type LocalStepper interface {
 // (each writes whole files under unique names) and must never expose a
 // partially written checkpoint as complete.
 //
-// Implement it to keep checkpoints in an object store; LocalDir is the
-// local-directory implementation.
+// checkpoint.LocalDir is the local-directory implementation; the module
+// github.com/elastictrain/elastictrain/objstore/s3 (a module of its own, so
+// its S3 client is compiled only by those who use it) keeps checkpoints in
+// S3-compatible object storage.
 type CheckpointStore interface {
 	// Save stores data durably as the checkpoint of step; when it returns
 	// nil, a crash at any later instant leaves the checkpoint readable.
