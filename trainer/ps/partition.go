@@ -369,7 +369,7 @@ func (p *Partition) Stats() paramserver.Stats {
 	return p.round.Stats()
 }
 
-// Commit implements driver.Partition: every shard snapshots its rows at
+// Commit implements trainer.Partition: every shard snapshots its rows at
 // the current step and writes them to Dir; it returns once every shard of
 // the round did.
 func (p *Partition) Commit(ctx context.Context, step int64) error {
