@@ -21,8 +21,6 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
-	"github.com/elastictrain/elastictrain/trainer/audit"
-	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
@@ -127,7 +125,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts := []trainer.Option{trainer.WithLogger(logger)}
 	if c.audit != "" {
-		audit, err := audit.OpenFile(c.audit)
+		audit, err := trainer.OpenFileAudit(c.audit)
 		if err != nil {
 			return fail(err)
 		}
@@ -156,7 +154,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
-		st, err := checkpoint.NewLocalDir(c.ckpt, 3)
+		st, err := trainer.NewLocalDir(c.ckpt, 3)
 		if err != nil {
 			return fail(err)
 		}
