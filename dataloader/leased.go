@@ -116,7 +116,7 @@ const epochBits = 20
 // LeasedLoader serves this rank's share of each global batch from shards
 // of the epoch leased from a LeaseQueue (DLRover's dynamic data sharding),
 // with the exactly-once protocol of a synchronous elastic job inside: it
-// is the trainer.StatefulLoader (with StateMerger, CommitListener and
+// is the driver.StatefulLoader (with StateMerger, CommitListener and
 // LineageSetter) for leased shards. See the package documentation,
 // section "Leased loader", for the protocol.
 //
@@ -208,7 +208,7 @@ func NewLeased[T, B any](q LeaseQueue, ds Dataset[T], collate func(ctx context.C
 func (l *LeasedLoader[T, B]) Config() LeasedConfig { return l.cfg }
 
 // SetLineage gives the lineage ID of the state the next Restore installs
-// (trainer.LineageSetter; the trainer's AuditEntry.Gen): the same for every
+// (driver.LineageSetter; the trainer's AuditEntry.Gen): the same for every
 // commit of one history, new when the job starts fresh or restores a
 // durable checkpoint. A state of another lineage is continued in a new
 // generation of the queue (a fork: see the package documentation), so the
@@ -253,7 +253,7 @@ func (l *LeasedLoader[T, B]) shardOf(e leaseEntry) Shard {
 }
 
 // Restore installs state (a MergeStates result, or nil or empty for a fresh start)
-// for rank of size ranks (trainer.StatefulLoader). It forgets whatever
+// for rank of size ranks (driver.StatefulLoader). It forgets whatever
 // this process leased or served since, hands the state's leases in
 // progress to the ranks (lease i to rank i mod size, renewed here), and on
 // rank 0, before returning: re-acks the state's consumed leases, revokes
@@ -415,7 +415,7 @@ func (l *LeasedLoader[T, B]) shares() []int {
 func (l *LeasedLoader[T, B]) finished() bool { return l.cfg.Epochs > 0 && l.epoch >= l.cfg.Epochs }
 
 // Next returns this rank's share of the next global batch
-// (trainer.StatefulLoader): up to its share of GlobalBatch samples (equal
+// (driver.StatefulLoader): up to its share of GlobalBatch samples (equal
 // shares, or by speed with Balance) from the leases it holds, leasing more
 // as it needs. It serves fewer when no shard is free, and none, with
 // Batch.EpochDone set, when the queue says every shard of the epoch is
@@ -597,7 +597,7 @@ func (l *LeasedLoader[T, B]) renewIfDue(ctx context.Context) error {
 }
 
 // Stepped takes the outcome of the step (or empty global batch) every rank
-// agreed on (trainer.StatefulLoader): it updates the speeds (Balance), and
+// agreed on (driver.StatefulLoader): it updates the speeds (Balance), and
 // when every rank reported EpochDone, moves to the next epoch. It asks for
 // a commit when the epoch moved on, and when the global batch trained
 // nothing (so that consumed shards are acked and the epoch can end). Both
@@ -646,7 +646,7 @@ func (l *LeasedLoader[T, B]) Stepped(ctx context.Context, o StepOutcome) (commit
 }
 
 // State returns this rank's part of the loader state after the last batch
-// Stepped took (trainer.StatefulLoader): first it leases shards until this
+// Stepped took (driver.StatefulLoader): first it leases shards until this
 // rank holds LeaseAhead steps of its share (or none is free), so that
 // those leases are in the commit; then it encodes its leases in progress
 // with their positions, its consumed leases not yet acked, the shards the
@@ -699,7 +699,7 @@ func (l *LeasedLoader[T, B]) State(ctx context.Context) ([]byte, error) {
 }
 
 // MergeStates merges every rank's State, in rank order, into the state to
-// commit (trainer.StateMerger). It is a pure function of parts and the
+// commit (driver.StateMerger). It is a pure function of parts and the
 // loader's configuration, safe for concurrent use: every rank computes the
 // same bytes. Errors: ErrCorruptState (a part that does not decode, is not
 // rank i of len(parts), or does not fit the others), ErrCursorMismatch (a
@@ -708,7 +708,7 @@ func (l *LeasedLoader[T, B]) MergeStates(parts [][]byte) ([]byte, error) {
 	return mergeStates(parts, l.cfg.Shards, l.cfg.Seed, l.cfg.Shuffle)
 }
 
-// Committed acks the consumed leases of the last State (trainer.CommitListener):
+// Committed acks the consumed leases of the last State (driver.CommitListener):
 // the trainer calls it once every rank holds that commit, so no later
 // round goes on from an older one and an acked shard is never rolled
 // back. Acking after this rank's own commit alone would lose samples: a

@@ -16,7 +16,7 @@ import (
 )
 
 // The tests below drive N in-process ranks of LeasedLoader through the
-// trainer's contract (trainer.StatefulLoader, StateMerger,
+// trainer's contract (driver.StatefulLoader, StateMerger,
 // CommitListener, LineageSetter), exactly in its order: SetLineage and
 // Restore on every rank, a barrier, then per step Next, the agreed
 // outcome, Stepped, and at a commit State, MergeStates (on every rank:

@@ -53,7 +53,7 @@ type Batch[B any] struct {
 	// sample of the epoch left to lease (every shard is leased or acked);
 	// its Indices are then empty. The Loader of static shards never sets
 	// it. The trainer moves every rank to the next epoch together once
-	// every rank reported it (see trainer.StatefulLoader).
+	// every rank reported it (see driver.StatefulLoader).
 	EpochDone bool
 }
 

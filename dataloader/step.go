@@ -3,7 +3,7 @@ package dataloader
 // StepOutcome is one step, or one empty global batch (no rank got a
 // sample), as every rank of a round agreed on it: the trainer reduces each
 // rank's numbers into it, so every rank holds the same values, and hands
-// it to its loader (trainer.LoaderStep is this type). A loader whose ranks
+// it to its loader (driver.LoaderStep is this type). A loader whose ranks
 // decide separately (LeasedLoader) takes every decision that must agree
 // between ranks (epoch advance, shares of the next global batch, whether
 // to commit) from it alone.

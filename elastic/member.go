@@ -23,7 +23,7 @@ const MaxMemberFieldLen = 256
 // and PID are for humans and logs; Addr is the peer address ("host:port") the
 // worker listens on for collectives, handed to peers in World.Members.
 // Endpoints holds every other address a round needs of this worker, by
-// name (a parameter server's, for example: trainer.Partition.Name), so no
+// name (a parameter server's, for example: driver.Partition.Name), so no
 // two addresses are ever packed into one string; at most MaxEndpoints, each
 // name and address within the same bounds as Host and Addr.
 type Member struct {

@@ -15,7 +15,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // The control channel: a Unix socket in a directory of the launcher's own
@@ -254,7 +254,7 @@ func (s *controlServer) handle(c net.Conn) controlReply {
 }
 
 // platform is a worker's client of the launcher's control socket: the
-// autoscale.Platform of a worker that a launcher started (Worker.Platform).
+// worker.Platform of a worker that a launcher started (Worker.Platform).
 // Each call dials the socket, sends one request and reads one answer,
 // within its context. Safe for concurrent use.
 type platform struct {
@@ -263,9 +263,9 @@ type platform struct {
 	restart int
 }
 
-var _ autoscale.Platform = (*platform)(nil)
+var _ worker.Platform = (*platform)(nil)
 
-// Platform returns the worker's autoscale.Platform: a client of the
+// Platform returns the worker's worker.Platform: a client of the
 // launcher's control socket (EnvControl). Capacity says how many workers
 // the launcher allows (its capacity file, at most Config.MaxWorkers);
 // Resize asks it to run a number of workers (it starts the missing ones,
@@ -274,7 +274,7 @@ var _ autoscale.Platform = (*platform)(nil)
 // Platform returns nil when the launcher opened no control socket (neither
 // Config.Autoscale nor Config.CapacityFile was set): the trainer then
 // scales nothing.
-func (w Worker) Platform() autoscale.Platform {
+func (w Worker) Platform() worker.Platform {
 	if w.Control == "" {
 		return nil
 	}

@@ -126,7 +126,7 @@
 // control socket: a Unix socket in a directory of mode 0700, named to the
 // workers in EnvControl (Unix sockets are found by path, so workers in
 // network namespaces of their own reach it). Worker.Platform is its
-// client, the trainer's autoscale.Platform: Capacity answers the capacity
+// client, the trainer's worker.Platform: Capacity answers the capacity
 // file (at most Config.MaxWorkers), Resize starts the missing workers
 // (within the capacity and MaxWorkers; a lower target is left to the
 // workers a decision names), Release marks the caller as leaving by

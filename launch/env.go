@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // The environment variables the launcher sets in every worker. Read them
@@ -218,30 +218,39 @@ func TrainerGracePeriod(g time.Duration) time.Duration {
 	return g - min(g/5, 5*time.Second)
 }
 
-// Configure sets the job's part of a trainer.Config: JobID, Sync.Secret
-// (a copy), and GracePeriod lowered to TrainerGracePeriod(w.GracePeriod)
-// when it is longer (a shorter one is kept); Autoscale.Platform to the
-// launcher's control socket when it opened one (Worker.Platform), and
-// Autoscale.Enabled when the launcher asks the workers to size the job
-// (EnvAutoscale; the policy's knobs stay the caller's). Everything else
-// (world size bounds, epochs, checkpoints) stays the caller's.
-func (w Worker) Configure(cfg *trainer.Config) {
-	cfg.JobID = w.JobID
-	cfg.Sync.Secret = append([]byte(nil), w.Secret...)
-	if g := TrainerGracePeriod(w.GracePeriod); cfg.GracePeriod <= 0 || cfg.GracePeriod > g {
-		cfg.GracePeriod = g
+// Settings returns the job's part of a worker's configuration, as the
+// launcher set it in the environment: JobID, Secret (a copy), GracePeriod
+// TrainerGracePeriod(w.GracePeriod), Platform (Worker.Platform, when the
+// launcher opened a control socket), Autoscale (EnvAutoscale) and
+// ShareCores.
+func (w Worker) Settings() worker.Settings {
+	s := worker.Settings{
+		JobID:       w.JobID,
+		Secret:      append([]byte(nil), w.Secret...),
+		GracePeriod: TrainerGracePeriod(w.GracePeriod),
+		Autoscale:   w.Autoscale,
+		ShareCores:  w.ShareCores,
 	}
 	// The launcher's control socket enacts the trainer's scaling
 	// decisions (Platform); with its Autoscale the trainer decides them.
 	if p := w.Platform(); p != nil {
-		cfg.Autoscale.Platform = p
+		s.Platform = p
 	}
-	if w.Autoscale {
-		cfg.Autoscale.Enabled = true
-	}
-	if w.ShareCores > 0 && cfg.ShareCores == 0 {
-		cfg.ShareCores = w.ShareCores
-	}
+	return s
+}
+
+// Configure sets the job's part of a worker's configuration, such as a
+// *trainer.Config (which implements worker.Configurable), from
+// w.Settings(): JobID, Sync.Secret (a copy), and GracePeriod lowered to
+// TrainerGracePeriod(w.GracePeriod) when it is longer (a shorter one is
+// kept); Autoscale.Platform to the launcher's control socket when it
+// opened one (Worker.Platform), and Autoscale.Enabled when the launcher
+// asks the workers to size the job (EnvAutoscale; the policy's knobs stay
+// the caller's); ShareCores when the caller's is 0. Everything else (world
+// size bounds, epochs, checkpoints) stays the caller's. See
+// trainer.Config.ConfigureJob.
+func (w Worker) Configure(cfg worker.Configurable) {
+	cfg.ConfigureJob(w.Settings())
 }
 
 // ExitStatus is the process exit status for an error: StatusFinished for
@@ -258,7 +267,9 @@ func (w Worker) Configure(cfg *trainer.Config) {
 // trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
 // trainer.ErrSettingsMismatch (a worker the job's running members refused
 // for its settings exits StatusRefused instead), trainer.ErrModelMismatch and
-// trainer.ErrShapeMismatch. A worker that exits with it is never
+// trainer.ErrShapeMismatch (each of these trainer errors is the one of
+// package worker of the same name, which launch tests for, so launch does
+// not import the trainer). A worker that exits with it is never
 // restarted, and the launcher stops the job. trainer.ErrStranger is not
 // among them: the workers of one launcher share its secret, so there a
 // stranger verdict points at a transient fault rather than a wrong secret. A Go panic exits 2 (the runtime's status), not
@@ -281,9 +292,9 @@ func ExitStatus(err error) int {
 		return StatusFinished
 	case errors.Is(err, ErrUsage), errors.Is(err, ErrPermanent), errors.Is(err, ErrInvalidConfig):
 		return StatusUsage
-	case errors.Is(err, trainer.ErrCheckpoint):
+	case errors.Is(err, worker.ErrCheckpoint):
 		return StatusFailed
-	case errors.Is(err, trainer.ErrPreempted), errors.Is(err, ErrPreempted), errors.Is(err, trainer.ErrReleased):
+	case errors.Is(err, worker.ErrPreempted), errors.Is(err, ErrPreempted), errors.Is(err, worker.ErrReleased):
 		return StatusPreempted // a graceful leave: on SIGTERM, or by a scaling decision
 	case errors.Is(err, ErrFailed):
 		return StatusFailed // a job's error, also when it wraps elastic.ErrJobFinished
@@ -311,16 +322,16 @@ func Permanent(err error) bool {
 
 // Refused reports whether err says that this worker was refused by the
 // job's running members for settings (or a model) that differ from theirs:
-// a *trainer.SettingsError whose Refused is not empty. The members that
-// refused it train on; see StatusRefused.
+// a *trainer.SettingsError whose Refused is not empty, which matches
+// worker.ErrRefused. The members that refused it train on; see
+// StatusRefused.
 func Refused(err error) bool {
-	var se *trainer.SettingsError
-	return errors.As(err, &se) && len(se.Refused) > 0
+	return errors.Is(err, worker.ErrRefused)
 }
 
 // permanentErrors are the errors Permanent matches.
 var permanentErrors = []error{
-	trainer.ErrInvalidConfig, elastic.ErrInvalidConfig,
-	trainer.ErrForeignCheckpoint, trainer.ErrFinishedCheckpoint,
-	trainer.ErrSettingsMismatch, trainer.ErrModelMismatch, trainer.ErrShapeMismatch,
+	worker.ErrInvalidConfig, elastic.ErrInvalidConfig,
+	worker.ErrForeignCheckpoint, worker.ErrFinishedCheckpoint,
+	worker.ErrSettingsMismatch, worker.ErrModelMismatch, worker.ErrShapeMismatch,
 }

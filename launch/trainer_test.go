@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/internal/testredis"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
 
 // workerEvent is a line of testdata/worker's output.
@@ -171,7 +171,7 @@ func TestAUsersOwnWorkerBinary(t *testing.T) {
 			}
 			step = e.Step
 		}
-		dir, err := trainer.NewLocalDir(ckpt, 3)
+		dir, err := checkpoint.NewLocalDir(ckpt, 3)
 		require.NoError(t, err)
 		steps, err := dir.List(context.Background())
 		require.NoError(t, err)

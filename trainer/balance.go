@@ -10,6 +10,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // Speed-weighted shares (Config.Balance). In a synchronous job every step
@@ -42,9 +43,9 @@ import (
 // them), in the same way on every rank. A new round starts from equal
 // shares: the trainer calls SetWeights again once it has measured the
 // round's ranks. An error fails the round.
-type Weighter interface {
-	SetWeights(weights []float64) error
-}
+//
+// Deprecated: use driver.Weighter, the same type.
+type Weighter = driver.Weighter
 
 // Balancing parameters. Speeds are an exponential moving average of each
 // rank's work per second: the first step of a round is not measured (it

@@ -4,39 +4,42 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // Sentinel errors returned by the trainer, wrapped with detail; test them with
 // errors.Is.
 var (
 	// ErrInvalidConfig reports a Config or option that fails validation.
-	ErrInvalidConfig = errors.New("trainer: invalid config")
+	ErrInvalidConfig = worker.ErrInvalidConfig
 	// ErrShapeMismatch reports parameters whose names or shapes differ from
 	// the ones a commit, checkpoint or peer holds.
-	ErrShapeMismatch = errors.New("trainer: parameter shape mismatch")
+	ErrShapeMismatch = worker.ErrShapeMismatch
 	// ErrModelMismatch reports that ranks of one round hold different models
 	// (names, shapes or optimizer); every rank of the round returns it, or
 	// only a newcomer whose model differs from that of the members holding
 	// the job's trained state, which refuse it and train on (see
 	// ErrSettingsMismatch).
-	ErrModelMismatch = errors.New("trainer: ranks hold different models")
+	ErrModelMismatch = worker.ErrModelMismatch
 	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
 	// its checks (bad magic, checksum, lengths).
 	ErrCorruptState = errors.New("trainer: corrupt state")
 	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated or
 	// fails its checksum; LocalDir skips such files for the previous good one.
-	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
+	ErrCorruptCheckpoint = driver.ErrCorruptCheckpoint
 	// ErrCheckpoint wraps a failed durable checkpoint that Run had to write
 	// (the final one of the job, or a preempted worker's): Run returns it,
 	// joined with the outcome, so lost durability is never silent.
 	// Periodic checkpoints that fail are logged and reported to
 	// Hooks.OnCheckpoint, and training goes on.
-	ErrCheckpoint = errors.New("trainer: checkpoint failed")
+	ErrCheckpoint = worker.ErrCheckpoint
 	// ErrNoCheckpoint is returned by CheckpointStore.Latest when none exists.
-	ErrNoCheckpoint = errors.New("trainer: no checkpoint")
+	ErrNoCheckpoint = driver.ErrNoCheckpoint
 	// ErrPreempted is returned by Run on a worker that left gracefully after
 	// Preempt (SIGTERM): its state was committed and checkpointed first.
-	ErrPreempted = errors.New("trainer: preempted")
+	ErrPreempted = worker.ErrPreempted
 	// ErrFailureBudget is returned when more recoveries than
 	// Config.MaxRecoveries happened within Config.RecoveryWindow, or when
 	// more than MaxRecoveries rounds in a row failed on this worker before
@@ -65,13 +68,32 @@ var (
 	// committed with the others and left gracefully, as a preempted worker
 	// does; nothing is lost or trained twice, and no recovery is counted.
 	// It does not match ErrPreempted: a launcher must not restart it.
-	ErrReleased = errors.New("trainer: released by a scaling decision")
+	ErrReleased = worker.ErrReleased
 	// ErrEvicted is returned on a worker that the job evicted as a straggler.
 	ErrEvicted = errors.New("trainer: evicted as straggler")
 	// ErrPartitionLost is wrapped by a Partition's error when no round can
 	// restore its state (parts that are on no live rank and in no durable
 	// storage); Run returns it instead of forming round after round.
 	ErrPartitionLost = errors.New("trainer: partitioned state lost")
+	// ErrFinishedCheckpoint is returned by Run, on every rank of the round,
+	// when the newest readable checkpoint in the CheckpointStore already
+	// completes Config.Epochs: the store holds a job that finished (restored
+	// under a new job ID, it would train nothing and report success). Run
+	// refuses to start before it changes anything in the store. Raise
+	// Config.Epochs to train more epochs from it, or point the worker at an
+	// empty directory for a new job. A restart fails the same way
+	// (launch.ExitStatus gives launch.StatusPermanent).
+	ErrFinishedCheckpoint = worker.ErrFinishedCheckpoint
+	// ErrForeignCheckpoint is returned by Run, on every rank of the round,
+	// when the newest readable checkpoint in the CheckpointStore was written
+	// by another model (other parameter names, shapes or optimizer): the
+	// directory belongs to another job. Run refuses to start before it changes
+	// anything in the store (it would train from scratch and rotate the other
+	// model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
+	// differs, or ErrSettingsMismatch when the newest checkpoint's position is
+	// past this job's Config.Epochs (a job with more epochs wrote it). Point
+	// the worker at an empty directory, or at the right model.
+	ErrForeignCheckpoint = worker.ErrForeignCheckpoint
 )
 
 // BudgetError is returned (wrapping ErrFailureBudget) when the failure budget

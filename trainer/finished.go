@@ -1,19 +1,8 @@
 package trainer
 
 import (
-	"errors"
 	"fmt"
 )
-
-// ErrFinishedCheckpoint is returned by Run, on every rank of the round,
-// when the newest readable checkpoint in the CheckpointStore already
-// completes Config.Epochs: the store holds a job that finished (restored
-// under a new job ID, it would train nothing and report success). Run
-// refuses to start before it changes anything in the store. Raise
-// Config.Epochs to train more epochs from it, or point the worker at an
-// empty directory for a new job. A restart fails the same way
-// (launch.ExitStatus gives launch.StatusPermanent).
-var ErrFinishedCheckpoint = errors.New("trainer: the checkpoint store holds a finished job")
 
 // checkpointWhere is " in DIR" for a CheckpointStore with a directory
 // (LocalDir), or "".

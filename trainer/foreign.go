@@ -5,23 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
-	"github.com/elastictrain/elastictrain/internal/atomicfile"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
-
-// ErrForeignCheckpoint is returned by Run, on every rank of the round,
-// when the newest readable checkpoint in the CheckpointStore was written
-// by another model (other parameter names, shapes or optimizer): the
-// directory belongs to another job. Run refuses to start before it changes
-// anything in the store (it would train from scratch and rotate the other
-// model's checkpoints out). It wraps ErrShapeMismatch with the tensor that
-// differs, or ErrSettingsMismatch when the newest checkpoint's position is
-// past this job's Config.Epochs (a job with more epochs wrote it). Point
-// the worker at an empty directory, or at the right model.
-var ErrForeignCheckpoint = errors.New("trainer: the checkpoint store holds another model's checkpoints")
 
 // TempCleaner is an optional capability of a CheckpointStore: removing the
 // temporary files of writes that never completed (a rank 0 killed while
@@ -29,35 +15,9 @@ var ErrForeignCheckpoint = errors.New("trainer: the checkpoint store holds anoth
 // job or a whole-job restart, when no write of the job can be in flight),
 // after the newest checkpoint matched the model (or none exists), never
 // before. LocalDir implements it.
-type TempCleaner interface {
-	// CleanTemp removes leftover temporary files and returns their names.
-	CleanTemp(ctx context.Context) ([]string, error)
-}
-
-// CleanTemp implements TempCleaner: it removes the temporary files that an
-// interrupted Save left in the directory (".tmp-ckpt-*"), never a
-// checkpoint or a file of another name.
-func (d *LocalDir) CleanTemp(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(d.dir)
-	if err != nil {
-		return nil, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-	}
-	var removed []string
-	for _, e := range entries {
-		name := e.Name()
-		if !atomicfile.IsTemp(name) || !strings.HasPrefix(name, ".tmp-"+ckptPrefix) || !e.Type().IsRegular() {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		removed = append(removed, name)
-	}
-	return removed, nil
-}
+//
+// Deprecated: use driver.TempCleaner, the same type.
+type TempCleaner = driver.TempCleaner
 
 // foreignCheckpoint is rank 0's error for a checkpoint of step that loads
 // (its checksum holds) but belongs to another model (err, ErrShapeMismatch).

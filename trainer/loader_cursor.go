@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // Loader is a data loader whose state is a dataloader.Cursor, the same on
@@ -13,14 +14,9 @@ import (
 // its loop goroutine only. New adapts it to the StatefulLoader protocol
 // (the state is the cursor's MarshalBinary, CursorSize bytes), so
 // checkpoints hold the same bytes whichever kind of loader wrote them.
-type Loader[B any] interface {
-	// Reset reshards the loader from a committed cursor for rank of worldSize.
-	Reset(c dataloader.Cursor, rank, worldSize int) error
-	// Next returns this rank's share of the next global batch.
-	Next(ctx context.Context) (dataloader.Batch[B], error)
-	// NewCursor returns the cursor of a fresh job (epoch 0, position 0).
-	NewCursor() dataloader.Cursor
-}
+//
+// Deprecated: use driver.Loader, the same type.
+type Loader[B any] = driver.Loader[B]
 
 // cursorLoader runs a Loader under the StatefulLoader protocol: Restore
 // resets it from the committed cursor, Stepped moves the committed cursor

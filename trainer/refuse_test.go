@@ -72,7 +72,7 @@ func TestANewcomerWithOtherSettingsIsRefusedAndTheJobTrainsOn(t *testing.T) {
 		values  []string
 	}{
 		{"learning rate", 4, []Option{sched(0.1)}, nil, "learning rate",
-			[]string{"trainer.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", "trainer.WarmupCosine{Base:0.1 Warmup:4 Total:1000 Min:0}"}},
+			[]string{"schedule.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", "schedule.WarmupCosine{Base:0.1 Warmup:4 Total:1000 Min:0}"}},
 		{"model", 5, []Option{sched(0.2)}, nil, "parameter 0 (name and shape)", []string{`"w" [4]`, `"w" [5]`}},
 		// Once the newcomer's collectives failed every step ("ranks
 		// disagree on the operation"), and the failure budget of every

@@ -11,6 +11,8 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // Resource adjustment (Config.Autoscale): the I/O around the policy core
@@ -35,13 +37,9 @@ import (
 // Releasable is an optional capability of a Partition: whether this
 // rank's part of the partitioned state is held by another rank too, so
 // that a scaling decision may remove this rank without losing state.
-// Called from the loop goroutine at the start of every round. A Partition
-// without it is taken to hold state no other rank holds: its ranks are
-// never removed by a decision (the policy then shrinks only ranks it may,
-// or not at all).
-type Releasable interface {
-	Releasable() bool
-}
+//
+// Deprecated: use driver.Releasable, the same type.
+type Releasable = driver.Releasable
 
 // scalingTimeout bounds each call to the Platform.
 const scalingTimeout = 2 * time.Second
@@ -65,7 +63,7 @@ type scalingNorms struct {
 // scaling is the loop's resource-adjustment state (Run's goroutine).
 type scaling struct {
 	policy    *autoscale.Policy // nil: off
-	platform  autoscale.Platform
+	platform  worker.Platform
 	capacity  int       // the platform's last answer; 0: no bound stated
 	lastStart time.Time // when this worker began its previous step
 	prev, cur scalingNorms

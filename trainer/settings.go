@@ -12,6 +12,8 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // ErrSettingsMismatch is returned by Run on a worker whose settings differ
@@ -58,7 +60,7 @@ import (
 // Config.Deterministic and Config.BucketBytes (the gradient allreduce's
 // layout: a member with another one made every step's collective fail, and
 // the job's failure budget ran out).
-var ErrSettingsMismatch = errors.New("trainer: workers disagree on the job's settings")
+var ErrSettingsMismatch = worker.ErrSettingsMismatch
 
 // SettingsError is the error of a settings disagreement: for each setting
 // that differs, the value of every member of the round. It wraps
@@ -137,9 +139,17 @@ func (e *SettingsError) layout() bool {
 func (e *SettingsError) Unwrap() error { return ErrSettingsMismatch }
 
 // Is lets errors.Is(err, ErrModelMismatch) match when the members hold
-// different models (the first three settings).
+// different models (the first three settings), and errors.Is(err,
+// worker.ErrRefused) when the job's members refused this worker (Refused
+// is not empty), which is how launch.ExitStatus tells StatusRefused.
 func (e *SettingsError) Is(target error) bool {
-	return target == ErrModelMismatch && e.Model()
+	switch target {
+	case ErrModelMismatch:
+		return e.Model()
+	case worker.ErrRefused:
+		return len(e.Refused) > 0
+	}
+	return false
 }
 
 // Model reports whether the members hold different models: parameter
@@ -186,9 +196,9 @@ var jobSettings = []jobSetting{
 // batch and dataset length it was built with, in samples, which the
 // trainer compares between the members of every round. A Loader's come
 // from its NewCursor; a StatefulLoader without it is not compared on them.
-type DataSettings interface {
-	DataSettings() (globalBatch, datasetLen int)
-}
+//
+// Deprecated: use driver.DataSettings, the same type.
+type DataSettings = driver.DataSettings
 
 // settingsRow is this worker's values of jobSettings, each exact in a
 // float64 (-1: not known).

@@ -55,7 +55,7 @@ func TestDecideSettingsRefusesOnlyNewcomersThatDifferFromTheHolders(t *testing.T
 // A Schedule reads as configured: its fields, not a probe of its rates.
 func TestDescribeScheduleShowsTheConfiguredValues(t *testing.T) {
 	w := WarmupCosine{Base: 0.2, Warmup: 4, Total: 1000}
-	require.Equal(t, "trainer.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", describeSchedule(w))
-	require.Equal(t, "trainer.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", describeSchedule(&w))
+	require.Equal(t, "schedule.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", describeSchedule(w))
+	require.Equal(t, "schedule.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", describeSchedule(&w))
 	require.Equal(t, "a schedule with rates 0.5, 0.5, 0.5 at steps 0, 1, 1000", describeSchedule(ScheduleFunc(func(int64) float64 { return 0.5 })))
 }

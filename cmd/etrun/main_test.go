@@ -20,7 +20,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/testredis"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
 
 func TestMain(m *testing.M) { testredis.VerifyTestMain(m) }
@@ -179,7 +179,7 @@ func TestEtrunAsAProcess(t *testing.T) {
 			for _, pid := range pids {
 				require.True(t, gone(pid), "worker pid %d outlived etrun", pid)
 			}
-			dir, err := trainer.NewLocalDir(ckpt, 3)
+			dir, err := checkpoint.NewLocalDir(ckpt, 3)
 			require.NoError(t, err)
 			steps, err := dir.List(context.Background())
 			require.NoError(t, err)

@@ -6,24 +6,24 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
 )
 
 // auditLog is the audit log of a run of epochs epochs of global batch batch
 // over the MNIST training set that started from the checkpoint of step from
 // (0: fresh) and trained every later step once.
-func auditLog(seed uint64, batch, epochs int, from int64) []trainer.AuditEntry {
+func auditLog(seed uint64, batch, epochs int, from int64) []audit.Entry {
 	return auditLogOf(TrainSamples, seed, batch, epochs, from)
 }
 
 // auditLogOf is auditLog over a training set of n samples.
-func auditLogOf(n int, seed uint64, batch, epochs int, from int64) []trainer.AuditEntry {
+func auditLogOf(n int, seed uint64, batch, epochs int, from int64) []audit.Entry {
 	steps := n / batch
-	log := []trainer.AuditEntry{{Kind: "agreed", Gen: 1, Round: 1, Step: from, Base: from, Restored: from > 0}}
+	log := []audit.Entry{{Kind: "agreed", Gen: 1, Round: 1, Step: from, Base: from, Restored: from > 0}}
 	for s := from + 1; s <= int64(steps*epochs); s++ {
 		epoch, pos := int(s-1)/steps, int(s-1)%steps
 		order := dataloader.Order(seed, epoch, n)
-		log = append(log, trainer.AuditEntry{Kind: "step", Gen: 1, Round: 1, Step: s, Epoch: epoch,
+		log = append(log, audit.Entry{Kind: "step", Gen: 1, Round: 1, Step: s, Epoch: epoch,
 			Indices: order[pos*batch : (pos+1)*batch]})
 	}
 	return log
@@ -41,7 +41,7 @@ func TestTheAuditOfAResumedRunExpectsOnlyTheStepsAfterItsCheckpoint(t *testing.T
 
 	// What the audit said before: every sample of the steps before the
 	// resume missing.
-	whole := trainer.VerifyAudit(auditLog(seed, batch, epochs, 4), epochs, func(epoch int) []int {
+	whole := audit.Verify(auditLog(seed, batch, epochs, 4), epochs, func(epoch int) []int {
 		return dataloader.Order(seed, epoch, TrainSamples)[:3*batch]
 	})
 	require.Equal(t, 4*batch, whole.Missing)

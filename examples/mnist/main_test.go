@@ -35,6 +35,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/telemetry"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -352,13 +353,13 @@ func TestPrometheusEndpointServesTheTrainerMetrics(t *testing.T) {
 	// one-worker job without faults never has; the recoveries and
 	// stragglers counters exist from the start, at 0.
 	for otelName, promName := range map[string]string{
-		trainer.MetricRecoveries:   "elastictrain_recoveries_total",
-		trainer.MetricStragglers:   "elastictrain_stragglers_total",
-		trainer.MetricStepDuration: "elastictrain_step_duration_seconds_count",
-		trainer.MetricSamples:      "elastictrain_samples_total",
-		trainer.MetricWorldSize:    "elastictrain_world_size",
-		trainer.MetricRounds:       "elastictrain_rounds_total",
-		trainer.MetricGoodput:      "elastictrain_goodput_ratio",
+		telemetry.MetricRecoveries:   "elastictrain_recoveries_total",
+		telemetry.MetricStragglers:   "elastictrain_stragglers_total",
+		telemetry.MetricStepDuration: "elastictrain_step_duration_seconds_count",
+		telemetry.MetricSamples:      "elastictrain_samples_total",
+		telemetry.MetricWorldSize:    "elastictrain_world_size",
+		telemetry.MetricRounds:       "elastictrain_rounds_total",
+		telemetry.MetricGoodput:      "elastictrain_goodput_ratio",
 	} {
 		require.Contains(t, got, promName, "%s is not served; got %v", otelName, keys(got))
 	}
@@ -468,9 +469,9 @@ func TestOTLPExportsTheTrainerSpansAndMetricsOnShutdown(t *testing.T) {
 
 	col.mu.Lock()
 	defer col.mu.Unlock()
-	require.Equal(t, int(res.Step)/stepSpanEvery, col.spans[trainer.SpanStep], "one step span every %d steps; spans %v", stepSpanEvery, col.spans)
-	require.Positive(t, col.spans[trainer.SpanJoin], "spans %v", col.spans)
-	for _, name := range []string{trainer.MetricStepDuration, trainer.MetricSamples, trainer.MetricWorldSize, trainer.MetricRounds} {
+	require.Equal(t, int(res.Step)/stepSpanEvery, col.spans[telemetry.SpanStep], "one step span every %d steps; spans %v", stepSpanEvery, col.spans)
+	require.Positive(t, col.spans[telemetry.SpanJoin], "spans %v", col.spans)
+	for _, name := range []string{telemetry.MetricStepDuration, telemetry.MetricSamples, telemetry.MetricWorldSize, telemetry.MetricRounds} {
 		require.Positive(t, col.metrics[name], "%s not exported; got %v", name, col.metrics)
 	}
 }

@@ -18,6 +18,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // scrapeFamilies GETs a Prometheus text exposition and parses it with the
@@ -213,7 +215,7 @@ func keysOf[V any](m map[string]V) []string {
 // stallingStore is a CheckpointStore whose Save blocks until released, as
 // a slow volume or a large model would.
 type stallingStore struct {
-	trainer.CheckpointStore
+	driver.CheckpointStore
 	saving  chan struct{} // closed when the first Save starts
 	release chan struct{}
 	once    sync.Once
@@ -235,7 +237,7 @@ func TestHealthzAnswersDuringALongCheckpoint(t *testing.T) {
 	tel, err := newTelemetry(context.Background(), "", "127.0.0.1:0", 0, "job-healthz")
 	require.NoError(t, err)
 	defer func() { require.NoError(t, tel.shutdown(context.Background())) }()
-	dir, err := trainer.NewLocalDir(t.TempDir(), 0)
+	dir, err := checkpoint.NewLocalDir(t.TempDir(), 0)
 	require.NoError(t, err)
 	st := &stallingStore{CheckpointStore: dir, saving: make(chan struct{}), release: make(chan struct{})}
 	done := make(chan struct{})

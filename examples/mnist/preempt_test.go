@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
 
 // envAsMain makes the test binary run the command as its main does (see
@@ -66,7 +66,7 @@ func TestASIGTERMPreemptsEveryWorkerWithItsCheckpoint(t *testing.T) {
 	step, err := strconv.ParseInt(m[1], 10, 64)
 	require.NoError(t, err)
 
-	dir, err := trainer.NewLocalDir(ckpt, 3)
+	dir, err := checkpoint.NewLocalDir(ckpt, 3)
 	require.NoError(t, err)
 	steps, err := dir.List(context.Background())
 	require.NoError(t, err)

@@ -5,12 +5,12 @@ import (
 	"os"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
 )
 
 // auditResult is what the audit of one run says.
 type auditResult struct {
-	trainer.AuditReport
+	audit.Report
 	// FromStep is the step the run's first state came from when that was
 	// a durable checkpoint (a resumed run), 0 otherwise: the samples of
 	// steps 1..FromStep were trained by an earlier run, whose steps this
@@ -29,7 +29,7 @@ func verifyAudit(c *config, upTo int64) (auditResult, error) {
 		return auditResult{}, fmt.Errorf("audit: %w", err)
 	}
 	defer f.Close()
-	entries, err := trainer.ReadAuditLog(f)
+	entries, err := audit.ReadLog(f)
 	if err != nil {
 		return auditResult{}, err
 	}
@@ -55,7 +55,7 @@ const allSteps = -1
 // auditEntries checks entries against the data order of seed, global batch
 // batch and epochs epochs of a training set of n samples; upTo >= 0: of
 // its steps up to upTo only (allSteps: of every step).
-func auditEntries(entries []trainer.AuditEntry, n int, seed uint64, batch, epochs int, upTo int64) auditResult {
+func auditEntries(entries []audit.Entry, n int, seed uint64, batch, epochs int, upTo int64) auditResult {
 	steps := n / batch // a step per global batch; the loader drops the last partial batch
 	from := resumedFrom(entries)
 	expected := func(epoch int) []int {
@@ -70,13 +70,13 @@ func auditEntries(entries []trainer.AuditEntry, n int, seed uint64, batch, epoch
 		done := min(max(from-first, 0), end)
 		return dataloader.Order(seed, epoch, n)[done*int64(batch) : end*int64(batch)]
 	}
-	return auditResult{AuditReport: trainer.VerifyAudit(entries, epochs, expected), FromStep: from}
+	return auditResult{Report: audit.Verify(entries, epochs, expected), FromStep: from}
 }
 
 // resumedFrom returns the step of the durable checkpoint that the log's
 // first lineage was restored from, or 0 when it started fresh.
-func resumedFrom(entries []trainer.AuditEntry) int64 {
-	var first *trainer.AuditEntry
+func resumedFrom(entries []audit.Entry) int64 {
+	var first *audit.Entry
 	for i, e := range entries {
 		if e.Kind == "agreed" && (first == nil || e.Gen < first.Gen) {
 			first = &entries[i]

@@ -22,6 +22,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
+	"github.com/elastictrain/elastictrain/trainer/ring"
 )
 
 // batch is a collated global-batch share: n images of 784 pixels in [0,1]
@@ -195,7 +196,7 @@ func runWorker(c *config, stderr io.Writer) int {
 			scfg.Outer = localsgd.Average
 		}
 		tcfg.Sync.JobID = tcfg.JobID
-		s, err := localsgd.New(model.Params(), opt, trainer.NewRingBackend(tcfg.ListenAddr, tcfg.Sync), scfg)
+		s, err := localsgd.New(model.Params(), opt, ring.NewBackend(tcfg.ListenAddr, tcfg.Sync), scfg)
 		if err != nil {
 			return fail(err)
 		}

@@ -14,23 +14,23 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/examples/otelcol"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/telemetry"
 )
 
 // documentedSpans and documentedMetrics are what the trainer documents
 // (trainer/doc.go, docs/operations.md) and exports.
 var (
-	documentedSpans = []string{trainer.SpanJoin, trainer.SpanStateSync, trainer.SpanStep, trainer.SpanAllReduce,
-		trainer.SpanCommit, trainer.SpanCheckpoint, trainer.SpanRecovery}
+	documentedSpans = []string{telemetry.SpanJoin, telemetry.SpanStateSync, telemetry.SpanStep, telemetry.SpanAllReduce,
+		telemetry.SpanCommit, telemetry.SpanCheckpoint, telemetry.SpanRecovery}
 	documentedMetrics = map[string]string{ // name -> unit
-		trainer.MetricStepDuration:     "s",
-		trainer.MetricSamples:          "{sample}",
-		trainer.MetricWorldSize:        "{worker}",
-		trainer.MetricRounds:           "{round}",
-		trainer.MetricRecoveries:       "{recovery}",
-		trainer.MetricRecoveryDuration: "s",
-		trainer.MetricGoodput:          "1",
-		trainer.MetricStragglers:       "{report}",
+		telemetry.MetricStepDuration:     "s",
+		telemetry.MetricSamples:          "{sample}",
+		telemetry.MetricWorldSize:        "{worker}",
+		telemetry.MetricRounds:           "{round}",
+		telemetry.MetricRecoveries:       "{recovery}",
+		telemetry.MetricRecoveryDuration: "s",
+		telemetry.MetricGoodput:          "1",
+		telemetry.MetricStragglers:       "{report}",
 	}
 )
 
@@ -92,11 +92,11 @@ func TestSpansAndMetricsReachARealCollector(t *testing.T) {
 	workers := map[any]bool{}
 	for _, s := range spans {
 		require.Equal(t, "elastictrain-mnist", s.Resource["service.name"])
-		require.Equal(t, job, s.Resource[string(trainer.AttrJob)])
+		require.Equal(t, job, s.Resource[string(telemetry.AttrJob)])
 		workers[s.Resource["service.instance.id"]] = true
-		if s.Name == trainer.SpanStep {
-			for _, k := range []string{string(trainer.AttrRound), string(trainer.AttrRank), string(trainer.AttrWorldSize),
-				string(trainer.AttrStep), string(trainer.AttrEpoch)} {
+		if s.Name == telemetry.SpanStep {
+			for _, k := range []string{string(telemetry.AttrRound), string(telemetry.AttrRank), string(telemetry.AttrWorldSize),
+				string(telemetry.AttrStep), string(telemetry.AttrEpoch)} {
 				require.Contains(t, s.Attributes, k, "step span attribute")
 			}
 		}
@@ -108,8 +108,8 @@ func TestSpansAndMetricsReachARealCollector(t *testing.T) {
 	byName := map[string][]collector.Metric{}
 	for _, m := range metrics {
 		byName[m.Name] = append(byName[m.Name], m)
-		require.Equal(t, job, m.Resource[string(trainer.AttrJob)])
-		require.Equal(t, job, m.Attributes[string(trainer.AttrJob)], "%s carries the job attribute", m.Name)
+		require.Equal(t, job, m.Resource[string(telemetry.AttrJob)])
+		require.Equal(t, job, m.Attributes[string(telemetry.AttrJob)], "%s carries the job attribute", m.Name)
 	}
 	for name, unit := range documentedMetrics {
 		ms := byName[name]
@@ -127,12 +127,12 @@ func TestSpansAndMetricsReachARealCollector(t *testing.T) {
 	// steps, the JSON's world sizes say 3) may end between two exports: the
 	// gauge shows 2 after the kill and never more than 3.
 	require.Equal(t, 3, res.WorldSizes[0], "the first round had 3 workers")
-	require.LessOrEqual(t, max(trainer.MetricWorldSize), 3.0, "the world size gauge")
-	require.GreaterOrEqual(t, max(trainer.MetricRecoveries), 1.0, "the survivors count the recovery")
-	require.GreaterOrEqual(t, max(trainer.MetricRecoveryDuration), 1.0, "a recovery duration was recorded")
-	require.GreaterOrEqual(t, max(trainer.MetricSamples), float64(60000/512*512)-512*3, "rank 0 counts the samples it applied")
+	require.LessOrEqual(t, max(telemetry.MetricWorldSize), 3.0, "the world size gauge")
+	require.GreaterOrEqual(t, max(telemetry.MetricRecoveries), 1.0, "the survivors count the recovery")
+	require.GreaterOrEqual(t, max(telemetry.MetricRecoveryDuration), 1.0, "a recovery duration was recorded")
+	require.GreaterOrEqual(t, max(telemetry.MetricSamples), float64(60000/512*512)-512*3, "rank 0 counts the samples it applied")
 	ws := []float64{}
-	for _, m := range byName[trainer.MetricWorldSize] {
+	for _, m := range byName[telemetry.MetricWorldSize] {
 		if !slices.Contains(ws, m.Value) {
 			ws = append(ws, m.Value)
 		}

@@ -38,6 +38,8 @@ import (
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -192,7 +194,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	pcfg.Tables = []paramserver.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
 		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
 	pcfg.Sync.JobID = tcfg.JobID
-	audit, err := trainer.OpenFileAudit(c.audit)
+	audit, err := audit.OpenFile(c.audit)
 	if err != nil {
 		return fail(err)
 	}
@@ -208,7 +210,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	defer tel.Close()
 	opts := append(tel.Options(), trainer.WithAudit(audit), trainer.WithLogger(log), trainer.WithHooks(hooks))
 	if c.ckpt != "" {
-		st, err := trainer.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
+		st, err := checkpoint.NewLocalDir(filepath.Join(c.ckpt, "trainer"), 3)
 		if err != nil {
 			return fail(err)
 		}

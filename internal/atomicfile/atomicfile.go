@@ -4,7 +4,7 @@
 // instant a crash hits): the new content goes to a
 // temporary file in the same directory, which is fsynced, renamed over the
 // name, and the directory is fsynced so the rename itself is durable. The
-// trainer's durable checkpoints (trainer.LocalDir), the parameter server's
+// trainer's durable checkpoints (checkpoint.LocalDir), the parameter server's
 // shard store (paramserver.DirShardStore) and the checkpoints of partitioned state
 // (trainer/ps) all write through it, so one implementation is tested for
 // every crash point (see SetFaultHook).

@@ -5,11 +5,22 @@
 // once, no hang, identical parameters, a readable checkpoint: see run.go).
 // It is internal: tests use it, users do not.
 //
+// # Where the parts live
+//
+// The harness, its worker program, the fault injection and the invariant
+// checks (harness_test.go, worker_test.go, inject_test.go, run_test.go,
+// stats_test.go) import the trainer, elastic, dataloader and launch, so
+// they live in this package's test files: `go test ./internal/faultinject`
+// builds them into the test binary (the worker is that binary re-executed),
+// and no production package can import them. The package proper is what
+// other packages' tests use too, with the standard library only beneath it:
+// Proxy, and the fault kinds and random Schedule.
+//
 // # Worker processes
 //
 // A worker is the test binary re-executed with EnvWorker set: its TestMain
 // calls WorkerMain, which trains the linear-regression job of package
-// trainer/trainertest (a few milliseconds per step) with a trainer.FileAudit
+// trainer/trainertest (a few milliseconds per step) with a audit.File
 // shared by all workers, durable checkpoints in a shared directory, and the
 // timings of WorkerConfig. It reports its rounds, steps and end as
 // launch.Events on the launcher's events pipe (read back as Reports) and

@@ -24,7 +24,7 @@ import (
 // lost those acknowledged writes: the round the workers train in, a
 // membership change and every heartbeat since the hold. The job must train
 // on to the end with every invariant: every sample of every epoch exactly
-// once (trainer.VerifyAudit through the harness), identical parameters on
+// once (audit.Verify through the harness), identical parameters on
 // every rank, no worker left blocked, and a worker that arrives after the
 // failover is admitted.
 func TestRedisSentinelFailoverLosingWrites(t *testing.T) {

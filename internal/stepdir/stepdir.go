@@ -2,7 +2,7 @@
 // entries named by a step ("<prefix><step, 20 digits><suffix>") in one
 // directory, each written through internal/atomicfile (temporary file,
 // fsync, rename, fsync of the directory), of which the newest N are kept.
-// An entry is a regular file (the trainer's checkpoints, trainer.LocalDir)
+// An entry is a regular file (the trainer's checkpoints, checkpoint.LocalDir)
 // or a directory of files (the parameter server's shards committed at a
 // step, paramserver.DirShardStore); the store lists, prunes and removes
 // only entries of its kind under their canonical names, never anything

@@ -6,7 +6,7 @@
 // $REDIS_ADDR if set, else 127.0.0.1:6379 if it answers PING. If neither
 // answers and CI=true, the test fails (CI must provide Redis). Otherwise a
 // redis-server is started once per test binary on a free loopback port if the
-// binary is on PATH, else an embedded server (package elastic/standalone)
+// binary is on PATH, else an embedded server (package internal/embedredis, which elastic/standalone serves)
 // whose keys expire in real time. The shared server is shared: tests keep to
 // their own key prefix (JobID) and never flush it.
 //
@@ -53,7 +53,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
-	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/internal/embedredis"
 )
 
 // DefaultAddr is the address probed when $REDIS_ADDR is empty.
@@ -141,7 +141,7 @@ type Server struct {
 	mu       sync.Mutex
 	addr     string
 	cmd      *exec.Cmd
-	embedded *standalone.Server
+	embedded *embedredis.Server
 	running  bool
 	// command builds the redis-server process (StartOn); nil: exec.Command.
 	command func(name string, args ...string) *exec.Cmd
@@ -249,7 +249,7 @@ func (s *Server) startProcess(bin string) error {
 }
 
 func (s *Server) startEmbedded() error {
-	e, err := standalone.Start(context.Background(), s.addr)
+	e, err := embedredis.Start(context.Background(), s.addr)
 	if err != nil {
 		return err
 	}

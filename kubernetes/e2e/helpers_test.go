@@ -25,7 +25,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/internal/testredis"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
 )
 
 // manifestDir holds the manifests users apply (examples/kubernetes).
@@ -243,10 +243,10 @@ func (ns *testNS) requireExactAudit(t *testing.T, samples, batch, epochs int) {
 	f, err := os.Open(ns.audit)
 	require.NoError(t, err)
 	defer f.Close()
-	entries, err := trainer.ReadAuditLog(f)
+	entries, err := audit.ReadLog(f)
 	require.NoError(t, err)
 	steps := samples / batch
-	rep := trainer.VerifyAudit(entries, epochs, func(epoch int) []int {
+	rep := audit.Verify(entries, epochs, func(epoch int) []int {
 		return dataloader.Order(7, epoch, samples)[:steps*batch]
 	})
 	require.Zero(t, rep.Missing, "audit: samples never trained")

@@ -1,4 +1,4 @@
-// Package jobscale is an autoscale.Platform for Kubernetes: the workers of
+// Package jobscale is a worker.Platform for Kubernetes: the workers of
 // an Indexed Job whose spec.parallelism is the training job's world size
 // size it through the Kubernetes API alone (client-go), with no operator
 // and no custom resource.

@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // Environment variables that FromEnv reads; the Job's Pod template sets
@@ -72,7 +72,7 @@ func FromEnv() Config {
 	return Config{Namespace: os.Getenv(EnvNamespace), Pod: os.Getenv(EnvPod), Job: os.Getenv(EnvJob)}
 }
 
-// Scaler is an autoscale.Platform for the workers of an Indexed Job: it
+// Scaler is a worker.Platform for the workers of an Indexed Job: it
 // sizes the Job through the Kubernetes API alone, with no operator or
 // custom resource. It is safe for concurrent use.
 //
@@ -84,7 +84,7 @@ type Scaler struct {
 	cfg    Config
 }
 
-var _ autoscale.Platform = (*Scaler)(nil)
+var _ worker.Platform = (*Scaler)(nil)
 
 // New returns a Scaler of cfg's Job that calls the API through client.
 func New(client kubernetes.Interface, cfg Config) (*Scaler, error) {

@@ -10,7 +10,7 @@
 // (authenticated per-peer streams and the round's failure state); this
 // package frames its requests on those streams and never touches the
 // collectives' state. trainer/ps runs it inside the trainer's loop as a
-// trainer.Partition. The names sync.ParamServer, sync.TableSpec,
+// driver.Partition. The names sync.ParamServer, sync.TableSpec,
 // sync.NewSparseAdam, ... are deprecated aliases of this package's.
 //
 // # Why here

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+
+	"github.com/elastictrain/elastictrain/worker"
 )
 
 // ErrInvalidConfig reports a Config that fails validation.
@@ -25,7 +27,7 @@ type Config struct {
 	// removes release themselves and leave gracefully) and bounds the
 	// world size by its capacity. nil: decisions are recommendations only
 	// (logged, in StepInfo and the metrics), nothing is enacted.
-	Platform Platform
+	Platform worker.Platform
 
 	// DecisionInterval: the policy considers a change at every step that
 	// is a multiple of it. Default 25 steps.

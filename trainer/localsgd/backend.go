@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/elastictrain/elastictrain/sync"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // statCounters are read by Stats from any goroutine.
@@ -13,17 +13,17 @@ type statCounters struct {
 	outer, bytes atomic.Int64
 }
 
-// backend is Strategy's trainer.Backend face.
+// backend is Strategy's driver.Backend face.
 type backend Strategy
 
-// Listen implements trainer.Backend: the base Backend's.
+// Listen implements driver.Backend: the base Backend's.
 func (b *backend) Listen(ctx context.Context) (string, error) { return b.base.Listen(ctx) }
 
-// Close implements trainer.Backend: the base Backend's.
+// Close implements driver.Backend: the base Backend's.
 func (b *backend) Close() error { return b.base.Close() }
 
-// Connect implements trainer.Backend: the base Backend's round, with the
-// strategy's outer step (trainer.LocalStepper).
+// Connect implements driver.Backend: the base Backend's round, with the
+// strategy's outer step (driver.LocalStepper).
 func (b *backend) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
 	c, err := b.base.Connect(ctx, w)
 	if err != nil {
@@ -42,7 +42,7 @@ type round struct {
 	s *Strategy
 }
 
-// OuterStep implements trainer.LocalStepper: after H local steps (or with
+// OuterStep implements driver.LocalStepper: after H local steps (or with
 // final, after any), one float32 sum-allreduce of the parameter change
 // and the outer optimizer's update; synced is true when no local step is
 // pending afterwards.
@@ -62,7 +62,7 @@ func (g *gatherRound) AllGather(ctx context.Context, send, recv []byte) error {
 }
 
 var (
-	_ trainer.Backend      = (*backend)(nil)
-	_ trainer.LocalStepper = (*round)(nil)
-	_ sync.AllGatherer     = (*gatherRound)(nil)
+	_ driver.Backend      = (*backend)(nil)
+	_ driver.LocalStepper = (*round)(nil)
+	_ sync.AllGatherer    = (*gatherRound)(nil)
 )

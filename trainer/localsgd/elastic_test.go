@@ -16,6 +16,9 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -35,10 +38,10 @@ type job struct {
 	prob  *trainertest.Problem
 	cfg   trainer.Config
 	inner func() trainer.Optimizer
-	audit *trainer.MemoryAudit
+	audit *audit.Memory
 	outer localsgd.Config
 
-	ckpt trainer.CheckpointStore // nil: none
+	ckpt driver.CheckpointStore // nil: none
 
 	mu       stdsync.Mutex
 	models   map[*trainertest.Worker]*trainertest.Model
@@ -53,7 +56,7 @@ func newJob(t *testing.T, minWorkers int, inner func() trainer.Optimizer, outer 
 	cfg.Elastic.MinWorkers, cfg.Elastic.MaxWorkers = minWorkers, 3
 	store := elastic.NewRedisStore(testredis.Client(t))
 	return &job{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store, Timeout: 2 * time.Minute}),
-		prob: trainertest.NewProblem(samples, 8, 0.1, 3), cfg: cfg, inner: inner, audit: &trainer.MemoryAudit{},
+		prob: trainertest.NewProblem(samples, 8, 0.1, 3), cfg: cfg, inner: inner, audit: &audit.Memory{},
 		outer: outer, models: map[*trainertest.Worker]*trainertest.Model{}, trainers: map[*trainertest.Worker]*trainer.Trainer[trainertest.Batch]{}}
 }
 
@@ -134,7 +137,7 @@ func (j *job) finish() string {
 	for i := range all {
 		all[i] = i
 	}
-	rep := trainer.VerifyAudit(j.audit.Entries(), epochs, func(int) []int { return all })
+	rep := audit.Verify(j.audit.Entries(), epochs, func(int) []int { return all })
 	if rep.Missing != 0 || rep.Duplicates != 0 || rep.Steps != epochs*samples/globalBatch {
 		j.t.Fatalf("audit: %+v, want every sample once in %d steps", rep, epochs*samples/globalBatch)
 	}
@@ -364,7 +367,7 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 // the others (with a replacement) roll back to it; exactly-once holds.
 func TestPreemptionBetweenOuterStepsCheckpointsTheLastOuterStep(t *testing.T) {
 	j := newJob(t, 2, func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }, localsgd.Config{Every: every, Outer: localsgd.Average})
-	dir, err := trainer.NewLocalDir(t.TempDir(), 10)
+	dir, err := checkpoint.NewLocalDir(t.TempDir(), 10)
 	if err != nil {
 		t.Fatal(err)
 	}

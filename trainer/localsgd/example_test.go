@@ -12,7 +12,7 @@ import (
 )
 
 // DiLoCo with 8 local steps between outer steps, over an in-memory Backend
-// (trainer.NewRingBackend in a real job): 2 epochs of 16 steps take 4
+// (ring.NewBackend in a real job): 2 epochs of 16 steps take 4
 // outer steps, each one allreduce of the model's 5 parameters (20 bytes).
 func Example() {
 	prob := trainertest.NewProblem(256, 4, 0.05, 1)

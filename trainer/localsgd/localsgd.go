@@ -22,18 +22,18 @@
 //
 // # Use
 //
-//	s, err := localsgd.New(params, trainer.NewAdam(1e-3), trainer.NewRingBackend(cfg.ListenAddr, cfg.Sync), localsgd.DefaultConfig())
+//	s, err := localsgd.New(params, trainer.NewAdam(1e-3), ring.NewBackend(cfg.ListenAddr, cfg.Sync), localsgd.DefaultConfig())
 //	tr, err := trainer.New(params, s.Optimizer(), loader, step, store, cfg, trainer.WithBackend(s.Backend()))
 //
 // # Through the trainer's seams
 //
-// The strategy is a trainer.Backend that wraps another one (the ring by
-// default) and whose rounds' Synchronizers implement trainer.LocalStepper,
+// The strategy is a driver.Backend that wraps another one (the ring by
+// default) and whose rounds' Synchronizers implement driver.LocalStepper,
 // and a trainer.Optimizer that wraps the inner optimizer. The outer
 // optimizer's state (its momentum, and how many local steps were taken
 // since the last outer step) is part of the optimizer's state, so every
 // commit and checkpoint holds it and a restore continues from it. The
-// trainer commits only at outer steps (trainer.LocalStepper): a failure,
+// trainer commits only at outer steps (driver.LocalStepper): a failure,
 // a join or a preemption between two outer steps rolls every rank back to
 // the last outer step, parameters, optimizers and loader cursor together,
 // and exactly-once holds across it. Between outer steps the inner
@@ -69,6 +69,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // Outer names the outer optimizer.
@@ -144,7 +145,7 @@ type Strategy struct {
 	cfg    Config
 	params []trainer.Param
 	inner  trainer.Optimizer
-	base   trainer.Backend
+	base   driver.Backend
 
 	anchor   [][]float32 // the parameters of the last outer step
 	anchored bool        // anchor holds them (false after New and LoadState until the next Step)
@@ -159,7 +160,7 @@ type Strategy struct {
 // inner as the local optimizer and base as the Backend its rounds
 // communicate over. It returns an error wrapping trainer.ErrInvalidConfig
 // for an invalid cfg, no params, or a nil inner or base.
-func New(params []trainer.Param, inner trainer.Optimizer, base trainer.Backend, cfg Config) (*Strategy, error) {
+func New(params []trainer.Param, inner trainer.Optimizer, base driver.Backend, cfg Config) (*Strategy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -199,12 +200,12 @@ func (s *Strategy) Stats() Stats {
 // own (AppendState, LoadState).
 func (s *Strategy) Optimizer() trainer.Optimizer { return (*optimizer)(s) }
 
-// Backend returns the trainer.Backend to give trainer.WithBackend: the base
-// Backend, whose rounds' Synchronizers also implement trainer.LocalStepper
+// Backend returns the driver.Backend to give trainer.WithBackend: the base
+// Backend, whose rounds' Synchronizers also implement driver.LocalStepper
 // (and sync.AllGatherer when the base's do).
-func (s *Strategy) Backend() trainer.Backend { return (*backend)(s) }
+func (s *Strategy) Backend() driver.Backend { return (*backend)(s) }
 
-// outerStep is trainer.LocalStepper's OuterStep over comm.
+// outerStep is driver.LocalStepper's OuterStep over comm.
 func (s *Strategy) outerStep(ctx context.Context, comm sync.Synchronizer, final bool) (bool, error) {
 	if s.count == 0 {
 		return true, nil

@@ -9,6 +9,8 @@ import (
 
 	"github.com/elastictrain/elastictrain/sync/synctest"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/ring"
 )
 
 // twoRanks makes one Strategy per rank over its own two parameters of one
@@ -22,7 +24,7 @@ func twoRanks(t *testing.T, cfg Config, start []float32) []*Strategy {
 			{Name: "a", Shape: []int{1}, Value: []float32{start[0]}, Grad: make([]float32, 1)},
 			{Name: "b", Shape: []int{1}, Value: []float32{start[1]}, Grad: make([]float32, 1)},
 		}
-		s, err := New(ps, trainer.NewSGD(1), trainer.NewRingBackend("127.0.0.1:0", trainer.DefaultConfig().Sync), cfg)
+		s, err := New(ps, trainer.NewSGD(1), ring.NewBackend("127.0.0.1:0", trainer.DefaultConfig().Sync), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -192,11 +194,11 @@ func TestStateRoundTrip(t *testing.T) {
 
 func TestNewRefusesBadInput(t *testing.T) {
 	ps := []trainer.Param{{Name: "a", Shape: []int{1}, Value: []float32{1}, Grad: []float32{0}}}
-	base := trainer.NewRingBackend("127.0.0.1:0", trainer.DefaultConfig().Sync)
+	base := ring.NewBackend("127.0.0.1:0", trainer.DefaultConfig().Sync)
 	for name, c := range map[string]struct {
 		ps    []trainer.Param
 		inner trainer.Optimizer
-		base  trainer.Backend
+		base  driver.Backend
 		cfg   Config
 	}{
 		"H 0":           {ps, trainer.NewSGD(1), base, Config{Every: 0}},

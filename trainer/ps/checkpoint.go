@@ -44,7 +44,7 @@ type fileRef struct {
 	sum  atomicfile.Sum
 }
 
-// Checkpoint implements trainer.Partition: it makes this rank's share of
+// Checkpoint implements driver.Partition: it makes this rank's share of
 // the shards of the committed step durable apart from the commit files
 // (which later commits prune) and returns the manifest that names them.
 //

@@ -1,5 +1,5 @@
 // Package ps runs the parameter server (package sync/paramserver) inside the
-// trainer's loop, as partitioned state (trainer.Partition): embedding tables
+// trainer's loop, as partitioned state (driver.Partition): embedding tables
 // whose rows are split over the ranks of each round, pulled and pushed by
 // the user's StepFunc, committed, restored, re-partitioned and
 // checkpointed in step with the replicated state (the dense parameters,
@@ -22,7 +22,7 @@
 //
 // The trainer may import sync, never the reverse (sync moves numbers
 // between the ranks of a round and knows nothing of the loop), and the
-// Partition contract speaks the trainer's types (trainer.PartitionRound),
+// Partition contract speaks the trainer's types (driver.PartitionRound),
 // so the adapter lives on the trainer's side, beside the protocol in
 // sync/paramserver, which stays usable without the trainer (a dedicated
 // parameter-server process, examples/ps-bench). It is not in package trainer

@@ -19,6 +19,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // ErrNoRound is returned by Pull and Push outside a round (before the
@@ -77,7 +78,7 @@ type Config struct {
 	// newest checkpoint damaged can fall back to an older one. Default
 	// nil: only the newest published checkpoint's shards (and later ones)
 	// are kept.
-	Checkpoints trainer.CheckpointStore
+	Checkpoints driver.CheckpointStore
 	// Logger receives the partition's logs. Default: discard.
 	Logger *slog.Logger
 }
@@ -120,7 +121,7 @@ func (c Config) Validate() error {
 }
 
 // Partition is the parameter server's part on this worker: it implements
-// trainer.Partition, and gives the StepFunc the current round's Pull and
+// driver.Partition, and gives the StepFunc the current round's Pull and
 // Push. Every method is called from the trainer's loop goroutine (the
 // StepFunc runs there too); Tables may be called after Run returned. Not
 // safe for concurrent use otherwise.
@@ -194,10 +195,10 @@ func hashTables(specs []paramserver.TableSpec) string {
 	return strconv.FormatUint(h.Sum64(), 16)
 }
 
-// Name implements trainer.Partition.
+// Name implements driver.Partition.
 func (p *Partition) Name() string { return p.cfg.Name }
 
-// Listen implements trainer.Partition: it opens the parameter server's
+// Listen implements driver.Partition: it opens the parameter server's
 // transport and returns its address.
 func (p *Partition) Listen(ctx context.Context) (string, error) {
 	if p.tr != nil {
@@ -221,7 +222,7 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 	return tr.Addr(), nil
 }
 
-// Restore implements trainer.Partition: it brings the tables to their value
+// Restore implements driver.Partition: it brings the tables to their value
 // at r.Step, partitioned over r.World's ranks.
 //
 // The shards' step of r.Step comes from a commit record for Source
@@ -237,7 +238,7 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 // no live rank and nowhere in Dir, or the manifests or their files are
 // damaged or of other tables; otherwise the round's errors (*sync.PeerError,
 // sync.ErrTimeout, ...), which end the round.
-func (p *Partition) Restore(ctx context.Context, r trainer.PartitionRound) error {
+func (p *Partition) Restore(ctx context.Context, r driver.PartitionRound) error {
 	if p.ps == nil {
 		return fmt.Errorf("%w: ps: Restore before Listen", trainer.ErrInvalidConfig)
 	}
@@ -345,7 +346,7 @@ func (p *Partition) CheckpointSeconds() float64 { return p.ckptTime }
 // since rolled back) then send its shards' step, the others nothing; two
 // max-allreduces on r.Comm. A rank whose record lost drops its in-memory
 // commits of that shards' step and later, which are another history's.
-func (p *Partition) agreeStep(ctx context.Context, r trainer.PartitionRound) (int64, error) {
+func (p *Partition) agreeStep(ctx context.Context, r driver.PartitionRound) (int64, error) {
 	if r.Comm == nil {
 		return 0, fmt.Errorf("%w: ps: restore of a commit without a Comm", trainer.ErrInvalidConfig)
 	}
@@ -461,7 +462,7 @@ func (p *Partition) Commit(ctx context.Context, step int64) error {
 	return nil
 }
 
-// EndRound implements trainer.Partition: a barrier of the parameter
+// EndRound implements driver.Partition: a barrier of the parameter
 // server's round (every rank's requests to this rank's shards are
 // answered), then the round is closed.
 func (p *Partition) EndRound(ctx context.Context) error {
@@ -495,7 +496,7 @@ func (p *Partition) closeRound() {
 	}
 }
 
-// Close implements trainer.Partition: it closes the round, the parameter
+// Close implements driver.Partition: it closes the round, the parameter
 // server and its transport. Dir stays.
 func (p *Partition) Close() error {
 	p.closeRound()

@@ -21,6 +21,8 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -76,7 +78,7 @@ type job struct {
 	t     *testing.T
 	dir   string
 	scfg  sync.Config
-	ckpts trainer.CheckpointStore
+	ckpts driver.CheckpointStore
 	round uint64
 	async bool // PSAsync mode
 }
@@ -155,7 +157,7 @@ func (j *job) restore(rs []*rank, step int64, source string, manifests [][]byte)
 				return
 			}
 			rings[i] = ring
-			errs[i] = r.part.Restore(ctx, trainer.PartitionRound{
+			errs[i] = r.part.Restore(ctx, driver.PartitionRound{
 				World: sync.World{Round: j.round, Rank: i, Addrs: psAddrs}, Step: step,
 				Source: source, Manifests: manifests, Published: published, Comm: ring})
 		})
@@ -360,7 +362,7 @@ func TestRescale323(t *testing.T) {
 // publish is the trainer's part of a checkpoint, as rank 0 does it once
 // every rank's Checkpoint returned: one atomic write of a blob naming every
 // rank's manifest.
-func publish(t *testing.T, st trainer.CheckpointStore, step int64, manifests [][]byte) error {
+func publish(t *testing.T, st driver.CheckpointStore, step int64, manifests [][]byte) error {
 	t.Helper()
 	b, err := json.Marshal(manifests)
 	if err != nil {
@@ -601,7 +603,7 @@ func TestCheckpointCrashAtEveryPoint(t *testing.T) {
 	}
 	for k := 0; ; k++ {
 		j := newJob(t)
-		st, err := trainer.NewLocalDir(t.TempDir(), 1)
+		st, err := checkpoint.NewLocalDir(t.TempDir(), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -680,7 +682,7 @@ func TestCheckpointKeptUntilALaterOneIsPublished(t *testing.T) {
 	for _, withStore := range []bool{false, true} {
 		t.Run(fmt.Sprintf("Checkpoints=%v", withStore), func(t *testing.T) {
 			j := newJob(t)
-			st, err := trainer.NewLocalDir(t.TempDir(), 2)
+			st, err := checkpoint.NewLocalDir(t.TempDir(), 2)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -751,7 +753,7 @@ func TestCheckpointKeptUntilALaterOneIsPublished(t *testing.T) {
 }
 
 // man18 reads the manifests of the checkpoint of step 18 from st.
-func man18(t *testing.T, st trainer.CheckpointStore) [][]byte {
+func man18(t *testing.T, st driver.CheckpointStore) [][]byte {
 	t.Helper()
 	b, err := st.Load(context.Background(), 18)
 	if err != nil {

@@ -16,6 +16,9 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -67,8 +70,8 @@ type tjob struct {
 	id     string
 	store  elastic.Store
 	dir    string
-	ckpt   trainer.CheckpointStore
-	audit  *trainer.MemoryAudit
+	ckpt   driver.CheckpointStore
+	audit  *audit.Memory
 	epochs int
 	batch  int
 	// failAt, when set, makes the StepFunc of worker i fail, before its
@@ -82,12 +85,12 @@ type tjob struct {
 }
 
 func newTJob(t *testing.T) *tjob {
-	ck, err := trainer.NewLocalDir(t.TempDir(), 3)
+	ck, err := checkpoint.NewLocalDir(t.TempDir(), 3)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
-		dir: t.TempDir(), ckpt: ck, audit: &trainer.MemoryAudit{}, epochs: 3, batch: 32}
+		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32}
 }
 
 func logger() *slog.Logger {
@@ -236,7 +239,7 @@ func (j *tjob) checkFinished(ws []*worker) {
 			t.Fatalf("dense parameter %v on one rank, %v on another", fin[0].bias[0], w.bias[0])
 		}
 	}
-	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	rep := audit.Verify(j.audit.Entries(), j.epochs, j.expected)
 	if rep.Missing != 0 || rep.Duplicates != 0 || rep.Steps != j.epochs*samples/j.batch {
 		t.Fatalf("audit: %+v", rep)
 	}
@@ -342,7 +345,7 @@ func TestTrainerEmptyShares(t *testing.T) {
 			t.Fatalf("worker %d: %+v, %v", i, w.res, w.err)
 		}
 	}
-	rep := trainer.VerifyAudit(j.audit.Entries(), j.epochs, j.expected)
+	rep := audit.Verify(j.audit.Entries(), j.epochs, j.expected)
 	if rep.Missing != 0 || rep.Duplicates != 0 {
 		t.Fatalf("audit: %+v", rep)
 	}

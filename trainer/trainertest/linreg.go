@@ -5,7 +5,7 @@
 //     with a known optimum (NewProblem, NewModel). Its forward and
 //     backward passes are plain loops in a fixed order, so a fixed batch
 //     always gives the same bits.
-//   - An in-memory trainer.Backend (Network, Backend): rounds of
+//   - An in-memory driver.Backend (Network, Backend): rounds of
 //     sync/synctest ranks, with the faults of that package
 //     (NetworkConfig.OnGroup) and Backend.Kill.
 //   - Cluster: N trainers of one job in one test over an in-memory

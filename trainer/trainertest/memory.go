@@ -10,7 +10,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/sync/synctest"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // Network connects the in-memory Backends of one test: each Backend gets
@@ -63,7 +63,7 @@ func NewNetwork(cfg NetworkConfig) *Network {
 	return &Network{cfg: cfg, backends: map[string]*Backend{}, rounds: map[string]*pendingRound{}}
 }
 
-// Backend returns a new in-memory trainer.Backend on the Network.
+// Backend returns a new in-memory driver.Backend on the Network.
 func (n *Network) Backend() *Backend {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -77,7 +77,7 @@ func (n *Network) Backend() *Backend {
 // returns for a peer address no live Backend holds.
 var ErrUnreachable = errors.New("trainertest: peer unreachable")
 
-// Backend is an in-memory trainer.Backend: its rounds' Synchronizers are
+// Backend is an in-memory driver.Backend: its rounds' Synchronizers are
 // synctest ranks (with sync.AllGatherer). Kill makes it vanish as a
 // killed process's transport does. Safe for concurrent use.
 type Backend struct {
@@ -107,7 +107,7 @@ func (b *Backend) Connects() int {
 	return b.connects
 }
 
-// Listen implements trainer.Backend.
+// Listen implements driver.Backend.
 func (b *Backend) Listen(context.Context) (string, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -118,7 +118,7 @@ func (b *Backend) Listen(context.Context) (string, error) {
 	return b.addr, nil
 }
 
-// Connect implements trainer.Backend: it waits until every rank of w
+// Connect implements driver.Backend: it waits until every rank of w
 // connected (ConnectTimeout), or fails at once with a *sync.PeerError
 // naming a rank whose address no live Backend holds, or that gave up.
 func (b *Backend) Connect(ctx context.Context, w sync.World) (sync.Synchronizer, error) {
@@ -241,7 +241,7 @@ func (b *Backend) Kill() {
 	}
 }
 
-// Close implements trainer.Backend: the Backend no longer connects rounds
+// Close implements driver.Backend: the Backend no longer connects rounds
 // (its rounds' Synchronizers are closed by the trainer).
 func (b *Backend) Close() error {
 	b.mu.Lock()
@@ -251,4 +251,4 @@ func (b *Backend) Close() error {
 	return nil
 }
 
-var _ trainer.Backend = (*Backend)(nil)
+var _ driver.Backend = (*Backend)(nil)

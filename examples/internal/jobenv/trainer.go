@@ -10,6 +10,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
 )
 
 // TrainerHooks returns hooks that report a worker's rounds (on every rank)
@@ -51,18 +52,18 @@ func PreemptOnSIGTERM(preempt func()) (stop func()) {
 }
 
 // VerifyAuditFile replays the audit log a job's workers wrote to path
-// (trainer.FileAudit) with trainer.VerifyAudit.
-func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (trainer.AuditReport, error) {
+// (audit.File) with audit.Verify.
+func VerifyAuditFile(path string, epochs int, expected func(epoch int) []int) (audit.Report, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return trainer.AuditReport{}, fmt.Errorf("audit: %w", err)
+		return audit.Report{}, fmt.Errorf("audit: %w", err)
 	}
 	defer f.Close()
-	entries, err := trainer.ReadAuditLog(f)
+	entries, err := audit.ReadLog(f)
 	if err != nil {
-		return trainer.AuditReport{}, err
+		return audit.Report{}, err
 	}
-	return trainer.VerifyAudit(entries, epochs, expected), nil
+	return audit.Verify(entries, epochs, expected), nil
 }
 
 // Fail returns the error handler of a worker of the program name: it

@@ -30,6 +30,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/telemetry"
 )
 
 // Help texts of the -otlp and -metrics flags.
@@ -211,7 +212,7 @@ func New(ctx context.Context, service, otlp, metrics string, worker int, job str
 	res := resource.NewWithAttributes(semconv.SchemaURL,
 		semconv.ServiceName(service),
 		semconv.ServiceInstanceID(fmt.Sprintf("%s/worker-%d/pid-%d", job, worker, os.Getpid())),
-		attribute.String(string(trainer.AttrJob), job),
+		attribute.String(string(telemetry.AttrJob), job),
 	)
 	if otlp != "" {
 		ep, err := ParseOTLPEndpoint(otlp)

@@ -173,7 +173,7 @@ func run() int {
 		},
 	})}
 	if *audit != "" {
-		a, err := trainer.OpenFileAudit(*audit)
+		a, err := audit.OpenFile(*audit)
 		if err != nil {
 			return fail(err)
 		}

@@ -27,6 +27,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -111,7 +112,7 @@ func run() int {
 		},
 	})}
 	if *ckpt != "" {
-		st, err := trainer.NewLocalDir(*ckpt, 3)
+		st, err := checkpoint.NewLocalDir(*ckpt, 3)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
 			return launch.StatusFailed

@@ -13,7 +13,8 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
 
 // Bounds are the time limits a run must keep; exceeding one is a violation
@@ -54,7 +55,7 @@ type RunResult struct {
 	Finished int
 	SHA      string
 	// Audit is the exactly-once check of the job's audit log.
-	Audit trainer.AuditReport
+	Audit audit.Report
 	// Checkpoints counts the durable checkpoints that loaded.
 	Checkpoints int
 	// Wall is the run's duration.
@@ -328,18 +329,18 @@ func (h *Harness) check(ctx context.Context, res *RunResult, b Bounds) {
 
 // VerifyAuditFile reads a job's audit log and checks that every sample of
 // every epoch is part of exactly one surviving step.
-func VerifyAuditFile(path string, cfg Config) (trainer.AuditReport, error) {
+func VerifyAuditFile(path string, cfg Config) (audit.Report, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return trainer.AuditReport{}, err
+		return audit.Report{}, err
 	}
 	defer f.Close()
-	entries, err := trainer.ReadAuditLog(f)
+	entries, err := audit.ReadLog(f)
 	if err != nil {
-		return trainer.AuditReport{}, err
+		return audit.Report{}, err
 	}
 	steps := cfg.StepsPerEpoch()
-	return trainer.VerifyAudit(entries, cfg.Epochs, func(e int) []int {
+	return audit.Verify(entries, cfg.Epochs, func(e int) []int {
 		return dataloader.Order(cfg.Seed, e, cfg.Samples)[:steps*cfg.GlobalBatch]
 	}), nil
 }
@@ -347,7 +348,7 @@ func VerifyAuditFile(path string, cfg Config) (trainer.AuditReport, error) {
 // LoadCheckpoints loads (and so checksums) every durable checkpoint in dir
 // and returns how many there are; the error names the ones that fail.
 func LoadCheckpoints(ctx context.Context, dir string) (int, error) {
-	st, err := trainer.NewLocalDir(dir, 0)
+	st, err := checkpoint.NewLocalDir(dir, 0)
 	if err != nil {
 		return 0, err
 	}

@@ -1,4 +1,4 @@
-package trainer
+package audit
 
 import (
 	"encoding/json"
@@ -8,10 +8,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// FileAudit's hand-written lines are encoding/json's bytes for every kind
-// of entry, so ReadAuditLog and any JSON tool read them as before.
+// File's hand-written lines are encoding/json's bytes for every kind
+// of entry, so ReadLog and any JSON tool read them as before.
 func TestAuditLinesAreEncodingJSONs(t *testing.T) {
-	entries := []AuditEntry{
+	entries := []Entry{
 		{},
 		{Kind: "step", Gen: 1764600000123, Round: 3, Rank: 2, Step: 41, Epoch: 1, Indices: []int{5, 0, 59999, -1}, Base: 0},
 		{Kind: "agreed", Gen: math.MaxUint64, Round: math.MaxUint64, Rank: -1, Step: math.MinInt64, Base: math.MaxInt64, Restored: true},
@@ -27,7 +27,7 @@ func TestAuditLinesAreEncodingJSONs(t *testing.T) {
 }
 
 func BenchmarkAuditLine(b *testing.B) {
-	e := AuditEntry{Kind: "step", Gen: 1764600000123, Round: 1, Rank: 1, Step: 400, Indices: make([]int, 32)}
+	e := Entry{Kind: "step", Gen: 1764600000123, Round: 1, Rank: 1, Step: 400, Indices: make([]int, 32)}
 	for i := range e.Indices {
 		e.Indices[i] = 1000 * i
 	}

@@ -26,6 +26,9 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -66,7 +69,7 @@ type WorkerConfig struct {
 	// of ListenAddr); Unix sockets and shared memory are then off, so every
 	// byte between ranks crosses the proxy.
 	AdvertiseAddr string `json:"advertise_addr,omitempty"`
-	// AuditPath is the shared audit log (trainer.FileAudit).
+	// AuditPath is the shared audit log (audit.File).
 	AuditPath string `json:"audit_path"`
 	// CheckpointDir is the shared checkpoint directory ("" = none).
 	CheckpointDir string `json:"checkpoint_dir,omitempty"`
@@ -204,7 +207,7 @@ func (s *stuckGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
 
 // slowSave is a CheckpointStore whose first Save takes a PhaseSave's time.
 type slowSave struct {
-	trainer.CheckpointStore
+	driver.CheckpointStore
 	d    time.Duration
 	log  *slog.Logger
 	once sync.Once
@@ -409,7 +412,7 @@ func WorkerMain() int {
 		cfg.Sync.AdvertiseAddr = wc.AdvertiseAddr
 		cfg.Sync.LocalSockets, cfg.Sync.SharedMemory = false, false
 	}
-	audit, err := trainer.OpenFileAudit(wc.AuditPath)
+	audit, err := audit.OpenFile(wc.AuditPath)
 	if err != nil {
 		return fail(err)
 	}
@@ -425,11 +428,11 @@ func WorkerMain() int {
 		},
 	})}
 	if wc.CheckpointDir != "" {
-		dir, err := trainer.NewLocalDir(wc.CheckpointDir, 3)
+		dir, err := checkpoint.NewLocalDir(wc.CheckpointDir, 3)
 		if err != nil {
 			return fail(err)
 		}
-		var st trainer.CheckpointStore = dir
+		var st driver.CheckpointStore = dir
 		if ph, ok := wc.phase(PhaseSave); ok {
 			st = &slowSave{CheckpointStore: dir, d: ph.For, log: logger}
 		}

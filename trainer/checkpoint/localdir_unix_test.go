@@ -1,6 +1,6 @@
 //go:build unix
 
-package trainer
+package checkpoint
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // A FIFO under a checkpoint name is refused at once (opening one for
@@ -17,6 +19,6 @@ func TestLocalDirRefusesAFIFO(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, syscall.Mkfifo(d.path(500), 0o644))
 	_, err = d.Load(context.Background(), 500)
-	require.ErrorIs(t, err, ErrCorruptCheckpoint)
+	require.ErrorIs(t, err, driver.ErrCorruptCheckpoint)
 	require.ErrorContains(t, err, "not a regular file")
 }
