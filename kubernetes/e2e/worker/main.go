@@ -37,6 +37,7 @@ import (
 	"github.com/elastictrain/elastictrain/kubernetes/jobscale"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -75,7 +76,7 @@ func run() int {
 	delay := flag.Duration("delay", 2*time.Millisecond, "least time per step")
 	minW := flag.Int("min", 1, "Elastic.MinWorkers")
 	maxW := flag.Int("max", 8, "Elastic.MaxWorkers")
-	audit := flag.String("audit", "", "append the exactly-once audit log to this file")
+	auditPath := flag.String("audit", "", "append the exactly-once audit log to this file")
 	scale := flag.Bool("autoscale", false, "size the job by measured goodput through the Job's parallelism")
 	interval := flag.Int("decision-interval", 0, "autoscale.Config.DecisionInterval (0: its default)")
 	measure := flag.Int("measure-steps", 0, "autoscale.Config.MeasureSteps (0: its default)")
@@ -172,8 +173,8 @@ func run() int {
 			}
 		},
 	})}
-	if *audit != "" {
-		a, err := audit.OpenFile(*audit)
+	if *auditPath != "" {
+		a, err := audit.OpenFile(*auditPath)
 		if err != nil {
 			return fail(err)
 		}
