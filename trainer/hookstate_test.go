@@ -58,6 +58,13 @@ type hookJob struct {
 	ck    atomic.Int64   // the newest checkpoint written
 	model map[*trainertest.Worker]*trainertest.Model
 	moved chan struct{} // signalled when step or ck grows
+	// holdAt > 0 holds every rank in OnStep at that step or later, once a
+	// checkpoint of holdCk or later was written, until hold is closed: the
+	// test kills the whole job there, and the job must not run to its end
+	// first (a CPU hog let a 150-step job finish before its kills).
+	holdAt atomic.Int64
+	holdCk int64
+	hold   chan struct{}
 }
 
 func (j *hookJob) violation(format string, a ...any) {
@@ -101,6 +108,9 @@ func (j *hookJob) start(c *trainertest.Cluster) *trainertest.Worker {
 				st.last = s.Step
 				opt.SetLearningRate(hookLR(st.counter)) // the rate of the next step
 				j.raise(&j.step, s.Step)
+				if at := j.holdAt.Load(); at > 0 && s.Step >= at && j.ck.Load() >= j.holdCk {
+					<-j.hold
+				}
 			},
 			OnCheckpoint: func(s int64, err error) {
 				if err == nil {
@@ -121,7 +131,8 @@ func newHookJob(t *testing.T, ckpt CheckpointStore) *hookJob {
 	cfg.Epochs, cfg.Deterministic, cfg.CheckpointEvery = 3, true, 10
 	cfg.Elastic.MinWorkers = 2
 	return &hookJob{t: t, prob: trainertest.NewProblem(800, 6, 0.05, 5), cfg: cfg, ckpt: ckpt,
-		srcs: map[string]int{}, model: map[*trainertest.Worker]*trainertest.Model{}, moved: make(chan struct{}, 1)}
+		srcs: map[string]int{}, model: map[*trainertest.Worker]*trainertest.Model{}, moved: make(chan struct{}, 1),
+		hold: make(chan struct{})}
 }
 
 // raise sets *v to at least x and signals the change.
@@ -182,6 +193,8 @@ func TestHookStateIsPartOfItsStepsCommit(t *testing.T) {
 	dir, err := NewLocalDir(t.TempDir(), 0)
 	require.NoError(t, err)
 	j := newHookJob(t, dir)
+	j.holdAt.Store(60)
+	j.holdCk = 50
 	c1 := trainertest.NewCluster(t, trainertest.ClusterConfig{})
 	ws := []*trainertest.Worker{j.start(c1), j.start(c1), j.start(c1)}
 	j.waitFor("step", &j.step, 17)
@@ -191,8 +204,10 @@ func TestHookStateIsPartOfItsStepsCommit(t *testing.T) {
 	j.waitFor("step", &j.step, 60)
 	j.waitFor("checkpoint", &j.ck, 50)
 	for _, w := range ws {
-		c1.Kill(w) // the whole job crashes
+		c1.Kill(w) // the whole job crashes, held at step 60 or later
 	}
+	j.holdAt.Store(0)
+	close(j.hold)
 	for _, w := range ws {
 		<-w.Done()
 	}

@@ -3,6 +3,7 @@ package trainer_test
 import (
 	"math"
 	stdsync "sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,6 +54,12 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 	var recs []lrRecord
 	var rounds []RoundInfo
 	steps := make(chan int64, 4096)
+	// Every rank holds in OnStep from step 24 until the test killed the
+	// whole job there: a 60-step job must not run to its end before its
+	// kills (under a CPU hog the test's goroutine can lag the workers).
+	var holdAt atomic.Int64
+	holdAt.Store(24)
+	hold := make(chan struct{})
 	build := func(jobID string) func(w *trainertest.Worker) (trainertest.Runner, error) {
 		return func(w *trainertest.Worker) (trainertest.Runner, error) {
 			m := trainertest.NewModel(4)
@@ -84,6 +91,9 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 				case steps <- s.Step:
 				default:
 				}
+				if h := holdAt.Load(); h > 0 && s.Step >= h {
+					<-hold
+				}
 			}}))
 			// The optimizer's own rate is not the schedule's: the schedule wins.
 			return New(m.Params(), NewSGD(1), loader, m.Step, w.Store, cfg, opts...)
@@ -113,8 +123,10 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 	e := c.Start(build(job)) // a join
 	waitStep(24)
 	for _, w := range []*trainertest.Worker{a, d, e} {
-		c.Kill(w) // the whole job crashes
+		c.Kill(w) // the whole job crashes, held at step 24 or later
 	}
+	holdAt.Store(0)
+	close(hold)
 
 	// The whole job restarts from its newest checkpoint (a new store: the
 	// old one still has the dead members).
