@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/elastictrain/elastictrain/sync/internal/hostaddr"
 )
 
 // advertisedAddr is the address a Transport listening on ln advertises:
@@ -157,7 +159,7 @@ func parseRouteTable(sc *bufio.Scanner) string {
 // isLoopbackHost reports whether an advertised address names this host's
 // loopback (127.0.0.0/8, ::1 or "localhost").
 func isLoopbackHost(addr string) bool {
-	k := hostKey(addr)
+	k := hostaddr.Key(addr)
 	if ip, err := netip.ParseAddr(k); err == nil {
 		return ip.IsLoopback()
 	}

@@ -2,9 +2,8 @@ package sync
 
 import (
 	"fmt"
-	"net"
-	"net/netip"
-	"strings"
+
+	"github.com/elastictrain/elastictrain/sync/internal/hostaddr"
 )
 
 // Hierarchy selects how an AllReduce of more than Config.DirectBytes runs
@@ -71,26 +70,13 @@ type layout struct {
 	hostOf []int   // by rank: index into hosts
 }
 
-// hostKey is the host part of an advertised address, normalised so that
-// equal hosts compare equal.
-func hostKey(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return ip.Unmap().WithZone("").String()
-	}
-	return strings.ToLower(host)
-}
-
 // newLayout groups the ranks of addrs by host and resolves want to the
 // allreduce the round runs.
 func newLayout(addrs []string, want Hierarchy) layout {
 	l := layout{mode: HierarchyOff, hostOf: make([]int, len(addrs))}
 	index := map[string]int{}
 	for r, a := range addrs {
-		k := hostKey(a)
+		k := hostaddr.Key(a)
 		h, ok := index[k]
 		if !ok {
 			h = len(l.hosts)

@@ -152,18 +152,6 @@ func (wc *WorkerConfig) phase(kind string) (Phase, bool) {
 	return Phase{}, false
 }
 
-// sleepCtx waits d or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // slowGet is a Dataset whose first Get takes a PhaseGet's time.
 type slowGet struct {
 	dataloader.Dataset[trainertest.Sample]
@@ -176,7 +164,7 @@ func (s *slowGet) Get(ctx context.Context, i int) (trainertest.Sample, error) {
 	var err error
 	s.once.Do(func() {
 		s.log.Info("slow dataset fetch (faultinject)", "for", s.d)
-		err = sleepCtx(ctx, s.d) // the slow fetch itself
+		err = sleep(ctx, s.d) // the slow fetch itself
 	})
 	if err != nil {
 		return trainertest.Sample{}, err
@@ -217,7 +205,7 @@ func (s *slowSave) Save(ctx context.Context, step int64, data []byte) error {
 	var err error
 	s.once.Do(func() {
 		s.log.Info("slow checkpoint save (faultinject)", "for", s.d, "step", step)
-		err = sleepCtx(ctx, s.d) // the slow write itself
+		err = sleep(ctx, s.d) // the slow write itself
 	})
 	if err != nil {
 		return err
@@ -470,7 +458,7 @@ func WorkerMain() int {
 			if calls++; calls == ph.AtStep {
 				logger.Info("a phase of the user's own, marked busy (faultinject)", "for", ph.For)
 				done := trainer.Busy(ctx, "evaluation")
-				err := sleepCtx(ctx, ph.For) // the user's long phase
+				err := sleep(ctx, ph.For) // the user's long phase
 				done()
 				if err != nil {
 					return 0, err

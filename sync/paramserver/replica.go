@@ -4,10 +4,9 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
-	"net/netip"
-	"strings"
 	gosync "sync"
+
+	"github.com/elastictrain/elastictrain/sync/internal/hostaddr"
 
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
@@ -213,19 +212,6 @@ func (im *image) dropPrev() {
 	}
 }
 
-// hostOfAddr is the host part of a rank's advertised address (host:port),
-// normalised so that equal hosts compare equal.
-func hostOfAddr(addr string) string {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		host = addr
-	}
-	if ip, err := netip.ParseAddr(strings.Trim(host, "[]")); err == nil {
-		return ip.Unmap().WithZone("").String()
-	}
-	return strings.ToLower(host)
-}
-
 // replicasOf returns the ranks that keep a copy of the commits of a shard
 // hosted by owner, in a round whose ranks advertise addrs: k of them (at
 // most len(addrs)-1), ranks on other hosts than owner's first, each group
@@ -238,12 +224,12 @@ func replicasOf(owner int, addrs []string, k int) []int {
 	if k <= 0 || owner < 0 || owner >= n {
 		return nil
 	}
-	home := hostOfAddr(addrs[owner])
+	home := hostaddr.Key(addrs[owner])
 	out := make([]int, 0, k)
 	for pass := 0; pass < 2 && len(out) < k; pass++ {
 		for i := 1; i < n && len(out) < k; i++ {
 			q := (owner + i) % n
-			if (hostOfAddr(addrs[q]) != home) == (pass == 0) {
+			if (hostaddr.Key(addrs[q]) != home) == (pass == 0) {
 				out = append(out, q)
 			}
 		}
