@@ -29,8 +29,9 @@ import (
 // checkpoint (the snapshot's "autoscale" section).
 //
 // The control values never touch the parameters: the norms are read from
-// the gradients, and in deterministic mode the control values travel in
-// their own allreduce.
+// the gradients, and the control values travel in lanes of their own
+// after the gradients (float32 lanes, or float64 values in deterministic
+// mode).
 
 // Releasable is an optional capability of a Partition: whether this
 // rank's part of the partitioned state is held by another rank too, so
@@ -163,7 +164,7 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		return
 	}
 	var sq float64
-	if t.cfg.Deterministic {
+	if t.det {
 		if len(t.fixed) != t.nvalues {
 			t.fixed = make([]float64, t.nvalues)
 		}
@@ -210,7 +211,7 @@ func (t *Trainer[B]) noteGlobalGradients(n float64, sync time.Duration) {
 			sq += float64(g) * float64(g)
 		}
 	}
-	if !t.cfg.Deterministic && n > 0 {
+	if !t.det && n > 0 {
 		sq /= n * n
 	}
 	s.cur.bigSq, s.cur.sync = sq, sync.Seconds()

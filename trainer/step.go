@@ -21,7 +21,7 @@ import (
 // stays bounded whatever the share.
 func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
 	if b.Micro == nil {
-		if t.cfg.Deterministic {
+		if t.det {
 			return 0, 0, fmt.Errorf("%w: Deterministic needs the loader's MicroBatch set", ErrInvalidConfig)
 		}
 		if len(b.Indices) == 0 {
@@ -40,7 +40,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		loss, err = t.stepFn(ctx, b)
 		return loss, 0, err
 	}
-	if t.cfg.Deterministic {
+	if t.det {
 		for len(t.micro) < len(b.Micro) {
 			t.micro = append(t.micro, make([]float32, t.nvalues))
 		}
@@ -118,7 +118,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 // summed exactly in fixed point as in reduceGrads, without the allreduce,
 // and scaled by w/globalSize.
 func (t *Trainer[B]) localGrads(ctx context.Context, gmax float64, globalSize, w int) error {
-	if !t.cfg.Deterministic {
+	if !t.det {
 		return nil
 	}
 	return t.fixedPointSum(ctx, nil, gmax, globalSize, w)
@@ -144,7 +144,7 @@ func (t *Trainer[B]) localGrads(ctx context.Context, gmax float64, globalSize, w
 // simplest of the reproducible-summation schemes; compare the binned sums of
 // Demmel & Nguyen, "Fast Reproducible Floating-Point Summation", ARITH 2013.)
 func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gmax float64, globalSize int) error {
-	if !t.cfg.Deterministic {
+	if !t.det {
 		if gr, ok := comm.(GradientReducer); ok {
 			return gr.SumGradients(ctx, t.gradList)
 		}
@@ -188,6 +188,13 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 			return err
 		}
 	}
+	t.unfix(fixed, s, globalSize, w)
+	return nil
+}
+
+// unfix writes the exact fixed-point sums at scale 2^s back into the
+// parameters' Grad buffers, divided by globalSize and multiplied by w.
+func (t *Trainer[B]) unfix(fixed []float64, s, globalSize, w int) {
 	unscale, inv := math.Ldexp(1, -s), float64(w)/float64(max(globalSize, 1))
 	off := 0
 	for _, p := range t.params {
@@ -197,5 +204,62 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 		}
 		off += len(p.Grad)
 	}
-	return nil
+}
+
+// reduceFixed is deterministic mode's step in one collective: this rank's
+// micro-batches' gradients (gmax their largest |gradient|) are converted
+// to integers at the scale the previous step's agreed exponent gives
+// (detScaleExp) and summed, the control values ctl (putControl's) are
+// appended, and one float64 SUM-allreduce sums both over the ranks; the
+// control values are decoded into o (sumControl, readControl), and the
+// exact sums, scaled back and divided by globalSize, go to the Grad
+// buffers. When some rank's gradients did not fit the scale (the agreed
+// largest |gradient| is at or above the bound), every rank sees it in o
+// and sums the step again at the scale of that gradient (fixedPointSum, a
+// second collective): the same decision on every rank, taken from the
+// same numbers in any world, so the bits stay those of any other run of
+// the job. It returns whether the collective completed (every rank's
+// control values arrived) and ErrDiverged when a gradient is not finite.
+// The agreed exponent of an applied step becomes the next one's (t.detExp).
+func (t *Trainer[B]) reduceFixed(ctx context.Context, comm sync.Synchronizer, ctl []float64, gmax float64, globalSize, W int, o *stepOutcome) (bool, error) {
+	n := t.nvalues
+	if len(t.detBuf) != n+len(ctl) {
+		t.detBuf = make([]float64, n+len(ctl))
+	}
+	buf := t.detBuf
+	fixed := buf[:n]
+	clear(fixed)
+	s, bound := detScaleExp(t.detExp, globalSize)
+	if gmax < bound { // false for NaN: then the step is not summed at this scale anyway
+		scale := math.Ldexp(1, s)
+		const magic = 1.5 * (1 << 52) // rounds to an integer: see fixedPointSum
+		for k := range t.microCount {
+			for i, g := range t.micro[k][:n] {
+				fixed[i] += (float64(g)*scale + magic) - magic
+			}
+		}
+	}
+	copy(buf[n:], ctl)
+	if err := comm.AllReduceFloat64(ctx, buf, sync.OpSum); err != nil {
+		return false, err
+	}
+	copy(ctl, buf[n:])
+	sumControl(ctl)
+	readControl(ctl, W, true, o)
+	switch {
+	case o.diverged:
+		// Every rank saw the same largest gradient: all stop here, together.
+		return true, fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
+	case o.stepFailed || o.samples == 0:
+		return true, nil // nobody applies this step: nothing to scale back
+	case !(o.gradMax < bound):
+		t.detRedone++
+		if err := t.fixedPointSum(ctx, comm, o.gradMax, globalSize, 1); err != nil {
+			return true, err
+		}
+	default:
+		t.unfix(fixed, s, globalSize, 1)
+	}
+	t.detExp = gradExp(o.gradMax, t.detExp)
+	return true, nil
 }

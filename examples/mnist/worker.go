@@ -40,8 +40,11 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
-// detMicroBatch is the micro-batch size of -deterministic runs.
-const detMicroBatch = 32
+// detMicroBatch is the default micro-batch size: a quarter of the default
+// global batch, so balancing can move a quarter of it at a time (a worker
+// twice as slow trains 16 of 64 samples, and the step waits 0.75 of the
+// even split's time for the other, not 1).
+const detMicroBatch = 16
 
 // Exit statuses of a worker.
 const (
@@ -81,9 +84,10 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.seed
-	if c.deterministic {
+	if !c.nondeterministic && c.micro > 0 {
 		// Fixed micro-batches: the same shapes, and so the same bits,
-		// whatever the world size.
+		// whatever the world size (the trainer's default deterministic
+		// mode needs them).
 		dcfg.MicroBatch = min(c.micro, c.batch)
 	}
 	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
@@ -106,7 +110,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
 	tcfg.Sync.Secret = secret
-	tcfg.Deterministic = c.deterministic
+	tcfg.Deterministic, tcfg.NonDeterministic = c.deterministic, c.nondeterministic
 	tcfg.Balance = c.balance
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
@@ -292,7 +296,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	sha := paramsSHA256(model.Params())
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore)}})
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore),
+			"step_breakdown_ms": stepBreakdown(res.StepTimes)}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return status
