@@ -44,6 +44,16 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		for len(t.micro) < len(b.Micro) {
 			t.micro = append(t.micro, make([]float32, t.nvalues))
 		}
+		// In the one-collective step (reduceFixed) the scale is known
+		// before the StepFunc runs: each micro-batch's gradients are
+		// converted and summed while they are copied, in one pass.
+		var fixed []float64
+		scale := 0.0
+		if t.detFuse {
+			fixed = t.detBuf[:t.nvalues]
+			clear(fixed)
+			scale = math.Ldexp(1, t.detS)
+		}
 		for k := range b.Micro {
 			l, err := t.stepFn(ctx, b.MicroBatch(k))
 			if err != nil {
@@ -56,6 +66,14 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 			var m float32
 			for _, p := range t.params {
 				copy(dst[off:], p.Grad)
+				if fixed != nil {
+					// The rounding of fixedPointSum; a value past the
+					// bound is summed again at another scale (reduceFixed).
+					f := fixed[off : off+len(p.Grad)]
+					for i, g := range p.Grad {
+						f[i] += (float64(g)*scale + fixMagic) - fixMagic
+					}
+				}
 				for _, g := range p.Grad {
 					if g > m {
 						m = g
@@ -153,6 +171,10 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	return t.fixedPointSum(ctx, comm, gmax, globalSize, 1)
 }
 
+// fixMagic rounds a float64 below 2^51 in magnitude to the nearest
+// integer: (x + fixMagic) - fixMagic (see fixedPointSum).
+const fixMagic = 1.5 * (1 << 52)
+
 // fixedPointSum is the deterministic mode of reduceGrads (comm non-nil) and
 // localGrads (comm nil: this rank's micro-batches only): the exact sum,
 // divided by globalSize and multiplied by w.
@@ -176,11 +198,10 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 	// (ties to even) in IEEE 754 double arithmetic, which Go never
 	// reassociates.
 	scale := math.Ldexp(1, s)
-	const magic = 1.5 * (1 << 52)
 	for k := range t.microCount {
 		mg := t.micro[k][:len(fixed)]
 		for i, g := range mg {
-			fixed[i] += (float64(g)*scale + magic) - magic
+			fixed[i] += (float64(g)*scale + fixMagic) - fixMagic
 		}
 	}
 	if comm != nil {
@@ -228,17 +249,20 @@ func (t *Trainer[B]) reduceFixed(ctx context.Context, comm sync.Synchronizer, ct
 	}
 	buf := t.detBuf
 	fixed := buf[:n]
-	clear(fixed)
 	s, bound := detScaleExp(t.detExp, globalSize)
-	if gmax < bound { // false for NaN: then the step is not summed at this scale anyway
-		scale := math.Ldexp(1, s)
-		const magic = 1.5 * (1 << 52) // rounds to an integer: see fixedPointSum
-		for k := range t.microCount {
-			for i, g := range t.micro[k][:n] {
-				fixed[i] += (float64(g)*scale + magic) - magic
+	if !t.detFuse || s != t.detS || t.microCount == 0 {
+		// Not summed by compute (or with no micro-batch: cleared here).
+		clear(fixed)
+		if gmax < bound { // false for NaN: then the step is not summed at this scale anyway
+			scale := math.Ldexp(1, s)
+			for k := range t.microCount {
+				for i, g := range t.micro[k][:n] {
+					fixed[i] += (float64(g)*scale + fixMagic) - fixMagic
+				}
 			}
 		}
 	}
+	t.detFuse = false
 	copy(buf[n:], ctl)
 	if err := comm.AllReduceFloat64(ctx, buf, sync.OpSum); err != nil {
 		return false, err

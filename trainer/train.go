@@ -118,6 +118,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 		}
 		redone := t.detRedone
+		if fixedOne {
+			if len(t.detBuf) != t.nvalues+len(ctl) {
+				t.detBuf = make([]float64, t.nvalues+len(ctl))
+			}
+			t.detS, _ = detScaleExp(t.detExp, b.GlobalSize)
+			t.detFuse = b.Micro != nil
+		}
 		clk.lap(&clk.cur.Loader)
 		loss, gmax, stepErr := t.compute(sctx, b)
 		t.microCount = len(b.Micro)

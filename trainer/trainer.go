@@ -108,9 +108,11 @@ type Trainer[B any] struct {
 	detExp              int         // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
 	detBuf              []float64   // deterministic mode: the one collective's buffer, fixed-point sums then control values
 	detRedone           int64       // deterministic mode: steps summed again at a wider scale (reduceFixed)
-	clock               stepClock   // the step being trained, by part
-	stepTimes           StepTimes   // the applied steps', by part (Result.StepTimes)
-	nvalues             int         // values over all parameters
+	detFuse             bool        // compute sums this step's micro-batches into detBuf at scale 2^detS (reduceFixed)
+	detS                int
+	clock               stepClock // the step being trained, by part
+	stepTimes           StepTimes // the applied steps', by part (Result.StepTimes)
+	nvalues             int       // values over all parameters
 	runStart            time.Time
 
 	// Balancing (balance.go), owned by Run's goroutine.
