@@ -173,9 +173,12 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		sum := t.fixed
 		clear(sum)
 		for k := range t.microCount {
-			for i, g := range t.micro[k][:len(sum)] {
-				sum[i] += float64(g)
-			}
+			t.microGrads(k, func(off int, g []float32) {
+				s := sum[off : off+len(g)]
+				for i, x := range g {
+					s[i] += float64(x)
+				}
+			})
 		}
 		for _, x := range sum {
 			sq += x * x

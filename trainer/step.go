@@ -41,7 +41,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		return loss, 0, err
 	}
 	if t.det {
-		for len(t.micro) < len(b.Micro) {
+		for len(t.micro) < len(b.Micro)-1 { // the last one is not copied (microGrads)
 			t.micro = append(t.micro, make([]float32, t.nvalues))
 		}
 		// In the one-collective step (reduceFixed) the scale is known
@@ -61,11 +61,19 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 			}
 			// Quantised per micro-batch, so the sum is exact in any order.
 			loss += math.Round(l * lossScale)
-			dst := t.micro[k]
+			// The last micro-batch's gradients stay in the Grad buffers
+			// until the sum replaces them (microGrads): no copy.
+			keep := k < len(b.Micro)-1
+			var dst []float32
+			if keep {
+				dst = t.micro[k]
+			}
 			off := 0
 			var m float32
 			for _, p := range t.params {
-				copy(dst[off:], p.Grad)
+				if keep {
+					copy(dst[off:], p.Grad)
+				}
 				if fixed != nil {
 					// The rounding of fixedPointSum; a value past the
 					// bound is summed again at another scale (reduceFixed).
@@ -171,6 +179,35 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	return t.fixedPointSum(ctx, comm, gmax, globalSize, 1)
 }
 
+// microGrads calls f with the gradients of this rank's micro-batch k
+// (k < t.microCount) as flat runs starting at offset off of the model's
+// values: t.micro[k], or, for the last one, which compute does not copy,
+// the parameters' Grad buffers (until the sum replaces them).
+func (t *Trainer[B]) microGrads(k int, f func(off int, g []float32)) {
+	if k < t.microCount-1 {
+		f(0, t.micro[k][:t.nvalues])
+		return
+	}
+	off := 0
+	for _, p := range t.params {
+		f(off, p.Grad)
+		off += len(p.Grad)
+	}
+}
+
+// addMicro adds every micro-batch's gradients, rounded to integers at the
+// given scale, to fixed.
+func (t *Trainer[B]) addMicro(fixed []float64, scale float64) {
+	for k := range t.microCount {
+		t.microGrads(k, func(off int, g []float32) {
+			f := fixed[off : off+len(g)]
+			for i, x := range g {
+				f[i] += (float64(x)*scale + fixMagic) - fixMagic
+			}
+		})
+	}
+}
+
 // fixMagic rounds a float64 below 2^51 in magnitude to the nearest
 // integer: (x + fixMagic) - fixMagic (see fixedPointSum).
 const fixMagic = 1.5 * (1 << 52)
@@ -198,12 +235,7 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 	// (ties to even) in IEEE 754 double arithmetic, which Go never
 	// reassociates.
 	scale := math.Ldexp(1, s)
-	for k := range t.microCount {
-		mg := t.micro[k][:len(fixed)]
-		for i, g := range mg {
-			fixed[i] += (float64(g)*scale + fixMagic) - fixMagic
-		}
-	}
+	t.addMicro(fixed, scale)
 	if comm != nil {
 		if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
 			return err
@@ -254,12 +286,7 @@ func (t *Trainer[B]) reduceFixed(ctx context.Context, comm sync.Synchronizer, ct
 		// Not summed by compute (or with no micro-batch: cleared here).
 		clear(fixed)
 		if gmax < bound { // false for NaN: then the step is not summed at this scale anyway
-			scale := math.Ldexp(1, s)
-			for k := range t.microCount {
-				for i, g := range t.micro[k][:n] {
-					fixed[i] += (float64(g)*scale + fixMagic) - fixMagic
-				}
-			}
+			t.addMicro(fixed, math.Ldexp(1, s))
 		}
 	}
 	t.detFuse = false
