@@ -21,6 +21,7 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/gorgoniastep/cpuops"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 )
 
@@ -230,6 +231,11 @@ func runWorker(c *config, stderr io.Writer) int {
 		f, _ := os.Create(fmt.Sprintf("%s.%d", p, os.Getpid()))
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
+	}
+	if cpuops.Kernel() == "openblas" {
+		// Said once, at the start: the promise of the same bits holds
+		// only among workers with the same libopenblas and CPU kind.
+		logger.Info("built with OpenBLAS: the parameters are the same bits only between workers with the same libopenblas on the same kind of CPU")
 	}
 	res, err := tr.Run(ctx)
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
