@@ -70,9 +70,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	// one sum-allreduce (packControl), instead of in a max-allreduce of
 	// their own before it: every rank then reduces its gradients even at a
 	// step some rank failed or that has no sample anywhere, and nobody
-	// applies those. Deterministic mode needs the largest gradient before
-	// it converts the gradients, and a GradientReducer sums them its own
-	// way: both keep the control allreduce.
+	// applies those. A GradientReducer sums the gradients its own way: it
+	// keeps the control allreduce (outside deterministic mode, which does
+	// not use it).
 	_, reducer := comm.(GradientReducer)
 	// A LocalStepper's ranks step on their own gradients and commit only
 	// where their parameters agree (see LocalStepper).
