@@ -1,13 +1,20 @@
 package trainer
 
-import "fmt"
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/bits"
+)
 
 // MicroBatcher is the optional capability of a loader that cuts global
 // batches into fixed micro-batches (*dataloader.Loader has it):
 // MicroBatchSize is the micro-batch size in samples, 0 when the loader does
-// not cut them. Config.Deterministic needs micro-batches; with this
-// capability New refuses a loader without them at once. A loader without
-// the capability is checked at its first batch instead.
+// not cut them. Deterministic mode, the default, needs micro-batches: with
+// Config.Deterministic, New refuses a loader whose MicroBatchSize is 0 (a
+// loader without the capability is checked at its first batch instead);
+// without it, such a loader (or one without the capability) makes the
+// trainer non-deterministic, which Run says once at its start.
 type MicroBatcher interface {
 	MicroBatchSize() int
 }
@@ -23,4 +30,83 @@ func checkDeterministic(cfg Config, loader any) error {
 			"(fixed micro-batches are what keeps the sums the same at every world size)", ErrInvalidConfig)
 	}
 	return nil
+}
+
+// deterministicMode decides the trainer's mode from cfg and the loader:
+// det, and when the default could not be kept, why not (for Run's log).
+func deterministicMode(cfg Config, loader any, merger bool) (det bool, why string) {
+	switch {
+	case cfg.Deterministic:
+		return true, ""
+	case cfg.NonDeterministic:
+		return false, "Config.NonDeterministic is set"
+	case merger:
+		return false, "the loader is a StateMerger: which samples each rank trains depends on timing"
+	}
+	m, ok := loader.(MicroBatcher)
+	switch {
+	case !ok:
+		return false, fmt.Sprintf("the loader %T does not say it cuts micro-batches (trainer.MicroBatcher)", loader)
+	case m.MicroBatchSize() <= 0:
+		return false, "the loader cuts no micro-batches (set dataloader.Config.MicroBatch)"
+	}
+	return true, ""
+}
+
+// The fixed-point scale of deterministic mode's one-collective step
+// (reduceFixed). A step's gradients are converted to integers at the scale
+// 2^s, s = 52 - E - bits(globalSize), before anything is known of this
+// step's largest gradient: E is the previous step's agreed exponent (its
+// largest |gradient| over the global batch is below 2^e) plus
+// detHeadroom. A value below 2^E becomes an integer below
+// 2^(52-bits(globalSize)), so any sum of at most globalSize of them is an
+// integer below 2^52, which float64 adds exactly in any order. Each rank's
+// largest |gradient| travels in the same allreduce (a control value): when
+// the global one is 2^E or more (gradients grew more than 2^detHeadroom
+// fold in one step), every rank learns it at once and sums the step again
+// at the scale of its own largest gradient (fixedPointSum), with a second
+// collective. The exponent after each step is part of every commit and
+// checkpoint (the snapshot's "detscale" section), so a resumed run scales
+// every step as an uninterrupted one does.
+const (
+	detHeadroom = 4
+	// detExpStart is the previous exponent assumed at a job's first step
+	// (and when a restored checkpoint has none): |gradient| < 2^(0+4).
+	detExpStart = 0
+)
+
+// detScaleExp returns the fixed-point exponent s of a step whose previous
+// agreed exponent is prevExp, and the bound 2^E that every |gradient|
+// must stay below.
+func detScaleExp(prevExp, globalSize int) (s int, bound float64) {
+	e := prevExp + detHeadroom
+	return 52 - e - bits.Len(uint(max(globalSize, 1))), math.Ldexp(1, e)
+}
+
+// gradExp is the exponent e of a step's agreed largest |gradient| gmax
+// (gmax < 2^e), or prev when gmax is 0 (no gradient: the scale stays).
+func gradExp(gmax float64, prev int) int {
+	if !(gmax > 0) || math.IsInf(gmax, 0) {
+		return prev
+	}
+	_, e := math.Frexp(gmax)
+	return e
+}
+
+// encodeDetExp is the snapshot section of the exponent e.
+func encodeDetExp(dst []byte, e int) []byte {
+	return binary.LittleEndian.AppendUint64(dst[:0], uint64(int64(e)))
+}
+
+// decodeDetExp reads the snapshot section; detExpStart when absent or
+// out of range (every rank decodes the same bytes alike).
+func decodeDetExp(b []byte) int {
+	if len(b) != 8 {
+		return detExpStart
+	}
+	e := int64(binary.LittleEndian.Uint64(b))
+	if e < -1100 || e > 1100 {
+		return detExpStart
+	}
+	return int(e)
 }

@@ -349,8 +349,7 @@ func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
 // decisions the measurements bring does not matter.
 func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
 	det := func(c *Config) {
-		c.Deterministic = true
-		c.Epochs = 4
+		c.Epochs = 4 // deterministic: the default with the loader's micro-batches
 		c.Elastic.MaxWorkers = 4
 		if c.Autoscale.Enabled {
 			c.Autoscale.MeasureSteps = 20 // the capacity drop (two decision steps, 10 steps) comes first

@@ -57,7 +57,7 @@ import (
 // not the current one, which hooks and restored commits change), the
 // loader's global batch, dataset length and shuffle seed (a Loader's
 // NewCursor, or DataSettings), Config.CommitEvery,
-// Config.Deterministic and Config.BucketBytes (the gradient allreduce's
+// the mode (deterministic or not, see Config.NonDeterministic) and Config.BucketBytes (the gradient allreduce's
 // layout: a member with another one made every step's collective fail, and
 // the job's failure budget ran out).
 var ErrSettingsMismatch = worker.ErrSettingsMismatch
@@ -213,7 +213,7 @@ func (t *Trainer[B]) settingsRow() []float64 {
 		batch, n = float64(gb), float64(dl)
 	}
 	det := 0.0
-	if t.cfg.Deterministic {
+	if t.det {
 		det = 1
 	}
 	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det,

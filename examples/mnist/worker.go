@@ -21,6 +21,9 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/gorgoniastep/cpuops"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
@@ -41,8 +44,11 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
-// detMicroBatch is the micro-batch size of -deterministic runs.
-const detMicroBatch = 32
+// detMicroBatch is the default micro-batch size: a quarter of the default
+// global batch, so balancing can move a quarter of it at a time (a worker
+// twice as slow trains 16 of 64 samples, and the step waits 0.75 of the
+// even split's time for the other, not 1).
+const detMicroBatch = 16
 
 // Exit statuses of a worker.
 const (
@@ -82,9 +88,10 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.seed
-	if c.deterministic {
+	if !c.nondeterministic && c.micro > 0 {
 		// Fixed micro-batches: the same shapes, and so the same bits,
-		// whatever the world size.
+		// whatever the world size (the trainer's default deterministic
+		// mode needs them).
 		dcfg.MicroBatch = min(c.micro, c.batch)
 	}
 	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
@@ -107,7 +114,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
 	tcfg.Sync.Secret = secret
-	tcfg.Deterministic = c.deterministic
+	tcfg.Deterministic, tcfg.NonDeterministic = c.deterministic, c.nondeterministic
 	tcfg.Balance = c.balance
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
@@ -125,12 +132,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts := []trainer.Option{trainer.WithLogger(logger)}
 	if c.audit != "" {
-		audit, err := trainer.OpenFileAudit(c.audit)
+		rec, err := audit.OpenFile(c.audit)
 		if err != nil {
 			return fail(err)
 		}
-		defer audit.Close()
-		opts = append(opts, trainer.WithAudit(audit))
+		defer rec.Close()
+		opts = append(opts, trainer.WithAudit(rec))
 	}
 	tel, err := newTelemetry(ctx, c.otlp, c.metrics, workerIndex(), c.job)
 	if err != nil {
@@ -154,7 +161,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
-		st, err := trainer.NewLocalDir(c.ckpt, 3)
+		st, err := checkpoint.NewLocalDir(c.ckpt, 3)
 		if err != nil {
 			return fail(err)
 		}
@@ -228,6 +235,11 @@ func runWorker(c *config, stderr io.Writer) int {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	if cpuops.Kernel() == "openblas" {
+		// Said once, at the start: the promise of the same bits holds
+		// only among workers with the same libopenblas and CPU kind.
+		logger.Info("built with OpenBLAS: the parameters are the same bits only between workers with the same libopenblas on the same kind of CPU")
+	}
 	res, err := tr.Run(ctx)
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
 	status := exitOK
@@ -296,7 +308,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	sha := paramsSHA256(model.Params())
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore)}})
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore),
+			"step_breakdown_ms": stepBreakdown(res.StepTimes)}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return status
