@@ -23,7 +23,7 @@ func TestAdamDeterministicAcrossAKillAndAJoin(t *testing.T) {
 		j := newMemJob(t, 640, 8, 2)
 		j.afterReduce = afterReduce
 		j.opt = func() Optimizer { return NewAdam(0.02) }
-		j.micro = 4 // deterministic: the default with micro-batches
+		j.micro, j.cfg.Deterministic = 4, true
 		j.cfg.Elastic.MinWorkers = 2
 		ws := make([]*trainertest.Worker, workers)
 		for i := range ws {

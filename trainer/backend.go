@@ -35,8 +35,8 @@ type Backend = driver.Backend
 // SumGradients replaces every tensor of grads (the model's Param.Grad
 // buffers, in model order, the same lengths on every rank) with its
 // element-wise sum over the ranks of the round, identical on every rank.
-// It is not used in deterministic mode (the default), whose exact
-// fixed-point sums need AllReduceFloat64.
+// It is not used in deterministic mode, whose exact fixed-point sums need
+// AllReduceFloat64.
 type GradientReducer interface {
 	SumGradients(ctx context.Context, grads [][]float32) error
 }

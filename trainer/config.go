@@ -102,30 +102,21 @@ type Config struct {
 	// StepSpanEvery samples one step span every this many steps (0 = none).
 	// Default 100.
 	StepSpanEvery int
-	// Deterministic requires deterministic mode: New refuses a set-up that
-	// cannot keep it (a loader without micro-batches, a StateMerger).
-	// Deterministic mode is the default anyway whenever the set-up allows
-	// it (see NonDeterministic); this field makes it a requirement.
-	//
-	// In deterministic mode training is reproducible bit for bit whatever
-	// the world size, the balancer's shares and what failed: the loader
-	// cuts global batches into fixed micro-batches
-	// (dataloader.Config.MicroBatch), the StepFunc runs once per
+	// Deterministic makes training reproducible bit for bit whatever the
+	// world size, the balancer's shares and what failed: the loader must
+	// cut global batches into fixed micro-batches
+	// (dataloader.Config.MicroBatch; New refuses a loader that says it
+	// has none, and a StateMerger), the StepFunc runs once per
 	// micro-batch, and gradients and losses are summed in exact fixed-point
 	// arithmetic, in one allreduce per step like the default mode's (see
-	// the package doc). LocalStepper strategies (package localsgd: LocalSGD,
-	// DiLoCo) depend on the world size by design; their runs are
-	// reproducible at one world size only. Default false.
+	// the package doc). It costs a StepFunc call per micro-batch, the
+	// fixed-point conversion and a float64 allreduce instead of a float32
+	// one. LocalStepper strategies (package localsgd: LocalSGD, DiLoCo)
+	// depend on the world size by design; their runs are reproducible at
+	// one world size only. Default false: the default mode sums float32
+	// gradients in the ring's order, whose last bits depend on the world
+	// size and the balancer's shares.
 	Deterministic bool
-	// NonDeterministic opts out of deterministic mode, the default: the
-	// gradients are summed in float32 in the ring's order, which depends on
-	// the world size and the balancer's shares, so two runs of one job may
-	// differ in the last bits. Without it (and without Deterministic),
-	// the trainer is deterministic when the loader cuts micro-batches
-	// (MicroBatcher) and no StateMerger decides who trains what; otherwise
-	// it says once at the start of Run why it is not. Setting both
-	// Deterministic and NonDeterministic is invalid. Default false.
-	NonDeterministic bool
 	// Autoscale is resource adjustment: every rank measures what a world
 	// size is worth and the same policy decides a target world size, which
 	// Autoscale.Platform enacts (see package autoscale and scaling.go). The
@@ -199,8 +190,6 @@ func (c Config) validate(ring bool) error {
 		return bad("ShareCores %d < 0", c.ShareCores)
 	case c.StepSpanEvery < 0:
 		return bad("StepSpanEvery %d < 0", c.StepSpanEvery)
-	case c.Deterministic && c.NonDeterministic:
-		return bad("Deterministic and NonDeterministic are both set")
 	}
 	if err := c.Autoscale.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrInvalidConfig, err)

@@ -10,11 +10,9 @@ import (
 // MicroBatcher is the optional capability of a loader that cuts global
 // batches into fixed micro-batches (*dataloader.Loader has it):
 // MicroBatchSize is the micro-batch size in samples, 0 when the loader does
-// not cut them. Deterministic mode, the default, needs micro-batches: with
-// Config.Deterministic, New refuses a loader whose MicroBatchSize is 0 (a
-// loader without the capability is checked at its first batch instead);
-// without it, such a loader (or one without the capability) makes the
-// trainer non-deterministic, which Run says once at its start.
+// not cut them. Config.Deterministic needs micro-batches; with this
+// capability New refuses a loader without them at once. A loader without
+// the capability is checked at its first batch instead.
 type MicroBatcher interface {
 	MicroBatchSize() int
 }
@@ -30,27 +28,6 @@ func checkDeterministic(cfg Config, loader any) error {
 			"(fixed micro-batches are what keeps the sums the same at every world size)", ErrInvalidConfig)
 	}
 	return nil
-}
-
-// deterministicMode decides the trainer's mode from cfg and the loader:
-// det, and when the default could not be kept, why not (for Run's log).
-func deterministicMode(cfg Config, loader any, merger bool) (det bool, why string) {
-	switch {
-	case cfg.Deterministic:
-		return true, ""
-	case cfg.NonDeterministic:
-		return false, "Config.NonDeterministic is set"
-	case merger:
-		return false, "the loader is a StateMerger: which samples each rank trains depends on timing"
-	}
-	m, ok := loader.(MicroBatcher)
-	switch {
-	case !ok:
-		return false, fmt.Sprintf("the loader %T does not say it cuts micro-batches (trainer.MicroBatcher)", loader)
-	case m.MicroBatchSize() <= 0:
-		return false, "the loader cuts no micro-batches (set dataloader.Config.MicroBatch)"
-	}
-	return true, ""
 }
 
 // The fixed-point scale of deterministic mode's one-collective step

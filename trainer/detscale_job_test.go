@@ -8,17 +8,16 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
-// Deterministic mode is the default (no Config field set) with a loader
-// that cuts micro-batches, and its one-collective step takes the
-// fixed-point scale from the step before: a step whose gradients grow far
-// past it (targets scaled up a thousandfold) is summed again, on every
-// rank, at a wider scale. Runs of 1 and 2 workers and one of 3 in which a
+// Deterministic mode's one-collective step takes the fixed-point scale
+// from the step before: a step whose gradients grow far past it (targets
+// scaled up a thousandfold) is summed again, on every rank, at a wider
+// scale. Runs of 1 and 2 workers and one of 3 in which a
 // worker is killed and another joins, all balancing, end with the same
 // parameter bits, and they re-summed the same steps.
-func TestDefaultModeIsDeterministicThroughScaleGrowth(t *testing.T) {
+func TestDeterministicThroughScaleGrowth(t *testing.T) {
 	run := func(workers int, fault bool) (*trainertest.Model, []int64) {
 		j := newMemJob(t, 640, 8, 2)
-		j.micro = 4
+		j.micro, j.cfg.Deterministic = 4, true
 		for i := range j.prob.Samples {
 			if i%97 == 5 { // a few steps whose gradients are about 1000 times the others'
 				j.prob.Samples[i].Y *= 1000

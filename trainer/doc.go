@@ -46,7 +46,7 @@
 //     from the committed loader state for the new world size.
 //  5. Train: batch, StepFunc, the gradient allreduce (one collective that
 //     also carries the step's control values: fused float32 buckets, or in
-//     deterministic mode, the default, the exact fixed-point sums as
+//     deterministic mode (Config.Deterministic) the exact fixed-point sums as
 //     float64; with the round's GradientReducer outside deterministic mode,
 //     or a LocalStepper, one small allreduce of control values
 //     first), divide by the global batch size, optimizer step, Hooks.OnStep (so
@@ -115,34 +115,35 @@
 // store, with Kill making a worker vanish as a SIGKILLed process does. A
 // user tests a step function, a strategy or a partition without TCP.
 //
-// # Deterministic mode (the default)
+// # Deterministic mode
 //
-// Two runs of one job end with the same parameter bits whatever the world
-// size, the balancer's shares and the faults (kills, joins, rollbacks,
-// whole-job restarts from a checkpoint), when the loader cuts global
-// batches into fixed micro-batches (dataloader.Config.MicroBatch; the
-// trainer says once at the start of Run when it cannot keep the promise,
-// and why; Config.NonDeterministic opts out, Config.Deterministic makes it
-// a requirement). The StepFunc runs once per micro-batch, so a sample's
-// gradient never depends on which rank computed it; every micro-batch's
-// gradients are rounded to integers at one scale for the whole step,
-// 2^s, and summed as float64, which is exact below 2^53 and so the same in
-// any order, on any number of ranks: the sum of a global batch depends on
-// its micro-batches only. The scale comes from the previous step's largest
-// |gradient| over the global batch, with 2^4 of headroom (detScaleExp),
-// so no collective is spent agreeing on it: each rank's largest |gradient|
-// travels in the step's one allreduce, and in the rare step whose
-// gradients outgrew the headroom every rank sees it there and sums the
-// step again at its own largest gradient's scale (StepInfo.Resummed).
-// The exponent is part of every commit and checkpoint, so a resumed run
-// scales its steps as an uninterrupted one. Losses are summed in fixed
-// point too (2^-24). Precision: about 2^-(48-log2(global batch)) of the
-// largest |gradient|, far below float32's own rounding. The cost against
-// the float32 default: a copy of each micro-batch's gradients, the
-// conversion, and a float64 allreduce (twice the bytes). What the promise
-// does not cover: a StepFunc that is itself not deterministic (threads
-// that sum in a varying order, BLAS libraries that pick kernels by CPU
-// kind, so ranks on different CPU kinds differ), and LocalStepper
+// With Config.Deterministic, two runs of one job end with the same
+// parameter bits whatever the world size, the balancer's shares and the
+// faults (kills, joins, rollbacks, whole-job restarts from a checkpoint);
+// the loader must cut global batches into fixed micro-batches
+// (dataloader.Config.MicroBatch). It is not the default: the default
+// mode's float32 sums depend on the world size and the shares. The
+// StepFunc runs once per micro-batch, so a sample's gradient never depends
+// on which rank computed it; every micro-batch's gradients are rounded to
+// integers at one scale for the whole step, 2^s, and summed as float64,
+// which is exact below 2^53 and so the same in any order, on any number of
+// ranks: the sum of a global batch depends on its micro-batches only. The
+// scale comes from the previous step's largest |gradient| over the global
+// batch, with 2^4 of headroom (detScaleExp), so no collective is spent
+// agreeing on it: each rank's largest |gradient| travels in the step's one
+// allreduce, and in the rare step whose gradients outgrew the headroom
+// every rank sees it there and sums the step again at its own largest
+// gradient's scale (StepInfo.Resummed). The exponent is part of every
+// commit and checkpoint, so a resumed run scales its steps as an
+// uninterrupted one. Losses are summed in fixed point too (2^-24).
+// Precision: about 2^-(48-log2(global batch)) of the largest |gradient|,
+// far below float32's own rounding. The cost against the float32 default:
+// a StepFunc call per micro-batch instead of one per share (the largest
+// part for a small model), a copy of each micro-batch's gradients but the
+// last, the conversion, and a float64 allreduce (twice the bytes). What
+// the promise does not cover: a StepFunc that is itself not deterministic
+// (threads that sum in a varying order, BLAS libraries that pick kernels
+// by CPU kind, so ranks on different CPU kinds differ), and LocalStepper
 // strategies (package localsgd: LocalSGD, DiLoCo), whose results depend on
 // the world size by design (each rank steps on its own share): they are
 // reproducible at one world size, without faults.

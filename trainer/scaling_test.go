@@ -349,7 +349,8 @@ func TestAutoscaleEveryRankDecidesTheSame(t *testing.T) {
 // decisions the measurements bring does not matter.
 func TestAutoscaleDeterministicSameBitsAsFixedSize(t *testing.T) {
 	det := func(c *Config) {
-		c.Epochs = 4 // deterministic: the default with the loader's micro-batches
+		c.Deterministic = true
+		c.Epochs = 4
 		c.Elastic.MaxWorkers = 4
 		if c.Autoscale.Enabled {
 			c.Autoscale.MeasureSteps = 20 // the capacity drop (two decision steps, 10 steps) comes first

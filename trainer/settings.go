@@ -57,7 +57,7 @@ import (
 // not the current one, which hooks and restored commits change), the
 // loader's global batch, dataset length and shuffle seed (a Loader's
 // NewCursor, or DataSettings), Config.CommitEvery,
-// the mode (deterministic or not, see Config.NonDeterministic) and Config.BucketBytes (the gradient allreduce's
+// Config.Deterministic and Config.BucketBytes (the gradient allreduce's
 // layout: a member with another one made every step's collective fail, and
 // the job's failure budget ran out).
 var ErrSettingsMismatch = worker.ErrSettingsMismatch

@@ -103,8 +103,7 @@ type Trainer[B any] struct {
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
 	fixed               []float64   // deterministic mode: fixed-point gradient sums
 	microCount          int         // deterministic mode: micro-batches of this rank's share
-	det                 bool        // deterministic mode (deterministicMode)
-	detWhy              string      // why not, when the default could not be kept (logged once by Run)
+	det                 bool        // deterministic mode (Config.Deterministic)
 	detExp              int         // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
 	detBuf              []float64   // deterministic mode: the one collective's buffer, fixed-point sums then control values
 	detRedone           int64       // deterministic mode: steps summed again at a wider scale (reduceFixed)
@@ -215,7 +214,7 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	default:
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
 	}
-	t.det, t.detWhy = deterministicMode(cfg, loader, t.merger != nil)
+	t.det = cfg.Deterministic
 	t.detExp = detExpStart
 	if cfg.Balance {
 		t.weighter, _ = loader.(Weighter)
@@ -433,11 +432,6 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	// (rate() of an absent series is no data, not 0).
 	t.tel.recoveries.Add(ctx, 0, t.tel.commonAttrs)
 	t.tel.stragglers.Add(ctx, 0, t.tel.commonAttrs)
-	if !t.det {
-		// Said once: the default promise (the same bits whatever the
-		// world size, the shares and the faults) does not hold for this run.
-		t.log.Info("training is not deterministic: its float32 gradient sums depend on the world size and on balancing", "why", t.detWhy)
-	}
 
 	if t.eval != nil {
 		defer t.eval.close(t.log)

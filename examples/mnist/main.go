@@ -48,7 +48,6 @@ type config struct {
 	seed                uint64
 	json, quiet         bool
 	deterministic       bool
-	nondeterministic    bool
 	profileStep         bool
 	balance             bool
 	autoscale           bool
@@ -90,12 +89,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
 	fs.BoolVar(&c.profileStep, "profile-step", false, "print where a step's time goes, by part (the final rank 0's mean per step; also step_breakdown_ms in -json)")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
-	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults (the default; the flag is kept and makes it a requirement)")
-	fs.BoolVar(&c.nondeterministic, "nondeterministic", false, "opt out of the default bit-for-bit reproducible training: no micro-batches, float32 sums in the ring's order (trainer.Config.NonDeterministic)")
+	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
 	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
 	fs.BoolVar(&c.autoscale, "autoscale", false, "size the job by measured goodput: start and release workers between -min and -max (launch.Config.Autoscale)")
 	fs.StringVar(&c.capacity, "capacity", "", "a file holding how many workers the platform allows now, re-read when it changes (every 250ms): never more workers than it says; graceful leaves when it drops, workers started again (up to -workers) when it rises")
-	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size (whole micro-batches move between workers when balancing; fixed micro-batches keep the bits the same whatever the world size)")
+	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of -deterministic runs (whole micro-batches move between workers when balancing)")
 	fs.Var(&c.slow, "slow", "test knob: the worker holding RANK computes FACTOR times slower per sample (it sleeps in proportion to its share): RANK@FACTOR")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
@@ -143,8 +141,6 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 		return nil, fmt.Errorf("-batch %d: want at least 1", c.batch)
 	case c.micro < 1:
 		return nil, fmt.Errorf("-micro %d: want at least 1", c.micro)
-	case c.deterministic && c.nondeterministic:
-		return nil, errors.New("-deterministic and -nondeterministic: choose one")
 	case !(c.lr > 0):
 		return nil, fmt.Errorf("-lr %v: want a positive learning rate", c.lr)
 	case math.IsInf(c.lr, 1):
@@ -240,12 +236,8 @@ func workerArgs(c *config) []string {
 		a = append(a, "-checkpoint", c.ckpt)
 	}
 	if c.deterministic {
-		a = append(a, "-deterministic")
+		a = append(a, "-deterministic", "-micro", fmt.Sprint(c.micro))
 	}
-	if c.nondeterministic {
-		a = append(a, "-nondeterministic")
-	}
-	a = append(a, "-micro", fmt.Sprint(c.micro))
 	if !c.balance {
 		a = append(a, "-balance=false")
 	}

@@ -44,11 +44,8 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
-// detMicroBatch is the default micro-batch size: a quarter of the default
-// global batch, so balancing can move a quarter of it at a time (a worker
-// twice as slow trains 16 of 64 samples, and the step waits 0.75 of the
-// even split's time for the other, not 1).
-const detMicroBatch = 16
+// detMicroBatch is the micro-batch size of -deterministic runs.
+const detMicroBatch = 32
 
 // Exit statuses of a worker.
 const (
@@ -88,10 +85,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	dcfg := dataloader.DefaultConfig()
 	dcfg.GlobalBatch, dcfg.Seed = c.batch, c.seed
-	if !c.nondeterministic && c.micro > 0 {
+	if c.deterministic {
 		// Fixed micro-batches: the same shapes, and so the same bits,
-		// whatever the world size (the trainer's default deterministic
-		// mode needs them).
+		// whatever the world size.
 		dcfg.MicroBatch = min(c.micro, c.batch)
 	}
 	loader, err := dataloader.New[Sample, batch](train, collate, dcfg)
@@ -114,7 +110,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs = c.job, c.epochs
 	tcfg.Sync.Secret = secret
-	tcfg.Deterministic, tcfg.NonDeterministic = c.deterministic, c.nondeterministic
+	tcfg.Deterministic = c.deterministic
 	tcfg.Balance = c.balance
 	tcfg.Elastic.MinWorkers, tcfg.Elastic.MaxWorkers = c.min, c.max
 	tcfg.Elastic.LeaseTTL = c.detect
@@ -235,9 +231,10 @@ func runWorker(c *config, stderr io.Writer) int {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
-	if cpuops.Kernel() == "openblas" {
-		// Said once, at the start: the promise of the same bits holds
-		// only among workers with the same libopenblas and CPU kind.
+	if c.deterministic && cpuops.Kernel() == "openblas" {
+		// Said once, at the start: -deterministic's promise of the same
+		// bits holds only among workers with the same libopenblas and
+		// CPU kind.
 		logger.Info("built with OpenBLAS: the parameters are the same bits only between workers with the same libopenblas on the same kind of CPU")
 	}
 	res, err := tr.Run(ctx)
