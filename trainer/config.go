@@ -103,12 +103,19 @@ type Config struct {
 	// Default 100.
 	StepSpanEvery int
 	// Deterministic makes training reproducible bit for bit whatever the
-	// world size and whatever failed: the loader must cut global batches
-	// into fixed micro-batches (dataloader.Config.MicroBatch), the StepFunc
-	// runs once per micro-batch, and gradients and losses are summed in
-	// exact fixed-point arithmetic (see the package doc). It costs one
-	// gradient copy per micro-batch and a float64 allreduce instead of a
-	// float32 one. Default false.
+	// world size, the balancer's shares and what failed: the loader must
+	// cut global batches into fixed micro-batches
+	// (dataloader.Config.MicroBatch; New refuses a loader that says it
+	// has none, and a StateMerger), the StepFunc runs once per
+	// micro-batch, and gradients and losses are summed in exact fixed-point
+	// arithmetic, in one allreduce per step like the default mode's (see
+	// the package doc). It costs a StepFunc call per micro-batch, the
+	// fixed-point conversion and a float64 allreduce instead of a float32
+	// one. LocalStepper strategies (package localsgd: LocalSGD, DiLoCo)
+	// depend on the world size by design; their runs are reproducible at
+	// one world size only. Default false: the default mode sums float32
+	// gradients in the ring's order, whose last bits depend on the world
+	// size and the balancer's shares.
 	Deterministic bool
 	// Autoscale is resource adjustment: every rank measures what a world
 	// size is worth and the same policy decides a target world size, which

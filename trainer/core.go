@@ -159,6 +159,7 @@ func putControl(ctl []float64, rank int, c control) {
 	}
 	ctl[ctlGradMax] = c.gradMax
 	mine := ctl[ctlFixed+ctlPerRank*rank:]
+	mine[ctlGradMaxR] = c.gradMax
 	mine[ctlLoss], mine[ctlSamples], mine[ctlCompute], mine[ctlWork] = c.loss, float64(c.samples), c.compute, c.work
 	if c.stop {
 		mine[ctlStop] = 1
@@ -198,6 +199,21 @@ func packControl(lanes []float32, ctl []float64) {
 		b := math.Float64bits(v)
 		for k := range l {
 			l[k] = float32(b >> (16 * k) & 0xffff)
+		}
+	}
+}
+
+// sumControl turns ctl, the SUM-allreduce of every rank's control values
+// (putControl's, as float64: deterministic mode's one collective), into
+// what the max-allreduce would leave: shared slots become flags, 0 or 1
+// (the shared largest gradient, 0: each rank's travels in its own slot);
+// per-rank slots are exact already (one rank's value plus zeros).
+func sumControl(ctl []float64) {
+	for i := range ctlFixed {
+		v := ctl[i]
+		ctl[i] = 0
+		if v != 0 && i != ctlGradMax {
+			ctl[i] = 1
 		}
 	}
 }
@@ -258,7 +274,6 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 	o.stepFailed = ctl[ctlStepErr] > 0
 	o.change = ctl[ctlChange] > 0
 	o.gradMax = ctl[ctlGradMax]
-	o.diverged = deterministic && !o.stepFailed && (math.IsInf(o.gradMax, 0) || math.IsNaN(o.gradMax))
 	o.samples, o.lossSum, o.stop, o.firstStop = 0, 0, false, -1
 	for r := range W {
 		v := ctl[ctlFixed+ctlPerRank*r:]
@@ -270,10 +285,12 @@ func readControl(ctl []float64, W int, deterministic bool, o *stepOutcome) {
 		}
 		o.perSamples[r], o.perCompute[r], o.epochDone[r] = int(v[ctlSamples]), v[ctlCompute], v[ctlEpochDone] > 0
 		o.perWork[r] = v[ctlWork]
+		o.gradMax = max(o.gradMax, v[ctlGradMaxR]) // NaN stays NaN
 		o.perInterval[r], o.perSyncPrev[r], o.perGradSq[r] = v[ctlInterval], v[ctlSyncPrev], v[ctlGradSq]
 		o.perNormSamples[r], o.perBigSq[r], o.perCapacity[r], o.perKeep[r] = v[ctlNormSamples], v[ctlBigSq], v[ctlCapacity], v[ctlKeep] > 0
 	}
 	o.stop = o.firstStop >= 0
+	o.diverged = deterministic && !o.stepFailed && (math.IsInf(o.gradMax, 0) || math.IsNaN(o.gradMax))
 	if deterministic {
 		o.lossSum /= lossScale
 	}

@@ -44,9 +44,11 @@
 //     before anything in the store changes.
 //  4. Restore every Partition to the agreed step, then the data loader
 //     from the committed loader state for the new world size.
-//  5. Train: batch, StepFunc, the gradient allreduce (fused buckets, which
-//     also carry the step's control values; in deterministic mode, or with
-//     the round's GradientReducer, one small allreduce of control values
+//  5. Train: batch, StepFunc, the gradient allreduce (one collective that
+//     also carries the step's control values: fused float32 buckets, or in
+//     deterministic mode (Config.Deterministic) the exact fixed-point sums as
+//     float64; with the round's GradientReducer outside deterministic mode,
+//     or a LocalStepper, one small allreduce of control values
 //     first), divide by the global batch size, optimizer step, Hooks.OnStep (so
 //     what it sets is part of this step's commit), commit every
 //     Config.CommitEvery steps, durable checkpoint every
@@ -113,11 +115,44 @@
 // store, with Kill making a worker vanish as a SIGKILLed process does. A
 // user tests a step function, a strategy or a partition without TCP.
 //
+// # Deterministic mode
+//
+// With Config.Deterministic, two runs of one job end with the same
+// parameter bits whatever the world size, the balancer's shares and the
+// faults (kills, joins, rollbacks, whole-job restarts from a checkpoint);
+// the loader must cut global batches into fixed micro-batches
+// (dataloader.Config.MicroBatch). It is not the default: the default
+// mode's float32 sums depend on the world size and the shares. The
+// StepFunc runs once per micro-batch, so a sample's gradient never depends
+// on which rank computed it; every micro-batch's gradients are rounded to
+// integers at one scale for the whole step, 2^s, and summed as float64,
+// which is exact below 2^53 and so the same in any order, on any number of
+// ranks: the sum of a global batch depends on its micro-batches only. The
+// scale comes from the previous step's largest |gradient| over the global
+// batch, with 2^4 of headroom (detScaleExp), so no collective is spent
+// agreeing on it: each rank's largest |gradient| travels in the step's one
+// allreduce, and in the rare step whose gradients outgrew the headroom
+// every rank sees it there and sums the step again at its own largest
+// gradient's scale (StepInfo.Resummed). The exponent is part of every
+// commit and checkpoint, so a resumed run scales its steps as an
+// uninterrupted one. Losses are summed in fixed point too (2^-24).
+// Precision: about 2^-(48-log2(global batch)) of the largest |gradient|,
+// far below float32's own rounding. The cost against the float32 default:
+// a StepFunc call per micro-batch instead of one per share (the largest
+// part for a small model), a copy of each micro-batch's gradients but the
+// last, the conversion, and a float64 allreduce (twice the bytes). What
+// the promise does not cover: a StepFunc that is itself not deterministic
+// (threads that sum in a varying order, BLAS libraries that pick kernels
+// by CPU kind, so ranks on different CPU kinds differ), and LocalStepper
+// strategies (package localsgd: LocalSGD, DiLoCo), whose results depend on
+// the world size by design (each rank steps on its own share): they are
+// reproducible at one world size, without faults.
+//
 // # Agreement at step boundaries
 //
 // The control values of each step (in the gradient allreduce, or in an
-// allreduce of their own first in deterministic mode and with a
-// GradientReducer) carry, from every rank: its loss and
+// allreduce of their own first with a GradientReducer outside
+// deterministic mode or a LocalStepper) carry, from every rank: its loss and
 // sample count, whether its rendezvous agent sees a membership change
 // pending (a joiner waiting, a member lost), whether its StepFunc failed,
 // its compute time, and whether it was preempted. Because every rank sees the

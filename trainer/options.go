@@ -172,6 +172,12 @@ type StepInfo struct {
 	// Config.Autoscale, and the same on every rank.
 	Throughput, Efficiency, Goodput float64
 	RecommendedWorldSize            int
+	// Resummed is set, in deterministic mode, on a step whose gradients
+	// grew past the fixed-point scale taken from the step before (by more
+	// than 2^4): every rank summed it a second time at a wider scale, with
+	// a second collective. The same on every rank and in every run of the
+	// job.
+	Resummed bool
 }
 
 // StragglerInfo reports a rank whose compute time stayed above

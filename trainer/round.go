@@ -430,6 +430,7 @@ func (t *Trainer[B]) install(sn *snapshot, world elastic.World) error {
 	t.stateRound = world.Round
 	t.recoveries = slices.Clone(sn.recoveries)
 	t.installScaling(sn.autoscale)
+	t.detExp = decodeDetExp(sn.detExp)
 	// One replaced commit stays as the spare whose buffers the next commit
 	// reuses, whatever the previous round did (a round that failed after
 	// one commit had none), so every round starts holding the same memory.
@@ -588,6 +589,10 @@ func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *
 	sn.take(t.step, t.gen, t.base, t.params, t.opt, state, t.recoveries, user)
 	sn.seq, sn.epoch, sn.epochStep, sn.parts = seq, int64(t.epoch), int64(t.epochStep), nil
 	sn.autoscale = t.scalingState(sn.autoscale)
+	sn.detExp = sn.detExp[:0]
+	if t.det {
+		sn.detExp = encodeDetExp(sn.detExp, t.detExp)
+	}
 	t.spare, t.prev, t.latest = t.prev, t.latest, sn
 	t.uncommitted = false
 	t.useful += t.pendingUseful

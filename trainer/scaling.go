@@ -31,8 +31,9 @@ import (
 // checkpoint (the snapshot's "autoscale" section).
 //
 // The control values never touch the parameters: the norms are read from
-// the gradients, and in deterministic mode the control values travel in
-// their own allreduce.
+// the gradients, and the control values travel in lanes of their own
+// after the gradients (float32 lanes, or float64 values in deterministic
+// mode).
 
 // Releasable is an optional capability of a Partition: whether this
 // rank's part of the partitioned state is held by another rank too, so
@@ -161,7 +162,7 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		return
 	}
 	var sq float64
-	if t.cfg.Deterministic {
+	if t.det {
 		if len(t.fixed) != t.nvalues {
 			t.fixed = make([]float64, t.nvalues)
 		}
@@ -170,9 +171,12 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		sum := t.fixed
 		clear(sum)
 		for k := range t.microCount {
-			for i, g := range t.micro[k][:len(sum)] {
-				sum[i] += float64(g)
-			}
+			t.microGrads(k, func(off int, g []float32) {
+				s := sum[off : off+len(g)]
+				for i, x := range g {
+					s[i] += float64(x)
+				}
+			})
 		}
 		for _, x := range sum {
 			sq += x * x
@@ -208,7 +212,7 @@ func (t *Trainer[B]) noteGlobalGradients(n float64, sync time.Duration) {
 			sq += float64(g) * float64(g)
 		}
 	}
-	if !t.cfg.Deterministic && n > 0 {
+	if !t.det && n > 0 {
 		sq /= n * n
 	}
 	s.cur.bigSq, s.cur.sync = sq, sync.Seconds()

@@ -213,7 +213,7 @@ func (t *Trainer[B]) settingsRow() []float64 {
 		batch, n = float64(gb), float64(dl)
 	}
 	det := 0.0
-	if t.cfg.Deterministic {
+	if t.det {
 		det = 1
 	}
 	return []float64{t.fp, float64(len(t.params)), float64(t.nvalues), float64(t.cfg.Epochs), t.baseLR, batch, n, seed, float64(t.cfg.CommitEvery), det,

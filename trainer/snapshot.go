@@ -31,6 +31,7 @@ type snapshot struct {
 	// Version 4 (named sections after the version 3 fields; written only
 	// when one is not empty, else the encoding is version 3):
 	autoscale []byte // the resource adjustment policy's state (section "autoscale")
+	detExp    []byte // deterministic mode's gradient exponent after the step (section "detscale", encodeDetExp)
 }
 
 // partManifests is one partition's part of a durable checkpoint: the
@@ -61,6 +62,9 @@ const maxPartitionRanks = 1 << 16
 
 // sectionAutoscale names the policy state's section of a version 4 snapshot.
 const sectionAutoscale = "autoscale"
+
+// sectionDetExp names deterministic mode's gradient exponent's section.
+const sectionDetExp = "detscale"
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
@@ -101,7 +105,7 @@ func (s *snapshot) optState() []byte {
 // clone returns a deep copy.
 func (s *snapshot) clone() *snapshot {
 	c := &snapshot{step: s.step, gen: s.gen, base: s.base, optName: s.optName, seq: s.seq, epoch: s.epoch, epochStep: s.epochStep,
-		autoscale: slices.Clone(s.autoscale)}
+		autoscale: slices.Clone(s.autoscale), detExp: slices.Clone(s.detExp)}
 	for _, p := range s.parts {
 		m := make([][]byte, len(p.manifests))
 		for i, b := range p.manifests {
@@ -150,7 +154,7 @@ func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
 // then a CRC-32C of all of it.
 func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	start := len(dst)
-	if len(s.autoscale) > 0 {
+	if len(s.autoscale) > 0 || len(s.detExp) > 0 {
 		dst = append(dst, snapshotMagicV4...)
 	} else {
 		dst = append(dst, snapshotMagic...)
@@ -193,12 +197,29 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 			dst = appendBytes(dst, m)
 		}
 	}
-	if len(s.autoscale) > 0 {
-		dst = binary.LittleEndian.AppendUint32(dst, 1)
-		dst = appendString(dst, sectionAutoscale)
-		dst = appendBytes(dst, s.autoscale)
+	if n := sections(s.autoscale, s.detExp); n > 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, n)
+		if len(s.autoscale) > 0 {
+			dst = appendString(dst, sectionAutoscale)
+			dst = appendBytes(dst, s.autoscale)
+		}
+		if len(s.detExp) > 0 {
+			dst = appendString(dst, sectionDetExp)
+			dst = appendBytes(dst, s.detExp)
+		}
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
+}
+
+// sections counts the non-empty sections.
+func sections(bs ...[]byte) uint32 {
+	n := uint32(0)
+	for _, b := range bs {
+		if len(b) > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // owned copies a decoded field out of its input, so a snapshot never keeps
@@ -318,8 +339,11 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 				break
 			}
 			name, data := r.string(), r.bytes()
-			if name == sectionAutoscale {
+			switch name {
+			case sectionAutoscale:
 				s.autoscale = owned(data)
+			case sectionDetExp:
+				s.detExp = owned(data)
 			}
 		}
 	}

@@ -21,7 +21,7 @@ import (
 // stays bounded whatever the share.
 func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
 	if b.Micro == nil {
-		if t.cfg.Deterministic {
+		if t.det {
 			return 0, 0, fmt.Errorf("%w: Deterministic needs the loader's MicroBatch set", ErrInvalidConfig)
 		}
 		if len(b.Indices) == 0 {
@@ -40,9 +40,19 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		loss, err = t.stepFn(ctx, b)
 		return loss, 0, err
 	}
-	if t.cfg.Deterministic {
-		for len(t.micro) < len(b.Micro) {
+	if t.det {
+		for len(t.micro) < len(b.Micro)-1 { // the last one is not copied (microGrads)
 			t.micro = append(t.micro, make([]float32, t.nvalues))
+		}
+		// In the one-collective step (reduceFixed) the scale is known
+		// before the StepFunc runs: each micro-batch's gradients are
+		// converted and summed while they are copied, in one pass.
+		var fixed []float64
+		scale := 0.0
+		if t.detFuse {
+			fixed = t.detBuf[:t.nvalues]
+			clear(fixed)
+			scale = math.Ldexp(1, t.detS)
 		}
 		for k := range b.Micro {
 			l, err := t.stepFn(ctx, b.MicroBatch(k))
@@ -51,11 +61,27 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 			}
 			// Quantised per micro-batch, so the sum is exact in any order.
 			loss += math.Round(l * lossScale)
-			dst := t.micro[k]
+			// The last micro-batch's gradients stay in the Grad buffers
+			// until the sum replaces them (microGrads): no copy.
+			keep := k < len(b.Micro)-1
+			var dst []float32
+			if keep {
+				dst = t.micro[k]
+			}
 			off := 0
 			var m float32
 			for _, p := range t.params {
-				copy(dst[off:], p.Grad)
+				if keep {
+					copy(dst[off:], p.Grad)
+				}
+				if fixed != nil {
+					// The rounding of fixedPointSum; a value past the
+					// bound is summed again at another scale (reduceFixed).
+					f := fixed[off : off+len(p.Grad)]
+					for i, g := range p.Grad {
+						f[i] += (float64(g)*scale + fixMagic) - fixMagic
+					}
+				}
 				for _, g := range p.Grad {
 					if g > m {
 						m = g
@@ -118,7 +144,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 // summed exactly in fixed point as in reduceGrads, without the allreduce,
 // and scaled by w/globalSize.
 func (t *Trainer[B]) localGrads(ctx context.Context, gmax float64, globalSize, w int) error {
-	if !t.cfg.Deterministic {
+	if !t.det {
 		return nil
 	}
 	return t.fixedPointSum(ctx, nil, gmax, globalSize, w)
@@ -144,7 +170,7 @@ func (t *Trainer[B]) localGrads(ctx context.Context, gmax float64, globalSize, w
 // simplest of the reproducible-summation schemes; compare the binned sums of
 // Demmel & Nguyen, "Fast Reproducible Floating-Point Summation", ARITH 2013.)
 func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gmax float64, globalSize int) error {
-	if !t.cfg.Deterministic {
+	if !t.det {
 		if gr, ok := comm.(GradientReducer); ok {
 			return gr.SumGradients(ctx, t.gradList)
 		}
@@ -152,6 +178,39 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	}
 	return t.fixedPointSum(ctx, comm, gmax, globalSize, 1)
 }
+
+// microGrads calls f with the gradients of this rank's micro-batch k
+// (k < t.microCount) as flat runs starting at offset off of the model's
+// values: t.micro[k], or, for the last one, which compute does not copy,
+// the parameters' Grad buffers (until the sum replaces them).
+func (t *Trainer[B]) microGrads(k int, f func(off int, g []float32)) {
+	if k < t.microCount-1 {
+		f(0, t.micro[k][:t.nvalues])
+		return
+	}
+	off := 0
+	for _, p := range t.params {
+		f(off, p.Grad)
+		off += len(p.Grad)
+	}
+}
+
+// addMicro adds every micro-batch's gradients, rounded to integers at the
+// given scale, to fixed.
+func (t *Trainer[B]) addMicro(fixed []float64, scale float64) {
+	for k := range t.microCount {
+		t.microGrads(k, func(off int, g []float32) {
+			f := fixed[off : off+len(g)]
+			for i, x := range g {
+				f[i] += (float64(x)*scale + fixMagic) - fixMagic
+			}
+		})
+	}
+}
+
+// fixMagic rounds a float64 below 2^51 in magnitude to the nearest
+// integer: (x + fixMagic) - fixMagic (see fixedPointSum).
+const fixMagic = 1.5 * (1 << 52)
 
 // fixedPointSum is the deterministic mode of reduceGrads (comm non-nil) and
 // localGrads (comm nil: this rank's micro-batches only): the exact sum,
@@ -176,18 +235,19 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 	// (ties to even) in IEEE 754 double arithmetic, which Go never
 	// reassociates.
 	scale := math.Ldexp(1, s)
-	const magic = 1.5 * (1 << 52)
-	for k := range t.microCount {
-		mg := t.micro[k][:len(fixed)]
-		for i, g := range mg {
-			fixed[i] += (float64(g)*scale + magic) - magic
-		}
-	}
+	t.addMicro(fixed, scale)
 	if comm != nil {
 		if err := comm.AllReduceFloat64(ctx, fixed, sync.OpSum); err != nil {
 			return err
 		}
 	}
+	t.unfix(fixed, s, globalSize, w)
+	return nil
+}
+
+// unfix writes the exact fixed-point sums at scale 2^s back into the
+// parameters' Grad buffers, divided by globalSize and multiplied by w.
+func (t *Trainer[B]) unfix(fixed []float64, s, globalSize, w int) {
 	unscale, inv := math.Ldexp(1, -s), float64(w)/float64(max(globalSize, 1))
 	off := 0
 	for _, p := range t.params {
@@ -197,5 +257,60 @@ func (t *Trainer[B]) fixedPointSum(ctx context.Context, comm sync.Synchronizer, 
 		}
 		off += len(p.Grad)
 	}
-	return nil
+}
+
+// reduceFixed is deterministic mode's step in one collective: this rank's
+// micro-batches' gradients (gmax their largest |gradient|) are converted
+// to integers at the scale the previous step's agreed exponent gives
+// (detScaleExp) and summed, the control values ctl (putControl's) are
+// appended, and one float64 SUM-allreduce sums both over the ranks; the
+// control values are decoded into o (sumControl, readControl), and the
+// exact sums, scaled back and divided by globalSize, go to the Grad
+// buffers. When some rank's gradients did not fit the scale (the agreed
+// largest |gradient| is at or above the bound), every rank sees it in o
+// and sums the step again at the scale of that gradient (fixedPointSum, a
+// second collective): the same decision on every rank, taken from the
+// same numbers in any world, so the bits stay those of any other run of
+// the job. It returns whether the collective completed (every rank's
+// control values arrived) and ErrDiverged when a gradient is not finite.
+// The agreed exponent of an applied step becomes the next one's (t.detExp).
+func (t *Trainer[B]) reduceFixed(ctx context.Context, comm sync.Synchronizer, ctl []float64, gmax float64, globalSize, W int, o *stepOutcome) (bool, error) {
+	n := t.nvalues
+	if len(t.detBuf) != n+len(ctl) {
+		t.detBuf = make([]float64, n+len(ctl))
+	}
+	buf := t.detBuf
+	fixed := buf[:n]
+	s, bound := detScaleExp(t.detExp, globalSize)
+	if !t.detFuse || s != t.detS || t.microCount == 0 {
+		// Not summed by compute (or with no micro-batch: cleared here).
+		clear(fixed)
+		if gmax < bound { // false for NaN: then the step is not summed at this scale anyway
+			t.addMicro(fixed, math.Ldexp(1, s))
+		}
+	}
+	t.detFuse = false
+	copy(buf[n:], ctl)
+	if err := comm.AllReduceFloat64(ctx, buf, sync.OpSum); err != nil {
+		return false, err
+	}
+	copy(ctl, buf[n:])
+	sumControl(ctl)
+	readControl(ctl, W, true, o)
+	switch {
+	case o.diverged:
+		// Every rank saw the same largest gradient: all stop here, together.
+		return true, fmt.Errorf("%w: non-finite gradient (max |g| = %v), which fixed point cannot sum", ErrDiverged, o.gradMax)
+	case o.stepFailed || o.samples == 0:
+		return true, nil // nobody applies this step: nothing to scale back
+	case !(o.gradMax < bound):
+		t.detRedone++
+		if err := t.fixedPointSum(ctx, comm, o.gradMax, globalSize, 1); err != nil {
+			return true, err
+		}
+	default:
+		t.unfix(fixed, s, globalSize, 1)
+	}
+	t.detExp = gradExp(o.gradMax, t.detExp)
+	return true, nil
 }

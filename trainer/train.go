@@ -42,6 +42,7 @@ const (
 	ctlBigSq       // squared norm of the mean gradient over that step's global batch
 	ctlCapacity    // the workers its Platform allows (0: no bound stated)
 	ctlKeep        // it holds state no other rank holds
+	ctlGradMaxR    // its largest |gradient| (deterministic mode; the one-collective step's, see reduceFixed)
 	ctlPerRank
 )
 
@@ -69,21 +70,28 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	// one sum-allreduce (packControl), instead of in a max-allreduce of
 	// their own before it: every rank then reduces its gradients even at a
 	// step some rank failed or that has no sample anywhere, and nobody
-	// applies those. Deterministic mode needs the largest gradient before
-	// it converts the gradients, and a GradientReducer sums them its own
-	// way: both keep the control allreduce.
+	// applies those. A GradientReducer sums the gradients its own way: it
+	// keeps the control allreduce (outside deterministic mode, which does
+	// not use it).
 	_, reducer := comm.(GradientReducer)
 	// A LocalStepper's ranks step on their own gradients and commit only
 	// where their parameters agree (see LocalStepper).
 	local, _ := comm.(LocalStepper)
 	unsynced := false // the state installed at the round's start is a commit
-	merged := !t.cfg.Deterministic && !reducer && local == nil
+	merged := !t.det && !reducer && local == nil
+	// Deterministic mode's step takes one collective too (reduceFixed):
+	// the fixed-point sums, then the control values, in one float64
+	// SUM-allreduce. A LocalStepper's ranks sum their own gradients only,
+	// after the control allreduce.
+	fixedOne := t.det && local == nil
 	if merged && t.gradsW != W {
 		t.ctlPacked = make([]float32, ctlLanes*len(ctl))
 		t.grads = sync.NewBuckets(append(slices.Clip(t.gradList), t.ctlPacked), t.cfg.BucketBytes)
 		t.gradsW = W
 	}
+	clk := &t.clock
 	for {
+		clk.begin(time.Now())
 		fetched := t.live.busy("data fetch")
 		b, err := t.loader.Next(ctx)
 		fetched()
@@ -109,8 +117,18 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				return endFatal, err
 			}
 		}
+		redone := t.detRedone
+		if fixedOne {
+			if len(t.detBuf) != t.nvalues+len(ctl) {
+				t.detBuf = make([]float64, t.nvalues+len(ctl))
+			}
+			t.detS, _ = detScaleExp(t.detExp, b.GlobalSize)
+			t.detFuse = b.Micro != nil
+		}
+		clk.lap(&clk.cur.Loader)
 		loss, gmax, stepErr := t.compute(sctx, b)
 		t.microCount = len(b.Micro)
+		clk.lap(&clk.cur.Compute)
 		compute := time.Since(stepStart)
 		if t.computeTime != nil {
 			compute = t.computeTime(b, compute)
@@ -133,7 +151,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
 			samples: len(b.Indices), compute: compute.Seconds(), work: shareWork(b), stop: t.preempted(), epochDone: b.EpochDone,
 			scaling: t.scalingControl(interval)})
-		syncStart := time.Now()
+		syncStart := clk.lap(&clk.cur.Other)
 		actx, aspan := sctx, trace.Span(nil)
 		if span != nil {
 			actx, aspan = t.tel.tracer.Start(sctx, SpanAllReduce)
@@ -152,11 +170,16 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					err = t.afterReduce(rank, t.step+1)
 				}
 			}
+		} else if fixedOne {
+			exchanged, err = t.reduceFixed(actx, comm, ctl, gmax, b.GlobalSize, W, o)
+			if err == nil && !o.stepFailed && o.samples > 0 && t.afterReduce != nil {
+				err = t.afterReduce(rank, t.step+1)
+			}
 		} else {
 			err = comm.AllReduceFloat64(actx, ctl, sync.OpMax)
 			if err == nil {
 				exchanged = true
-				readControl(ctl, W, t.cfg.Deterministic, o)
+				readControl(ctl, W, t.det, o)
 				switch {
 				case o.diverged:
 					// Every rank saw the same largest gradient: all stop here, together.
@@ -208,7 +231,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 			return endRejoin, nil // another rank's step failed; it leaves, we go on without it
 		}
-		syncDur := time.Since(syncStart)
+		syncDur := clk.lap(&clk.cur.Reduce).Sub(syncStart)
 		empty := o.samples == 0
 		var stepDur time.Duration
 		if !empty {
@@ -217,7 +240,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// optimizer's own pass when it can scale (the same bits).
 			scaler, fused := t.opt.(scaledStepper)
 			inv := float32(1)
-			if !t.cfg.Deterministic {
+			if !t.det {
 				inv = float32(1 / o.samples)
 				if local != nil {
 					inv = float32(float64(W) / o.samples) // this share's sum times W/N (see LocalStepper)
@@ -230,7 +253,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					}
 				}
 			}
-			if !t.cfg.Deterministic && (math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0)) {
+			if !t.det && (math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0)) {
 				// Every rank sees the same sum: all stop here.
 				return endFatal, t.withAuditEnded(world, fmt.Errorf("%w: step %d: the loss over the global batch is %v", ErrDiverged, t.step+1, o.lossSum))
 			}
@@ -247,6 +270,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if err != nil {
 				return endFatal, err
 			}
+			clk.lap(&clk.cur.Optimizer)
 			t.step++
 			t.trained++
 			if local != nil {
@@ -260,6 +284,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 					return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: outer step: %w", t.step, err))
 				}
 				unsynced = !synced
+				clk.lap(&clk.cur.Reduce)
 			}
 			t.lastLoss = o.lossSum / o.samples
 			if !tracked {
@@ -270,7 +295,9 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		}
 		ls := LoaderStep{Step: t.step, Samples: o.perSamples, ComputeSeconds: o.perCompute, EpochDone: o.epochDone}
 		t.uncommitted = true
+		clk.lap(&clk.cur.Other)
 		commitAsked, err := t.loader.Stepped(ctx, ls)
+		clk.lap(&clk.cur.Loader)
 		if err != nil {
 			if span != nil {
 				endSpan(span, err)
@@ -301,7 +328,8 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// them: a round that restores this step restores it too.
 			si := StepInfo{Round: world.Round, Rank: rank, WorldSize: W, Step: t.step, Epoch: b.Epoch, EpochStep: b.Step,
 				Loss: t.lastLoss, LearningRate: t.stepLR, Samples: int(o.samples), ComputeSeconds: compute.Seconds(), SyncSeconds: syncDur.Seconds(), StepSeconds: stepDur.Seconds(),
-				Scaling: decision, Goodput: figures.Goodput, Throughput: figures.Throughput, Efficiency: figures.Efficiency, RecommendedWorldSize: figures.Recommended}
+				Scaling: decision, Goodput: figures.Goodput, Throughput: figures.Throughput, Efficiency: figures.Efficiency, RecommendedWorldSize: figures.Recommended,
+				Resummed: t.detRedone != redone}
 			if recovered {
 				rec := t.o.now().Sub(failedAt).Seconds()
 				si.RecoverySeconds = rec
@@ -319,6 +347,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		}
 		bd := decideBoundary(o, boundaryIn{step: t.step, commitEvery: t.cfg.CommitEvery, checkpointEvery: t.cfg.CheckpointEvery,
 			commitAsked: commitAsked, evict: evict, rank: rank, preempted: t.preempted(), unsynced: unsynced})
+		clk.lap(&clk.cur.Other)
 		if bd.commit {
 			var cspan trace.Span
 			if span != nil || bd.end != endNone {
@@ -356,6 +385,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				}
 			}
 		}
+		clk.lap(&clk.cur.Commit)
 		if empty {
 			if span != nil {
 				span.End()
@@ -371,6 +401,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if span != nil {
 				span.End()
 			}
+			clk.end(&t.stepTimes)
 		}
 		switch bd.end {
 		case endPreempted, endRejoin:

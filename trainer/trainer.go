@@ -40,6 +40,10 @@ type Result struct {
 	// worker joined after it had: then Run's error wraps
 	// elastic.ErrJobFinished).
 	Finished bool
+	// StepTimes is where this worker's applied steps spent their time, by
+	// part (loader, compute, reduce, optimizer, commit, other), summed
+	// over them.
+	StepTimes StepTimes
 }
 
 // Trainer runs the elastic training loop for one worker process. Create it
@@ -99,7 +103,15 @@ type Trainer[B any] struct {
 	micro               [][]float32 // deterministic mode: each micro-batch's gradients
 	fixed               []float64   // deterministic mode: fixed-point gradient sums
 	microCount          int         // deterministic mode: micro-batches of this rank's share
-	nvalues             int         // values over all parameters
+	det                 bool        // deterministic mode (Config.Deterministic)
+	detExp              int         // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
+	detBuf              []float64   // deterministic mode: the one collective's buffer, fixed-point sums then control values
+	detRedone           int64       // deterministic mode: steps summed again at a wider scale (reduceFixed)
+	detFuse             bool        // compute sums this step's micro-batches into detBuf at scale 2^detS (reduceFixed)
+	detS                int
+	clock               stepClock // the step being trained, by part
+	stepTimes           StepTimes // the applied steps', by part (Result.StepTimes)
+	nvalues             int       // values over all parameters
 	runStart            time.Time
 
 	// Balancing (balance.go), owned by Run's goroutine.
@@ -202,6 +214,8 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	default:
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
 	}
+	t.det = cfg.Deterministic
+	t.detExp = detExpStart
 	if cfg.Balance {
 		t.weighter, _ = loader.(Weighter)
 	}
@@ -572,6 +586,7 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 		}
 		prevSize = world.Size
 		res.Step, res.Loss = t.step, t.lastLoss
+		res.StepTimes = t.stepTimes
 		res.Recoveries = len(t.recoveries)
 		res.Epochs = t.epoch
 		t.tel.goodput.Record(ctx, t.goodput(start), t.tel.commonAttrs)

@@ -48,6 +48,7 @@ type config struct {
 	seed                uint64
 	json, quiet         bool
 	deterministic       bool
+	profileStep         bool
 	balance             bool
 	autoscale           bool
 	capacity            string
@@ -86,6 +87,7 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.ckpt, "checkpoint", "", "directory for durable checkpoints (default: none; a whole-job restart then starts over)")
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the data order and the initial weights")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
+	fs.BoolVar(&c.profileStep, "profile-step", false, "print where a step's time goes, by part (the final rank 0's mean per step; also step_breakdown_ms in -json)")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
 	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
@@ -304,6 +306,12 @@ type result struct {
 	// network interfaces (loopback excluded), over the epochs it trained
 	// in (with -hosts only: each worker has a namespace of its own).
 	BytesSentPerEpoch float64 `json:"bytes_sent_per_epoch,omitempty"`
+	// StepBreakdownMS is where the final rank 0's applied steps went, in
+	// milliseconds per step, by part (trainer.StepTimes: loader, compute,
+	// reduce, optimizer, commit, other), their sum ("total"; the parts
+	// add up to it, within rounding) and the steps measured ("steps", a
+	// count, not milliseconds).
+	StepBreakdownMS map[string]float64 `json:"step_breakdown_ms,omitempty"`
 }
 
 func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error {
@@ -386,6 +394,14 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if v, ok := d.Extra["params_sha256"].(string); ok {
 		res.ParamsSHA256 = v
 	}
+	if m, ok := d.Extra["step_breakdown_ms"].(map[string]any); ok {
+		res.StepBreakdownMS = map[string]float64{}
+		for k, v := range m {
+			if x, ok := v.(float64); ok {
+				res.StepBreakdownMS[k] = x
+			}
+		}
+	}
 	if c.sync != "ring" {
 		res.SyncEvery = c.syncEvery
 	}
@@ -441,6 +457,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if res.Diverged {
 		fmt.Fprintf(stdout, "training diverged: the last loss is %v (try a smaller -lr than %v)\n", d.Loss, c.lr)
 	}
+	if c.profileStep {
+		fmt.Fprintln(stdout, stepBreakdownLine(res.StepBreakdownMS))
+	}
 	if c.json {
 		b, err := json.Marshal(res)
 		if err != nil {
@@ -452,6 +471,40 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr, unclean)
 	}
 	return errors.Join(unclean, plotErr)
+}
+
+// stepParts are trainer.StepTimes' parts in the order a step runs them.
+var stepParts = []string{"loader", "compute", "reduce", "optimizer", "commit", "other"}
+
+// stepBreakdown is the final rank 0's StepTimes as milliseconds per step
+// (step_breakdown_ms), or nil before any step.
+func stepBreakdown(st trainer.StepTimes) map[string]any {
+	if st.Steps == 0 {
+		return nil
+	}
+	ms := func(d time.Duration) float64 { return math.Round(d.Seconds()*1e6/float64(st.Steps)) / 1e3 }
+	return map[string]any{"loader": ms(st.Loader), "compute": ms(st.Compute), "reduce": ms(st.Reduce), "optimizer": ms(st.Optimizer),
+		"commit": ms(st.Commit), "other": ms(st.Other), "total": ms(st.Total()), "steps": float64(st.Steps)}
+}
+
+// stepBreakdownLine is -profile-step's line.
+func stepBreakdownLine(m map[string]float64) string {
+	if len(m) == 0 {
+		return "step breakdown: no step measured"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "step breakdown (final rank 0, %v steps, ms per step): total %.3f =", m["steps"], m["total"])
+	for i, k := range stepParts {
+		if i > 0 {
+			b.WriteString(" +")
+		}
+		pct := 0.0
+		if m["total"] > 0 {
+			pct = 100 * m[k] / m["total"]
+		}
+		fmt.Fprintf(&b, " %s %.3f (%.0f%%)", k, m[k], pct)
+	}
+	return b.String()
 }
 
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }

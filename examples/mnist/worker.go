@@ -21,6 +21,9 @@ import (
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/gorgoniastep/cpuops"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
@@ -125,12 +128,12 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts := []trainer.Option{trainer.WithLogger(logger)}
 	if c.audit != "" {
-		audit, err := trainer.OpenFileAudit(c.audit)
+		rec, err := audit.OpenFile(c.audit)
 		if err != nil {
 			return fail(err)
 		}
-		defer audit.Close()
-		opts = append(opts, trainer.WithAudit(audit))
+		defer rec.Close()
+		opts = append(opts, trainer.WithAudit(rec))
 	}
 	tel, err := newTelemetry(ctx, c.otlp, c.metrics, workerIndex(), c.job)
 	if err != nil {
@@ -154,7 +157,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
-		st, err := trainer.NewLocalDir(c.ckpt, 3)
+		st, err := checkpoint.NewLocalDir(c.ckpt, 3)
 		if err != nil {
 			return fail(err)
 		}
@@ -228,6 +231,12 @@ func runWorker(c *config, stderr io.Writer) int {
 		pprof.StartCPUProfile(f)
 		defer pprof.StopCPUProfile()
 	}
+	if c.deterministic && cpuops.Kernel() == "openblas" {
+		// Said once, at the start: -deterministic's promise of the same
+		// bits holds only among workers with the same libopenblas and
+		// CPU kind.
+		logger.Info("built with OpenBLAS: the parameters are the same bits only between workers with the same libopenblas on the same kind of CPU")
+	}
 	res, err := tr.Run(ctx)
 	lostCheckpoint := errors.Is(err, trainer.ErrCheckpoint)
 	status := exitOK
@@ -296,7 +305,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	sha := paramsSHA256(model.Params())
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore)}})
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore),
+			"step_breakdown_ms": stepBreakdown(res.StepTimes)}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return status

@@ -46,10 +46,11 @@
 // Shares are not balanced under this strategy, so each rank's local steps
 // depend only on the global batch and the world size, and the outer sums
 // add in the ring's fixed order: the same H, world-size history and host
-// layout give the same bits. With trainer.Config.Deterministic the local
-// gradients are exact fixed-point sums over the micro-batches, but the
-// outer sum is float32 (the flat and hierarchical rings differ in the
-// last bits).
+// layout give the same bits. With trainer.Config.Deterministic the local gradients are exact fixed-point
+// sums over the micro-batches, but the outer sum is float32 (the flat and
+// hierarchical rings differ in the last bits), and the result depends on
+// the world size by design: the trainer's promise of the same bits
+// whatever the world size and the faults does not hold for this strategy.
 //
 // # Not done
 //

@@ -1,0 +1,70 @@
+package trainer_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
+)
+
+// Deterministic mode's one-collective step takes the fixed-point scale
+// from the step before: a step whose gradients grow far past it (targets
+// scaled up a thousandfold) is summed again, on every rank, at a wider
+// scale. Runs of 1 and 2 workers and one of 3 in which a
+// worker is killed and another joins, all balancing, end with the same
+// parameter bits, and they re-summed the same steps.
+func TestDeterministicThroughScaleGrowth(t *testing.T) {
+	run := func(workers int, fault bool) (*trainertest.Model, []int64) {
+		j := newMemJob(t, 640, 8, 2)
+		j.micro, j.cfg.Deterministic = 4, true
+		for i := range j.prob.Samples {
+			if i%97 == 5 { // a few steps whose gradients are about 1000 times the others'
+				j.prob.Samples[i].Y *= 1000
+			}
+		}
+		ws := make([]*trainertest.Worker, workers)
+		for i := range ws {
+			ws[i] = j.start()
+		}
+		var victim *trainertest.Worker
+		if fault {
+			j.waitStep(25)
+			j.c.Kill(ws[1])
+			victim = ws[1]
+			j.waitStep(50)
+			j.start()
+		}
+		j.c.Wait()
+		close(j.steps)
+		resummed := map[int64]bool{}
+		for s := range j.steps {
+			if s.Resummed {
+				resummed[s.Step] = true
+			}
+		}
+		var steps []int64
+		for s := range resummed {
+			steps = append(steps, s)
+		}
+		for _, w := range ws {
+			if w != victim {
+				res, err := w.Result()
+				require.NoError(t, err, "%v", w)
+				require.True(t, res.Finished)
+				return j.models[w], steps
+			}
+		}
+		t.Fatal("no finisher")
+		return nil, nil
+	}
+	want, rs := run(2, false)
+	require.NotEmpty(t, rs, "some step's gradients outgrew the scale")
+	one, rs1 := run(1, false)
+	require.Equal(t, want.W, one.W, "the weights' bits, 1 worker against 2")
+	require.Equal(t, want.B, one.B)
+	require.ElementsMatch(t, rs, rs1, "the same steps re-summed")
+	got, _ := run(3, true)
+	require.Equal(t, want.W, got.W, "the weights' bits, with a kill and a join")
+	require.Equal(t, want.B, got.B)
+}
