@@ -15,6 +15,7 @@ import (
 	"math/big"
 	"net"
 	"slices"
+	"strings"
 	gosync "sync"
 	"testing"
 	"time"
@@ -357,6 +358,42 @@ func TestTLS(t *testing.T) {
 	_, err := a.Connect(context.Background(), World{Round: 1, Rank: 0, Addrs: []string{a.Addr(), b.Addr()}})
 	if !errors.Is(err, ErrAuth) {
 		t.Fatalf("untrusted certificate: %v, want ErrAuth", err)
+	}
+}
+
+// A rank whose peer was refused for its TLS certificate, and which then
+// never connects, times out naming the refusal (hosts_test's rogue rank
+// exits once its own Connect failed, so its peer's can only time out); the
+// timeout stays an ErrTimeout, not an ErrAuth: a refused connection may be
+// a stranger's, not the rank's own permanent failure.
+func TestConnectTimeoutNamesARefusalMeanwhile(t *testing.T) {
+	cfg := testConfig(t)
+	cfg.LocalSockets = false
+	cfg.DialTimeout = time.Second
+	cfg.ServerTLS, cfg.ClientTLS = selfSignedTLS(t)
+	rogue := cfg
+	_, rogue.ClientTLS = selfSignedTLS(t) // does not trust the job's certificate
+	rogue.DialTimeout = 3 * time.Second
+	r, j := listenOne(t, rogue), listenOne(t, cfg)
+	addrs := []string{r.Addr(), j.Addr()}
+	rogueErr := make(chan error, 1)
+	go func() {
+		_, err := r.Connect(context.Background(), World{Round: 1, Rank: 0, Addrs: addrs})
+		rogueErr <- err
+	}()
+	// The rogue's dial reaches the job's rank, which refuses it (the rogue
+	// aborts the TLS handshake); then the rogue leaves, as its process
+	// would.
+	if err := <-rogueErr; !errors.Is(err, ErrAuth) {
+		t.Fatalf("rogue: %v, want ErrAuth", err)
+	}
+	r.Close()
+	_, err := j.Connect(context.Background(), World{Round: 1, Rank: 1, Addrs: addrs})
+	if !errors.Is(err, ErrTimeout) || errors.Is(err, ErrAuth) {
+		t.Fatalf("got %v, want ErrTimeout (not ErrAuth)", err)
+	}
+	if !strings.Contains(err.Error(), "refused meanwhile: "+ErrAuth.Error()+": TLS handshake") {
+		t.Fatalf("got %v, want the refused TLS handshake named", err)
 	}
 }
 

@@ -1192,6 +1192,17 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, lay layout, rc 
 	var missing []string
 	peers := map[int]bool{}
 	t.mu.Lock()
+	// A refusal while this Connect waited, or within a DialTimeout before
+	// it began (a peer whose TLS certificate or secret is wrong may dial
+	// before this rank calls Connect; a timeout alone would hide it), is
+	// named; it
+	// does not make the timeout an ErrAuth: the refused connection may not
+	// be a peer of this round, and a healthy rank must not treat a
+	// stranger's failure as its own permanent error.
+	var meanwhile string
+	if at := t.stats.LastRefusedAt; t.stats.LastRefusal != nil && !at.IsZero() && time.Since(at) <= 2*t.cfg.DialTimeout {
+		meanwhile = fmt.Sprintf("; refused meanwhile: %v", t.stats.LastRefusal)
+	}
 	if st := t.connecting; st != nil {
 		for k, filled := range st.expect {
 			if !filled {
@@ -1231,7 +1242,7 @@ func (t *Transport) connectTimeout(ctx context.Context, w World, lay layout, rc 
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("sync: connect round %d rank %d: %w (missing: %s)", w.Round, w.Rank, err, strings.Join(missing, "; "))
 	}
-	err := fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "))
+	err := fmt.Errorf("%w: connect round %d rank %d: not formed within DialTimeout %v (missing: %s)%s", ErrTimeout, w.Round, w.Rank, t.cfg.DialTimeout, strings.Join(missing, "; "), meanwhile)
 	if len(peers) == 1 && w.Size() >= 3 {
 		for p := range peers {
 			return &PeerError{Rank: p, Round: w.Round, Err: err}
