@@ -859,6 +859,45 @@ func (a *Agent) Leave(ctx context.Context) error {
 	return nil
 }
 
+// LeaveUnlessRanked is Leave for a member outside any round it knows of
+// (its Join cancelled, or between rounds), unless the store already ranked
+// it in a round that closed after the last World Join returned. A member
+// waiting in Join has arrived in the forming round; a Join cancelled just
+// after that round closed leaves it ranked there, and a Leave then would
+// fail the round for the others while it forms (they would count a
+// recovery where a member only left). So it first asks the store (one
+// Check) and, when it is so ranked, does not leave and returns ranked true:
+// the caller calls Join, which returns that round at once, and leaves the
+// round gracefully (at its first step boundary) instead; that Join takes
+// the round without a store call. Otherwise it
+// leaves as Leave does and returns ranked false. A round that closes in
+// the one store round trip between the check and the leave still fails
+// while it forms. Errors: those of Leave, and of the check (wrapped).
+func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) {
+	a.mu.Lock()
+	aerr, inc, have := a.err, a.inc, uint64(0)
+	if a.hasWorld {
+		have = a.world.Round
+	}
+	a.mu.Unlock()
+	if aerr == nil && inc != "" {
+		v, err := a.call(ctx, "check", func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) })
+		if err != nil && !errors.Is(err, ErrClosed) {
+			return false, fmt.Errorf("elastic: leave: %w", err)
+		}
+		if err == nil && v.Code == CodeOK && v.Role == RoleRanked && !v.Open && v.Round > have && v.Members != nil {
+			// The next Join takes this round from the offer, without a
+			// store call (which, from a member that never held a World,
+			// would open the next round instead).
+			a.mu.Lock()
+			a.offer = Hint{Version: v.Version, Round: v.Round, Incarnation: v.Incarnation, Members: v.Members}
+			a.mu.Unlock()
+			return true, nil
+		}
+	}
+	return false, a.Leave(ctx)
+}
+
 // Finish marks the job finished for every member: their ChangePending turns
 // true and Join returns ErrJobFinished, as does any later Join with this job
 // ID (for Config.StateTTL). Errors: ErrFenced, ErrStoreUnavailable,

@@ -503,11 +503,19 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 	for {
 		if t.preempted() && ctx.Err() == nil && !undurable {
 			if undurable = t.holdsUndurable(ctx); !undurable {
-				// Outside a round with nothing to commit: leave now.
-				return res, t.leaveWaiting(ctx, agent)
+				// Outside a round with nothing to commit: leave now,
+				// unless a round that ranks this worker has just closed.
+				ranked, err := t.leaveWaiting(ctx, agent)
+				if !ranked {
+					return res, err
+				}
+				undurable = true
+				t.log.Info("preempted just as a round that ranks this worker closed: joining it to leave at its " +
+					"first step boundary (a leave now would fail it for the others), within the grace period")
+			} else {
+				t.log.Info("preempted outside a round while holding a commit newer than the last checkpoint: " +
+					"joining on to checkpoint it in a round, within the grace period")
 			}
-			t.log.Info("preempted outside a round while holding a commit newer than the last checkpoint: " +
-				"joining on to checkpoint it in a round, within the grace period")
 		}
 		if err := ctx.Err(); err != nil {
 			leave()
@@ -707,18 +715,27 @@ func (t *Trainer[B]) holdsUndurable(ctx context.Context) bool {
 
 // leaveWaiting ends Run on a worker preempted outside a round (waiting
 // for one to form, between rounds, or in a round that failed) with
-// nothing to commit (holdsUndurable): it leaves at once, in one store
-// call bounded by half a lease (Config.Elastic.LeaseTTL; when the store
-// does not answer, the lease lapses instead). It returns ErrPreempted.
-func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) error {
+// nothing to commit (holdsUndurable): it leaves at once, in store calls
+// bounded by half a lease (Config.Elastic.LeaseTTL; when the store does
+// not answer, the lease lapses instead), and returns ErrPreempted. When
+// the store has just ranked this worker in a round that closed while its
+// Join was being cancelled (elastic.Agent.LeaveUnlessRanked), it does not
+// leave and returns ranked true: the caller joins that round and leaves it
+// at its first step boundary, so the others see a graceful leave, not a
+// member lost while the round formed.
+func (t *Trainer[B]) leaveWaiting(ctx context.Context, agent *elastic.Agent) (ranked bool, err error) {
 	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), max(t.cfg.Elastic.LeaseTTL/2, 100*time.Millisecond))
 	defer cancel()
-	if err := agent.Leave(lctx); err != nil && !errors.Is(err, elastic.ErrClosed) {
-		t.log.Warn("preempted while waiting; leave failed (the lease lapses instead)", "err", err)
+	ranked, lerr := agent.LeaveUnlessRanked(lctx)
+	if ranked {
+		return true, nil
+	}
+	if lerr != nil && !errors.Is(lerr, elastic.ErrClosed) {
+		t.log.Warn("preempted while waiting; leave failed (the lease lapses instead)", "err", lerr)
 	}
 	t.log.Info("preempted outside a round: nothing to commit, leaving at once",
 		"after", time.Since(time.Unix(0, t.prAt.Load())).Round(time.Millisecond).String())
-	return fmt.Errorf("%w: while waiting outside a round (nothing to commit)", ErrPreempted)
+	return false, fmt.Errorf("%w: while waiting outside a round (nothing to commit)", ErrPreempted)
 }
 
 // closeParts closes every partition, the last registered first, logging
