@@ -872,7 +872,9 @@ func (a *Agent) Leave(ctx context.Context) error {
 // the round without a store call. Otherwise it
 // leaves as Leave does and returns ranked false. A round that closes in
 // the one store round trip between the check and the leave still fails
-// while it forms. Errors: those of Leave, and of the check (wrapped).
+// while it forms, and so does a member whose first Join call was cut off
+// before any answer (it holds no incarnation to ask with: its lease
+// lapses). Errors: those of Leave, and of the check (wrapped).
 func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) {
 	a.mu.Lock()
 	aerr, inc, have := a.err, a.inc, uint64(0)

@@ -19,13 +19,17 @@ import (
 // context ends.
 type hidingStore struct {
 	elastic.Store
-	id    string
-	armed atomic.Bool
-	hid   chan struct{} // closed at the first answer hidden
-	once  stdsync.Once
+	armed   atomic.Bool
+	arrived chan struct{} // closed at the first answer that says arrived
+	hid     chan struct{} // closed at the first answer hidden
+	once    stdsync.Once
+	oa      stdsync.Once
 }
 
 func (s *hidingStore) hide(ctx context.Context, v elastic.View, err error) (elastic.View, error) {
+	if err == nil && v.Role == elastic.RoleArrived {
+		s.oa.Do(func() { close(s.arrived) })
+	}
 	if err != nil || !s.armed.Load() || v.Role != elastic.RoleRanked || v.Open {
 		return v, err
 	}
@@ -66,13 +70,18 @@ func TestLeaveUnlessRanked(t *testing.T) {
 
 		// Ranked: B arrives, A's arrival closes the round of two, and B's
 		// Join never sees it.
-		hs := &hidingStore{Store: s, hid: make(chan struct{})}
+		hs := &hidingStore{Store: s, arrived: make(chan struct{}), hid: make(chan struct{})}
 		hs.armed.Store(true)
 		b := newAgent(t, hs, cfg)
 		a := newAgent(t, s, cfg)
 		bctx, bcancel := context.WithCancel(ctx)
 		berr := make(chan error, 1)
 		go func() { _, err := b.Join(bctx); berr <- err }()
+		select {
+		case <-hs.arrived: // B holds its incarnation: it can ask the store later
+		case <-ctx.Done():
+			t.Fatal("B never arrived")
+		}
 		wa, err := a.Join(ctx)
 		if err != nil {
 			t.Fatal(err)
