@@ -865,16 +865,13 @@ func (a *Agent) Leave(ctx context.Context) error {
 // waiting in Join has arrived in the forming round; a Join cancelled just
 // after that round closed leaves it ranked there, and a Leave then would
 // fail the round for the others while it forms (they would count a
-// recovery where a member only left). So it first asks the store (one
-// Check) and, when it is so ranked, does not leave and returns ranked true:
-// the caller calls Join, which returns that round at once, and leaves the
-// round gracefully (at its first step boundary) instead; that Join takes
-// the round without a store call. Otherwise it
-// leaves as Leave does and returns ranked false. A round that closes in
-// the one store round trip between the check and the leave still fails
-// while it forms, and so does a member whose first Join call was cut off
-// before any answer (it holds no incarnation to ask with: its lease
-// lapses). Errors: those of Leave, and of the check (wrapped).
+// recovery where a member only left). In one store call
+// (MemberRequest.KeepRanked) it leaves, or, when it is so ranked, stays
+// and returns ranked true: the caller then calls Join, which returns that
+// round at once without a store call, and leaves the round gracefully (at
+// its first step boundary) instead. A member whose first Join call was cut
+// off before any answer holds no incarnation to call with: its lease
+// lapses, as before. Errors: those of Leave.
 func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) {
 	a.mu.Lock()
 	aerr, inc, have := a.err, a.inc, uint64(0)
@@ -882,22 +879,39 @@ func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) 
 		have = a.world.Round
 	}
 	a.mu.Unlock()
-	if aerr == nil && inc != "" {
-		v, err := a.call(ctx, "check", func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) })
-		if err != nil && !errors.Is(err, ErrClosed) {
-			return false, fmt.Errorf("elastic: leave: %w", err)
-		}
-		if err == nil && v.Code == CodeOK && v.Role == RoleRanked && !v.Open && v.Round > have && v.Members != nil {
-			// The next Join takes this round from the offer, without a
-			// store call (which, from a member that never held a World,
-			// would open the next round instead).
-			a.mu.Lock()
-			a.offer = Hint{Version: v.Version, Round: v.Round, Incarnation: v.Incarnation, Members: v.Members}
-			a.mu.Unlock()
-			return true, nil
-		}
+	if aerr != nil || inc == "" {
+		return false, a.Leave(ctx)
 	}
-	return false, a.Leave(ctx)
+	req := a.memberRequest()
+	req.KeepRanked = true
+	a.mu.Lock()
+	a.leaving = true
+	a.mu.Unlock()
+	v, err := a.call(ctx, "leave", func(c context.Context) (View, error) { return a.store.Leave(c, req) })
+	if err != nil {
+		a.mu.Lock()
+		a.leaving = false
+		a.mu.Unlock()
+		if errors.Is(err, ErrClosed) {
+			return false, err
+		}
+		return false, fmt.Errorf("elastic: leave: %w", err)
+	}
+	if v.Code == CodeOK && v.Role == RoleRanked && !v.Open && v.Round > have && v.Members != nil {
+		// The next Join takes this round from the offer, without a store
+		// call (which, from a member that never held a World, would open
+		// the next round instead).
+		a.mu.Lock()
+		a.leaving = false
+		a.offer = Hint{Version: v.Version, Round: v.Round, Incarnation: v.Incarnation, Members: v.Members}
+		a.mu.Unlock()
+		return true, nil
+	}
+	a.mu.Lock()
+	a.err = nil // a fenced or finished member leaving is done as well
+	a.failLocked(ErrClosed)
+	a.mu.Unlock()
+	return false, nil
 }
 
 // Finish marks the job finished for every member: their ChangePending turns

@@ -557,6 +557,13 @@ func (j *coreJob) report(r ReportRequest, now int64) (rawView, opCtx) {
 func (j *coreJob) leave(r MemberRequest, now int64) (rawView, opCtx) {
 	var c opCtx
 	code, now, ok := j.member(r, now, &c)
+	st := j.st
+	if ok && r.KeepRanked && !st.Open && st.Round > r.HaveRound && contains(st.Ranked, r.MemberID) {
+		// Ranked in a closed round it has not held (MemberRequest.
+		// KeepRanked): it stays, to join that round and leave it at a
+		// step boundary.
+		ok = false
+	}
 	if ok {
 		j.evict(r.MemberID, &c)
 		// A leave does not re-form at once: members leave in waves (a

@@ -165,7 +165,12 @@ func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) 
 
 // Leave implements Store.
 func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
-	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
+	keep := "0"
+	if r.KeepRanked {
+		keep = "1"
+	}
+	args := append(viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), keep, strconv.FormatUint(r.HaveRound, 10))
+	return s.runView(ctx, "leave", scriptLeave, r.JobID, r.MemberID, r.Params, r.HaveRound, args)
 }
 
 // Finish implements Store.

@@ -462,10 +462,15 @@ if st and (code == OK or code == FENCED) then save(st) end
 return view(st, code)
 `
 
+// ARGV 10 keep ranked (MemberRequest.KeepRanked: 0/1), 11 the round whose
+// World the caller holds (MemberRequest.HaveRound, as sent: ARGV 9 may name
+// a later round whose roster the process has read).
 const luaLeave = luaPrelude + `
+local KEEP, HELD = ARGV[10] == '1', tonumber(ARGV[11]) or 0
 local st = load()
 local code = member_pre(st)
-if code == OK then
+local stays = code == OK and KEEP and not st.open and st.round > HELD and redis.call('HEXISTS', K_RANK, ID) == 1
+if code == OK and not stays then
   evict(st, ID)
   settle(st, false) -- a leave re-forms as before (core.go, leave)
   try_close(st)

@@ -141,6 +141,13 @@ type MemberRequest struct {
 	// instead of sending the whole roster again (O(members) bytes on every
 	// call of every member of a large round).
 	HaveRound uint64
+	// KeepRanked, for Leave only: the caller is not evicted when the
+	// latest round is closed, numbered above HaveRound, and ranks it (it
+	// arrived, and its Join was cancelled before it learned that the
+	// round closed: a leave would fail that round for the others while it
+	// forms); the view then says so (RoleRanked in that round). A store
+	// that ignores it evicts, as Leave always did.
+	KeepRanked bool
 }
 
 // ReportRequest reports that Target failed while both were in Round.

@@ -142,6 +142,9 @@ func startAgent(t *testing.T, ns string, subnet int, hold func(*corev1.Pod) bool
 				p.mu.Lock()
 				t.Logf("pod %s (%s, exit %d): last events %v; other lines %q", p.pod.Name, p.ip, p.code, lastN(p.events, 4), lastN(p.other, 10))
 				p.mu.Unlock()
+				if b, err := os.ReadFile(filepath.Join(a.dir, p.pod.Name+".log")); err == nil {
+					t.Logf("pod %s's log, its last lines:\n%s", p.pod.Name, strings.Join(lastN(strings.Split(strings.TrimSpace(string(b)), "\n"), 25), "\n"))
+				}
 			}
 		}
 	})
