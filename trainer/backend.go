@@ -1,10 +1,6 @@
 package trainer
 
-import (
-	"context"
-
-	"github.com/elastictrain/elastictrain/trainer/driver"
-)
+import "github.com/elastictrain/elastictrain/trainer/driver"
 
 // This file holds the contract of the trainer's communication seam. The
 // loop (rendezvous, connect, agree, restore, steps, commit, checkpoint,
@@ -27,19 +23,10 @@ const EndpointSync = driver.EndpointSync
 type Backend = driver.Backend
 
 // GradientReducer is an optional capability of a round's Synchronizer: a
-// Synchronizer that reduces gradients its own way (compression, a
-// hierarchy, a parameter server for dense tensors) implements it, and the
-// trainer calls it instead of allreducing its fused buckets with
-// AllReduceFloat32.
+// Synchronizer that sums gradients its own way.
 //
-// SumGradients replaces every tensor of grads (the model's Param.Grad
-// buffers, in model order, the same lengths on every rank) with its
-// element-wise sum over the ranks of the round, identical on every rank.
-// It is not used in deterministic mode, whose exact fixed-point sums need
-// AllReduceFloat64.
-type GradientReducer interface {
-	SumGradients(ctx context.Context, grads [][]float32) error
-}
+// Deprecated: use driver.GradientReducer, the same type.
+type GradientReducer = driver.GradientReducer
 
 // LocalStepper is an optional capability of a round's Synchronizer: a
 // low-communication strategy (LocalSGD, DiLoCo; package trainer/localsgd)

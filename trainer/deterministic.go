@@ -5,17 +5,15 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // MicroBatcher is the optional capability of a loader that cuts global
-// batches into fixed micro-batches (*dataloader.Loader has it):
-// MicroBatchSize is the micro-batch size in samples, 0 when the loader does
-// not cut them. Config.Deterministic needs micro-batches; with this
-// capability New refuses a loader without them at once. A loader without
-// the capability is checked at its first batch instead.
-type MicroBatcher interface {
-	MicroBatchSize() int
-}
+// batches into fixed micro-batches.
+//
+// Deprecated: use driver.MicroBatcher, the same type.
+type MicroBatcher = driver.MicroBatcher
 
 // checkDeterministic refuses Config.Deterministic with a loader that says
 // it has no micro-batches.

@@ -123,8 +123,9 @@
 // the loader must cut global batches into fixed micro-batches
 // (dataloader.Config.MicroBatch). It is not the default: the default
 // mode's float32 sums depend on the world size and the shares. The
-// StepFunc runs once per micro-batch, so a sample's gradient never depends
-// on which rank computed it; every micro-batch's gradients are rounded to
+// StepFunc runs once per micro-batch, or a MicroStepFunc (WithMicroStep)
+// once per step with each micro-batch's sums kept apart, so a sample's
+// gradient never depends on which rank computed it; every micro-batch's gradients are rounded to
 // integers at one scale for the whole step, 2^s, and summed as float64,
 // which is exact below 2^53 and so the same in any order, on any number of
 // ranks: the sum of a global batch depends on its micro-batches only. The
@@ -138,9 +139,12 @@
 // uninterrupted one. Losses are summed in fixed point too (2^-24).
 // Precision: about 2^-(48-log2(global batch)) of the largest |gradient|,
 // far below float32's own rounding. The cost against the float32 default:
-// a StepFunc call per micro-batch instead of one per share (the largest
-// part for a small model), a copy of each micro-batch's gradients but the
-// last, the conversion, and a float64 allreduce (twice the bytes). What
+// a StepFunc call per micro-batch instead of one per share (none with a
+// MicroStepFunc such as gorgoniastep.Model.StepMicro, which runs the
+// forward and backward pass once and splits only the sums), a copy of each
+// micro-batch's gradients but the last (none with a MicroStepFunc), one
+// pass that converts them and finds their largest |gradient|, and a
+// float64 allreduce (twice the bytes). What
 // the promise does not cover: a StepFunc that is itself not deterministic
 // (threads that sum in a varying order, BLAS libraries that pick kernels
 // by CPU kind, so ranks on different CPU kinds differ), and LocalStepper

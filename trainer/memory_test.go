@@ -31,7 +31,9 @@ type memJob struct {
 	opt     func() Optimizer
 	// step and data, when set, wrap the model's step and the dataset.
 	step func(w *trainertest.Worker, f StepFunc[trainertest.Batch]) StepFunc[trainertest.Batch]
-	data func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample]
+	// microStep, when set, gives every worker a MicroStepFunc of its model.
+	microStep func(m *trainertest.Model) MicroStepFunc[trainertest.Batch]
+	data      func(w *trainertest.Worker, d dataloader.Dataset[trainertest.Sample]) dataloader.Dataset[trainertest.Sample]
 	// afterReduce, when set, is installed on every worker (SetAfterReduceHook).
 	afterReduce func(rank int, step int64) error
 	maxStep     atomic.Int64
@@ -80,6 +82,9 @@ func (j *memJob) start() *trainertest.Worker {
 		}}))
 		if j.opts != nil {
 			opts = append(opts, j.opts(w)...)
+		}
+		if j.microStep != nil {
+			opts = append(opts, WithMicroStep(j.microStep(m)))
 		}
 		var src Source[trainertest.Batch] = loader
 		if j.wrap != nil {

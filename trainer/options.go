@@ -26,6 +26,21 @@ type options struct {
 	parts   []Partition
 	sched   Schedule
 	eval    *Evaluation
+	micro   any // a MicroStepFunc[B], checked by New
+}
+
+// WithMicroStep gives deterministic mode a MicroStepFunc: the trainer
+// calls f once per step with all of this rank's micro-batches instead of
+// the StepFunc once per micro-batch (the StepFunc still serves batches
+// without micro-batches, and every step outside deterministic mode). B
+// must be the Trainer's batch type: New returns ErrInvalidConfig
+// otherwise.
+func WithMicroStep[B any](f MicroStepFunc[B]) Option {
+	return func(o *options) {
+		if f != nil {
+			o.micro = f
+		}
+	}
 }
 
 // WithBackend makes every round communicate through b (see Backend)

@@ -48,3 +48,22 @@ type Param struct {
 // done), which ends the round as a failure, as a failed collective does,
 // and the job recovers.
 type StepFunc[B any] func(ctx context.Context, b dataloader.Batch[B]) (loss float64, err error)
+
+// MicroStepFunc is the one-call form of a StepFunc for deterministic mode
+// (Config.Deterministic; given with WithMicroStep): it runs forward and
+// backward on all of this rank's micro-batches (b.Micro, K >= 1 of them)
+// at once, keeping each one's sums apart, so a rank pays a call's fixed
+// costs once per step instead of once per micro-batch.
+//
+// Afterwards grads[k][i] (k < K-1; len(grads) = K-1, grads[k][i] as long
+// as Param i's Grad) must hold the SUM over micro-batch k's samples of
+// parameter i's gradient, the Params' Grad buffers the last micro-batch's,
+// and losses[k] (len K) micro-batch k's loss sum. Each must be the same
+// bits the StepFunc gives for b.MicroBatch(k) alone, whatever else is in
+// the call: that is what keeps a step's result independent of which rank
+// computed which micro-batch (gorgoniastep.Model.StepMicro is such a
+// function; the trainer cannot check it). The buffers are the trainer's,
+// valid during the call only. It is called from the loop goroutine, only
+// in deterministic mode and only with micro-batches; errors as for
+// StepFunc.
+type MicroStepFunc[B any] func(ctx context.Context, b dataloader.Batch[B], grads [][][]float32, losses []float64) error

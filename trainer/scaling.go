@@ -171,7 +171,7 @@ func (t *Trainer[B]) noteLocalGradients(n int) {
 		sum := t.fixed
 		clear(sum)
 		for k := range t.microCount {
-			t.microGrads(k, func(off int, g []float32) {
+			t.microGrads(k, t.microCount, func(off int, g []float32) {
 				s := sum[off : off+len(g)]
 				for i, x := range g {
 					s[i] += float64(x)

@@ -41,61 +41,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		return loss, 0, err
 	}
 	if t.det {
-		for len(t.micro) < len(b.Micro)-1 { // the last one is not copied (microGrads)
-			t.micro = append(t.micro, make([]float32, t.nvalues))
-		}
-		// In the one-collective step (reduceFixed) the scale is known
-		// before the StepFunc runs: each micro-batch's gradients are
-		// converted and summed while they are copied, in one pass.
-		var fixed []float64
-		scale := 0.0
-		if t.detFuse {
-			fixed = t.detBuf[:t.nvalues]
-			clear(fixed)
-			scale = math.Ldexp(1, t.detS)
-		}
-		for k := range b.Micro {
-			l, err := t.stepFn(ctx, b.MicroBatch(k))
-			if err != nil {
-				return 0, 0, err
-			}
-			// Quantised per micro-batch, so the sum is exact in any order.
-			loss += math.Round(l * lossScale)
-			// The last micro-batch's gradients stay in the Grad buffers
-			// until the sum replaces them (microGrads): no copy.
-			keep := k < len(b.Micro)-1
-			var dst []float32
-			if keep {
-				dst = t.micro[k]
-			}
-			off := 0
-			var m float32
-			for _, p := range t.params {
-				if keep {
-					copy(dst[off:], p.Grad)
-				}
-				if fixed != nil {
-					// The rounding of fixedPointSum; a value past the
-					// bound is summed again at another scale (reduceFixed).
-					f := fixed[off : off+len(p.Grad)]
-					for i, g := range p.Grad {
-						f[i] += (float64(g)*scale + fixMagic) - fixMagic
-					}
-				}
-				for _, g := range p.Grad {
-					if g > m {
-						m = g
-					} else if -g > m {
-						m = -g
-					} else if g != g { // NaN: reported as such
-						return 0, math.NaN(), nil
-					}
-				}
-				off += len(p.Grad)
-			}
-			gmax = max(gmax, float64(m))
-		}
-		return loss, gmax, nil
+		return t.computeDet(ctx, b)
 	}
 	if len(b.Micro) == 0 {
 		for _, p := range t.params {
@@ -136,6 +82,189 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		off += len(p.Grad)
 	}
 	return loss, 0, nil
+}
+
+// computeDet is compute in deterministic mode: each micro-batch's
+// gradients stay apart (t.micro, the last one in the Grad buffers), and
+// when reduceFixed's scale is known before the step (t.detFuse) they are
+// converted to fixed point and summed into t.detBuf in the same pass that
+// finds their largest |gradient|. With a MicroStepFunc the step runs in one
+// call, which writes straight into t.micro; otherwise the StepFunc runs
+// once per micro-batch and each one's gradients are copied in that pass.
+func (t *Trainer[B]) computeDet(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
+	K := len(b.Micro)
+	for len(t.micro) < K-1 { // the last one is not copied (microGrads)
+		t.micro = append(t.micro, make([]float32, t.nvalues))
+	}
+	// In the one-collective step (reduceFixed) the scale is known
+	// before the StepFunc runs: each micro-batch's gradients are
+	// converted and summed while they are scanned, in one pass.
+	var fixed []float64
+	scale := 0.0
+	if t.detFuse {
+		fixed = t.detBuf[:t.nvalues] // cleared or overwritten below
+		scale = math.Ldexp(1, t.detS)
+	}
+	if t.microFn != nil && K > 0 {
+		for len(t.microViews) < K-1 {
+			k := len(t.microViews)
+			v, off := make([][]float32, len(t.params)), 0
+			for i, p := range t.params {
+				v[i] = t.micro[k][off : off+len(p.Grad) : off+len(p.Grad)]
+				off += len(p.Grad)
+			}
+			t.microViews = append(t.microViews, v)
+		}
+		if len(t.microLoss) < K {
+			t.microLoss = make([]float64, K)
+		}
+		losses := t.microLoss[:K]
+		if err := t.microFn(ctx, b, t.microViews[:K-1], losses); err != nil {
+			return 0, 0, err
+		}
+		for k := range K {
+			// Quantised per micro-batch, so the sum is exact in any order.
+			loss += math.Round(losses[k] * lossScale)
+		}
+		// One pass over each parameter's values, all micro-batches at
+		// once: each value's fixed-point sum is written once, not added
+		// to per micro-batch.
+		gs := t.microRuns[:0]
+		var mb uint32
+		off := 0
+		for i, p := range t.params {
+			gs = gs[:0]
+			for k := range K - 1 {
+				gs = append(gs, t.microViews[k][i])
+			}
+			gs = append(gs, p.Grad)
+			var f []float64
+			if fixed != nil {
+				f = fixed[off : off+len(p.Grad)]
+			}
+			mb = fixSum(f, gs, scale, mb)
+			off += len(p.Grad)
+		}
+		t.microRuns = gs
+		if mb > 0x7f800000 {
+			return 0, math.NaN(), nil // NaN: reported as such
+		}
+		return loss, float64(math.Float32frombits(mb)), nil
+	}
+	if fixed != nil {
+		clear(fixed)
+	}
+	for k := range b.Micro {
+		l, err := t.stepFn(ctx, b.MicroBatch(k))
+		if err != nil {
+			return 0, 0, err
+		}
+		loss += math.Round(l * lossScale)
+		// The last micro-batch's gradients stay in the Grad buffers
+		// until the sum replaces them (microGrads): no copy.
+		var dst []float32
+		if k < K-1 {
+			dst = t.micro[k]
+		}
+		off := 0
+		m := float32(0)
+		for _, p := range t.params {
+			var d []float32
+			if dst != nil {
+				d = dst[off : off+len(p.Grad)]
+			}
+			m = convertMax(fixed, off, p.Grad, d, scale, m)
+			off += len(p.Grad)
+		}
+		if m != m {
+			return 0, math.NaN(), nil
+		}
+		gmax = max(gmax, float64(m))
+	}
+	return loss, gmax, nil
+}
+
+// fixSum is deterministic mode's one pass over a run of values of K
+// micro-batches' gradients (gs[k], each as long as f when f is non-nil):
+// it sets f[i] to the sum over k of gs[k][i] rounded to an integer at the
+// given scale (the rounding of fixedPointSum, exact in any order; a value
+// past reduceFixed's bound is summed again at another scale there), and
+// returns the larger of mb and every |gs[k][i]|, both as float32 bit
+// patterns without the sign (which order as the magnitudes do; any bits
+// above 0x7f800000, +Inf, are a NaN).
+func fixSum(f []float64, gs [][]float32, scale float64, mb uint32) uint32 {
+	const abs = 1<<31 - 1
+	if f == nil {
+		for _, g := range gs {
+			for _, x := range g {
+				mb = max(mb, math.Float32bits(x)&abs)
+			}
+		}
+		return mb
+	}
+	switch len(gs) {
+	case 1:
+		g := gs[0][:len(f)]
+		for i, x := range g {
+			f[i] = (float64(x)*scale + fixMagic) - fixMagic
+			mb = max(mb, math.Float32bits(x)&abs)
+		}
+	case 2:
+		g0, g1 := gs[0][:len(f)], gs[1][:len(f)]
+		for i, x := range g0 {
+			y := g1[i]
+			f[i] = ((float64(x)*scale + fixMagic) - fixMagic) + ((float64(y)*scale + fixMagic) - fixMagic)
+			mb = max(mb, math.Float32bits(x)&abs, math.Float32bits(y)&abs)
+		}
+	default:
+		clear(f)
+		for _, g := range gs {
+			g = g[:len(f)]
+			for i, x := range g {
+				f[i] += (float64(x)*scale + fixMagic) - fixMagic
+				mb = max(mb, math.Float32bits(x)&abs)
+			}
+		}
+	}
+	return mb
+}
+
+// convertMax is deterministic mode's one pass over a run of gradients g
+// at offset off of the model's values: it copies g to dst (when non-nil),
+// adds each value rounded to an integer at the given scale to fixed[off:]
+// (when fixed is non-nil; the rounding of fixedPointSum, a value past
+// reduceFixed's bound is summed again at another scale there), and
+// returns the largest of m and every |g|, or NaN when some g is NaN.
+func convertMax(fixed []float64, off int, g, dst []float32, scale float64, m float32) float32 {
+	if dst != nil {
+		copy(dst, g)
+	}
+	nan := false
+	if fixed != nil {
+		f := fixed[off : off+len(g)]
+		for i, x := range g {
+			f[i] += (float64(x)*scale + fixMagic) - fixMagic
+			a := math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
+			if a > m {
+				m = a
+			} else if a != a {
+				nan = true
+			}
+		}
+	} else {
+		for _, x := range g {
+			a := math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
+			if a > m {
+				m = a
+			} else if a != a {
+				nan = true
+			}
+		}
+	}
+	if nan {
+		return float32(math.NaN())
+	}
+	return m
 }
 
 // localGrads leaves this rank's own gradients for a LocalStepper's local
@@ -179,12 +308,12 @@ func (t *Trainer[B]) reduceGrads(ctx context.Context, comm sync.Synchronizer, gm
 	return t.fixedPointSum(ctx, comm, gmax, globalSize, 1)
 }
 
-// microGrads calls f with the gradients of this rank's micro-batch k
-// (k < t.microCount) as flat runs starting at offset off of the model's
+// microGrads calls f with the gradients of this rank's micro-batch k of
+// count (t.microCount once compute returned) as flat runs starting at offset off of the model's
 // values: t.micro[k], or, for the last one, which compute does not copy,
 // the parameters' Grad buffers (until the sum replaces them).
-func (t *Trainer[B]) microGrads(k int, f func(off int, g []float32)) {
-	if k < t.microCount-1 {
+func (t *Trainer[B]) microGrads(k, count int, f func(off int, g []float32)) {
+	if k < count-1 {
 		f(0, t.micro[k][:t.nvalues])
 		return
 	}
@@ -199,7 +328,7 @@ func (t *Trainer[B]) microGrads(k int, f func(off int, g []float32)) {
 // given scale, to fixed.
 func (t *Trainer[B]) addMicro(fixed []float64, scale float64) {
 	for k := range t.microCount {
-		t.microGrads(k, func(off int, g []float32) {
+		t.microGrads(k, t.microCount, func(off int, g []float32) {
 			f := fixed[off : off+len(g)]
 			for i, x := range g {
 				f[i] += (float64(x)*scale + fixMagic) - fixMagic

@@ -58,6 +58,7 @@ type Trainer[B any] struct {
 	listener   CommitListener    // nil: no work after every rank holds a commit
 	userLoader bool              // loader is the user's StatefulLoader (barrier after Restore)
 	stepFn     StepFunc[B]
+	microFn    MicroStepFunc[B] // nil: the StepFunc runs once per micro-batch
 	store      elastic.Store
 	backend    Backend
 	parts      []Partition
@@ -97,17 +98,20 @@ type Trainer[B any] struct {
 	stepLR              float64 // the learning rate of the last applied step
 	useful              time.Duration
 	pendingUseful       time.Duration
-	strag               stragglers  // slow-step counters of the round's ranks
-	outcome             stepOutcome // the last step's agreed control values
-	acc                 []float32   // gradient accumulator over micro-batches
-	micro               [][]float32 // deterministic mode: each micro-batch's gradients
-	fixed               []float64   // deterministic mode: fixed-point gradient sums
-	microCount          int         // deterministic mode: micro-batches of this rank's share
-	det                 bool        // deterministic mode (Config.Deterministic)
-	detExp              int         // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
-	detBuf              []float64   // deterministic mode: the one collective's buffer, fixed-point sums then control values
-	detRedone           int64       // deterministic mode: steps summed again at a wider scale (reduceFixed)
-	detFuse             bool        // compute sums this step's micro-batches into detBuf at scale 2^detS (reduceFixed)
+	strag               stragglers    // slow-step counters of the round's ranks
+	outcome             stepOutcome   // the last step's agreed control values
+	acc                 []float32     // gradient accumulator over micro-batches
+	micro               [][]float32   // deterministic mode: each micro-batch's gradients
+	microViews          [][][]float32 // deterministic mode: micro[k] cut per parameter (microFn's grads)
+	microLoss           []float64     // deterministic mode: microFn's losses
+	microRuns           [][]float32   // deterministic mode: one parameter's runs of every micro-batch (fixSum)
+	fixed               []float64     // deterministic mode: fixed-point gradient sums
+	microCount          int           // deterministic mode: micro-batches of this rank's share
+	det                 bool          // deterministic mode (Config.Deterministic)
+	detExp              int           // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
+	detBuf              []float64     // deterministic mode: the one collective's buffer, fixed-point sums then control values
+	detRedone           int64         // deterministic mode: steps summed again at a wider scale (reduceFixed)
+	detFuse             bool          // compute sums this step's micro-batches into detBuf at scale 2^detS (reduceFixed)
 	detS                int
 	clock               stepClock // the step being trained, by part
 	stepTimes           StepTimes // the applied steps', by part (Result.StepTimes)
@@ -173,6 +177,14 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 	if err := checkDeterministic(cfg, loader); err != nil {
 		return nil, err
 	}
+	var microFn MicroStepFunc[B]
+	if o.micro != nil {
+		f, ok := o.micro.(MicroStepFunc[B])
+		if !ok {
+			return nil, fmt.Errorf("%w: WithMicroStep's function is a %T, not a MicroStepFunc of this Trainer's batch type", ErrInvalidConfig, o.micro)
+		}
+		microFn = f
+	}
 	switch {
 	case len(params) == 0:
 		return nil, fmt.Errorf("%w: no parameters", ErrInvalidConfig)
@@ -199,7 +211,7 @@ func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B
 		}
 		grads[i] = p.Grad
 	}
-	t := &Trainer[B]{cfg: cfg, params: params, opt: opt, stepFn: step, store: store, o: o, gradList: grads,
+	t := &Trainer[B]{cfg: cfg, params: params, opt: opt, stepFn: step, microFn: microFn, store: store, o: o, gradList: grads,
 		preempt: make(chan struct{}), spare: &snapshot{}}
 	switch l := loader.(type) {
 	case StatefulLoader[B]:

@@ -25,8 +25,9 @@ var ErrBadInput = errors.New("mnist: bad model input")
 //
 // Not safe for concurrent use.
 type Model struct {
-	kind string
-	gm   *gorgoniastep.Model
+	kind   string
+	gm     *gorgoniastep.Model
+	bounds []int // StepMicro's micro-batch bounds, reused
 }
 
 // maxGraphs is how many batch sizes' graphs a Model keeps compiled.
@@ -138,6 +139,44 @@ func (m *Model) Step(ctx context.Context, pixels []float32, labels []int) (float
 		}
 		return nil
 	})
+}
+
+// StepMicro is Step on K = len(labels) micro-batches at once, for the
+// trainer's deterministic mode (trainer.MicroStepFunc): pixels[k] and
+// labels[k] are micro-batch k's. Afterwards grads[k] (k < K-1) holds
+// micro-batch k's gradient sums, the Params' Grad buffers the last one's,
+// and losses[k] its loss sum, each the same bits as Step on that
+// micro-batch alone; the forward and backward pass run once over all the
+// samples (see gorgoniastep.Model.StepMicro). Errors as for Step.
+func (m *Model) StepMicro(ctx context.Context, pixels [][]float32, labels [][]int, grads [][][]float32, losses []float64) error {
+	if len(pixels) != len(labels) || len(labels) == 0 {
+		return fmt.Errorf("%w: %d pixel sets for %d label sets", ErrBadInput, len(pixels), len(labels))
+	}
+	m.bounds = append(m.bounds[:0], 0)
+	for k, l := range labels {
+		if err := checkBatch(pixels[k], len(l)); err != nil {
+			return fmt.Errorf("micro-batch %d: %w", k, err)
+		}
+		for i, y := range l {
+			if y < 0 || y >= NumClasses {
+				return fmt.Errorf("%w: label %d of sample %d of micro-batch %d, want 0..%d", ErrBadInput, y, i, k, NumClasses-1)
+			}
+		}
+		m.bounds = append(m.bounds, m.bounds[k]+len(l))
+	}
+	return m.gm.StepMicro(ctx, m.bounds, func(mc *gorgoniastep.Machine, lo, hi int) error {
+		x, oneHot := mc.Input(0), mc.Input(1)
+		clear(oneHot)
+		row := 0
+		for k := lo; k < hi; k++ {
+			normalize(x[row*Pixels:], pixels[k])
+			for i, l := range labels[k] {
+				oneHot[(row+i)*NumClasses+l] = 1
+			}
+			row += len(labels[k])
+		}
+		return nil
+	}, grads, losses)
 }
 
 // Predict returns the most likely digit for each of the n images in pixels

@@ -190,6 +190,23 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 		return loss, err
 	}
+	// Deterministic mode's one call per step for all of a rank's
+	// micro-batches (their sums kept apart): a micro-batch's bits are
+	// those of its own Step.
+	var mpix [][]float32
+	var mlab [][]int
+	opts = append(opts, trainer.WithMicroStep(func(ctx context.Context, b dataloader.Batch[batch], grads [][][]float32, losses []float64) error {
+		start := time.Now()
+		mpix, mlab = mpix[:0], mlab[:0]
+		for _, m := range b.Micro {
+			mpix, mlab = append(mpix, m.Data.Pixels), append(mlab, m.Data.Labels)
+		}
+		err := model.StepMicro(ctx, mpix, mlab, grads, losses)
+		if err == nil {
+			err = c.slow.slowDown(ctx, rank, time.Since(start))
+		}
+		return err
+	}))
 	opt := trainer.Optimizer(trainer.NewAdam(c.lr))
 	if c.sync != "ring" {
 		// Low-communication sync (trainer/localsgd) over the default ring.

@@ -8,7 +8,8 @@
 // (Loader, StatefulLoader) implements the interfaces here.
 //
 // Optional capabilities are interfaces of their own, found by type
-// assertion: a Backend may be a LocalStepper, a StatefulLoader a
+// assertion: a round's Synchronizer may be a LocalStepper or a
+// GradientReducer, a loader a MicroBatcher, a StatefulLoader a
 // StateMerger, CommitListener, LineageSetter, Weighter or DataSettings, a
 // Partition Releasable, a CheckpointStore a TempCleaner.
 //

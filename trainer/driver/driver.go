@@ -61,6 +61,21 @@ type Backend interface {
 	Close() error
 }
 
+// GradientReducer is an optional capability of a round's Synchronizer: a
+// Synchronizer that reduces gradients its own way (compression, a
+// hierarchy, a parameter server for dense tensors) implements it, and the
+// trainer calls it instead of allreducing its fused buckets with
+// AllReduceFloat32.
+//
+// SumGradients replaces every tensor of grads (the model's Param.Grad
+// buffers, in model order, the same lengths on every rank) with its
+// element-wise sum over the ranks of the round, identical on every rank.
+// It is not used in deterministic mode, whose exact fixed-point sums need
+// AllReduceFloat64.
+type GradientReducer interface {
+	SumGradients(ctx context.Context, grads [][]float32) error
+}
+
 // LocalStepper is an optional capability of a round's Synchronizer: a
 // low-communication strategy (LocalSGD, DiLoCo; package trainer/localsgd)
 // whose ranks step on their own gradients and reconcile their parameters
@@ -360,3 +375,14 @@ var (
 	// good one.
 	ErrCorruptCheckpoint = errors.New("trainer: corrupt checkpoint")
 )
+
+// MicroBatcher is the optional capability of a loader that cuts global
+// batches into fixed micro-batches (*dataloader.Loader has it):
+// MicroBatchSize is the micro-batch size in samples, 0 when the loader does
+// not cut them. Deterministic mode (trainer.Config.Deterministic) needs
+// micro-batches; with this capability New refuses a loader without them at
+// once. A loader without the capability is checked at its first batch
+// instead.
+type MicroBatcher interface {
+	MicroBatchSize() int
+}

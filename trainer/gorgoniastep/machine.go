@@ -100,6 +100,10 @@ type Machine struct {
 	train      bool
 	batch      int
 	closed     bool
+
+	// StepMicro's split runs (micro.go).
+	splitKnown, splittable bool
+	lossParts              [][]float32
 }
 
 // Bind compiles g into a tape machine that computes loss and its gradients

@@ -216,9 +216,10 @@ func (op *denseOp) SymDiff(in gorgonia.Nodes, _, grad *gorgonia.Node) (gorgonia.
 // bias's (input dy; the sum of dy's rows, in row order).
 type denseGradOp struct {
 	opBase
-	wrt  int
-	out2 buffer2
-	out1 buffer1
+	rowSplit // the weight and bias gradients are RowSplitters
+	wrt      int
+	out2     buffer2
+	out1     buffer1
 }
 
 var denseGradNames = [3]string{"cpuops.DenseInputGrad", "cpuops.DenseWeightGrad", "cpuops.DenseBiasGrad"}
@@ -272,11 +273,18 @@ func (op *denseGradOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 			return nil, err
 		}
 		n, m := ds[0], ds[1]
-		t, db := op.out1.get(m)
-		clear(db)
-		for i := 0; i < n; i++ {
-			for j, v := range dy[i*m : (i+1)*m] {
-				db[j] += v
+		b, err := op.ranges(op.String(), n, m)
+		if err != nil {
+			return nil, err
+		}
+		t, own := op.out1.get(m)
+		for r := range len(b) - 1 {
+			db := op.target(r, len(b)-1, own)
+			clear(db)
+			for i := b[r]; i < b[r+1]; i++ {
+				for j, v := range dy[i*m : (i+1)*m] {
+					db[j] += v
+				}
 			}
 		}
 		return t, nil
@@ -303,9 +311,27 @@ func (op *denseGradOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if ds[0] != n {
 		return nil, fmt.Errorf("%w: %s of %v and %v", ErrBadInput, op, as, ds)
 	}
-	t, dw := op.out2.get(k, m)
-	gemm.NN(k, m, n, a, 1, k, dy, m, dw, m, false)
+	b, err := op.ranges(op.String(), n, k*m)
+	if err != nil {
+		return nil, err
+	}
+	t, own := op.out2.get(k, m)
+	for r := range len(b) - 1 {
+		// Rows [lo, hi) alone: the product's inner dimension is the
+		// range's, summed in row order as for a batch of those rows.
+		lo, hi := b[r], b[r+1]
+		gemm.NN(k, m, hi-lo, a[lo*k:], 1, k, dy[lo*m:], m, op.target(r, len(b)-1, own), m, false)
+	}
 	return t, nil
+}
+
+// SplitRows splits the weight and bias gradients (see RowSplitter).
+func (op *denseGradOp) SplitRows(bounds []int, dst [][]float32) bool {
+	if op.wrt == 0 {
+		return false
+	}
+	op.split(bounds, dst)
+	return true
 }
 
 func (op *denseGradOp) DiffWRT(n int) []bool { return make([]bool, n) }

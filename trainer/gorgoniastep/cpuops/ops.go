@@ -215,10 +215,11 @@ func (op *convOp) SymDiff(in gorgonia.Nodes, _, grad *gorgonia.Node) (gorgonia.N
 // convFilterGradOp: inputs (x, dy), output df with the filters' shape.
 type convFilterGradOp struct {
 	opBase
-	ph, pw int
-	f      tensor.Shape
-	out    buffer
-	s      convScratch
+	rowSplit // a RowSplitter over the images
+	ph, pw   int
+	f        tensor.Shape
+	out      buffer
+	s        convScratch
 }
 
 func (op *convFilterGradOp) Arity() int    { return 2 }
@@ -255,9 +256,26 @@ func (op *convFilterGradOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if !same4(ds, g.n, g.m, g.oh, g.ow) {
 		return nil, fmt.Errorf("%w: Conv2DFilterGrad: output gradient %v for output %v", ErrBadInput, ds, tensor.Shape{g.n, g.m, g.oh, g.ow})
 	}
-	t, df := op.out.get(op.f[0], op.f[1], op.f[2], op.f[3])
-	convFilterGrad(g, x, dy, df, &op.s)
+	t, own := op.out.get(op.f[0], op.f[1], op.f[2], op.f[3])
+	b, err := op.ranges("cpuops.Conv2DFilterGrad", g.n, len(own))
+	if err != nil {
+		return nil, err
+	}
+	for r := range len(b) - 1 {
+		// Images [lo, hi) alone, summed in image order as for a batch
+		// of those images.
+		lo, hi := b[r], b[r+1]
+		gr := g
+		gr.n = hi - lo
+		convFilterGrad(gr, x[lo*g.c*g.h*g.w:], dy[lo*g.m*g.oh*g.ow:], op.target(r, len(b)-1, own), &op.s)
+	}
 	return t, nil
+}
+
+// SplitRows splits the filter gradient by images (see RowSplitter).
+func (op *convFilterGradOp) SplitRows(bounds []int, dst [][]float32) bool {
+	op.split(bounds, dst)
+	return true
 }
 
 func (op *convFilterGradOp) DiffWRT(int) []bool { return []bool{false, false} }

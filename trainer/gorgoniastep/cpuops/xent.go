@@ -56,8 +56,9 @@ func logSoftmaxRow(z []float32, lp []float64) []float64 {
 // scalar.
 type xentOp struct {
 	opBase
-	out gorgonia.F32
-	lp  []float64
+	rowSplit // a RowSplitter
+	out      gorgonia.F32
+	lp       []float64
 }
 
 func (op *xentOp) Arity() int { return 2 }
@@ -81,16 +82,26 @@ func (op *xentOp) Do(in ...gorgonia.Value) (gorgonia.Value, error) {
 	if cap(op.lp) < k {
 		op.lp = make([]float64, k)
 	}
-	loss := 0.0
-	for i := 0; i < n; i++ {
-		lp := logSoftmaxRow(z[i*k:(i+1)*k], op.lp[:k])
-		for j, t := range y[i*k : (i+1)*k] {
-			if t != 0 {
-				loss -= float64(t) * lp[j]
+	b, err := op.ranges(op.String(), n, 1)
+	if err != nil {
+		return nil, err
+	}
+	for r := range len(b) - 1 {
+		loss := 0.0
+		for i := b[r]; i < b[r+1]; i++ {
+			lp := logSoftmaxRow(z[i*k:(i+1)*k], op.lp[:k])
+			for j, t := range y[i*k : (i+1)*k] {
+				if t != 0 {
+					loss -= float64(t) * lp[j]
+				}
 			}
 		}
+		if r < len(b)-2 {
+			op.dst[r][0] = float32(loss)
+		} else {
+			op.out = gorgonia.F32(loss)
+		}
 	}
-	op.out = gorgonia.F32(loss)
 	return &op.out, nil
 }
 
@@ -110,6 +121,12 @@ func xentInputs(in []gorgonia.Value) (z, y []float32, n, k int, err error) {
 		return nil, nil, 0, 0, fmt.Errorf("%w: SoftmaxCrossEntropy of logits %v and targets %v", ErrBadInput, zs, ys)
 	}
 	return z, y, zs[0], zs[1], nil
+}
+
+// SplitRows splits the loss (see RowSplitter).
+func (op *xentOp) SplitRows(bounds []int, dst [][]float32) bool {
+	op.split(bounds, dst)
+	return true
 }
 
 func (op *xentOp) DiffWRT(int) []bool { return []bool{true, false} }
