@@ -23,6 +23,51 @@ var (
 	// the job's trained state, which refuse it and train on (see
 	// ErrSettingsMismatch).
 	ErrModelMismatch = worker.ErrModelMismatch
+	// ErrSettingsMismatch is returned by Run on a worker whose settings differ
+	// from the job's, on a setting that must be the same on every worker of a
+	// job. Who stops depends on who holds the job's trained state (state
+	// installed in an earlier round of this Run, from a commit, a checkpoint
+	// or the initial values: a member that has taken part in the job):
+	//
+	//   - When the members of a round that hold that state agree with one
+	//     another, they are the job: every member that holds none and differs
+	//     from them (a late joiner with another learning rate, a stale pod of
+	//     a rolling update) is refused, the way a stranger with the wrong
+	//     secret is, and Run returns this error there (SettingsError.Refused
+	//     names it); the others end the round before any state moves, and
+	//     train on without it.
+	//   - When no member holds trained state (a new job, or a whole-job
+	//     restart) or the holders disagree among themselves, nobody can tell
+	//     which settings are the job's: every member stops in that round with
+	//     this error.
+	//   - The sync transport's wire layout (Config.Sync's ChunkBytes,
+	//     DirectBytes, Streams and Hierarchy: "sync chunk bytes", "sync direct
+	//     bytes", "sync streams", "sync hierarchy") cannot be compared over
+	//     the round's collectives, since members whose layouts differ cannot
+	//     connect: the transport's handshake compares it (sync.LayoutError).
+	//     The members that share a layout and are more than half of the round
+	//     (or exactly half and hold trained state) are the job: they evict the
+	//     others and train on, and each of those stops with this error,
+	//     Refused naming it. When no group is (a new job split evenly), every
+	//     member stops with this error, Refused empty, once it has waited
+	//     Sync.LayoutGrace and a lease (Config.Elastic.LeaseTTL) for an
+	//     eviction that nobody sends.
+	//
+	// The round ends before any state moves, and a stopped worker is not
+	// retried: restarted, it would differ again (launch.ExitStatus gives
+	// launch.StatusPermanent; a refused one launch.StatusRefused). The error
+	// is a *SettingsError naming the settings with the values as each member
+	// configured them, and the members; when their models differ, it matches
+	// ErrModelMismatch too. The settings compared are the model (parameter
+	// names, shapes, optimizer), Config.Epochs, the
+	// optimizer's learning rate when New was called (the configured base rate,
+	// not the current one, which hooks and restored commits change), the
+	// loader's global batch, dataset length and shuffle seed (a Loader's
+	// NewCursor, or DataSettings), Config.CommitEvery,
+	// Config.Deterministic and Config.BucketBytes (the gradient allreduce's
+	// layout: a member with another one made every step's collective fail, and
+	// the job's failure budget ran out).
+	ErrSettingsMismatch = worker.ErrSettingsMismatch
 	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
 	// its checks (bad magic, checksum, lengths).
 	ErrCorruptState = errors.New("trainer: corrupt state")

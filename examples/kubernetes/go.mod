@@ -4,6 +4,7 @@ go 1.26.8
 
 require (
 	github.com/elastictrain/elastictrain v0.0.0
+	github.com/elastictrain/elastictrain/examples v0.0.0
 	github.com/stretchr/testify v1.12.1
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
@@ -43,4 +44,7 @@ require (
 	sigs.k8s.io/structured-merge-diff/v6 v6.4.2 // indirect
 )
 
-replace github.com/elastictrain/elastictrain => ../..
+replace (
+	github.com/elastictrain/elastictrain => ../..
+	github.com/elastictrain/elastictrain/examples => ..
+)

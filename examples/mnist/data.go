@@ -538,7 +538,7 @@ func locateData(dir string) (string, error) {
 
 func checkDataDir(dir string) (string, error) {
 	if st, err := os.Stat(dir); err != nil || !st.IsDir() {
-		return "", fmt.Errorf("%w: %s is missing; run `go mod download %s` in the elastictrain module, or pass -data DIR with the four MNIST IDX files", ErrDataNotFound, dir, goMNISTModule)
+		return "", fmt.Errorf("%w: %s is missing; run `go mod download %s` in the elastictrain repository (the examples module), or pass -data DIR with the four MNIST IDX files", ErrDataNotFound, dir, goMNISTModule)
 	}
 	return dir, nil
 }

@@ -1227,56 +1227,36 @@ func (r *Round) Barrier(ctx context.Context) error {
 	// a peer could still be waiting for this rank's reply when it closes.
 	// (A request for the next barrier cannot be answered before this rank
 	// enters it, so the count is exact.)
-	t, tc := r.timeout()
-	defer t.Stop()
-	for {
+	switch r.waitChange(ctx, func() (bool, <-chan struct{}) {
 		r.barMu.Lock()
-		served, ch := r.barServed, r.barNote
-		r.barMu.Unlock()
-		if served >= r.barSeq*int64(r.size-1) {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return r.fail(mesh.Aborted(ctx.Err()), wire.ReasonCanceled, r.rank)
-		case <-r.dead:
-			return r.Err()
-		case <-tc:
-			return r.fail(fmt.Errorf("%w: barrier %d: peers' requests not all received within OpTimeout %v", mesh.ErrTimeout, r.barSeq, r.opTimeout), wire.ReasonTimeout, -1)
-		}
+		defer r.barMu.Unlock()
+		return r.barServed >= r.barSeq*int64(r.size-1), r.barNote
+	}) {
+	case waitCanceled:
+		return r.fail(mesh.Aborted(ctx.Err()), wire.ReasonCanceled, r.rank)
+	case waitOver:
+		return r.Err()
+	case waitTimedOut:
+		return r.fail(fmt.Errorf("%w: barrier %d: peers' requests not all received within OpTimeout %v", mesh.ErrTimeout, r.barSeq, r.opTimeout), wire.ReasonTimeout, -1)
 	}
+	return nil
 }
 
 // waitBarrier waits until this rank has entered barrier seq.
 func (r *Round) waitBarrier(ctx context.Context, seq int64) error {
-	var t *time.Timer
-	var tc <-chan time.Time
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	for {
+	switch r.waitChange(ctx, func() (bool, <-chan struct{}) {
 		r.barMu.Lock()
-		in, ch := r.barIn, r.barNote
-		r.barMu.Unlock()
-		if in >= seq {
-			return nil
-		}
-		if t == nil {
-			t, tc = r.timeout()
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-r.dead:
-			return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
-		case <-tc:
-			return psErrf(psCodeTimeout, "rank %d did not enter barrier %d within OpTimeout %v", r.rank, seq, r.opTimeout)
-		}
+		defer r.barMu.Unlock()
+		return r.barIn >= seq, r.barNote
+	}) {
+	case waitCanceled:
+		return ctx.Err()
+	case waitOver:
+		return r.overErr()
+	case waitTimedOut:
+		return psErrf(psCodeTimeout, "rank %d did not enter barrier %d within OpTimeout %v", r.rank, seq, r.opTimeout)
 	}
+	return nil
 }
 
 // Commit snapshots every shard's rows and optimizer state at step (in
@@ -1537,64 +1517,97 @@ func (r *Round) peerErr(p *psPeer, err error) error {
 	return cause
 }
 
-// deadline returns the channel of a timer for OpTimeout and its stop.
-func (r *Round) timeout() (*time.Timer, <-chan time.Time) {
-	t := time.NewTimer(r.opTimeout)
-	return t, t.C
+// waitEnd is how waitChange ended.
+type waitEnd int
+
+const (
+	waitDone     waitEnd = iota // the condition holds
+	waitCanceled                // ctx is done
+	waitOver                    // the round is over (r.dead)
+	waitTimedOut                // OpTimeout passed
+)
+
+// waitChange waits until check reports that its condition holds. check
+// runs at once and again each time the channel it returned is closed (a
+// channel closed and replaced on every change of the state it reads,
+// taken under the same lock as the state); between checks the wait ends
+// on ctx, the end of the round or OpTimeout, counted from the first check
+// that found the condition false. It returns waitDone, or which of the
+// three ended it; the caller makes the error, in the terms of its own
+// operation. A check may return done with a lock still held, which the
+// caller then owns (waitVersion).
+func (r *Round) waitChange(ctx context.Context, check func() (done bool, changed <-chan struct{})) waitEnd {
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for {
+		done, changed := check()
+		if done {
+			return waitDone
+		}
+		if timer == nil {
+			timer = time.NewTimer(r.opTimeout)
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return waitCanceled
+		case <-r.dead:
+			return waitOver
+		case <-timer.C:
+			return waitTimedOut
+		}
+	}
+}
+
+// overErr is the error of a wait that the end of the round (r.dead) ended.
+func (r *Round) overErr() error {
+	return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
 }
 
 // waitReady waits until sh's rows are in place.
 func (r *Round) waitReady(ctx context.Context, sh *psShard) error {
-	select {
-	case <-sh.ready:
-		return nil
-	default:
-	}
-	t, tc := r.timeout()
-	defer t.Stop()
-	select {
-	case <-sh.ready:
-		return nil
-	case <-ctx.Done():
+	switch r.waitChange(ctx, func() (bool, <-chan struct{}) {
+		select {
+		case <-sh.ready:
+			return true, nil
+		default:
+			return false, sh.ready // closed once, when the rows are in place
+		}
+	}) {
+	case waitCanceled:
 		return ctx.Err()
-	case <-r.dead:
-		return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
-	case <-tc:
+	case waitOver:
+		return r.overErr()
+	case waitTimedOut:
 		return psErrf(psCodeTimeout, "shard %d on rank %d not ready within OpTimeout %v", sh.idx, r.rank, r.opTimeout)
 	}
+	return nil
 }
 
 // waitVersion waits until sh's version reaches want (Sync); sh.mu is
 // held on return without error.
 func (r *Round) waitVersion(ctx context.Context, sh *psShard, want int64) error {
-	var t *time.Timer
-	var tc <-chan time.Time
-	defer func() {
-		if t != nil {
-			t.Stop()
-		}
-	}()
-	for {
+	var v int64 // the version the last check saw
+	switch r.waitChange(ctx, func() (bool, <-chan struct{}) {
 		sh.mu.Lock()
-		v := sh.data.step
-		if v >= want {
-			return nil
+		if v = sh.data.step; v >= want {
+			return true, nil // sh.mu stays held: the caller's
 		}
-		ch := sh.changed
-		sh.mu.Unlock()
-		if t == nil {
-			t, tc = r.timeout()
-		}
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-r.dead:
-			return psErrf(psCodeClosed, "parameter-server round %d is over on rank %d", r.round, r.rank)
-		case <-tc:
-			return psErrf(psCodeTimeout, "shard %d on rank %d stayed at step %d, not %d, for OpTimeout %v (a worker did not push)", sh.idx, r.rank, v, want, r.opTimeout)
-		}
+		defer sh.mu.Unlock()
+		return false, sh.changed
+	}) {
+	case waitCanceled:
+		return ctx.Err()
+	case waitOver:
+		return r.overErr()
+	case waitTimedOut:
+		return psErrf(psCodeTimeout, "shard %d on rank %d stayed at step %d, not %d, for OpTimeout %v (a worker did not push)", sh.idx, r.rank, v, want, r.opTimeout)
 	}
+	return nil
 }
 
 // serve answers request h with payload p from rank `from` (this rank for
