@@ -13,6 +13,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // round runs one round: connect, agree on state, train until the round ends.
@@ -520,7 +521,7 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 		}
 	}
 	if catchUp {
-		published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+		published, err := t.checkpointParts(ctx, comm, world, watch, ck, false)
 		if err != nil {
 			return err
 		}
@@ -619,16 +620,23 @@ func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *
 // boundary): every rank makes its part of every partition durable and
 // returns its manifests (Partition.Checkpoint), the manifests travel to
 // every rank (gatherBytes), rank 0 publishes one checkpoint holding the
-// replicated state and all manifests (synchronously: one atomic write of
-// the CheckpointStore), and tells every rank whether it did. So nothing is
-// published before every rank's Checkpoint returned, and a crash at any
-// point leaves the previous checkpoint whole.
+// replicated state and all manifests, and tells every rank whether it did.
+// So nothing is published before every rank's Checkpoint returned, and a
+// crash at any point leaves the previous checkpoint whole.
+//
+// The write is synchronous (one atomic write of the CheckpointStore)
+// unless background is set and every partition's manifests hold its data
+// (inlineParts): rank 0 then encodes the checkpoint and hands it to its
+// checkpoint goroutine (ck.submit), which publishes it while training goes
+// on, and every rank returns at once (published true, t.published
+// unchanged: the write may still fail, which that goroutine logs and
+// reports to Hooks.OnCheckpoint).
 //
 // published is false when rank 0's write failed (it was logged and
 // reported to Hooks.OnCheckpoint there); err reports a failed Checkpoint
 // or collective, which fails the round.
 func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer, world elastic.World,
-	watch *collectiveWatch, ck *checkpointer) (published bool, err error) {
+	watch *collectiveWatch, ck *checkpointer, background bool) (published bool, err error) {
 	step := t.latest.step
 	mine := binary.LittleEndian.AppendUint32(nil, uint32(len(t.parts)))
 	for _, p := range t.parts {
@@ -651,14 +659,21 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	if err != nil {
 		return false, fmt.Errorf("trainer: gathering the partitions' checkpoint manifests: %w", err)
 	}
-	outcome := []byte{0}
+	const (
+		failed, written, submitted = 0, 1, 2
+	)
+	outcome := []byte{failed}
+	var sn snapshot
 	if world.Rank == 0 {
-		sn := *t.latest // shallow: encoded, never changed
+		sn = *t.latest // shallow: encoded, never changed
 		sn.parts, err = t.decodeManifests(all)
-		if err != nil {
+		switch {
+		case err != nil:
 			t.log.Error("checkpoint not published", "step", step, "err", err)
-		} else if err := ck.saveNow(ctx, step, sn.encode(nil, t.params)); err == nil {
-			outcome[0] = 1
+		case background && t.inlineParts():
+			outcome[0] = submitted // encoded and queued below, once the others went on
+		case ck.saveNow(ctx, step, sn.encode(nil, t.params)) == nil:
+			outcome[0] = written
 		}
 	}
 	watch.enter()
@@ -667,10 +682,29 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	if err != nil {
 		return false, fmt.Errorf("trainer: checkpoint of step %d: %w", step, err)
 	}
-	if outcome[0] == 1 {
+	switch outcome[0] {
+	case submitted:
+		if world.Rank == 0 {
+			ck.submit(step, sn.encode(nil, t.params))
+		}
+		return true, nil
+	case written:
 		t.published = step
+		return true, nil
 	}
-	return outcome[0] == 1, nil
+	return false, nil
+}
+
+// inlineParts reports whether every partition's checkpoint manifests hold
+// its data (driver.InlineCheckpointer), so that a checkpoint may be
+// written in the background.
+func (t *Trainer[B]) inlineParts() bool {
+	for _, p := range t.parts {
+		if ic, ok := p.(driver.InlineCheckpointer); !ok || !ic.InlineCheckpoint() {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeManifests turns every rank's gathered manifests (a count, then one

@@ -81,7 +81,10 @@ type tjob struct {
 	// inMemory: no Dir and no checkpoint store; commits live in the
 	// workers' memory only (rank 0 keeps the tables at round ends).
 	inMemory bool
-	wg       stdsync.WaitGroup
+	// noDir: no Dir, but the checkpoint store: checkpoints hold the
+	// shards, encoded from memory, written in the background.
+	noDir bool
+	wg    stdsync.WaitGroup
 }
 
 func newTJob(t *testing.T) *tjob {
@@ -111,6 +114,9 @@ func (j *tjob) start() *worker {
 	opts := []trainer.Option{trainer.WithCheckpointStore(j.ckpt)}
 	if j.inMemory {
 		pcfg.Dir, pcfg.Checkpoints, pcfg.KeepTables, opts = "", nil, true, nil
+	}
+	if j.noDir {
+		pcfg.Dir, pcfg.Checkpoints, pcfg.KeepTables = "", nil, true
 	}
 	pcfg.Sync.JobID, pcfg.Sync.Secret, pcfg.Sync.OpTimeout = j.id, secret, 5*time.Second
 	part, err := ps.New(pcfg)
@@ -330,6 +336,40 @@ func TestTrainerWholeRestart(t *testing.T) {
 	}
 	j.wait(second)
 	j.checkFinished(second)
+}
+
+// TestTrainerWholeRestartNoDir: the same with no Dir: the checkpoints hold
+// the shards (encoded from the commits in memory, written by rank 0's
+// checkpoint goroutine into the CheckpointStore), so the second run,
+// another world size, restores every row from the checkpoint, verified
+// part by part; nothing is written anywhere else.
+func TestTrainerWholeRestartNoDir(t *testing.T) {
+	j := newTJob(t)
+	j.noDir = true
+	first := []*worker{j.start(), j.start(), j.start()}
+	first[0].waitStep(t, 50)
+	for _, w := range first {
+		w.cancel()
+	}
+	j.wait(first)
+	for _, w := range first {
+		if w.res.Rank == 0 && (w.res.Checkpoints == 0 || w.res.CheckpointWrites == 0) {
+			t.Fatalf("rank 0 took part in %d checkpoints and wrote %d; want some", w.res.Checkpoints, w.res.CheckpointWrites)
+		}
+	}
+	second := []*worker{j.start(), j.start()}
+	r := <-second[0].rounds
+	if r.Source != "checkpoint" || r.Step < 40 {
+		t.Fatalf("the second run starts from %s at step %d, want a checkpoint of step 40 or later", r.Source, r.Step)
+	}
+	j.wait(second)
+	j.checkFinished(second)
+	if _, stored := second[0].part.Restored(); stored != users {
+		t.Fatalf("the second run restored %d rows from storage, want every row (%d)", stored, users)
+	}
+	if ents, err := os.ReadDir(j.dir); err != nil || len(ents) != 0 {
+		t.Fatalf("the job wrote %d entries to a directory it was not given (%v)", len(ents), err)
+	}
 }
 
 // A global batch smaller than the world leaves a rank without samples at
