@@ -489,6 +489,9 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 			watch.enter()
 			err := p.Restore(ctx, pr)
 			watch.leave()
+			if err != nil && source == "commit" && published >= 0 && errors.Is(err, ErrPartitionLost) {
+				return t.fallBack(p.Name(), published, err)
+			}
 			if err != nil {
 				return fmt.Errorf("trainer: partition %q: restore of step %d: %w", p.Name(), t.step, err)
 			}
@@ -530,6 +533,27 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 		}
 	}
 	return nil
+}
+
+// fallBack handles a partition whose state at the agreed commit is on no
+// live rank (its host and every replica of some part died at once): when
+// a durable checkpoint exists, this rank forgets its live state and the
+// round fails, so that the next round finds no rank holding live state
+// and restores the newest durable checkpoint, as a whole-job restart does
+// (syncState, initialState): the replicated state, every partition and
+// the loader roll back to it together, in a new lineage, so exactly-once
+// holds. Every rank of the round gets the partition's error from the same
+// agreement (the parameter server's plan), so they all fall back; a rank
+// that failed otherwise still holds its commit, whose restore fails the
+// same way in the next round. published is the newest checkpoint's step,
+// the same on every rank.
+func (t *Trainer[B]) fallBack(part string, published int64, cause error) error {
+	t.log.Warn("partition state lost in every live copy: rolling every rank back to the last durable checkpoint",
+		"partition", part, "step", t.step, "checkpoint", published, "cause", cause.Error())
+	t.latest, t.prev, t.spare = nil, nil, nil
+	// Not ErrPartitionLost, which would end Run: the round fails instead.
+	return fmt.Errorf("trainer: partition %q: the state of step %d is lost (%v); falling back to the durable checkpoint of step %d",
+		part, t.step, cause, published)
 }
 
 // newestCheckpoint returns the step of the newest checkpoint in the store,

@@ -372,6 +372,32 @@ func TestTrainerWholeRestartNoDir(t *testing.T) {
 	}
 }
 
+// TestTrainerFallsBackToCheckpoint: two of three workers die at once, so
+// some shard lost its host and its one replica; instead of ending Run with
+// ErrPartitionLost, the survivor rolls back to the last durable checkpoint
+// (the replicated state, the tables and the loader together), a new worker
+// joins, and the job finishes with every sample applied exactly once.
+func TestTrainerFallsBackToCheckpoint(t *testing.T) {
+	j := newTJob(t)
+	j.noDir = true
+	ws := []*worker{j.start(), j.start(), j.start()}
+	ws[0].waitStep(t, 50)
+	ws[1].cancel() // both within microseconds: no round forms between them
+	ws[2].cancel()
+	ws[0].waitStep(t, 60)
+	ws = append(ws, j.start())
+	j.wait(ws)
+	var rounds []trainer.RoundInfo
+	for len(ws[0].rounds) > 0 {
+		rounds = append(rounds, <-ws[0].rounds)
+	}
+	fell := slices.IndexFunc(rounds, func(r trainer.RoundInfo) bool { return r.Source == "checkpoint" })
+	if fell < 1 || rounds[fell].Step < 20 || rounds[fell].Step > 50 {
+		t.Fatalf("rounds %+v: want one, after the first, that restores the checkpoint of step 20 or 40 (the write of 40 may have been in flight)", rounds)
+	}
+	j.checkFinished([]*worker{ws[0], ws[3]})
+}
+
 // A global batch smaller than the world leaves a rank without samples at
 // every step; its StepFunc still runs (and pushes nothing), so the shards,
 // which wait for every rank's push in PSSync mode, go on.
