@@ -85,8 +85,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.dynamic, "dynamic", false, "lease data shards from a queue in Redis (default: the loader's fixed split)")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.StringVar(&c.listen, "listen", "127.0.0.1:0", "host:port the trainer and the parameter server listen on (0.0.0.0:0 across hosts: each advertises its host's address)")
-	for _, k := range []faults.Kind{faults.Kill, faults.Stop, faults.Term, faults.Join} {
-		fs.Var(faults.Flag{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(string(k))+" the worker holding RANK at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
+	for _, k := range []faults.Kind{faults.Kill, faults.Stop, faults.Term, faults.Join, faults.KillHost} {
+		fs.Var(faults.Flag{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(strings.TrimSuffix(string(k), "host"))+" the worker holding RANK (killhost: every worker on its host) at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
 	}
 	fs.IntVar(&c.slowWorker, "slow-worker", -1, "launch index of a worker made slow by -slow (a straggler)")
 	fs.DurationVar(&c.slow, "slow", 0, "compute time added per sample on -slow-worker")
