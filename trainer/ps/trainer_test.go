@@ -84,6 +84,8 @@ type tjob struct {
 	// noDir: no Dir, but the checkpoint store: checkpoints hold the
 	// shards, encoded from memory, written in the background.
 	noDir bool
+	// ckpts receives the step of every checkpoint written (any worker's).
+	ckpts chan int64
 	wg    stdsync.WaitGroup
 }
 
@@ -93,7 +95,7 @@ func newTJob(t *testing.T) *tjob {
 		t.Fatal(err)
 	}
 	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
-		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32}
+		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32, ckpts: make(chan int64, 1024)}
 }
 
 func logger() *slog.Logger {
@@ -168,6 +170,14 @@ func (j *tjob) start() *worker {
 		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },
+			OnCheckpoint: func(step int64, err error) {
+				if err == nil {
+					select {
+					case j.ckpts <- step:
+					default:
+					}
+				}
+			},
 			OnStep: func(s trainer.StepInfo) {
 				select {
 				case w.steps <- s.Step:
@@ -345,7 +355,7 @@ func TestTrainerWholeRestart(t *testing.T) {
 // part by part; nothing is written anywhere else.
 func TestTrainerWholeRestartNoDir(t *testing.T) {
 	j := newTJob(t)
-	j.noDir = true
+	j.noDir, j.epochs = true, 10 // 300 steps: the kill at step 50 comes long before the end
 	first := []*worker{j.start(), j.start(), j.start()}
 	first[0].waitStep(t, 50)
 	for _, w := range first {
@@ -379,8 +389,21 @@ func TestTrainerWholeRestartNoDir(t *testing.T) {
 // joins, and the job finishes with every sample applied exactly once.
 func TestTrainerFallsBackToCheckpoint(t *testing.T) {
 	j := newTJob(t)
-	j.noDir = true
+	j.noDir, j.epochs = true, 10 // 300 steps: the kills at step 50 come long before the end
 	ws := []*worker{j.start(), j.start(), j.start()}
+	// A checkpoint is written in the background: wait for one (of step 20
+	// or later) to be published, and for step 50.
+	for deadline := time.After(60 * time.Second); ; {
+		select {
+		case s := <-j.ckpts:
+			if s < 20 {
+				continue
+			}
+		case <-deadline:
+			t.Fatal("no checkpoint written within 60 s")
+		}
+		break
+	}
 	ws[0].waitStep(t, 50)
 	ws[1].cancel() // both within microseconds: no round forms between them
 	ws[2].cancel()
@@ -392,8 +415,10 @@ func TestTrainerFallsBackToCheckpoint(t *testing.T) {
 		rounds = append(rounds, <-ws[0].rounds)
 	}
 	fell := slices.IndexFunc(rounds, func(r trainer.RoundInfo) bool { return r.Source == "checkpoint" })
-	if fell < 1 || rounds[fell].Step < 20 || rounds[fell].Step > 50 {
-		t.Fatalf("rounds %+v: want one, after the first, that restores the checkpoint of step 20 or 40 (the write of 40 may have been in flight)", rounds)
+	// The checkpoint restored is one that was published (every 20 steps)
+	// before the two workers died (they may have trained past step 50).
+	if fell < 1 || rounds[fell].Step < 20 || rounds[fell].Step%20 != 0 {
+		t.Fatalf("rounds %+v (the survivor ended with %v): want one, after the first, that restores a checkpoint (of step 20 or later)", rounds, ws[0].err)
 	}
 	j.checkFinished([]*worker{ws[0], ws[3]})
 }
