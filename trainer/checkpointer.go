@@ -51,6 +51,8 @@ type checkpointer struct {
 	closing    bool    // close began: asynchronous failures are Run's error
 	closeErrs  []error // asynchronous writes that failed once close began
 	closed     bool
+	writes     int     // successful writes
+	writeSecs  float64 // their Save time, seconds
 	done       chan struct{}
 }
 
@@ -143,12 +145,24 @@ func (c *checkpointer) write(ctx context.Context, job *ckptJob) error {
 	if err != nil {
 		c.log.Error("checkpoint failed", "step", job.step, "err", err)
 	} else {
+		c.mu.Lock()
+		c.writes++
+		c.writeSecs += time.Since(start).Seconds()
+		c.mu.Unlock()
 		c.log.Info("checkpoint written", "step", job.step, "bytes", len(job.data), "seconds", time.Since(start).Seconds())
 	}
 	if c.hook != nil {
 		c.hook(job.step, err)
 	}
 	return err
+}
+
+// writeStats returns how many checkpoints were written and the seconds
+// their Save calls took, summed.
+func (c *checkpointer) writeStats() (int, float64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.writes, c.writeSecs
 }
 
 // submit queues an asynchronous write; it never blocks on I/O.
@@ -273,4 +287,18 @@ func (t *Trainer[B]) ckptTimedOut(ctx, cctx context.Context, err error, what str
 		return nil
 	}
 	return fmt.Errorf("%w: %s: not done within CheckpointTimeout (%v): %w", ErrCheckpoint, what, t.cfg.CheckpointTimeout, err)
+}
+
+// ckptTally counts checkpoints and the seconds they took.
+type ckptTally struct {
+	n       int
+	seconds float64
+}
+
+// checkpointBlocked records that a periodic checkpoint blocked training on
+// this rank for d (Result.CheckpointBlockedSeconds, the metric).
+func (t *Trainer[B]) checkpointBlocked(ctx context.Context, d time.Duration) {
+	t.ckptBlocked.n++
+	t.ckptBlocked.seconds += d.Seconds()
+	t.tel.ckptBlocked.Record(ctx, d.Seconds(), t.tel.commonAttrs)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // round runs one round: connect, agree on state, train until the round ends.
@@ -488,6 +489,9 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 			watch.enter()
 			err := p.Restore(ctx, pr)
 			watch.leave()
+			if err != nil && source == "commit" && published >= 0 && errors.Is(err, ErrPartitionLost) {
+				return t.fallBack(p.Name(), published, err)
+			}
 			if err != nil {
 				return fmt.Errorf("trainer: partition %q: restore of step %d: %w", p.Name(), t.step, err)
 			}
@@ -520,7 +524,7 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 		}
 	}
 	if catchUp {
-		published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+		published, err := t.checkpointParts(ctx, comm, world, watch, ck, false)
 		if err != nil {
 			return err
 		}
@@ -529,6 +533,27 @@ func (t *Trainer[B]) restoreData(ctx context.Context, comm sync.Synchronizer, wo
 		}
 	}
 	return nil
+}
+
+// fallBack handles a partition whose state at the agreed commit is on no
+// live rank (its host and every replica of some part died at once): when
+// a durable checkpoint exists, this rank forgets its live state and the
+// round fails, so that the next round finds no rank holding live state
+// and restores the newest durable checkpoint, as a whole-job restart does
+// (syncState, initialState): the replicated state, every partition and
+// the loader roll back to it together, in a new lineage, so exactly-once
+// holds. Every rank of the round gets the partition's error from the same
+// agreement (the parameter server's plan), so they all fall back; a rank
+// that failed otherwise still holds its commit, whose restore fails the
+// same way in the next round. published is the newest checkpoint's step,
+// the same on every rank.
+func (t *Trainer[B]) fallBack(part string, published int64, cause error) error {
+	t.log.Warn("partition state lost in every live copy: rolling every rank back to the last durable checkpoint",
+		"partition", part, "step", t.step, "checkpoint", published, "cause", cause.Error())
+	t.latest, t.prev, t.spare = nil, nil, nil
+	// Not ErrPartitionLost, which would end Run: the round fails instead.
+	return fmt.Errorf("trainer: partition %q: the state of step %d is lost (%v); falling back to the durable checkpoint of step %d",
+		part, t.step, cause, published)
 }
 
 // newestCheckpoint returns the step of the newest checkpoint in the store,
@@ -619,16 +644,23 @@ func (t *Trainer[B]) commit(ctx context.Context, comm sync.Synchronizer, watch *
 // boundary): every rank makes its part of every partition durable and
 // returns its manifests (Partition.Checkpoint), the manifests travel to
 // every rank (gatherBytes), rank 0 publishes one checkpoint holding the
-// replicated state and all manifests (synchronously: one atomic write of
-// the CheckpointStore), and tells every rank whether it did. So nothing is
-// published before every rank's Checkpoint returned, and a crash at any
-// point leaves the previous checkpoint whole.
+// replicated state and all manifests, and tells every rank whether it did.
+// So nothing is published before every rank's Checkpoint returned, and a
+// crash at any point leaves the previous checkpoint whole.
+//
+// The write is synchronous (one atomic write of the CheckpointStore)
+// unless background is set and every partition's manifests hold its data
+// (inlineParts): rank 0 then encodes the checkpoint and hands it to its
+// checkpoint goroutine (ck.submit), which publishes it while training goes
+// on, and every rank returns at once (published true, t.published
+// unchanged: the write may still fail, which that goroutine logs and
+// reports to Hooks.OnCheckpoint).
 //
 // published is false when rank 0's write failed (it was logged and
 // reported to Hooks.OnCheckpoint there); err reports a failed Checkpoint
 // or collective, which fails the round.
 func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer, world elastic.World,
-	watch *collectiveWatch, ck *checkpointer) (published bool, err error) {
+	watch *collectiveWatch, ck *checkpointer, background bool) (published bool, err error) {
 	step := t.latest.step
 	mine := binary.LittleEndian.AppendUint32(nil, uint32(len(t.parts)))
 	for _, p := range t.parts {
@@ -651,14 +683,21 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	if err != nil {
 		return false, fmt.Errorf("trainer: gathering the partitions' checkpoint manifests: %w", err)
 	}
-	outcome := []byte{0}
+	const (
+		failed, written, submitted = 0, 1, 2
+	)
+	outcome := []byte{failed}
+	var sn snapshot
 	if world.Rank == 0 {
-		sn := *t.latest // shallow: encoded, never changed
+		sn = *t.latest // shallow: encoded, never changed
 		sn.parts, err = t.decodeManifests(all)
-		if err != nil {
+		switch {
+		case err != nil:
 			t.log.Error("checkpoint not published", "step", step, "err", err)
-		} else if err := ck.saveNow(ctx, step, sn.encode(nil, t.params)); err == nil {
-			outcome[0] = 1
+		case background && t.inlineParts():
+			outcome[0] = submitted // encoded and queued below, once the others went on
+		case ck.saveNow(ctx, step, sn.encode(nil, t.params)) == nil:
+			outcome[0] = written
 		}
 	}
 	watch.enter()
@@ -667,10 +706,29 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 	if err != nil {
 		return false, fmt.Errorf("trainer: checkpoint of step %d: %w", step, err)
 	}
-	if outcome[0] == 1 {
+	switch outcome[0] {
+	case submitted:
+		if world.Rank == 0 {
+			ck.submit(step, sn.encode(nil, t.params))
+		}
+		return true, nil
+	case written:
 		t.published = step
+		return true, nil
 	}
-	return outcome[0] == 1, nil
+	return false, nil
+}
+
+// inlineParts reports whether every partition's checkpoint manifests hold
+// its data (driver.InlineCheckpointer), so that a checkpoint may be
+// written in the background.
+func (t *Trainer[B]) inlineParts() bool {
+	for _, p := range t.parts {
+		if ic, ok := p.(driver.InlineCheckpointer); !ok || !ic.InlineCheckpoint() {
+			return false
+		}
+	}
+	return true
 }
 
 // decodeManifests turns every rank's gathered manifests (a count, then one

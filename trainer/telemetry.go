@@ -69,6 +69,7 @@ type telemetry struct {
 	stragglers  metric.Int64Counter
 	share       metric.Int64Gauge
 	speed       metric.Float64Gauge
+	ckptBlocked metric.Float64Histogram
 	jobAttr     attribute.KeyValue
 	commonAttrs metric.MeasurementOption
 
@@ -114,6 +115,10 @@ func newTelemetry(tp trace.TracerProvider, mp metric.MeterProvider, job string) 
 	t.share, e = m.Int64Gauge(MetricShare, metric.WithUnit("{sample}"), metric.WithDescription("This rank's samples in the last step (its share of the global batch)."))
 	must(e)
 	t.speed, e = m.Float64Gauge(MetricSpeed, metric.WithUnit("{sample}/s"), metric.WithDescription("This rank's smoothed speed: samples (or cost units) per compute second."))
+	must(e)
+	t.ckptBlocked, e = m.Float64Histogram(tel.MetricCheckpointBlocked, metric.WithUnit("s"),
+		metric.WithDescription("Training time one periodic durable checkpoint blocked on this rank (the write runs in the background)."),
+		metric.WithExplicitBucketBoundaries(tel.CheckpointBlockedBuckets...))
 	must(e)
 	t.asGoodput, e = m.Float64Gauge(MetricAutoscaleGoodput, metric.WithUnit("{sample}/s"), metric.WithDescription("Throughput times the statistical efficiency of the global batch: useful samples per second (autoscale)."))
 	must(e)

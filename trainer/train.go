@@ -365,12 +365,15 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			}
 		}
 		if bd.checkpoint {
+			blockedFrom := time.Now()
 			if len(t.parts) == 0 {
-				if rank == 0 {
+				if rank == 0 && t.o.ckpt != nil {
 					ck.submit(t.step, t.latest.encode(nil, t.params))
+					t.checkpointBlocked(ctx, time.Since(blockedFrom))
 				}
 			} else if t.o.ckpt != nil {
-				published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+				published, err := t.checkpointParts(ctx, comm, world, watch, ck, true)
+				t.checkpointBlocked(ctx, time.Since(blockedFrom))
 				if err == nil && !published {
 					// A partition takes its next Checkpoint call to mean this
 					// one was published; a new round tells it the truth
@@ -464,7 +467,7 @@ func (t *Trainer[B]) leavePreempted(ctx, runCtx context.Context, comm sync.Synch
 			t.preemptSave = func(ctx context.Context) error { return ck.saveNow(ctx, step, data) }
 		}
 	} else if t.o.ckpt != nil {
-		published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+		published, err := t.checkpointParts(ctx, comm, world, watch, ck, false)
 		switch {
 		case err != nil && !t.preempted():
 			return t.classify(runCtx, ctx, err)
@@ -558,7 +561,7 @@ func (t *Trainer[B]) finish(ctx, runCtx context.Context, comm sync.Synchronizer,
 	if t.o.ckpt == nil || t.published == t.step {
 		return endFinished, nil // no store, or the last step's checkpoint is published
 	}
-	published, err := t.checkpointParts(ctx, comm, world, watch, ck)
+	published, err := t.checkpointParts(ctx, comm, world, watch, ck, false)
 	if err != nil {
 		return t.classify(runCtx, ctx, err)
 	}

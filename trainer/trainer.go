@@ -44,6 +44,23 @@ type Result struct {
 	// part (loader, compute, reduce, optimizer, commit, other), summed
 	// over them.
 	StepTimes StepTimes
+	// Checkpoints is how many periodic durable checkpoints
+	// (Config.CheckpointEvery) this worker took part in (without
+	// partitions: wrote, as rank 0), and CheckpointBlockedSeconds the
+	// training time they blocked on it, in seconds, summed: encoding the
+	// committed state and, with partitions, their Checkpoint calls and the
+	// gathering of the manifests (and, for a partition that is no
+	// driver.InlineCheckpointer, the write itself). It is also the metric
+	// elastictrain.checkpoint.blocked.
+	Checkpoints              int
+	CheckpointBlockedSeconds float64
+	// CheckpointWrites is how many checkpoints this worker's checkpoint
+	// goroutine wrote (rank 0's; synchronous ones too), and
+	// CheckpointWriteSeconds the time their CheckpointStore.Save calls
+	// took, in seconds, summed: what the periodic ones would have blocked
+	// had they been written on the training path.
+	CheckpointWrites       int
+	CheckpointWriteSeconds float64
 }
 
 // Trainer runs the elastic training loop for one worker process. Create it
@@ -115,6 +132,7 @@ type Trainer[B any] struct {
 	detS                int
 	clock               stepClock // the step being trained, by part
 	stepTimes           StepTimes // the applied steps', by part (Result.StepTimes)
+	ckptBlocked         ckptTally // the periodic checkpoints' (Result.CheckpointBlockedSeconds)
 	nvalues             int       // values over all parameters
 	runStart            time.Time
 
@@ -398,7 +416,7 @@ var errAbortChange = errors.New("trainer: membership changed during a collective
 // Config.CheckpointTimeout (on a preempted worker, within what is left of
 // GracePeriod); a write not done by then is cancelled, and the error Run
 // returns also wraps ErrCheckpoint, naming the step and the wait.
-func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
+func (t *Trainer[B]) Run(ctx context.Context) (out Result, runErr error) {
 	var res Result
 	if t.ran.Swap(true) {
 		return res, fmt.Errorf("%w: Run called twice", ErrInvalidConfig)
@@ -487,6 +505,8 @@ func (t *Trainer[B]) Run(ctx context.Context) (_ Result, runErr error) {
 				runErr = fmt.Errorf("%w; and %w", runErr, err)
 			}
 		}
+		out.Checkpoints, out.CheckpointBlockedSeconds = t.ckptBlocked.n, t.ckptBlocked.seconds
+		out.CheckpointWrites, out.CheckpointWriteSeconds = ck.writeStats()
 	}()
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)

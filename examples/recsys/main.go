@@ -49,7 +49,7 @@ type config struct {
 	workers, min, max, epochs, batch, dim, commitEvery, slowWorker int
 	lr, denseLR                                                    float64
 	gen                                                            GenConfig
-	redis, dir, ckpt, audit, job, otlp, metrics                    string
+	redis, dir, ckpt, audit, job, otlp, metrics, listen            string
 	json, quiet, dynamic                                           bool
 	faults                                                         []faults.Fault
 	detect, slow                                                   time.Duration
@@ -74,8 +74,8 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.IntVar(&c.gen.Impressions, "impressions", c.gen.Impressions, "impressions in the log (train + test)")
 	fs.Uint64Var(&c.gen.Seed, "seed", c.gen.Seed, "seed of the log, the data order and the initial weights")
 	fs.StringVar(&c.redis, "redis", "", "Redis address host:port (default: an embedded Redis-protocol server)")
-	fs.StringVar(&c.ckpt, "checkpoint", "", "directory of durable checkpoints, their shards and the audit log; a job started again on it resumes")
-	fs.StringVar(&c.dir, "shard-dir", "", "directory the commits also write the shards to (default: DIR/shards of -checkpoint, else none: commits stay in the workers' memory, replicated)")
+	fs.StringVar(&c.ckpt, "checkpoint", "", "directory of durable checkpoints (the tables' shards in them, written in the background) and the audit log; a job started again on it resumes")
+	fs.StringVar(&c.dir, "shard-dir", "", "deprecated: a directory (shared by every worker) the commits also write the shards to; default none: commits stay in the workers' memory, replicated")
 	fs.StringVar(&c.audit, "audit", "", "the exactly-once audit log (default: DIR/audit.log of -checkpoint, or a temporary one)")
 	fs.StringVar(&c.job, "job", "", "job ID (default: random)")
 	fs.StringVar(&c.otlp, "otlp", "", telemetry.OTLPHelp)
@@ -84,8 +84,9 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
 	fs.BoolVar(&c.dynamic, "dynamic", false, "lease data shards from a queue in Redis (default: the loader's fixed split)")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
-	for _, k := range []faults.Kind{faults.Kill, faults.Stop, faults.Term, faults.Join} {
-		fs.Var(faults.Flag{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(string(k))+" the worker holding RANK at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
+	fs.StringVar(&c.listen, "listen", "127.0.0.1:0", "host:port the trainer and the parameter server listen on (0.0.0.0:0 across hosts: each advertises its host's address)")
+	for _, k := range []faults.Kind{faults.Kill, faults.Stop, faults.Term, faults.Join, faults.KillHost} {
+		fs.Var(faults.Flag{Kind: k, List: &c.faults}, string(k), "SIG"+strings.ToUpper(strings.TrimSuffix(string(k), "host"))+" the worker holding RANK (killhost: every worker on its host) at STEP: RANK@STEP, repeatable (join: start N more, N@STEP)")
 	}
 	fs.IntVar(&c.slowWorker, "slow-worker", -1, "launch index of a worker made slow by -slow (a straggler)")
 	fs.DurationVar(&c.slow, "slow", 0, "compute time added per sample on -slow-worker")
@@ -135,9 +136,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return fmt.Errorf("-checkpoint: %w", err)
 	}
-	if c.audit = cmp.Or(c.audit, filepath.Join(base, "audit.log")); c.ckpt != "" { // checkpoints link the shards of the commits
-		c.dir = cmp.Or(c.dir, filepath.Join(base, "shards"))
-	}
+	c.audit = cmp.Or(c.audit, filepath.Join(base, "audit.log"))
 	fmt.Fprintf(stderr, "[launcher] job %s: %d workers, %d users x %d items, dim %d, %d impressions, %d epochs, global batch %d, store %s\n",
 		c.job, c.workers, c.gen.Users, c.gen.Items, c.dim, c.gen.Impressions, c.epochs, c.batch, store.Desc)
 	args := append(slices.Clone(c.args), "-job", c.job, "-redis", store.Addr, "-shard-dir", c.dir, "-audit", c.audit) // later flags win
@@ -161,7 +160,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	first := append(sum.Rounds, monitor.RoundSeen{})[0]
 	res := map[string]any{"auc": num("auc"), "oracle_auc": num("oracle_auc"), "loss": sum.Done.Loss, "steps": sum.Done.Step,
-		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(), "commit_seconds": num("commit_seconds"), "checkpoint_blocked_seconds": num("ckpt_seconds"),
+		"start_step": first.Step, "start_source": first.Source, "world_sizes": sum.WorldSizes(), "commit_seconds": num("commit_seconds"), "checkpoints": num("checkpoints"), "checkpoint_blocked_seconds": num("ckpt_blocked"), "checkpoint_writes": num("ckpt_writes"), "checkpoint_write_seconds": num("ckpt_write"),
 		"recoveries": sum.RecoveriesFromFailures(), "recovery_seconds": append([]float64{}, sum.Recoveries...), "exits": sum.Exits,
 		"samples_applied": rep.Samples, "audit_missing": rep.Missing, "audit_duplicates": rep.Duplicates,
 		"restored_rows": map[string]float64{"peers": num("restored_peers"), "storage": num("restored_storage")}, "dynamic": c.dynamic, "wall_seconds": time.Since(start).Seconds()}
@@ -181,7 +180,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	fail := jobenv.Fail(ev, stderr, "recsys")
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn, ReplaceAttr: launch.ReplaceDurations}))
 	tcfg := trainer.DefaultConfig()
-	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery = c.job, c.epochs, c.commitEvery
+	tcfg.JobID, tcfg.Epochs, tcfg.CommitEvery, tcfg.ListenAddr = c.job, c.epochs, c.commitEvery, c.listen
 	w, err := launch.WorkerEnv()
 	if err != nil {
 		return fail(err)
@@ -190,7 +189,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	e := &tcfg.Elastic
 	e.MinWorkers, e.MaxWorkers, e.LeaseTTL, e.HeartbeatInterval, e.LastCall = c.min, c.max, c.detect, c.detect/6, time.Second
 	pcfg := ps.DefaultConfig()
-	pcfg.Dir, pcfg.Sync, pcfg.Logger, pcfg.KeepTables = c.dir, tcfg.Sync, log, true
+	pcfg.Dir, pcfg.Sync, pcfg.Logger, pcfg.KeepTables, pcfg.ListenAddr = c.dir, tcfg.Sync, log, true, c.listen
 	pcfg.Tables = []paramserver.TableSpec{{Name: "users", Rows: int64(c.gen.Users), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed},
 		{Name: "items", Rows: int64(c.gen.Items), Dim: c.dim, Optimizer: paramserver.NewSparseAdagrad(c.lr), InitScale: 0.1, Seed: c.gen.Seed + 1}}
 	pcfg.Sync.JobID = tcfg.JobID
@@ -280,7 +279,8 @@ func runWorker(c *config, stderr io.Writer) int {
 	})
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
 		Extra: map[string]any{"auc": auc, "oracle_auc": AUC(test, func(s Sample) float64 { return float64(s.P) }), "train": len(train),
-			"restored_peers": peers, "restored_storage": stored, "commit_seconds": part.CommitSeconds(), "ckpt_seconds": part.CheckpointSeconds()}})
+			"restored_peers": peers, "restored_storage": stored, "commit_seconds": part.CommitSeconds(), "checkpoints": res.Checkpoints,
+			"ckpt_blocked": res.CheckpointBlockedSeconds, "ckpt_writes": res.CheckpointWrites, "ckpt_write": res.CheckpointWriteSeconds}})
 	return 0
 }
 

@@ -22,6 +22,10 @@ const (
 	Stop Kind = "stop" // SIGSTOP it (a hang); it is killed when the supervisor exits
 	Term Kind = "term" // SIGTERM it (preemption: it commits, checkpoints, leaves)
 	Join Kind = "join" // start Rank (a count) more workers
+	// KillHost SIGKILLs, at once, every live worker on the host (network
+	// namespace, launch.Netns) of the worker holding Rank: a host's loss.
+	// Without placement in namespaces it is skipped.
+	KillHost Kind = "killhost"
 )
 
 // Fault is one injected event: Kind applied at global step Step, to the

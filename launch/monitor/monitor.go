@@ -237,9 +237,14 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			return sum, fmt.Errorf("monitor: %w", err)
 		}
 	}
+	var nsMu sync.Mutex
+	nsOf := map[int]string{} // by worker index: its network namespace (KillHost)
 	if place != nil {
 		wrap = func(worker int) []string {
 			ns := place.Place(worker)
+			nsMu.Lock()
+			nsOf[worker] = ns
+			nsMu.Unlock()
 			fmt.Fprintf(logw, "[launcher] worker %d runs in network namespace %s\n", worker, ns)
 			return []string{"ip", "netns", "exec", ns}
 		}
@@ -336,6 +341,29 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		w := holder(f.Rank)
 		if w == nil {
 			fmt.Fprintf(logw, "[launcher] step %d: no live worker holds rank %d; %s skipped\n", sum.MaxStep, f.Rank, f.Kind)
+			return
+		}
+		if f.Kind == faults.KillHost {
+			nsMu.Lock()
+			defer nsMu.Unlock()
+			ns, ok := nsOf[w.idx]
+			if !ok {
+				fmt.Fprintf(logw, "[launcher] step %d: the workers are not placed on hosts; %s skipped\n", sum.MaxStep, f.Kind)
+				return
+			}
+			var victims []*worker
+			for _, v := range workers {
+				if !v.exited && nsOf[v.idx] == ns {
+					victims = append(victims, v)
+				}
+			}
+			for _, v := range victims { // no event is read between the signals
+				fmt.Fprintf(logw, "[launcher] step %d: SIGKILL host %s: rank %d (worker %d, pid %d)\n", sum.MaxStep, ns, v.rank, v.idx, v.pid)
+				if err := job.Signal(v.idx, syscall.SIGKILL); err != nil {
+					fmt.Fprintf(logw, "[launcher] %v\n", err)
+				}
+			}
+			awaiting = append(awaiting, faultAt{at: time.Now(), round: lastRound})
 			return
 		}
 		sig := map[faults.Kind]syscall.Signal{faults.Kill: syscall.SIGKILL, faults.Stop: syscall.SIGSTOP, faults.Term: syscall.SIGTERM}[f.Kind]
@@ -443,7 +471,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			return false
 		}
 		for _, f := range pending {
-			if f.Kind == faults.Kill || f.Kind == faults.Stop {
+			if f.Kind == faults.Kill || f.Kind == faults.Stop || f.Kind == faults.KillHost {
 				return false
 			}
 		}

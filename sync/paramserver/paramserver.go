@@ -355,6 +355,7 @@ type Server struct {
 	round  *Round
 	pinned int64 // restore step of the current round: its commits stay
 	closed bool
+	source ShardStore // SetRestoreSource's, read besides cfg.Store; nil: none
 }
 
 // New returns the parameter server of this process for tables,
@@ -487,7 +488,7 @@ func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, erro
 		mem[k.shards][k.shard] = ps.image(k, false)
 	}
 	stored := map[int]map[int]bool{}
-	if st := ps.cfg.Store; st != nil {
+	if st := ps.readStore(); st != nil {
 		keys, err := st.ListShards(ctx, step)
 		if err != nil {
 			return nil, fmt.Errorf("paramserver: store: %w", err)
@@ -538,10 +539,11 @@ func (ps *Server) ReadTables(ctx context.Context, step int64) ([][]float32, erro
 			continue
 		}
 		key := ShardKey{Step: step, Shards: best, Shard: j}
-		if ps.cfg.Store == nil {
+		st := ps.readStore()
+		if st == nil {
 			return nil, fmt.Errorf("%w: shard %d of %d at step %d left this process's memory", ErrRowsLost, j, best, step)
 		}
-		b, err := ps.cfg.Store.LoadShard(ctx, key)
+		b, err := st.LoadShard(ctx, key)
 		if err != nil {
 			return nil, fmt.Errorf("%w: loading %+v: %w", ErrRowsLost, key, err)
 		}

@@ -477,7 +477,7 @@ func (r *Round) decide(ctx context.Context, all []byte, maxHeld int) ([]byte, er
 			add(shards, int(binary.LittleEndian.Uint32(b[4:])), q)
 		}
 	}
-	if st := r.ps.cfg.Store; st != nil {
+	if st := r.ps.readStore(); st != nil {
 		keys, err := st.ListShards(ctx, r.restore)
 		if err != nil {
 			return nil, fmt.Errorf("paramserver: store: %w", err)
@@ -642,7 +642,7 @@ func (r *Round) migrate(ctx context.Context, plan *psPlan) error {
 				case src < 0:
 					if loaded[j] == nil {
 						key := ShardKey{Step: r.restore, Shards: plan.oldShards, Shard: j}
-						b, err := r.ps.cfg.Store.LoadShard(ctx, key)
+						b, err := r.ps.readStore().LoadShard(ctx, key)
 						if err != nil {
 							return fmt.Errorf("%w: loading %+v: %w", ErrRowsLost, key, err)
 						}

@@ -277,6 +277,25 @@ type Partition interface {
 	Close() error
 }
 
+// InlineCheckpointer is an optional capability of a Partition whose
+// Checkpoint returns a manifest that holds this rank's part of the state
+// itself (encoded from the commit in its memory), not the names of files
+// it keeps. Called from the loop goroutine; the answer must not change
+// during Run and must be the same on every rank. When every partition
+// says true, the trainer writes the periodic checkpoints
+// (Config.CheckpointEvery) in the background: training waits for every
+// rank's Checkpoint and for the manifests to reach rank 0, not for the
+// write, which rank 0's checkpoint goroutine does like that of a job
+// without partitions (one CheckpointStore.Save of the blob holding every
+// rank's manifest, so a crash before it completes leaves the previous
+// checkpoint whole). Such a partition keeps nothing for a checkpoint
+// once Checkpoint returned, and must accept that PartitionRound.Published
+// trails the checkpoints it took. The catch-up checkpoint of a new
+// round, the final one and a preemption's stay synchronous.
+type InlineCheckpointer interface {
+	InlineCheckpoint() bool
+}
+
 // PartitionRound is what a Partition's Restore is told about the round.
 type PartitionRound struct {
 	// World is the round: job, round number, this rank, and every rank's

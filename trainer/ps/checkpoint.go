@@ -3,6 +3,7 @@ package ps
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io/fs"
@@ -15,10 +16,21 @@ import (
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 )
 
-// manifestFormat names version 1 of the manifest (see the package doc).
-const manifestFormat = "elastictrain-ps/1"
+// manifestFormat names version 1 of the manifest, which names files in
+// Config.Dir, and inlineFormat version 2, which holds the shards (see the
+// package doc).
+const (
+	manifestFormat = "elastictrain-ps/1"
+	inlineFormat   = "elastictrain-ps/2"
+)
 
-// maxManifestBytes bounds one rank's manifest read from a checkpoint.
+// inlineMagic begins a version 2 manifest: then the shards' bytes in the
+// order of its Files, its JSON header, and the little-endian uint32 length
+// of that header (last, so the shards are encoded in place).
+const inlineMagic = "ETPSCKP2"
+
+// maxManifestBytes bounds the JSON of one rank's manifest read from a
+// checkpoint (a version 2 manifest's shard bytes come after it).
 const maxManifestBytes = 16 << 20
 
 type manifest struct {
@@ -33,15 +45,18 @@ type manifest struct {
 
 type manifestFile struct {
 	Shard  int    `json:"shard"`
-	Path   string `json:"path"` // relative to Config.Dir
+	Path   string `json:"path,omitempty"` // version 1: relative to Config.Dir
 	Size   int64  `json:"size"`
-	SHA256 string `json:"sha256"`
+	SHA256 string `json:"sha256,omitempty"` // version 1
+	CRC32C uint32 `json:"crc32c,omitempty"` // version 2: the shard encoding's own checksum, its last 4 bytes
 }
 
-// fileRef is a checkpoint's shard file and its expected content.
+// fileRef is a checkpoint's shard: a file and its expected content
+// (version 1), or the bytes a version 2 manifest holds (data non-nil).
 type fileRef struct {
 	path string
 	sum  atomicfile.Sum
+	data []byte
 }
 
 // Checkpoint implements driver.Partition: it makes this rank's share of
@@ -65,9 +80,6 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	if p.pending >= 0 { // this round's previous checkpoint: published, or the round would have failed
 		p.published = max(p.published, p.pending)
 	}
-	if p.store == nil {
-		return nil, fmt.Errorf("ps: checkpoint of step %d: the shards of a checkpoint need Config.Dir", step)
-	}
 	var rec *commitRec
 	for i := range p.commits {
 		if p.commits[i].step == step {
@@ -79,6 +91,9 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	}
 	start := time.Now()
 	defer func() { p.ckptTime += time.Since(start).Seconds() }()
+	if p.store == nil {
+		return p.checkpointInline(ctx, step, rec)
+	}
 	n := rec.shards
 	if n == 0 {
 		var err error
@@ -127,6 +142,41 @@ func (p *Partition) Checkpoint(ctx context.Context, step int64) ([]byte, error) 
 	}
 	p.pending = step
 	return out, nil
+}
+
+// checkpointInline returns the version 2 manifest of this rank's share of
+// the commit rec (see Checkpoint): the shards this rank hosts in the
+// current round, encoded from the commit in its memory. The commit must be
+// this round's (the trainer checkpoints only a commit of the round it
+// runs, or the restored one, which Restore commits in the round's layout).
+func (p *Partition) checkpointInline(ctx context.Context, step int64, rec *commitRec) ([]byte, error) {
+	if p.round == nil || rec.round != p.round.Round() || rec.shards != p.round.Shards() {
+		return nil, fmt.Errorf("ps: checkpoint of step %d: committed in round %d with %d shards, not in the current round", step, rec.round, rec.shards)
+	}
+	n := rec.shards
+	m := manifest{Format: inlineFormat, Name: p.cfg.Name, Step: step, PSStep: rec.ps, Shards: n, Tables: p.tablesHash, Files: []manifestFile{}}
+	data := []byte(inlineMagic)
+	for j := range n {
+		if p.round.HostOf(j) != p.rank {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		at := len(data)
+		var err error
+		if data, err = p.ps.AppendCommitted(data, paramserver.ShardKey{Step: rec.ps, Shards: n, Shard: j}); err != nil {
+			return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+		}
+		part := data[at:]
+		m.Files = append(m.Files, manifestFile{Shard: j, Size: int64(len(part)), CRC32C: binary.LittleEndian.Uint32(part[len(part)-4:])})
+	}
+	hdr, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("ps: checkpoint of step %d: %w", step, err)
+	}
+	data = append(data, hdr...)
+	return binary.LittleEndian.AppendUint32(data, uint32(len(hdr))), nil
 }
 
 // checkShard checks that encoded shard bytes are the shard key names.
@@ -223,7 +273,16 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 	if len(manifests) == 0 {
 		return set, fmt.Errorf("ps: the checkpoint of step %d holds no shards of partition %q (written by a job without it?)", step, p.cfg.Name)
 	}
+	inline := false
 	for i, b := range manifests {
+		var data []byte
+		if rest, ok := bytes.CutPrefix(b, []byte(inlineMagic)); ok {
+			if len(rest) < 4 || uint64(binary.LittleEndian.Uint32(rest[len(rest)-4:])) > uint64(len(rest)-4) {
+				return set, fmt.Errorf("ps: manifest %d of the checkpoint of step %d is truncated", i, step)
+			}
+			at := len(rest) - 4 - int(binary.LittleEndian.Uint32(rest[len(rest)-4:]))
+			b, data = rest[at:len(rest)-4], rest[:at:at]
+		}
 		if len(b) > maxManifestBytes {
 			return set, fmt.Errorf("ps: manifest %d of the checkpoint of step %d is %d bytes", i, step, len(b))
 		}
@@ -234,8 +293,14 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 			return set, fmt.Errorf("ps: manifest %d of the checkpoint of step %d: %w", i, step, err)
 		}
 		switch {
-		case m.Format != manifestFormat:
-			return set, fmt.Errorf("ps: manifest %d has format %q, want %q", i, m.Format, manifestFormat)
+		case m.Format != manifestFormat && m.Format != inlineFormat:
+			return set, fmt.Errorf("ps: manifest %d has format %q, want %q or %q", i, m.Format, manifestFormat, inlineFormat)
+		case (m.Format == inlineFormat) != (data != nil):
+			return set, fmt.Errorf("ps: manifest %d of format %q is framed as the other format", i, m.Format)
+		case i > 0 && (m.Format == inlineFormat) != inline:
+			return set, fmt.Errorf("ps: the manifests of the checkpoint of step %d mix formats", step)
+		case m.Format == manifestFormat && p.store == nil:
+			return set, fmt.Errorf("ps: the checkpoint of step %d names shard files in Config.Dir (format %q), and this partition has no Dir", step, m.Format)
 		case m.Name != p.cfg.Name:
 			return set, fmt.Errorf("ps: manifest %d is partition %q's, this is %q", i, m.Name, p.cfg.Name)
 		case m.Tables != p.tablesHash:
@@ -247,13 +312,25 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 		case set.psStep >= 0 && (m.PSStep != set.psStep || m.Shards != set.shards):
 			return set, fmt.Errorf("ps: manifests disagree: %d shards at step %d and %d at step %d", set.shards, set.psStep, m.Shards, m.PSStep)
 		}
-		set.psStep, set.shards = m.PSStep, m.Shards
+		set.psStep, set.shards, inline = m.PSStep, m.Shards, m.Format == inlineFormat
 		for _, f := range m.Files {
 			if f.Shard < 0 || f.Shard >= m.Shards {
 				return set, fmt.Errorf("ps: manifest %d names shard %d of %d", i, f.Shard, m.Shards)
 			}
 			if _, dup := set.files[f.Shard]; dup {
 				return set, fmt.Errorf("ps: shard %d is named twice in the checkpoint of step %d", f.Shard, step)
+			}
+			if inline {
+				if f.Size < 8 || f.Size > int64(len(data)) {
+					return set, fmt.Errorf("%w: manifest %d: shard %d of %d bytes, %d bytes left", paramserver.ErrCorruptShard, i, f.Shard, f.Size, len(data))
+				}
+				part := data[:f.Size:f.Size]
+				data = data[f.Size:]
+				if got := binary.LittleEndian.Uint32(part[len(part)-4:]); got != f.CRC32C {
+					return set, fmt.Errorf("%w: manifest %d: shard %d has CRC-32C %08x, its manifest says %08x", paramserver.ErrCorruptShard, i, f.Shard, got, f.CRC32C)
+				}
+				set.files[f.Shard] = fileRef{data: part}
+				continue
 			}
 			if !filepath.IsLocal(filepath.FromSlash(f.Path)) {
 				return set, fmt.Errorf("ps: manifest %d names %q, not a path inside the shard directory", i, f.Path)
@@ -264,11 +341,17 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 			}
 			set.files[f.Shard] = fileRef{path: filepath.Join(p.cfg.Dir, filepath.FromSlash(f.Path)), sum: sum}
 		}
+		if len(data) > 0 {
+			return set, fmt.Errorf("%w: manifest %d: %d bytes after its shards", paramserver.ErrCorruptShard, i, len(data))
+		}
 	}
 	for j := range set.shards {
 		f, ok := set.files[j]
 		if !ok {
 			return set, fmt.Errorf("ps: the checkpoint of step %d names no file for shard %d of %d", step, j, set.shards)
+		}
+		if f.data != nil {
+			continue
 		}
 		st, err := os.Stat(f.path)
 		if err != nil {
@@ -281,12 +364,14 @@ func (p *Partition) parseManifests(step int64, manifests [][]byte) (restoreSet, 
 	return set, nil
 }
 
-// viewStore is the parameter server's ShardStore: Dir, and during a restore
-// from a checkpoint the checkpoint's files in place of Dir's commits of
-// that step (so the restore takes exactly the files the manifests name,
-// each verified against its size and SHA-256).
+// viewStore is the parameter server's ShardStore with Dir (dir), and its
+// restore source (paramserver.SetRestoreSource) without: during a restore
+// from a checkpoint it serves the checkpoint's shards (the files its
+// manifests name, each verified against its size and SHA-256, or the
+// shards a version 2 manifest holds, each verified by its CRC-32C) in
+// place of Dir's commits of that step; without Dir it serves nothing else.
 type viewStore struct {
-	*paramserver.DirShardStore
+	dir    *paramserver.DirShardStore // nil: no Dir
 	mu     stdsync.Mutex
 	step   int64
 	shards int
@@ -308,11 +393,22 @@ func (v *viewStore) viewed(step int64) (map[int]fileRef, int) {
 	return v.files, v.shards
 }
 
+// SaveShard implements paramserver.ShardStore: into Dir.
+func (v *viewStore) SaveShard(ctx context.Context, key paramserver.ShardKey, data []byte) error {
+	if v.dir == nil {
+		return fmt.Errorf("ps: a checkpoint being restored is read-only")
+	}
+	return v.dir.SaveShard(ctx, key, data)
+}
+
 // ListShards implements paramserver.ShardStore.
 func (v *viewStore) ListShards(ctx context.Context, step int64) ([]paramserver.ShardKey, error) {
 	files, n := v.viewed(step)
 	if files == nil {
-		return v.DirShardStore.ListShards(ctx, step)
+		if v.dir == nil {
+			return nil, nil
+		}
+		return v.dir.ListShards(ctx, step)
 	}
 	keys := make([]paramserver.ShardKey, 0, n)
 	for j := range n {
@@ -325,11 +421,20 @@ func (v *viewStore) ListShards(ctx context.Context, step int64) ([]paramserver.S
 func (v *viewStore) LoadShard(ctx context.Context, key paramserver.ShardKey) ([]byte, error) {
 	files, n := v.viewed(key.Step)
 	if files == nil {
-		return v.DirShardStore.LoadShard(ctx, key)
+		if v.dir == nil {
+			return nil, fmt.Errorf("ps: no shard %d of %d at step %d outside memory: %w", key.Shard, key.Shards, key.Step, fs.ErrNotExist)
+		}
+		return v.dir.LoadShard(ctx, key)
 	}
 	f, ok := files[key.Shard]
 	if !ok || key.Shards != n {
 		return nil, fmt.Errorf("ps: the checkpoint holds no shard %d of %d: %w", key.Shard, key.Shards, fs.ErrNotExist)
+	}
+	if f.data != nil {
+		if err := checkShard(f.data, key); err != nil { // the CRC-32C of every byte
+			return nil, fmt.Errorf("ps: the checkpoint's shard %d of %d: %w", key.Shard, key.Shards, err)
+		}
+		return f.data, nil
 	}
 	b, err := atomicfile.ReadVerified(f.path, f.sum)
 	if err != nil {

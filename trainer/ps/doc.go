@@ -61,19 +61,33 @@
 // while one copy of each of its shards lives, and a rescale 3 -> 2 -> 3
 // moves only what it must. When a shard's host and every replica died at
 // once and no Dir holds it, Restore fails with trainer.ErrPartitionLost
-// naming the shard. Restored and CommitSeconds report what restores took
-// from where and the time spent committing.
+// naming the shard; the trainer then rolls every rank back to the last
+// durable checkpoint, if there is one. Restored and CommitSeconds report
+// what restores took from where and the time spent committing.
 //
 // # Checkpoints
 //
-// Checkpoint links this rank's share of the committed shards of that step
-// into a directory of their own, ckpt-<step>-<random>/ under Config.Dir
-// (hard links of the commit's files, fsynced; a copy where the filesystem
-// has no links), checks that each decodes as the shard of that step, and
-// returns a JSON manifest naming them with their sizes and SHA-256. A
-// whole-job restart (PartitionRound.Source "checkpoint") reads every
-// rank's manifest, verifies every file against it, and restores onto the
-// new round's ranks, whatever their number. The commit files can be pruned
+// Without Config.Dir (the default), Checkpoint encodes the shards this
+// rank hosts in the current round from the commit of that step in its
+// memory (paramserver.Server.AppendCommitted: a copy, no I/O) and returns
+// them inside its manifest (format 2 below). Rank 0's trainer gathers
+// every rank's manifest into its one checkpoint blob and writes it in the
+// background to its CheckpointStore (a local directory, or S3-compatible
+// object storage with objstore/s3): training waits for the copy and the
+// gathering, not for the write (driver.InlineCheckpointer), and no shared
+// filesystem is needed. A whole-job restart (PartitionRound.Source
+// "checkpoint") checks every rank's manifest, verifies each shard (its
+// size, the CRC-32C the manifest names and the one over its bytes), and
+// restores onto the new round's ranks, whatever their number
+// (paramserver.Server.SetRestoreSource).
+//
+// With Config.Dir (deprecated), Checkpoint links this rank's share of the
+// committed shards of that step into a directory of their own,
+// ckpt-<step>-<random>/ under Config.Dir (hard links of the commit's
+// files, fsynced; a copy where the filesystem has no links), checks that
+// each decodes as the shard of that step, and returns a JSON manifest
+// naming them with their sizes and SHA-256 (format 1), which the trainer
+// publishes synchronously. The commit files can be pruned
 // (Config.KeepSteps) without touching a checkpoint's. A checkpoint's
 // directory is removed only once a later checkpoint is published (the
 // trainer says which one is, PartitionRound.Published, and publishes a
@@ -84,7 +98,7 @@
 //
 // # Manifest format
 //
-// One JSON object per rank:
+// Format 1, one JSON object per rank:
 //
 //	{"format": "elastictrain-ps/1", "name": "ps", "step": 300, "ps_step": 302,
 //	 "shards": 3, "tables": "<hash of the table specs>",
@@ -93,6 +107,14 @@
 //
 // step is the trainer's step, ps_step the shards' step, shards the layout
 // of the files (shard j holds the rows r with r % shards == j), path is
-// relative to Config.Dir. The files use the shard encoding of package sync
-// (versioned, CRC-32C; paramserver.DecodeShardInfo reads its header).
+// relative to Config.Dir. The files use the shard encoding of package
+// sync/paramserver (versioned, CRC-32C; paramserver.DecodeShardInfo reads
+// its header).
+//
+// Format 2 holds the shards: the 8 bytes "ETPSCKP2", the shards'
+// encodings in the order of files, a JSON header like format 1's with
+// "format": "elastictrain-ps/2" and files of {"shard", "size", "crc32c"}
+// (no path: the CRC-32C is the shard encoding's own, its last 4 bytes),
+// and the header's length as a little-endian uint32. Every rank's manifest names
+// the shards it hosted; all of them together name every shard once.
 package ps

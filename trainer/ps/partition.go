@@ -46,14 +46,18 @@ type Config struct {
 	// worker of the job (a local directory when they share a host, a
 	// shared filesystem otherwise): every commit also writes each shard
 	// there whole (with an fsync, on the training path), and checkpoints
-	// link them (ckpt-*/). One job's history per directory. Default ""
-	// (no shared filesystem): commits live in the memory of the shards'
-	// hosts and replicas only; a round restores a dead rank's rows from a
-	// live copy, and fails with trainer.ErrPartitionLost only when a
-	// shard's host and every replica died at once. Checkpoint needs Dir.
+	// link them (ckpt-*/) and are published synchronously. One job's
+	// history per directory. Default "" (no shared filesystem): commits
+	// live in the memory of the shards' hosts and replicas only; a round
+	// restores a dead rank's rows from a live copy; a durable checkpoint
+	// holds the shards themselves, encoded from memory, in the trainer's
+	// CheckpointStore, written in the background; when a shard's host and
+	// every replica died at once, the trainer rolls every rank back to the
+	// last durable checkpoint (or, with none, Restore fails with
+	// trainer.ErrPartitionLost).
 	//
-	// Deprecated: as a place for commits. Leave it empty unless the job
-	// takes durable checkpoints of the tables.
+	// Deprecated: leave it empty; checkpoints need no shared directory
+	// any more. It still works as before.
 	Dir string
 	// KeepTables makes rank 0 gather every row of the newest commit from
 	// the shards' hosts at the end of each round (EndRound), so that
@@ -176,12 +180,13 @@ func New(cfg Config) (*Partition, error) {
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}
+	p.view = &viewStore{}
 	if cfg.Dir != "" {
 		store, err := paramserver.NewDirShardStore(cfg.Dir, cfg.KeepSteps)
 		if err != nil {
 			return nil, fmt.Errorf("ps: %w", err)
 		}
-		p.store, p.view = store, &viewStore{DirShardStore: store}
+		p.store, p.view.dir = store, store
 	}
 	return p, nil
 }
@@ -210,13 +215,16 @@ func (p *Partition) Listen(ctx context.Context) (string, error) {
 	}
 	pc := p.cfg.PS
 	pc.Store, pc.KeepCommits = nil, 2
-	if p.view != nil {
+	if p.store != nil {
 		pc.Store = p.view
 	}
 	ps, err := paramserver.New(tr, p.cfg.Tables, pc)
 	if err != nil {
 		tr.Close()
 		return "", fmt.Errorf("ps: %w", err)
+	}
+	if p.store == nil {
+		ps.SetRestoreSource(p.view) // a checkpoint's shards while Restore restores it; nothing else
 	}
 	p.tr, p.ps = tr, ps
 	return tr.Addr(), nil
@@ -251,9 +259,6 @@ func (p *Partition) Restore(ctx context.Context, r driver.PartitionRound) error 
 		p.commits = nil
 		psStep = -1 // for RemoveAfter: every step in Dir is another history's
 	case "checkpoint":
-		if p.store == nil {
-			return fmt.Errorf("%w: ps: restoring the checkpoint of step %d needs Config.Dir", trainer.ErrPartitionLost, r.Step)
-		}
 		m, err := p.parseManifests(r.Step, r.Manifests)
 		if err != nil {
 			return fmt.Errorf("%w: %w", trainer.ErrPartitionLost, err)
@@ -335,9 +340,17 @@ func (p *Partition) Restored() (peers, storage int64) { return p.restoredPeers, 
 func (p *Partition) CommitSeconds() float64 { return p.commitTime }
 
 // CheckpointSeconds returns the time this process spent in Checkpoint, in
-// seconds: the training a checkpoint of the tables blocks (the trainer
-// writes its own part in the background).
+// seconds: without Dir, encoding its shards from memory; with Dir,
+// linking and reading back their files. (Result.CheckpointBlockedSeconds
+// is the whole time checkpoints blocked training.)
 func (p *Partition) CheckpointSeconds() float64 { return p.ckptTime }
+
+// InlineCheckpoint implements driver.InlineCheckpointer: without Dir,
+// Checkpoint's manifest holds this rank's shards themselves (encoded from
+// the commit in memory), so the trainer writes the checkpoint in the
+// background and the partition keeps nothing for it; with Dir it names
+// files in Dir, which the trainer publishes synchronously.
+func (p *Partition) InlineCheckpoint() bool { return p.store == nil }
 
 // agreeStep returns the shards' step of the trainer's commit r.Step. Each
 // rank that recorded that commit offers the round in which it took it; the

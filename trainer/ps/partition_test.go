@@ -415,6 +415,63 @@ func TestWholeRestartFromCheckpoint(t *testing.T) {
 	}
 }
 
+// Without Dir a checkpoint's manifests hold the shards, encoded from the
+// commit in the hosts' memory: a whole-job restart onto 2 or 4 ranks
+// restores the tables of the checkpoint's step bit for bit from them alone
+// (the commits after it are gone with the processes), and a manifest
+// damaged in a shard's bytes, truncated, or missing a rank's part is
+// refused (ErrPartitionLost) rather than restored.
+func TestWholeRestartFromInlineCheckpoint(t *testing.T) {
+	j := newJob(t)
+	j.dir = "" // no shared directory
+	rs := j.newRanks(3)
+	j.mustRestore(rs, 0, "init", nil)
+	j.train(rs, 0, 4)
+	j.commit(rs, 4)
+	man := j.checkpoint(rs, 4)
+	j.train(rs, 4, 7)
+	j.commit(rs, 7)
+	for _, r := range rs {
+		if !r.part.InlineCheckpoint() {
+			t.Fatal("a partition without Dir does not say its manifests hold its shards")
+		}
+		r.kill()
+	}
+	for _, n := range []int{2, 4} {
+		again := j.newRanks(n)
+		j.mustRestore(again, 4, "checkpoint", man)
+		sameTables(t, fmt.Sprintf("restored onto %d ranks", n), pullAll(t, again[n-1]), reference(t, 4))
+		peers, stored := int64(0), int64(0)
+		for _, r := range again {
+			p, s := r.part.Restored()
+			peers, stored = peers+p, stored+s
+		}
+		if stored == 0 {
+			t.Fatalf("%d ranks restored %d rows from peers and none from the checkpoint", n, peers)
+		}
+		for _, r := range again {
+			r.kill()
+		}
+	}
+	damaged := slices.Clone(man[0])
+	damaged[len(inlineMagic)+40] ^= 0xff // inside the first shard's rows
+	for name, bad := range map[string][][]byte{
+		"damaged":   {damaged, man[1], man[2]},
+		"truncated": {man[0][:len(man[0])-9], man[1], man[2]},
+		"rank gone": {man[0], man[2]},
+	} {
+		t.Run(name, func(t *testing.T) {
+			errs := j.restore(j.newRanks(1), 4, "checkpoint", bad)
+			if !errors.Is(errs[0], trainer.ErrPartitionLost) {
+				t.Fatalf("%v, want ErrPartitionLost", errs[0])
+			}
+			if name == "damaged" && !errors.Is(errs[0], paramserver.ErrCorruptShard) {
+				t.Fatalf("%v, want ErrCorruptShard", errs[0])
+			}
+		})
+	}
+}
+
 // A manifest that does not describe this partition's checkpoint, or files
 // that do not match it, end Run (ErrPartitionLost) rather than restoring
 // something else.

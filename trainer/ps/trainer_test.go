@@ -81,7 +81,12 @@ type tjob struct {
 	// inMemory: no Dir and no checkpoint store; commits live in the
 	// workers' memory only (rank 0 keeps the tables at round ends).
 	inMemory bool
-	wg       stdsync.WaitGroup
+	// noDir: no Dir, but the checkpoint store: checkpoints hold the
+	// shards, encoded from memory, written in the background.
+	noDir bool
+	// ckpts receives the step of every checkpoint written (any worker's).
+	ckpts chan int64
+	wg    stdsync.WaitGroup
 }
 
 func newTJob(t *testing.T) *tjob {
@@ -90,7 +95,7 @@ func newTJob(t *testing.T) *tjob {
 		t.Fatal(err)
 	}
 	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
-		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32}
+		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32, ckpts: make(chan int64, 1024)}
 }
 
 func logger() *slog.Logger {
@@ -111,6 +116,9 @@ func (j *tjob) start() *worker {
 	opts := []trainer.Option{trainer.WithCheckpointStore(j.ckpt)}
 	if j.inMemory {
 		pcfg.Dir, pcfg.Checkpoints, pcfg.KeepTables, opts = "", nil, true, nil
+	}
+	if j.noDir {
+		pcfg.Dir, pcfg.Checkpoints, pcfg.KeepTables = "", nil, true
 	}
 	pcfg.Sync.JobID, pcfg.Sync.Secret, pcfg.Sync.OpTimeout = j.id, secret, 5*time.Second
 	part, err := ps.New(pcfg)
@@ -162,6 +170,14 @@ func (j *tjob) start() *worker {
 		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },
+			OnCheckpoint: func(step int64, err error) {
+				if err == nil {
+					select {
+					case j.ckpts <- step:
+					default:
+					}
+				}
+			},
 			OnStep: func(s trainer.StepInfo) {
 				select {
 				case w.steps <- s.Step:
@@ -330,6 +346,81 @@ func TestTrainerWholeRestart(t *testing.T) {
 	}
 	j.wait(second)
 	j.checkFinished(second)
+}
+
+// TestTrainerWholeRestartNoDir: the same with no Dir: the checkpoints hold
+// the shards (encoded from the commits in memory, written by rank 0's
+// checkpoint goroutine into the CheckpointStore), so the second run,
+// another world size, restores every row from the checkpoint, verified
+// part by part; nothing is written anywhere else.
+func TestTrainerWholeRestartNoDir(t *testing.T) {
+	j := newTJob(t)
+	j.noDir, j.epochs = true, 10 // 300 steps: the kill at step 50 comes long before the end
+	first := []*worker{j.start(), j.start(), j.start()}
+	first[0].waitStep(t, 50)
+	for _, w := range first {
+		w.cancel()
+	}
+	j.wait(first)
+	for _, w := range first {
+		if w.res.Rank == 0 && (w.res.Checkpoints == 0 || w.res.CheckpointWrites == 0) {
+			t.Fatalf("rank 0 took part in %d checkpoints and wrote %d; want some", w.res.Checkpoints, w.res.CheckpointWrites)
+		}
+	}
+	second := []*worker{j.start(), j.start()}
+	r := <-second[0].rounds
+	if r.Source != "checkpoint" || r.Step < 40 {
+		t.Fatalf("the second run starts from %s at step %d, want a checkpoint of step 40 or later", r.Source, r.Step)
+	}
+	j.wait(second)
+	j.checkFinished(second)
+	if _, stored := second[0].part.Restored(); stored != users {
+		t.Fatalf("the second run restored %d rows from storage, want every row (%d)", stored, users)
+	}
+	if ents, err := os.ReadDir(j.dir); err != nil || len(ents) != 0 {
+		t.Fatalf("the job wrote %d entries to a directory it was not given (%v)", len(ents), err)
+	}
+}
+
+// TestTrainerFallsBackToCheckpoint: two of three workers die at once, so
+// some shard lost its host and its one replica; instead of ending Run with
+// ErrPartitionLost, the survivor rolls back to the last durable checkpoint
+// (the replicated state, the tables and the loader together), a new worker
+// joins, and the job finishes with every sample applied exactly once.
+func TestTrainerFallsBackToCheckpoint(t *testing.T) {
+	j := newTJob(t)
+	j.noDir, j.epochs = true, 10 // 300 steps: the kills at step 50 come long before the end
+	ws := []*worker{j.start(), j.start(), j.start()}
+	// A checkpoint is written in the background: wait for one (of step 20
+	// or later) to be published, and for step 50.
+	for deadline := time.After(60 * time.Second); ; {
+		select {
+		case s := <-j.ckpts:
+			if s < 20 {
+				continue
+			}
+		case <-deadline:
+			t.Fatal("no checkpoint written within 60 s")
+		}
+		break
+	}
+	ws[0].waitStep(t, 50)
+	ws[1].cancel() // both within microseconds: no round forms between them
+	ws[2].cancel()
+	ws[0].waitStep(t, 60)
+	ws = append(ws, j.start())
+	j.wait(ws)
+	var rounds []trainer.RoundInfo
+	for len(ws[0].rounds) > 0 {
+		rounds = append(rounds, <-ws[0].rounds)
+	}
+	fell := slices.IndexFunc(rounds, func(r trainer.RoundInfo) bool { return r.Source == "checkpoint" })
+	// The checkpoint restored is one that was published (every 20 steps)
+	// before the two workers died (they may have trained past step 50).
+	if fell < 1 || rounds[fell].Step < 20 || rounds[fell].Step%20 != 0 {
+		t.Fatalf("rounds %+v (the survivor ended with %v): want one, after the first, that restores a checkpoint (of step 20 or later)", rounds, ws[0].err)
+	}
+	j.checkFinished([]*worker{ws[0], ws[3]})
 }
 
 // A global batch smaller than the world leaves a rank without samples at

@@ -24,16 +24,17 @@ const (
 	SpanRecovery   = "elastictrain.recovery"
 
 	// Metric names (units in the instrument).
-	MetricStepDuration     = "elastictrain.step.duration"     // s, histogram
-	MetricSamples          = "elastictrain.samples"           // {sample}, counter on rank 0 of samples in applied steps (rolled-back steps count too); rate = samples/s
-	MetricWorldSize        = "elastictrain.world_size"        // {worker}, gauge
-	MetricRounds           = "elastictrain.rounds"            // {round}, counter
-	MetricRecoveries       = "elastictrain.recoveries"        // {recovery}, counter
-	MetricRecoveryDuration = "elastictrain.recovery.duration" // s, histogram
-	MetricGoodput          = "elastictrain.goodput"           // 1, gauge: useful training time / wall time
-	MetricStragglers       = "elastictrain.stragglers"        // {report}, counter
-	MetricShare            = "elastictrain.balance.share"     // {sample}, gauge per rank: its samples in the last step
-	MetricSpeed            = "elastictrain.balance.speed"     // {sample}/s, gauge per rank: its smoothed speed (cost units/s with Batch.Cost)
+	MetricStepDuration      = "elastictrain.step.duration"      // s, histogram
+	MetricSamples           = "elastictrain.samples"            // {sample}, counter on rank 0 of samples in applied steps (rolled-back steps count too); rate = samples/s
+	MetricWorldSize         = "elastictrain.world_size"         // {worker}, gauge
+	MetricRounds            = "elastictrain.rounds"             // {round}, counter
+	MetricRecoveries        = "elastictrain.recoveries"         // {recovery}, counter
+	MetricRecoveryDuration  = "elastictrain.recovery.duration"  // s, histogram
+	MetricGoodput           = "elastictrain.goodput"            // 1, gauge: useful training time / wall time
+	MetricStragglers        = "elastictrain.stragglers"         // {report}, counter
+	MetricShare             = "elastictrain.balance.share"      // {sample}, gauge per rank: its samples in the last step
+	MetricSpeed             = "elastictrain.balance.speed"      // {sample}/s, gauge per rank: its smoothed speed (cost units/s with Batch.Cost)
+	MetricCheckpointBlocked = "elastictrain.checkpoint.blocked" // s, histogram per rank: training time one periodic durable checkpoint blocked (the write runs in the background)
 
 	// Resource adjustment (Config.Autoscale), the same on every rank:
 	MetricAutoscaleGoodput     = "elastictrain.autoscale.goodput"                // {sample}/s, gauge: throughput × statistical efficiency (useful samples per second)
@@ -58,4 +59,8 @@ const (
 var (
 	StepDurationBuckets     = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 	RecoveryDurationBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120}
+	// CheckpointBlockedBuckets: a checkpoint copies state in memory
+	// (milliseconds per tens of MB) or, written synchronously, waits for
+	// a store.
+	CheckpointBlockedBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30}
 )
