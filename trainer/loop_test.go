@@ -52,9 +52,12 @@ type job struct {
 	// failCall, when positive, makes every worker's StepFunc fail on its
 	// failCall-th call.
 	failCall int
-	mu       stdsync.Mutex
-	workers  []*inproc
-	wg       stdsync.WaitGroup
+	// hold, when set, runs in every worker's OnStep (on its loop
+	// goroutine) and may block it there.
+	hold    func(i int, s StepInfo)
+	mu      stdsync.Mutex
+	workers []*inproc
+	wg      stdsync.WaitGroup
 }
 
 type inproc struct {
@@ -107,6 +110,9 @@ func (j *job) start() *inproc {
 		select {
 		case w.steps <- s:
 		default:
+		}
+		if j.hold != nil {
+			j.hold(idx, s)
 		}
 	}})}
 	if j.opts != nil {
@@ -263,8 +269,25 @@ func TestJobTrainsToOptimum(t *testing.T) {
 }
 
 func TestJoinerIsTakenInAtAStepBoundary(t *testing.T) {
-	j := newJob(t, stores(t)["redis"])
+	redisStore := stores(t)["redis"]
+	// The first two hold at step 10 until the joiner waits in the store
+	// (pending), so that the job cannot end before it comes (under a CPU
+	// hog, its start took longer than the 80 steps left). Bounded well
+	// below ProgressTimeout, so the hold never looks like a hang.
+	waiting := make(chan struct{})
+	var once stdsync.Once
+	j := newJob(t, func() elastic.Store {
+		return &pendingSpy{Store: redisStore(), seen: func() { once.Do(func() { close(waiting) }) }}
+	})
 	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
+	j.hold = func(i int, s StepInfo) {
+		if i < 2 && s.Step >= 10 {
+			select {
+			case <-waiting:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
 	a, b := j.start(), j.start()
 	a.waitStep(t, 10)
 	c := j.start()
@@ -990,4 +1013,20 @@ func TestPreemptedWhileWaitingWithAnUncheckpointedCommitCheckpointsFirst(t *test
 	require.GreaterOrEqual(t, steps[0], int64(5))
 	c.cancel()
 	j.wait()
+}
+
+// pendingSpy calls seen once a Join answer says its member waits to be
+// taken in (pending) or is in a round: the first two workers of a job are
+// ranked at once, so only a later joiner is seen pending.
+type pendingSpy struct {
+	elastic.Store
+	seen func()
+}
+
+func (s *pendingSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	v, err := s.Store.Join(ctx, r)
+	if err == nil && v.Role == elastic.RolePending {
+		s.seen()
+	}
+	return v, err
 }

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	stdsync "sync"
 	"syscall"
 	"testing"
 	"time"
@@ -46,6 +47,10 @@ const (
 	// HeartbeatInterval (3 s, 500 ms) instead of the 1 s lease the fault
 	// tests detect a death with.
 	envLease = "ELASTICTRAIN_TRAINER_TEST_DEFAULT_LEASE"
+	// envHold names a file: while it exists, every worker holds in OnStep
+	// (at most holdBound), so a test can keep the job from ending before a
+	// newcomer arrives.
+	envHold = "ELASTICTRAIN_TRAINER_TEST_HOLD"
 	// envStreams, when set, is the worker's Config.Sync.Streams.
 	envStreams = "ELASTICTRAIN_TRAINER_TEST_STREAMS"
 )
@@ -142,6 +147,7 @@ func workerMain() int {
 		},
 		OnStep: func(s StepInfo) {
 			emit(report{Kind: "step", Round: s.Round, Rank: s.Rank, Size: s.WorldSize, Step: s.Step, Loss: s.Loss})
+			holdWhile(os.Getenv(envHold))
 		},
 	})}
 	if dir := os.Getenv(envCkpt); dir != "" {
@@ -152,7 +158,9 @@ func workerMain() int {
 		opts = append(opts, WithCheckpointStore(st))
 	}
 	opt := NewMomentum(0.02, 0.9)
-	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), elastic.NewRedisStore(client), cfg, opts...)
+	var once stdsync.Once
+	store := &pendingSpy{Store: elastic.NewRedisStore(client), seen: func() { once.Do(func() { emit(report{Kind: "pending"}) }) }}
+	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), store, cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}
@@ -180,6 +188,50 @@ func workerMain() int {
 
 func signalNotify(c chan os.Signal) { signalNotifyTerm(c) }
 
+// holdBound bounds a worker's hold in OnStep (holdWhile): well below
+// elastic.DefaultProgressTimeout, so a hold never looks like a hang.
+const holdBound = 10 * time.Second
+
+// holdWhile returns once the file at path (none: at once) does not exist,
+// or after holdBound. It polls: the file is the test's signal to another
+// process.
+func holdWhile(path string) {
+	if path == "" {
+		return
+	}
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(holdBound); time.Now().Before(end); <-tick.C {
+		if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+			return
+		}
+	}
+}
+
+// hold makes every worker hold at its next step until the returned func
+// is called (or holdBound passed).
+func (j *procJob) hold() (release func()) {
+	require.NoError(j.t, os.WriteFile(j.holdFile, nil, 0o644))
+	return func() { require.NoError(j.t, os.Remove(j.holdFile)) }
+}
+
+// waitPending waits until process p reports that it waits in the store to
+// be taken in.
+func (j *procJob) waitPending(p *proc) {
+	j.t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case r := <-j.merged:
+			if r.Kind == "pending" && r.PID == p.cmd.Process.Pid {
+				return
+			}
+		case <-deadline:
+			j.t.Fatalf("pid %d never waited to be taken in", p.cmd.Process.Pid)
+		}
+	}
+}
+
 // proc is a worker process seen from the test.
 type proc struct {
 	cmd     *exec.Cmd
@@ -191,17 +243,18 @@ type proc struct {
 }
 
 type procJob struct {
-	t      *testing.T
-	env    []string
-	audit  string
-	procs  []*proc
-	merged chan report
+	t        *testing.T
+	holdFile string
+	env      []string
+	audit    string
+	procs    []*proc
+	merged   chan report
 }
 
 func newProcJob(t *testing.T, minW, epochs int, ckpt string) *procJob {
 	dir := t.TempDir()
-	j := &procJob{t: t, audit: filepath.Join(dir, "audit.jsonl"), merged: make(chan report, 1<<16)}
-	j.env = append(os.Environ(), envWorker+"=1", envRedis+"="+testredis.Addr(t), envJob+"="+testredis.JobID(t),
+	j := &procJob{t: t, audit: filepath.Join(dir, "audit.jsonl"), merged: make(chan report, 1<<16), holdFile: filepath.Join(dir, "hold")}
+	j.env = append(os.Environ(), envHold+"="+j.holdFile, envWorker+"=1", envRedis+"="+testredis.Addr(t), envJob+"="+testredis.JobID(t),
 		envAudit+"="+j.audit, envMin+"="+strconv.Itoa(minW), envEpochs+"="+strconv.Itoa(epochs), envCkpt+"="+ckpt)
 	t.Cleanup(func() {
 		for _, p := range j.procs {
@@ -319,7 +372,11 @@ func TestProcessesSurviveKillAndJoin(t *testing.T) {
 	t.Logf("SIGKILL rank %d (pid %d) at step >= %d", victim, pid, killAt)
 	require.NoError(t, syscall.Kill(pid, syscall.SIGKILL))
 	j.waitStep(killAt + 60)
-	j.start()
+	// The job holds until the newcomer waits in the store: under a CPU
+	// hog, a process's start took longer than the steps left.
+	release := j.hold()
+	j.waitPending(j.start())
+	release()
 	j.waitAll()
 
 	var finals []*report
