@@ -167,8 +167,8 @@ func sanitiseWeights(weights []float64) []float64 {
 	return w
 }
 
-// Balancer is the one speed-weighted split of the module: the trainer's
-// Config.Balance and LeasedConfig.Balance both run it. In a synchronous
+// Balancer is the module's speed-weighted split with trial moves, the one
+// the trainer's Config.Balance runs. In a synchronous
 // job every step waits for the slowest rank; when ranks differ in speed (a
 // slower or shared host, a noisy neighbour, samples that cost more),
 // giving each rank a share of the global batch in proportion to its speed
@@ -365,9 +365,9 @@ func (b *Balancer) Trying() bool {
 	return b.trial > 0 || b.steps <= balanceBefore+1 || (b.unsettled && b.hold == 0)
 }
 
-// speedEstimate is the module's one per-rank speed estimate (Balancer's,
-// and the deprecated Speeds'): an exponential moving average of work per
-// second by rank. Without a prior, a rank starts unknown (0) and its n-th
+// speedEstimate is the module's one per-rank speed estimate (Balancer's
+// and Speeds'): an exponential moving average of work per second by
+// rank. Without a prior, a rank starts unknown (0) and its n-th
 // observation has weight max(1/n, alpha); with a prior p > 0, every rank
 // starts at p, each observation has weight alpha and the estimate never
 // falls below p.
@@ -420,22 +420,21 @@ func (e *speedEstimate) fold(r int, work, seconds float64) {
 // exponential moving average (weight 0.3 for the newest step) of
 // Samples/ComputeSeconds per rank, starting at 1 and never below 1. A rank
 // that trained nothing in a step keeps its estimate. Every rank that
-// observes the same outcomes in the same order holds the same values. The
+// observes the same outcomes in the same order holds the same values, so
+// shares computed from them (WeightedShares) agree between ranks without
+// a message. It is the Balancer's speed estimate (one implementation)
+// with a prior of 1 sample/s and a fixed weight, and what
+// LeasedConfig.Balance follows at every step: its first measured step
+// already moves the shares, where a Balancer skips a round's first step
+// and moves the split by bounded trials, which suits a loop whose steps
+// share compute with graph compilation and noise (the trainer's). The
 // zero value has no ranks; use NewSpeeds. Not safe for concurrent use.
-//
-// Deprecated: use Balancer, the split by speed that the trainer's
-// Config.Balance and LeasedConfig.Balance run (its estimate has no prior,
-// skips a round's first step, and it moves the split only when a trial
-// shows that the move pays). Speeds keeps its own smoothing through the
-// same estimate.
 type Speeds struct {
 	e speedEstimate
 }
 
 // NewSpeeds returns the estimate for a round of size ranks, every rank at
 // 1 sample/s (equal shares until a step is observed).
-//
-// Deprecated: use Balancer.
 func NewSpeeds(size int) Speeds {
 	var s Speeds
 	s.e.reset(max(size, 0), 0.3, 1)
