@@ -31,6 +31,22 @@ func (l *linearRanks) step(global int, frac []float64) (work, compute []float64)
 	return work, compute
 }
 
+// run runs a Balancer from equal shares over steps steps of global units
+// and returns the split it ends with and how often it changed.
+func (l *linearRanks) run(steps, global int) (frac []float64, updates int) {
+	var b Balancer
+	b.Reset(len(l.speed))
+	frac = equalFrac(len(l.speed))
+	for range steps {
+		work, compute := l.step(global, frac)
+		if w := b.Observe(work, compute); w != nil {
+			frac = w
+			updates++
+		}
+	}
+	return frac, updates
+}
+
 func equalFrac(W int) []float64 {
 	f := make([]float64, W)
 	for i := range f {
@@ -95,17 +111,7 @@ func TestBalancerConverges(t *testing.T) {
 // unless it would shorten the slowest rank's time by balanceMinGain.
 func TestBalancerIgnoresNoise(t *testing.T) {
 	l := &linearRanks{speed: []float64{1000, 1000, 1000}, overhead: 0.001, noise: 0.1, rng: rand.New(rand.NewPCG(1, 1))}
-	var b Balancer
-	b.Reset(3)
-	frac := equalFrac(3)
-	updates := 0
-	for range 500 {
-		work, compute := l.step(96, frac)
-		if w := b.Observe(work, compute); w != nil {
-			frac = w
-			updates++
-		}
-	}
+	frac, updates := l.run(500, 96)
 	if updates > 3 {
 		t.Errorf("%d updates over 500 steps of equal ranks with 10%% noise", updates)
 	}
@@ -161,17 +167,7 @@ func TestBalancerAgreesAndWaitsForEveryRank(t *testing.T) {
 func TestBalancerWithFixedOverhead(t *testing.T) {
 	t.Run("equal ranks do not drift", func(t *testing.T) {
 		l := &linearRanks{speed: []float64{20000, 20000}, overhead: 0.002, noise: 0.3, rng: rand.New(rand.NewPCG(3, 3))}
-		var b Balancer
-		b.Reset(2)
-		frac := equalFrac(2)
-		updates := 0
-		for range 1000 {
-			work, compute := l.step(64, frac)
-			if w := b.Observe(work, compute); w != nil {
-				frac = w
-				updates++
-			}
-		}
+		frac, updates := l.run(1000, 64)
 		if math.Abs(frac[0]-0.5) > 0.1 || updates > 10 {
 			t.Errorf("%d updates, fractions %.3f: equal ranks whose time is mostly fixed drifted", updates, frac)
 		}
