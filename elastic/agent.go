@@ -53,6 +53,7 @@ type Agent struct {
 	outageSince time.Time
 	outageLog   time.Time // when the outage was last logged
 	outageErr   error     // the last failed call's error of the outage under way (checkBudget names it)
+	outageCause error     // the outage's last error other than the agent's own deadline (outageError)
 	// The outage budget's clock (outage.go), under mu.
 	lastOK      time.Time            // when a store call was last answered
 	inFlight    map[uint64]time.Time // store calls in flight: their start
@@ -411,6 +412,7 @@ func (a *Agent) noteOutage(err error, started, unreadable time.Time) error {
 		return a.err
 	}
 	now := time.Now()
+	err = a.outageErrorLocked(err)
 	a.outageErr = err
 	if started.Before(a.lastOK) {
 		// A call answered since this one started: the store was
@@ -450,8 +452,35 @@ func (a *Agent) noteOK() {
 		a.log.Info("store reachable again", "after", time.Since(a.outageSince))
 		a.outageSince = time.Time{}
 	}
-	a.outageErr = nil
+	a.outageErr, a.outageCause = nil, nil
 	a.mu.Unlock()
+}
+
+// outageErrorLocked is the error an outage's lines and its final
+// ErrStoreUnavailable name for a failed call's err. A call the agent's
+// own deadline cut off (bounded) says nothing of why: when an earlier
+// call of the same outage failed with a cause (a name that does not
+// resolve, a refused connection, a server of another protocol), the
+// error names that cause too, so that a loaded machine, where the cause
+// may take longer than the deadline to arrive, still tells an operator
+// what to fix. Called with a.mu held.
+func (a *Agent) outageErrorLocked(err error) error {
+	if !agentDeadline(err) {
+		a.outageCause = err
+		return err
+	}
+	if a.outageCause == nil {
+		return err
+	}
+	return fmt.Errorf("%w (the outage's last cause: %v)", err, a.outageCause)
+}
+
+// agentDeadline reports whether err is a store call cut off by the
+// agent's own deadline (bounded), not an error the store or the network
+// returned.
+func agentDeadline(err error) bool {
+	var se *StoreError
+	return errors.As(err, &se) && errors.Is(se.Err, errAgentDeadline)
 }
 
 // call runs one store operation, retrying with exponential backoff (10 ms to

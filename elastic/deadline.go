@@ -8,6 +8,17 @@ import (
 	"time"
 )
 
+// errAgentDeadline is what a store call cut off by the Agent's own
+// deadline (bounded) wraps: it reads and unwraps as
+// context.DeadlineExceeded, and tells such a call from one whose client
+// or network returned that error (agentDeadline).
+var errAgentDeadline error = agentDeadlineError{}
+
+type agentDeadlineError struct{}
+
+func (agentDeadlineError) Error() string { return context.DeadlineExceeded.Error() }
+func (agentDeadlineError) Unwrap() error { return context.DeadlineExceeded }
+
 // bounded runs one store call f under a deadline of d that the Agent
 // enforces itself: f gets a context with that deadline, and bounded returns
 // when f does or when the deadline passes, whichever comes first. A client
@@ -74,7 +85,7 @@ func bounded[T any](a *Agent, ctx context.Context, op string, d time.Duration, f
 			return zero, err
 		}
 		return zero, &StoreError{Op: op, JobID: a.cfg.JobID,
-			Err: fmt.Errorf("no answer within the agent's deadline of %v: %w", d, context.DeadlineExceeded)}
+			Err: fmt.Errorf("no answer within the agent's deadline of %v: %w", d, errAgentDeadline)}
 	}
 }
 
