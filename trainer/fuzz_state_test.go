@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 	"hash/crc32"
 	"testing"
 )
@@ -56,7 +57,7 @@ func FuzzSnapshotBody(f *testing.F) {
 	})
 }
 
-func f32bytes(v []float32) []byte { return appendFloats(nil, v) }
+func f32bytes(v []float32) []byte { return enc.AppendFloats(nil, v) }
 
 // FuzzOptimizerLoadState: optimizer state of any content loads (and then
 // encodes back to the same bytes) or fails with ErrCorruptState.

@@ -19,6 +19,7 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 )
 
 // Result summarises a Run from this worker's view.
@@ -344,7 +345,7 @@ func fingerprint(params []Param, opt Optimizer) float64 {
 	h := fnv.New64a()
 	var b []byte
 	for _, p := range params {
-		b = appendString(b[:0], p.Name)
+		b = enc.AppendString(b[:0], p.Name)
 		for _, d := range p.Shape {
 			b = binary.LittleEndian.AppendUint64(b, uint64(d))
 		}
