@@ -14,6 +14,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/internal/enc"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -286,7 +287,7 @@ func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, 
 
 // modelDesc describes a model for modelDiffs: each parameter's name and
 // shape, then the optimizer's name, separated by record separators.
-func modelDesc(params []Param, opt Optimizer) []byte {
+func modelDesc(params []Param, opt optim.Optimizer) []byte {
 	var b []byte
 	for _, p := range params {
 		b = fmt.Appendf(b, "%q %v\x1e", p.Name, p.Shape)

@@ -71,7 +71,7 @@ const sectionDetExp = "detscale"
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // take copies the live state into s, reusing s's buffers.
-func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt Optimizer, cursor []byte, recoveries []int64, user []byte) {
+func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt optim.Optimizer, cursor []byte, recoveries []int64, user []byte) {
 	s.step, s.gen, s.base = step, gen, base
 	if len(s.values) != len(params) {
 		s.values = make([][]float32, len(params))
@@ -128,7 +128,7 @@ func (s *snapshot) clone() *snapshot {
 
 // restoreInto writes the snapshot's values into the live parameters and the
 // optimizer; shapes must match.
-func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
+func (s *snapshot) restoreInto(params []Param, opt optim.Optimizer) error {
 	if len(s.values) != len(params) {
 		return fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, len(s.values), len(params))
 	}
