@@ -148,15 +148,6 @@
 // process of an older round still calling Restore on the same queue (a
 // zombie's Reclaim is not fenced by the round).
 //
-// examples/recsys -dynamic carries the same protocol in package main
-// (dynamic.go); LeasedLoader replaces it call for call: dyn.startRound is
-// SetLineage, Restore and the trainer's barrier; dyn.next is Next (its
-// shares and observe are Speeds and WeightedShares with Balance);
-// dyn.stepped is Stepped; dyn.prepareCommit is State with LeaseAhead set
-// to the commit interval, the trainer's gather and MergeStates; and
-// dyn.committed is the trainer's barrier and Committed. Its dynState JSON
-// becomes the opaque state the trainer commits.
-//
 // # Concurrency
 //
 // Order, ShareOf and the Cursor methods are pure. A Loader's Next, Reset
@@ -165,5 +156,6 @@
 // the worker goroutines concurrently. MemoryQueue is safe for concurrent
 // use. A LeasedLoader's methods must not be called concurrently (the
 // training loop calls them); its MergeStates is pure and safe from any
-// goroutine; WeightedShares is pure.
+// goroutine; WeightedShares and CostShares are pure; a Balancer belongs
+// to the goroutine that calls its Observe (the training loop).
 package dataloader

@@ -13,22 +13,19 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
-// Speed-weighted shares (Config.Balance). In a synchronous job every step
-// waits for the slowest rank; when ranks differ in speed (a slower or
-// shared host, a noisy neighbour, samples that cost more), giving each
-// rank a share of the global batch in proportion to its speed makes every
-// rank finish at about the same time. This file holds the deterministic
-// core of that: the balancer folds each step's agreed per-rank work (the
-// samples, or Batch.Cost, of its share) and compute seconds, from the
-// step's control allreduce, into smoothed speeds, and decides the split
-// of the next global batch. Every rank runs it on the same reduced values
-// in the same order, so every rank derives the same split without a
-// message of its own. The split is handed to a loader that can cut global
-// batches by weight (Weighter); it changes which rank trains which
-// samples, never which samples form a step, so exactly-once holds and, in
-// deterministic mode (whole micro-batches move; the fixed-point gradient
-// sum is exact in any order), the parameters are the same bits as an
-// unbalanced run's.
+// Speed-weighted shares (Config.Balance). The deterministic core, the
+// speed estimate and the decision of the split, is dataloader.Balancer
+// (the one the leased loader runs too): the trainer feeds it each step's
+// agreed per-rank work (the samples, or Batch.Cost, of its share) and
+// compute seconds, from the step's control allreduce, on every rank in the
+// same order, so every rank derives the same split without a message of
+// its own. The split is handed to a loader that can cut global batches by
+// weight (Weighter); it changes which rank trains which samples, never
+// which samples form a step, so exactly-once holds and, in deterministic
+// mode (whole micro-batches move; the fixed-point gradient sum is exact in
+// any order), the parameters are the same bits as an unbalanced run's.
+// This file holds what is the trainer's own: the loader's and the
+// straggler tracker's side, logs and metrics.
 
 // Weighter is the optional capability of a loader (a Loader or a
 // StatefulLoader) that can split each global batch over the ranks by
@@ -47,183 +44,10 @@ import (
 // Deprecated: use driver.Weighter, the same type.
 type Weighter = driver.Weighter
 
-// Balancing parameters. Speeds are an exponential moving average of each
-// rank's work per second: the first step of a round is not measured (it
-// compiles graphs for new batch sizes, warms caches), then the n-th
-// observation of a rank has weight max(1/n, balanceAlpha), a running mean
-// at first, then an average over about the last 2/balanceAlpha steps. The
-// target split gives each rank a fraction of the global batch in
-// proportion to its speed, so that every rank would compute for the same
-// time. The split is only moved when that pays, at the smoothed speeds:
-// when the target would cut the slowest rank's compute time by more than
-// balanceMinGain; and a move shifts no rank's fraction by more than
-// balanceMaxStep. Every move is a trial: over the balanceTrial steps
-// after it (less the first two, which may compile graphs for new batch
-// sizes), the step's slowest compute time must fall by at least half of
-// balanceMinGain against the steps before it, or the split goes back and
-// no move is tried for a hold-off that doubles with each failed trial
-// (from balanceHold steps up to balanceHoldMax). So noise does not make
-// shares oscillate, and a cost that no share changes (a step function's
-// fixed set-up, a loaded host's scheduling, which make a larger share look
-// faster per sample) does not make them drift. The loader's cut gives
-// every rank a floor (dataloader.WeightedShares), so a slow rank still
-// progresses.
-const (
-	balanceAlpha   = 0.1
-	balanceMinGain = 0.1
-	balanceMaxStep = 0.15
-	balanceTrial   = 10
-	balanceBefore  = 5 // steps measured before a move, at least
-	balanceHold    = 50
-	balanceHoldMax = 1600
-	// absorbedFactor: a straggler is absorbed by balancing when, at the
-	// smoothed speeds, its share's time is within this multiple of the
-	// median rank's (the steps no longer wait on it).
-	absorbedFactor = 1.25
-)
-
-// balancer is the deterministic core of speed-weighted shares for one
-// round of W ranks. Not safe for concurrent use (the loop goroutine's).
-type balancer struct {
-	speeds []float64 // smoothed work per second by rank; 0: not observed yet
-	seen   []int     // observations by rank in this round
-	frac   []float64 // the applied fractions of the global batch, by rank
-	prev   []float64 // the fractions before the move on trial
-	target []float64 // scratch
-	steps  int       // steps observed in this round
-
-	trial     int     // steps since the move on trial; 0: none
-	before    float64 // mean slowest compute time before it
-	sum       float64 // of the slowest compute times since the last move (or trial's measured steps)
-	count     int
-	hold      int  // steps left before a move may be tried
-	holdNext  int  // the next failed trial's hold-off
-	unsettled bool // the last evaluation found a move worth making
-	kept      bool // the last observe ended a move's trial that paid: the split stays (takeKept)
-}
-
-// takeKept returns the split whose trial paid at the last observe (a copy),
-// or nil; it reports each kept split once.
-func (b *balancer) takeKept() []float64 {
-	if !b.kept {
-		return nil
-	}
-	b.kept = false
-	return slices.Clone(b.frac)
-}
-
-// reset starts a round of W ranks: no speed known, equal shares.
-func (b *balancer) reset(W int) {
-	if len(b.speeds) != W {
-		b.speeds, b.frac, b.target = make([]float64, W), make([]float64, W), make([]float64, W)
-		b.seen, b.prev = make([]int, W), make([]float64, W)
-	}
-	clear(b.speeds)
-	clear(b.seen)
-	b.steps, b.trial, b.before, b.sum, b.count, b.hold, b.holdNext = 0, 0, 0, 0, 0, 0, balanceHold
-	b.unsettled, b.kept = false, false
-	for r := range b.frac {
-		b.frac[r] = 1 / float64(W)
-	}
-}
-
-// observe folds one applied step's agreed per-rank work (samples or cost
-// units of each rank's share) and compute seconds into the speeds, and
-// returns the weights of the next global batch's split when it changes
-// (a new slice: a move, or the return from a failed one), or nil when the
-// split stays. Ranks with no work or no compute time at this step keep
-// their speed; while some rank has never been observed in the round, the
-// split stays.
-func (b *balancer) observe(work, compute []float64) []float64 {
-	W := len(b.speeds)
-	if len(work) < W || len(compute) < W {
-		return nil
-	}
-	if b.steps++; b.steps == 1 {
-		return nil // the round's first step: warm-up, not a measurement
-	}
-	slowestNow := 0.0
-	for r := range W {
-		n, s := work[r], compute[r]
-		slowestNow = max(slowestNow, s)
-		if !(n > 0) || !(s > 0) || math.IsInf(n, 0) || math.IsInf(s, 0) {
-			continue
-		}
-		v := n / s
-		if !(v > 0) || math.IsInf(v, 0) {
-			continue
-		}
-		b.seen[r]++
-		a := max(1/float64(b.seen[r]), balanceAlpha)
-		b.speeds[r] = float64(a*v) + float64((1-a)*b.speeds[r]) // explicit: never fused
-	}
-	if b.trial > 0 {
-		b.trial++
-		if b.trial > 3 { // the first two steps after a move may compile graphs
-			b.sum += slowestNow
-			b.count++
-		}
-		if b.trial <= balanceTrial {
-			return nil
-		}
-		after := b.sum / float64(b.count)
-		b.trial, b.sum, b.count = 0, 0, 0
-		if !(after < float64(b.before*(1-balanceMinGain/2))) {
-			copy(b.frac, b.prev) // it did not pay: back, and wait
-			b.hold, b.holdNext = b.holdNext, min(2*b.holdNext, balanceHoldMax)
-			return slices.Clone(b.frac)
-		}
-		b.holdNext = balanceHold
-		b.kept = true
-	}
-	b.sum += slowestNow
-	b.count++
-	if b.hold > 0 {
-		b.hold--
-		return nil
-	}
-	sum := 0.0
-	for _, v := range b.speeds {
-		if v == 0 {
-			return nil
-		}
-		sum += v
-	}
-	if b.count < balanceBefore {
-		return nil
-	}
-	// Compute times in units of the global batch's: now, and at the
-	// target (where they are all 1/sum).
-	slowest := 0.0
-	for r, v := range b.speeds {
-		b.target[r] = v / sum
-		slowest = max(slowest, b.frac[r]/v)
-	}
-	b.unsettled = float64(slowest*sum) > 1+balanceMinGain
-	if !b.unsettled {
-		return nil
-	}
-	// The whole move is scaled down to the bound, so the fractions still
-	// add up to 1.
-	far := 0.0
-	for r := range b.frac {
-		far = max(far, math.Abs(b.target[r]-b.frac[r]))
-	}
-	step := 1.0
-	if far > balanceMaxStep {
-		step = balanceMaxStep / far
-	}
-	copy(b.prev, b.frac)
-	for r := range b.frac {
-		b.frac[r] += float64(step * (b.target[r] - b.frac[r]))
-	}
-	b.before = b.sum / float64(b.count)
-	b.trial, b.sum, b.count = 1, 0, 0
-	return slices.Clone(b.frac)
-}
-
-// speedsCopy returns the smoothed speeds by rank (a copy; 0: not observed).
-func (b *balancer) speedsCopy() []float64 { return slices.Clone(b.speeds) }
+// absorbedFactor: a straggler is absorbed by balancing when, at the
+// smoothed speeds, its share's time is within this multiple of the median
+// rank's (the steps no longer wait on it).
+const absorbedFactor = 1.25
 
 // perUnit fills dst with each rank's compute seconds per unit of work
 // (0 for a rank without work), the slowness the straggler tracker follows
@@ -263,13 +87,6 @@ func absorbed(work, speeds []float64, r int, scratch []float64) bool {
 	return med > 0 && mine <= absorbedFactor*med
 }
 
-// trying reports whether the balancer may still absorb a straggler it
-// has not absorbed yet: a move is on trial, the round is too young for a
-// first move, or the last step asked for another move.
-func (b *balancer) trying() bool {
-	return b.trial > 0 || b.steps <= balanceBefore+1 || (b.unsettled && b.hold == 0)
-}
-
 // shareWork is a batch's work for balancing: its Cost, or its samples
 // when the loader sets no cost.
 func shareWork[B any](b dataloader.Batch[B]) float64 {
@@ -294,20 +111,20 @@ func (t *Trainer[B]) startBalance() error {
 // hands a new split to the loader: at the same step boundary on every
 // rank, before the next Next. It records this rank's share and speed.
 func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *stepOutcome) error {
-	w := t.bal.observe(o.perWork, o.perCompute)
+	w := t.bal.Observe(o.perWork, o.perCompute)
 	r := world.Rank
-	if kept := t.bal.takeKept(); kept != nil && r == 0 && sharesMoved(t.balLogged, kept) {
+	if kept := t.bal.Kept(); kept != nil && r == 0 && sharesMoved(t.balLogged, kept) {
 		// A split that paid its trial, and moved: what an operator wants
 		// to read. Moves on trial and their returns stay at DEBUG.
 		t.balLogged = kept
-		t.log.Info("balanced shares", "step", t.step, "fractions", roundAll(kept, 3), "speeds", roundAll(t.bal.speeds, 1))
+		t.log.Info("balanced shares", "step", t.step, "fractions", roundAll(kept, 3), "speeds", roundAll(t.bal.Speeds(), 1))
 	}
 	if t.tel.share != nil {
 		if t.balAttrs == nil || t.balRank != r {
 			t.balAttrs, t.balRank = metric.WithAttributes(t.tel.jobAttr, AttrRank.Int(r)), r
 		}
 		t.tel.share.Record(ctx, int64(o.perSamples[r]), t.balAttrs)
-		t.tel.speed.Record(ctx, t.bal.speeds[r], t.balAttrs)
+		t.tel.speed.Record(ctx, t.bal.Speed(r), t.balAttrs)
 	}
 	if w == nil || t.weighter == nil {
 		return nil
@@ -315,7 +132,7 @@ func (t *Trainer[B]) rebalance(ctx context.Context, world elastic.World, o *step
 	if err := t.weighter.SetWeights(w); err != nil {
 		return fmt.Errorf("trainer: loader: set weights: %w", err)
 	}
-	t.log.Debug("trying shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.speeds, 1))
+	t.log.Debug("trying shares", "step", t.step, "fractions", roundAll(w, 3), "speeds", roundAll(t.bal.Speeds(), 1))
 	return nil
 }
 
@@ -362,8 +179,8 @@ func (t *Trainer[B]) observeStragglers(ctx context.Context, world elastic.World,
 	// The tracker runs before the balancer folds this step in: the
 	// speeds it judges absorption by are those the split was made from.
 	t.strag.observe(per, false, func(r int, ratio float64) {
-		ab := absorbed(o.perWork, t.bal.speeds, r, sorted)
-		if !ab && t.bal.trying() {
+		ab := absorbed(o.perWork, t.bal.Speeds(), r, sorted)
+		if !ab && t.bal.Trying() {
 			// Balancing has not had its chance yet (a young round, a move
 			// on trial): report it, and judge again StragglerSteps later.
 			t.strag.slow[r] = 0

@@ -90,7 +90,7 @@ func (t *Trainer[B]) round(ctx context.Context, agent *elastic.Agent, world elas
 	}
 	t.strag.factor, t.strag.steps = t.cfg.StragglerFactor, t.cfg.StragglerSteps
 	t.strag.reset(world.Size)
-	t.bal.reset(world.Size)
+	t.bal.Reset(world.Size)
 	end, err := t.train(rctx, ctx, comm, world, recovered, failedAt, watch, ck, agent.ChangePending)
 	switch {
 	case end == endFinished, end == endRejoin, end == endPreempted, end == endEvicted,

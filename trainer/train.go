@@ -342,7 +342,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if t.o.hooks.OnStep != nil {
 				// Copies the hook may keep; without a hook the step
 				// allocates nothing for them.
-				si.Shares, si.Speeds = slices.Clone(o.perSamples), t.bal.speedsCopy()
+				si.Shares, si.Speeds = slices.Clone(o.perSamples), t.bal.Speeds()
 				t.o.hooks.OnStep(si)
 			}
 		}

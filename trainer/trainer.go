@@ -139,7 +139,7 @@ type Trainer[B any] struct {
 	runStart            time.Time
 
 	// Balancing (balance.go), owned by Run's goroutine.
-	bal      balancer                 // speed-weighted shares of the round's ranks (Config.Balance)
+	bal      dataloader.Balancer      // speed-weighted shares of the round's ranks (Config.Balance)
 	weighter Weighter                 // the loader's, or nil: it cannot split by weight
 	scratch  []float64                // straggler and balancing arithmetic
 	balAttrs metric.MeasurementOption // the share and speed gauges' attributes, for rank balRank

@@ -17,6 +17,7 @@
 package stepdir
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -181,4 +182,30 @@ func (s *Store) RemoveAfter(step int64) error {
 		}
 	}
 	return nil
+}
+
+// CleanTemp removes the temporary files that an interrupted Write of a
+// File entry left in the directory (atomicfile's ".tmp-<prefix>..."
+// regular files), never an entry or a file of another name, and returns
+// their names. It stops at ctx's end. Errors: ctx's, the file system's.
+func (s *Store) CleanTemp(ctx context.Context) ([]string, error) {
+	entries, err := os.ReadDir(s.dir)
+	if err != nil {
+		return nil, fmt.Errorf("stepdir: %w", err)
+	}
+	var removed []string
+	for _, e := range entries {
+		name := e.Name()
+		if !atomicfile.IsTemp(name) || !strings.HasPrefix(name, ".tmp-"+s.prefix) || !e.Type().IsRegular() {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return removed, fmt.Errorf("stepdir: %w", err)
+		}
+		if err := os.Remove(filepath.Join(s.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return removed, fmt.Errorf("stepdir: %w", err)
+		}
+		removed = append(removed, name)
+	}
+	return removed, nil
 }

@@ -1,11 +1,15 @@
 package stepdir
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+
+	"github.com/elastictrain/elastictrain/internal/atomicfile"
 )
 
 func mustNew(t *testing.T, kind Kind, keep int) *Store {
@@ -146,5 +150,53 @@ func TestInvalid(t *testing.T) {
 		if _, err := d.Write(1, rel); !errors.Is(err, ErrInvalid) {
 			t.Fatalf("rel %q: %v", rel, err)
 		}
+	}
+}
+
+// TestCleanTemp: a Write that crashed before its rename leaves its
+// temporary file; CleanTemp removes it and nothing else (entries, other
+// files, a directory or another store's temporary file with a temp name),
+// and stops at a cancelled context.
+func TestCleanTemp(t *testing.T) {
+	s := mustNew(t, File, 0)
+	write(t, s, 1)
+	restore := atomicfile.SetFaultHook(func(op atomicfile.Op, _ string) error {
+		if op == atomicfile.OpRename {
+			return errors.New("crash")
+		}
+		return nil
+	})
+	_, err := s.Write(2, "", []byte("lost"))
+	restore()
+	if err == nil {
+		t.Fatal("the crashed Write returned nil")
+	}
+	for _, name := range []string{"notes.txt", ".tmp-other-1"} {
+		if err := os.WriteFile(filepath.Join(s.Dir(), name), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Mkdir(filepath.Join(s.Dir(), ".tmp-ckpt-dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.CleanTemp(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("CleanTemp(cancelled) = %v, want context.Canceled", err)
+	}
+	removed, err := s.CleanTemp(context.Background())
+	if err != nil || len(removed) != 1 || !strings.HasPrefix(removed[0], ".tmp-ckpt-00000000000000000002.etc-") {
+		t.Fatalf("CleanTemp = %v, %v: want the crashed write's temporary file", removed, err)
+	}
+	left, err := os.ReadDir(s.Dir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range left {
+		names = append(names, e.Name())
+	}
+	if got := fmt.Sprint(names); got != "[.tmp-ckpt-dir .tmp-other-1 ckpt-00000000000000000001.etc notes.txt]" {
+		t.Fatalf("left %s", got)
 	}
 }

@@ -18,10 +18,8 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strings"
 	"time"
 
-	"github.com/elastictrain/elastictrain/internal/atomicfile"
 	"github.com/elastictrain/elastictrain/internal/stepdir"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/worker"
@@ -290,25 +288,11 @@ func parseCheckpoint(b []byte, step int64) ([]byte, error) {
 
 // CleanTemp implements driver.TempCleaner: it removes the temporary files that an
 // interrupted Save left in the directory (".tmp-ckpt-*"), never a
-// checkpoint or a file of another name.
+// checkpoint or a file of another name (stepdir.Store.CleanTemp).
 func (d *LocalDir) CleanTemp(ctx context.Context) ([]string, error) {
-	entries, err := os.ReadDir(d.dir)
+	removed, err := d.st.CleanTemp(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-	}
-	var removed []string
-	for _, e := range entries {
-		name := e.Name()
-		if !atomicfile.IsTemp(name) || !strings.HasPrefix(name, ".tmp-"+ckptPrefix) || !e.Type().IsRegular() {
-			continue
-		}
-		if err := ctx.Err(); err != nil {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		if err := os.Remove(filepath.Join(d.dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
-		}
-		removed = append(removed, name)
+		return removed, fmt.Errorf("trainer: clean checkpoint directory: %w", err)
 	}
 	return removed, nil
 }
