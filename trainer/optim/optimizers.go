@@ -131,7 +131,7 @@ func (o *Momentum) LoadState(src []byte, params []Param) error {
 
 // Adam is the adaptive moment estimation optimizer of Kingma & Ba, "Adam: A
 // Method for Stochastic Optimization", ICLR 2015, with bias correction.
-// Not safe for concurrent use.
+// It is a ScaledStepper and a StateFreezer. Not safe for concurrent use.
 type Adam struct {
 	// LR is the learning rate (step size alpha), typically 1e-3.
 	LR float64
@@ -354,3 +354,14 @@ func sameShapes(state [][]float32, params []Param) error {
 func readTensors(r *enc.Reader, params []Param) [][]float32 {
 	return r.Tensors(len(params), func(i int) int { return len(params[i].Value) })
 }
+
+// The trainer finds Adam's capabilities by type assertion: a signature that
+// drifted would lose them silently, so the compiler checks them here.
+var (
+	_ Optimizer     = (*SGD)(nil)
+	_ Optimizer     = (*Momentum)(nil)
+	_ Optimizer     = (*Adam)(nil)
+	_ ScaledStepper = (*Adam)(nil)
+	_ StateFreezer  = (*Adam)(nil)
+	_ FrozenState   = (*adamFrozen)(nil)
+)
