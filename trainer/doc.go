@@ -1,9 +1,10 @@
 // Package trainer is the elastic training loop: the part users buy. You give
 // it the model's parameters (named, shaped float32 buffers shared with your
 // framework), a StepFunc that runs forward and backward on this rank's share
-// of a global batch, an Optimizer, a data loader and a rendezvous store; Run
-// trains until every epoch is done, surviving crashes, hangs, preemption and
-// rescaling without losing or repeating a sample.
+// of a global batch, an optimizer (package trainer/optim), a data loader
+// and a rendezvous store; Run trains until every epoch is done, surviving
+// crashes, hangs, preemption and rescaling without losing or repeating a
+// sample.
 //
 // # The loop
 //
@@ -72,6 +73,11 @@
 //     an outer step every so often, commits at outer steps only:
 //     trainer/localsgd). Default: NewRingBackend from
 //     Config.ListenAddr and Config.Sync; another with WithBackend.
+//   - The optimizer (package trainer/optim, its contract in optim.go):
+//     Step after every step's allreduce, its state in every commit.
+//     Capabilities: optim.ScaledStepper (the mean's scaling in the
+//     update's own pass) and optim.StateFreezer (a commit holds the state
+//     without copying it). Adam has both.
 //   - The data loader (loader.go): New takes a Source that is a Loader
 //     (a cursor the same on every rank: *dataloader.Loader) or a
 //     StatefulLoader (opaque state per rank, committed with the model:

@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -70,7 +71,7 @@ var (
 	ErrSettingsMismatch = worker.ErrSettingsMismatch
 	// ErrCorruptState reports an encoded snapshot or optimizer state that fails
 	// its checks (bad magic, checksum, lengths).
-	ErrCorruptState = errors.New("trainer: corrupt state")
+	ErrCorruptState = optim.ErrCorruptState
 	// ErrCorruptCheckpoint reports a durable checkpoint that is truncated or
 	// fails its checksum; LocalDir skips such files for the previous good one.
 	ErrCorruptCheckpoint = driver.ErrCorruptCheckpoint

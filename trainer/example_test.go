@@ -9,6 +9,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -70,7 +71,7 @@ func ExampleWithBackend() {
 	cfg := trainertest.Config("example-backend")
 	cfg.Epochs = 2
 	b := &countingBackend{Backend: trainertest.NewNetwork(trainertest.NetworkConfig{}).Backend()}
-	tr, err := trainer.New(m.Params(), trainer.NewSGD(0.3), loader, m.Step, elastic.NewMemoryStore(), cfg, trainer.WithBackend(b))
+	tr, err := trainer.New(m.Params(), optim.NewSGD(0.3), loader, m.Step, elastic.NewMemoryStore(), cfg, trainer.WithBackend(b))
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"hash/crc32"
 	"testing"
+
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 )
 
 // Fuzz targets for state that comes from outside a worker: snapshots a peer
@@ -56,31 +58,7 @@ func FuzzSnapshotBody(f *testing.F) {
 	})
 }
 
-func f32bytes(v []float32) []byte { return appendFloats(nil, v) }
-
-// FuzzOptimizerLoadState: optimizer state of any content loads (and then
-// encodes back to the same bytes) or fails with ErrCorruptState.
-func FuzzOptimizerLoadState(f *testing.F) {
-	ps := testParams()
-	for i, opt := range fuzzOptimizers() {
-		f.Add(uint8(i), opt.AppendState(nil))
-		_ = opt.Step(cloneParams(ps))
-		f.Add(uint8(i), opt.AppendState(nil))
-	}
-	f.Fuzz(func(t *testing.T, which uint8, state []byte) {
-		opts := fuzzOptimizers()
-		opt := opts[int(which)%len(opts)]
-		if err := opt.LoadState(state, ps); err != nil {
-			if !errors.Is(err, ErrCorruptState) {
-				t.Fatalf("%s: error %v does not wrap ErrCorruptState", opt.Name(), err)
-			}
-			return
-		}
-		if got := opt.AppendState(nil); !bytes.Equal(got, state) {
-			t.Fatalf("%s: loaded state encodes to %x, was %x", opt.Name(), got, state)
-		}
-	})
-}
+func f32bytes(v []float32) []byte { return enc.AppendFloats(nil, v) }
 
 // FuzzReadAuditLog: an audit log of any content reads (a cut-short last
 // line ignored) or fails with an error naming the line, and its

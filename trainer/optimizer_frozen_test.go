@@ -7,6 +7,9 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // scalarAdam is Adam.Step as the trainer computed it before its fused
@@ -19,7 +22,10 @@ type scalarAdam struct {
 
 func (o *scalarAdam) step(params []Param) {
 	if o.m == nil {
-		o.m, o.v = zerosLike(params), zerosLike(params)
+		o.m, o.v = make([][]float32, len(params)), make([][]float32, len(params))
+		for k, p := range params {
+			o.m[k], o.v[k] = make([]float32, len(p.Value)), make([]float32, len(p.Value))
+		}
 	}
 	o.t++
 	alpha := float32(o.lr * math.Sqrt(1-math.Pow(o.b2, float64(o.t))) / (1 - math.Pow(o.b1, float64(o.t))))
@@ -33,6 +39,18 @@ func (o *scalarAdam) step(params []Param) {
 			val[i] -= alpha * m[i] / (float32(math.Sqrt(float64(v[i]))) + eps)
 		}
 	}
+}
+
+// appendAdamState is Adam's state encoding (optim.Adam.AppendState),
+// written out here so that a change of it shows: learning rate, betas,
+// epsilon, step count, then both moment estimates.
+func appendAdamState(dst []byte, lr, b1, b2, eps float64, t int64, m, v [][]float32) []byte {
+	for _, f := range []float64{lr, b1, b2, eps} {
+		dst = enc.AppendF64(dst, f)
+	}
+	dst = enc.AppendF64(dst, math.Float64frombits(uint64(t)))
+	dst = enc.AppendTensors(dst, m)
+	return enc.AppendTensors(dst, v)
 }
 
 // randomParams returns parameters of lengths ns with random values and
@@ -81,7 +99,7 @@ func TestAdamKeepsTheScalarUpdatesBits(t *testing.T) {
 	got := cloneParams(ref)
 	scaled := cloneParams(ref)
 	want := &scalarAdam{lr: 1e-3, b1: 0.9, b2: 0.999, eps: 1e-8}
-	adam, adam2 := NewAdam(1e-3), NewAdam(1e-3)
+	adam, adam2 := optim.NewAdam(1e-3), optim.NewAdam(1e-3)
 	var sn [3]snapshot
 	for step := range 40 {
 		fillGrads(r, ref)
@@ -96,7 +114,7 @@ func TestAdamKeepsTheScalarUpdatesBits(t *testing.T) {
 		}
 		want.step(ref)
 		require.NoError(t, adam.Step(got))
-		require.NoError(t, adam2.stepScaled(scaled, inv))
+		require.NoError(t, adam2.StepScaled(scaled, inv))
 		requireSameBits(t, ref, got)
 		requireSameBits(t, ref, scaled)
 		if step%3 != 2 { // commits at most steps, as CommitEvery > 1 would skip some
@@ -114,7 +132,7 @@ func TestAdamKeepsTheScalarUpdatesBits(t *testing.T) {
 func TestAdamFrozenStateStaysItsSteps(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	ps := randomParams(r, 50, 3)
-	adam := NewAdam(1e-2)
+	adam := optim.NewAdam(1e-2)
 	type held struct {
 		sn   *snapshot
 		want []byte
@@ -177,7 +195,7 @@ func TestAdamFrozenStateStaysItsSteps(t *testing.T) {
 	require.Nil(t, c.optFrozen)
 	require.Equal(t, latest.optState(), c.opt)
 	// An optimizer never recycles another one's frozen state.
-	other := NewAdam(1e-2)
+	other := optim.NewAdam(1e-2)
 	require.NoError(t, other.Step(cloneParams(ps)))
 	want := latest.optState()
 	s2 := *latest
@@ -192,7 +210,7 @@ func TestAdamCommitsRecycleTheirBuffers(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 10))
 	ps := randomParams(r, 1000, 10)
 	fillGrads(r, ps)
-	adam := NewAdam(1e-3)
+	adam := optim.NewAdam(1e-3)
 	var latest, prev, spare *snapshot
 	commit := func() {
 		sn := spare
@@ -207,7 +225,7 @@ func TestAdamCommitsRecycleTheirBuffers(t *testing.T) {
 		commit()
 	}
 	allocs := testing.AllocsPerRun(20, func() {
-		if err := adam.stepScaled(ps, 0.5); err != nil {
+		if err := adam.StepScaled(ps, 0.5); err != nil {
 			t.Fatal(err)
 		}
 		commit()
@@ -218,7 +236,7 @@ func TestAdamCommitsRecycleTheirBuffers(t *testing.T) {
 // opaqueOptimizer hides an optimizer's optional interfaces: the trainer
 // then scales the gradients in its own pass and encodes the state into
 // every commit.
-type opaqueOptimizer struct{ Optimizer }
+type opaqueOptimizer struct{ optim.Optimizer }
 
 // BenchmarkOptimizerCommit: what a step of the MNIST MLP (203,530
 // parameters) costs the trainer after the allreduce: the gradients scaled
@@ -233,14 +251,14 @@ func BenchmarkOptimizerCommit(b *testing.B) {
 			r := rand.New(rand.NewPCG(11, 12))
 			ps := randomParams(r, 784*256, 256, 256*10, 10)
 			fillGrads(r, ps)
-			var opt Optimizer = NewAdam(1e-3)
+			var opt optim.Optimizer = optim.NewAdam(1e-3)
 			if name == "encoded" {
 				opt = opaqueOptimizer{opt}
 			}
 			var latest, prev, spare *snapshot
 			step := func() {
-				if s, ok := opt.(scaledStepper); ok {
-					if err := s.stepScaled(ps, 1); err != nil {
+				if s, ok := opt.(optim.ScaledStepper); ok {
+					if err := s.StepScaled(ps, 1); err != nil {
 						b.Fatal(err)
 					}
 				} else {

@@ -4,26 +4,23 @@ import (
 	"context"
 
 	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // Param is one named, shaped parameter tensor of the user's model, shared
 // with the user's framework without copying: Value and Grad alias the
-// framework's own backing arrays.
+// framework's own backing arrays. It is optim.Param, the same type, so that
+// an optimizer (package trainer/optim) steps it without importing the
+// trainer.
 //
 // len(Value) and len(Grad) must both equal the product of Shape. The trainer
 // reads Grad after each StepFunc call and writes Value when it applies an
 // optimizer step or restores a commit, always from the goroutine that runs
-// the loop.
-type Param struct {
-	// Name identifies the tensor in checkpoints and error messages; unique per model.
-	Name string
-	// Shape is the tensor's shape, outermost dimension first.
-	Shape []int
-	// Value holds the parameter values (float32, row-major).
-	Value []float32
-	// Grad receives the gradient of the summed loss with respect to Value.
-	Grad []float32
-}
+// the loop. Fields: Name (unique per model; in checkpoints and error
+// messages), Shape (outermost dimension first), Value (float32,
+// row-major) and Grad (the gradient of the summed loss with respect to
+// Value).
+type Param = optim.Param
 
 // StepFunc runs forward and backward on this rank's share of one global
 // batch (or one micro-batch of it).

@@ -3,6 +3,7 @@ package trainer
 import (
 	"context"
 	"fmt"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 )
 
 // Checkpoint is what a durable checkpoint holds that a program serving or
@@ -118,43 +119,43 @@ func checkpointParams(b []byte) ([]Param, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := reader{b: body, off: len(snapshotMagic)}
-	r.u64() // step
-	r.u64() // gen
+	r := enc.Reader{B: body, Off: len(snapshotMagic)}
+	r.U64() // step
+	r.U64() // gen
 	if magic != snapshotMagicV1 {
-		r.u64() // base
+		r.U64() // base
 	}
-	n := int(r.u32())
-	if r.err == nil && n > (len(body)-r.off)/13 { // a name length, a rank and a value count at least
-		r.fail("tensor count exceeds input")
+	n := int(r.U32())
+	if r.Err == nil && n > (len(body)-r.Off)/13 { // a name length, a rank and a value count at least
+		r.Fail("tensor count exceeds input")
 	}
 	var params []Param
 	for range n {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		p := Param{Name: r.string()}
-		nd := int(r.u8())
+		p := Param{Name: r.Str()}
+		nd := int(r.U8())
 		size := 1
 		for range nd {
-			d := r.u64()
+			d := r.U64()
 			if d > 1<<40 {
-				r.fail("dimension too large")
+				r.Fail("dimension too large")
 				break
 			}
 			p.Shape = append(p.Shape, int(d))
 			size *= int(d)
 		}
-		vals := r.length(4)
-		if r.err == nil && vals != size {
-			r.fail(fmt.Sprintf("tensor %q of shape %v has %d values", p.Name, p.Shape, vals))
+		vals := r.Length(4)
+		if r.Err == nil && vals != size {
+			r.Fail(fmt.Sprintf("tensor %q of shape %v has %d values", p.Name, p.Shape, vals))
 		}
-		r.take(4 * vals)
+		r.Take(4 * vals)
 		p.Value = make([]float32, vals)
 		params = append(params, p)
 	}
-	if r.err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrCorruptState, r.err)
+	if r.Err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorruptState, r.Err)
 	}
 	return params, nil
 }

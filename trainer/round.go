@@ -14,6 +14,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 )
 
 // round runs one round: connect, agree on state, train until the round ends.
@@ -675,7 +676,7 @@ func (t *Trainer[B]) checkpointParts(ctx context.Context, comm sync.Synchronizer
 		if err != nil {
 			return false, fmt.Errorf("trainer: partition %q: checkpoint of step %d: %w", p.Name(), step, err)
 		}
-		mine = appendBytes(mine, m)
+		mine = enc.AppendBytes(mine, m)
 	}
 	watch.enter()
 	all, err := gatherBytes(ctx, comm, mine)
@@ -739,14 +740,14 @@ func (t *Trainer[B]) decodeManifests(all [][]byte) ([]partManifests, error) {
 		out[i] = partManifests{name: p.Name(), manifests: make([][]byte, len(all))}
 	}
 	for r, b := range all {
-		rd := reader{b: b}
-		if n := int(rd.u32()); rd.err == nil && n != len(t.parts) {
+		rd := enc.Reader{B: b}
+		if n := int(rd.U32()); rd.Err == nil && n != len(t.parts) {
 			return nil, fmt.Errorf("%w: rank %d sent %d partition manifests, want %d", ErrCorruptState, r, n, len(t.parts))
 		}
 		for i := range t.parts {
-			out[i].manifests[r] = rd.bytes()
+			out[i].manifests[r] = rd.Bytes()
 		}
-		if err := rd.done(); err != nil {
+		if err := rd.Done(); err != nil {
 			return nil, fmt.Errorf("%w: rank %d's partition manifests: %v", ErrCorruptState, r, err)
 		}
 	}

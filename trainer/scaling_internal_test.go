@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"testing"
 
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 	"github.com/stretchr/testify/require"
 )
 
@@ -33,10 +34,10 @@ func TestSnapshotAutoscaleSection(t *testing.T) {
 	tail := 4 + 4 + len(sectionAutoscale) + 8 + len(s.autoscale) // count, name, data
 	head := body[:len(body)-tail]
 	withUnknown := binary.LittleEndian.AppendUint32(append([]byte{}, head...), 2)
-	withUnknown = appendString(withUnknown, "from-the-future")
-	withUnknown = appendBytes(withUnknown, []byte{1, 2, 3})
-	withUnknown = appendString(withUnknown, sectionAutoscale)
-	withUnknown = appendBytes(withUnknown, s.autoscale)
+	withUnknown = enc.AppendString(withUnknown, "from-the-future")
+	withUnknown = enc.AppendBytes(withUnknown, []byte{1, 2, 3})
+	withUnknown = enc.AppendString(withUnknown, sectionAutoscale)
+	withUnknown = enc.AppendBytes(withUnknown, s.autoscale)
 	withUnknown = binary.LittleEndian.AppendUint32(withUnknown, crc32.Checksum(withUnknown, castagnoli))
 	got, err = decodeSnapshot(withUnknown, ps)
 	require.NoError(t, err)

@@ -12,9 +12,10 @@ import (
 // commit and checkpoint, so a rollback, a rescale, a join or a whole-job
 // restart from a checkpoint never makes it jump: whatever happened, the
 // step that takes the count from s to s+1 uses LR(s), on every rank. Set
-// it with WithSchedule; the trainer calls Optimizer.SetLearningRate with
-// it before every optimizer step, from the loop goroutine (so a value an
-// OnRescale hook set is overridden; scale inside the Schedule instead).
+// it with WithSchedule; the trainer calls the optimizer's
+// SetLearningRate (optim.Optimizer) with it before every optimizer step,
+// from the loop goroutine (so a value an OnRescale hook set is
+// overridden; scale inside the Schedule instead).
 type Schedule interface {
 	// LR returns the learning rate of the step that takes the global step
 	// count from step to step+1 (step >= 0). It must be a pure function of

@@ -13,6 +13,8 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/worker"
 )
 
@@ -179,7 +181,7 @@ func (t *Trainer[B]) settingsRow() []float64 {
 // exactly, some of them derived: a Schedule's probe, a 52-bit seed),
 // after its model's description (modelDesc).
 func (t *Trainer[B]) settingsText(row []float64) []byte {
-	b := appendBytes(nil, modelDesc(t.params, t.opt))
+	b := enc.AppendBytes(nil, modelDesc(t.params, t.opt))
 	for s, js := range jobSettings {
 		v := js.format(row[s])
 		switch js.name {
@@ -192,7 +194,7 @@ func (t *Trainer[B]) settingsText(row []float64) []byte {
 				v = strconv.FormatUint(l.l.NewCursor().Seed, 10)
 			}
 		}
-		b = appendBytes(b, []byte(v))
+		b = enc.AppendBytes(b, []byte(v))
 	}
 	return b
 }
@@ -261,12 +263,12 @@ func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, 
 	descs := make([][]byte, len(texts))
 	values := make([][]string, len(texts))
 	for r, b := range texts {
-		rd := reader{b: b}
-		descs[r] = rd.bytes()
+		rd := enc.Reader{B: b}
+		descs[r] = rd.Bytes()
 		for range jobSettings {
-			values[r] = append(values[r], string(rd.bytes()))
+			values[r] = append(values[r], string(rd.Bytes()))
 		}
-		if rerr := rd.done(); rerr != nil {
+		if rerr := rd.Done(); rerr != nil {
 			t.log.Warn("a member's settings as configured do not decode", "rank", r, "err", rerr)
 			return err
 		}
@@ -285,7 +287,7 @@ func (t *Trainer[B]) agreeSettings(ctx context.Context, comm sync.Synchronizer, 
 
 // modelDesc describes a model for modelDiffs: each parameter's name and
 // shape, then the optimizer's name, separated by record separators.
-func modelDesc(params []Param, opt Optimizer) []byte {
+func modelDesc(params []Param, opt optim.Optimizer) []byte {
 	var b []byte
 	for _, p := range params {
 		b = fmt.Appendf(b, "%q %v\x1e", p.Name, p.Shape)

@@ -3,6 +3,8 @@ package trainer
 import (
 	"encoding/binary"
 	"fmt"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"hash/crc32"
 	"slices"
 )
@@ -16,9 +18,9 @@ type snapshot struct {
 	base       int64       // step at which lineage gen began: the restored checkpoint's, or 0
 	values     [][]float32 // copy of every Param.Value, in model order
 	optName    string
-	opt        []byte      // Optimizer.AppendState, unless optFrozen holds the state
-	optFrozen  frozenState // the state of an optimizer that freezes it (stateFreezer); then opt is nil
-	cursor     []byte      // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
+	opt        []byte            // Optimizer.AppendState, unless optFrozen holds the state
+	optFrozen  optim.FrozenState // the state of an optimizer that freezes it (optim.StateFreezer); then opt is nil
+	cursor     []byte            // the loader state after the step: a Loader's dataloader.Cursor.MarshalBinary, or a StatefulLoader's State
 	recoveries []int64
 	user       []byte // Stateful.AppendState, if the user registered one
 
@@ -69,7 +71,7 @@ const sectionDetExp = "detscale"
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // take copies the live state into s, reusing s's buffers.
-func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt Optimizer, cursor []byte, recoveries []int64, user []byte) {
+func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt optim.Optimizer, cursor []byte, recoveries []int64, user []byte) {
 	s.step, s.gen, s.base = step, gen, base
 	if len(s.values) != len(params) {
 		s.values = make([][]float32, len(params))
@@ -81,10 +83,10 @@ func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt 
 		copy(s.values[i], p.Value)
 	}
 	s.optName = opt.Name()
-	if f, ok := opt.(stateFreezer); ok {
+	if f, ok := opt.(optim.StateFreezer); ok {
 		// Held as it is, not encoded: the optimizer writes its next state
 		// elsewhere (the largest part of a commit otherwise).
-		s.optFrozen, s.opt = f.freezeState(s.optFrozen), nil
+		s.optFrozen, s.opt = f.FreezeState(s.optFrozen), nil
 	} else {
 		s.optFrozen, s.opt = nil, opt.AppendState(s.opt[:0])
 	}
@@ -97,7 +99,7 @@ func (s *snapshot) take(step int64, gen uint64, base int64, params []Param, opt 
 // encoding (a new slice when the snapshot holds it frozen).
 func (s *snapshot) optState() []byte {
 	if s.optFrozen != nil {
-		return s.optFrozen.appendState(nil)
+		return s.optFrozen.AppendState(nil)
 	}
 	return s.opt
 }
@@ -126,7 +128,7 @@ func (s *snapshot) clone() *snapshot {
 
 // restoreInto writes the snapshot's values into the live parameters and the
 // optimizer; shapes must match.
-func (s *snapshot) restoreInto(params []Param, opt Optimizer) error {
+func (s *snapshot) restoreInto(params []Param, opt optim.Optimizer) error {
 	if len(s.values) != len(params) {
 		return fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, len(s.values), len(params))
 	}
@@ -164,48 +166,48 @@ func (s *snapshot) encode(dst []byte, params []Param) []byte {
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.base))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(params)))
 	for i, p := range params {
-		dst = appendString(dst, p.Name)
+		dst = enc.AppendString(dst, p.Name)
 		dst = append(dst, uint8(len(p.Shape)))
 		for _, d := range p.Shape {
 			dst = binary.LittleEndian.AppendUint64(dst, uint64(d))
 		}
-		dst = appendFloats(dst, s.values[i])
+		dst = enc.AppendFloats(dst, s.values[i])
 	}
-	dst = appendString(dst, s.optName)
+	dst = enc.AppendString(dst, s.optName)
 	if s.optFrozen != nil {
 		at := len(dst)
 		dst = binary.LittleEndian.AppendUint64(dst, 0)
-		dst = s.optFrozen.appendState(dst)
+		dst = s.optFrozen.AppendState(dst)
 		binary.LittleEndian.PutUint64(dst[at:], uint64(len(dst)-at-8))
 	} else {
-		dst = appendBytes(dst, s.opt)
+		dst = enc.AppendBytes(dst, s.opt)
 	}
-	dst = appendBytes(dst, s.cursor)
+	dst = enc.AppendBytes(dst, s.cursor)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.recoveries)))
 	for _, r := range s.recoveries {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(r))
 	}
-	dst = appendBytes(dst, s.user)
+	dst = enc.AppendBytes(dst, s.user)
 	dst = binary.LittleEndian.AppendUint64(dst, s.seq)
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.epoch))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(s.epochStep))
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s.parts)))
 	for _, p := range s.parts {
-		dst = appendString(dst, p.name)
+		dst = enc.AppendString(dst, p.name)
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(p.manifests)))
 		for _, m := range p.manifests {
-			dst = appendBytes(dst, m)
+			dst = enc.AppendBytes(dst, m)
 		}
 	}
 	if n := sections(s.autoscale, s.detExp); n > 0 {
 		dst = binary.LittleEndian.AppendUint32(dst, n)
 		if len(s.autoscale) > 0 {
-			dst = appendString(dst, sectionAutoscale)
-			dst = appendBytes(dst, s.autoscale)
+			dst = enc.AppendString(dst, sectionAutoscale)
+			dst = enc.AppendBytes(dst, s.autoscale)
 		}
 		if len(s.detExp) > 0 {
-			dst = appendString(dst, sectionDetExp)
-			dst = appendBytes(dst, s.detExp)
+			dst = enc.AppendString(dst, sectionDetExp)
+			dst = enc.AppendBytes(dst, s.detExp)
 		}
 	}
 	return binary.LittleEndian.AppendUint32(dst, crc32.Checksum(dst[start:], castagnoli))
@@ -262,67 +264,67 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	r := reader{b: body, off: len(snapshotMagic)}
-	s := &snapshot{step: int64(r.u64()), gen: r.u64()}
+	r := enc.Reader{B: body, Off: len(snapshotMagic)}
+	s := &snapshot{step: int64(r.U64()), gen: r.U64()}
 	if magic != snapshotMagicV1 {
-		s.base = int64(r.u64())
+		s.base = int64(r.U64())
 	}
-	n := int(r.u32())
-	if r.err == nil && n != len(params) {
+	n := int(r.U32())
+	if r.Err == nil && n != len(params) {
 		return nil, fmt.Errorf("%w: snapshot has %d tensors, model has %d", ErrShapeMismatch, n, len(params))
 	}
 	s.values = make([][]float32, len(params))
 	for i, p := range params {
-		name := r.string()
-		nd := int(r.u8())
+		name := r.Str()
+		nd := int(r.U8())
 		shape := make([]int, 0, nd)
 		for range nd {
-			shape = append(shape, int(r.u64()))
+			shape = append(shape, int(r.U64()))
 		}
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
 		if name != p.Name || !slices.Equal(shape, p.Shape) {
 			return nil, fmt.Errorf("%w: tensor %d is %q%v in the snapshot, %q%v in the model", ErrShapeMismatch, i, name, shape, p.Name, p.Shape)
 		}
 		s.values[i] = make([]float32, len(p.Value))
-		r.floatsInto(s.values[i])
+		r.FloatsInto(s.values[i])
 	}
-	s.optName = r.string()
-	s.opt = owned(r.bytes())
-	s.cursor = owned(r.bytes())
-	nr := int(r.u32())
-	if r.err == nil && nr > (len(body)-r.off)/8 {
-		r.fail("recovery count exceeds input")
+	s.optName = r.Str()
+	s.opt = owned(r.Bytes())
+	s.cursor = owned(r.Bytes())
+	nr := int(r.U32())
+	if r.Err == nil && nr > (len(body)-r.Off)/8 {
+		r.Fail("recovery count exceeds input")
 	}
 	for range nr {
-		if r.err != nil {
+		if r.Err != nil {
 			break
 		}
-		s.recoveries = append(s.recoveries, int64(r.u64()))
+		s.recoveries = append(s.recoveries, int64(r.U64()))
 	}
-	s.user = owned(r.bytes())
+	s.user = owned(r.Bytes())
 	if magic == snapshotMagic || magic == snapshotMagicV4 {
-		s.seq = r.u64()
-		s.epoch, s.epochStep = int64(r.u64()), int64(r.u64())
-		np := int(r.u32())
-		if r.err == nil && np > (len(body)-r.off)/8 {
-			r.fail("partition count exceeds input")
+		s.seq = r.U64()
+		s.epoch, s.epochStep = int64(r.U64()), int64(r.U64())
+		np := int(r.U32())
+		if r.Err == nil && np > (len(body)-r.Off)/8 {
+			r.Fail("partition count exceeds input")
 		}
 		for range np {
-			if r.err != nil {
+			if r.Err != nil {
 				break
 			}
-			p := partManifests{name: r.string()}
-			nm := int(r.u32())
-			if r.err == nil && (nm > maxPartitionRanks || nm > (len(body)-r.off)/8) {
-				r.fail("manifest count exceeds input")
+			p := partManifests{name: r.Str()}
+			nm := int(r.U32())
+			if r.Err == nil && (nm > maxPartitionRanks || nm > (len(body)-r.Off)/8) {
+				r.Fail("manifest count exceeds input")
 			}
 			for range nm {
-				if r.err != nil {
+				if r.Err != nil {
 					break
 				}
-				p.manifests = append(p.manifests, owned(r.bytes()))
+				p.manifests = append(p.manifests, owned(r.Bytes()))
 			}
 			s.parts = append(s.parts, p)
 		}
@@ -330,15 +332,15 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 		s.seq = uint64(s.step) // older histories committed at most once per step
 	}
 	if magic == snapshotMagicV4 {
-		ns := int(r.u32())
-		if r.err == nil && ns > (len(body)-r.off)/12 {
-			r.fail("section count exceeds input")
+		ns := int(r.U32())
+		if r.Err == nil && ns > (len(body)-r.Off)/12 {
+			r.Fail("section count exceeds input")
 		}
 		for range ns {
-			if r.err != nil {
+			if r.Err != nil {
 				break
 			}
-			name, data := r.string(), r.bytes()
+			name, data := r.Str(), r.Bytes()
 			switch name {
 			case sectionAutoscale:
 				s.autoscale = owned(data)
@@ -347,7 +349,7 @@ func decodeSnapshot(b []byte, params []Param) (*snapshot, error) {
 			}
 		}
 	}
-	if err := r.done(); err != nil {
+	if err := r.Done(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrCorruptState, err)
 	}
 	if s.step < 0 || s.base < 0 || s.base > s.step || s.epoch < 0 || s.epochStep < 0 {

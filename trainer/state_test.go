@@ -3,7 +3,6 @@ package trainer
 import (
 	"encoding/binary"
 	"hash/crc32"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -25,94 +24,6 @@ func cloneParams(ps []Param) []Param {
 		out[i] = Param{Name: p.Name, Shape: slices.Clone(p.Shape), Value: slices.Clone(p.Value), Grad: slices.Clone(p.Grad)}
 	}
 	return out
-}
-
-func TestAdamMatchesFloat64Reference(t *testing.T) {
-	ps := testParams()
-	opt := NewAdam(0.01)
-	// Reference in float64 with the textbook bias-corrected form.
-	ref := make([]float64, 0)
-	for _, p := range ps {
-		for _, v := range p.Value {
-			ref = append(ref, float64(v))
-		}
-	}
-	m := make([]float64, len(ref))
-	v := make([]float64, len(ref))
-	for step := 1; step <= 5; step++ {
-		require.NoError(t, opt.Step(ps))
-		k := 0
-		for _, p := range ps {
-			for _, g := range p.Grad {
-				gd := float64(g)
-				m[k] = 0.9*m[k] + 0.1*gd
-				v[k] = 0.999*v[k] + 0.001*gd*gd
-				mh := m[k] / (1 - math.Pow(0.9, float64(step)))
-				vh := v[k] / (1 - math.Pow(0.999, float64(step)))
-				ref[k] -= 0.01 * mh / (math.Sqrt(vh) + 1e-8)
-				k++
-			}
-		}
-	}
-	k := 0
-	for _, p := range ps {
-		for _, got := range p.Value {
-			require.InDelta(t, ref[k], float64(got), 1e-5, "element %d", k)
-			k++
-		}
-	}
-	require.EqualValues(t, 5, opt.Steps())
-}
-
-// Restoring an optimizer's state must continue bit for bit.
-func TestOptimizerStateRoundTripIsBitExact(t *testing.T) {
-	for _, mk := range []func() Optimizer{
-		func() Optimizer { return NewSGD(0.1) },
-		func() Optimizer { return NewMomentum(0.1, 0.9) },
-		func() Optimizer { return &Momentum{LR: 0.05, Mu: 0.8, Nesterov: true} },
-		func() Optimizer { return NewAdam(0.01) },
-	} {
-		opt := mk()
-		t.Run(opt.Name(), func(t *testing.T) {
-			ps := testParams()
-			for range 3 {
-				require.NoError(t, opt.Step(ps))
-			}
-			saved := opt.AppendState(nil)
-			savedParams := cloneParams(ps)
-			for range 2 {
-				require.NoError(t, opt.Step(ps))
-			}
-			want := cloneParams(ps)
-
-			other := mk()
-			require.NoError(t, other.LoadState(saved, savedParams))
-			require.Equal(t, saved, other.AppendState(nil), "save(restore(x)) == x")
-			for range 2 {
-				require.NoError(t, other.Step(savedParams))
-			}
-			for i := range want {
-				require.Equal(t, want[i].Value, savedParams[i].Value)
-			}
-		})
-	}
-}
-
-func TestOptimizerLoadStateRejectsGarbage(t *testing.T) {
-	ps := testParams()
-	adam := NewAdam(0.01)
-	require.NoError(t, adam.Step(ps))
-	good := adam.AppendState(nil)
-	for _, bad := range [][]byte{nil, good[:10], good[:len(good)-1], append(slices.Clone(good), 0)} {
-		fresh := NewAdam(0.5)
-		err := fresh.LoadState(bad, ps)
-		require.ErrorIs(t, err, ErrCorruptState)
-		require.Equal(t, 0.5, fresh.LR, "state unchanged on error")
-	}
-	// State for another model shape.
-	other := []Param{{Name: "w", Shape: []int{2}, Value: make([]float32, 2), Grad: make([]float32, 2)}}
-	require.ErrorIs(t, NewAdam(1).LoadState(good, other), ErrCorruptState)
-	require.ErrorIs(t, NewMomentum(1, 0.9).LoadState(good, ps), ErrCorruptState)
 }
 
 func testSnapshot(ps []Param, opt Optimizer) *snapshot {

@@ -14,6 +14,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // Control slots carried in each step's first allreduce, reduced by max, so
@@ -238,7 +239,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			t.noteGlobalGradients(o.samples, syncDur)
 			// The sum over the global batch becomes its mean: in the
 			// optimizer's own pass when it can scale (the same bits).
-			scaler, fused := t.opt.(scaledStepper)
+			scaler, fused := t.opt.(optim.ScaledStepper)
 			inv := float32(1)
 			if !t.det {
 				inv = float32(1 / o.samples)
@@ -263,7 +264,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			t.stepLR = t.opt.LearningRate()
 			var err error
 			if fused && inv != 1 {
-				err = scaler.stepScaled(t.params, inv)
+				err = scaler.StepScaled(t.params, inv)
 			} else {
 				err = t.opt.Step(t.params)
 			}

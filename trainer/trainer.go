@@ -19,6 +19,8 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/internal/enc"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // Result summarises a Run from this worker's view.
@@ -69,7 +71,7 @@ type Result struct {
 type Trainer[B any] struct {
 	cfg        Config
 	params     []Param
-	opt        Optimizer
+	opt        optim.Optimizer
 	loader     StatefulLoader[B] // the user's, or the cursor adapter of a Loader
 	merger     StateMerger       // nil: the loader state is the same on every rank
 	listener   CommitListener    // nil: no work after every rank holds a commit
@@ -181,7 +183,7 @@ type Trainer[B any] struct {
 // with a StateMerger in Deterministic mode (which samples a rank trains
 // would depend on timing), Deterministic with a loader that reports no
 // micro-batches (MicroBatcher), partitions without or with duplicate names.
-func New[B any](params []Param, opt Optimizer, loader Source[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
+func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
@@ -340,11 +342,11 @@ func newGen() uint64 { return uint64(time.Now().UnixNano()) }
 // fingerprint hashes parameter names, shapes and the optimizer name into a
 // float64 that holds the hash exactly (52 bits), so ranks can compare models
 // with one max-allreduce.
-func fingerprint(params []Param, opt Optimizer) float64 {
+func fingerprint(params []Param, opt optim.Optimizer) float64 {
 	h := fnv.New64a()
 	var b []byte
 	for _, p := range params {
-		b = appendString(b[:0], p.Name)
+		b = enc.AppendString(b[:0], p.Name)
 		for _, d := range p.Shape {
 			b = binary.LittleEndian.AppendUint64(b, uint64(d))
 		}

@@ -35,6 +35,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/telemetry"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -294,7 +295,7 @@ func trainLinReg(t *testing.T, opts ...trainer.Option) (trainer.Result, int) {
 	cfg.Elastic.HeartbeatInterval = 100 * time.Millisecond
 	cfg.Elastic.LastCall = 0
 	cfg.StepSpanEvery = stepSpanEvery
-	tr, err := trainer.New(m.Params(), trainer.NewSGD(0.1), loader, m.Step, elastic.NewMemoryStore(), cfg, opts...)
+	tr, err := trainer.New(m.Params(), optim.NewSGD(0.1), loader, m.Step, elastic.NewMemoryStore(), cfg, opts...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

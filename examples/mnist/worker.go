@@ -25,6 +25,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/gorgoniastep/cpuops"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
 
@@ -207,7 +208,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 		return err
 	}))
-	opt := trainer.Optimizer(trainer.NewAdam(c.lr))
+	opt := optim.Optimizer(optim.NewAdam(c.lr))
 	if c.sync != "ring" {
 		// Low-communication sync (trainer/localsgd) over the default ring.
 		scfg := localsgd.DefaultConfig()

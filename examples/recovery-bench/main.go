@@ -47,6 +47,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch/faults"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -336,7 +337,7 @@ func worker(c *config) error {
 	cfg.Elastic.LeaseTTL = c.lease
 	cfg.Elastic.HeartbeatInterval = c.lease / 6
 	cfg.Elastic.LastCall = time.Second
-	tr, err := trainer.New(model.Params(), trainer.NewSGD(0.1), loader, model.Step, elastic.NewRedisStore(client), cfg,
+	tr, err := trainer.New(model.Params(), optim.NewSGD(0.1), loader, model.Step, elastic.NewRedisStore(client), cfg,
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) {
 				ev.Emit(launch.Event{Ev: launch.EvRound, Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step, Recovery: r.Recovery, Message: addr})

@@ -40,6 +40,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -247,7 +248,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	if l, ok := loader.(io.Closer); ok {
 		defer l.Close()
 	}
-	tr, err := trainer.New([]trainer.Param{{Name: "dense", Shape: []int{c.dim + 1}, Value: model.Dense, Grad: model.Grad}}, trainer.NewAdam(c.denseLR), loader, step, elastic.NewRedisStore(client), tcfg, append(opts, trainer.WithPartition(part))...)
+	tr, err := trainer.New([]trainer.Param{{Name: "dense", Shape: []int{c.dim + 1}, Value: model.Dense, Grad: model.Grad}}, optim.NewAdam(c.denseLR), loader, step, elastic.NewRedisStore(client), tcfg, append(opts, trainer.WithPartition(part))...)
 	if err != nil {
 		return fail(err)
 	}

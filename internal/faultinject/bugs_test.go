@@ -10,13 +10,14 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader/redisqueue"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // Bugs found in other packages by this suite and its fuzz targets. Each
 // test failed until the bug was fixed in its package (both in 95f234b);
 // they stay as regression tests.
 
-// Bug in trainer.Adam: LoadState accepts a state that holds first moments
+// Bug in optim.Adam: LoadState accepts a state that holds first moments
 // (m) but no second moments (v: tensor count 0), and the next Step then
 // indexes the nil v and panics (index out of range). Such state comes from
 // a durable checkpoint or a peer's snapshot (its checksum does not protect
@@ -25,7 +26,7 @@ import (
 // different presence (ErrCorruptState), or Step must create the missing one.
 func TestAdamStateWithMomentsHalfMissingIsRefused(t *testing.T) {
 	params := []trainer.Param{{Name: "w", Shape: []int{3}, Value: []float32{1, 2, 3}, Grad: []float32{.1, .2, .3}}}
-	a := trainer.NewAdam(0.01)
+	a := optim.NewAdam(0.01)
 	if err := a.Step(params); err != nil {
 		t.Fatal(err)
 	}
@@ -33,11 +34,11 @@ func TestAdamStateWithMomentsHalfMissingIsRefused(t *testing.T) {
 	// Layout: hyper-parameters and t, then the m tensor list, then the v
 	// tensor list of the same size; a fresh Adam has two empty lists
 	// (a uint32 count of 0 each).
-	head := len(trainer.NewAdam(0.01).AppendState(nil)) - 8
+	head := len(optim.NewAdam(0.01).AppendState(nil)) - 8
 	half := (len(state) - head) / 2
 	bad := binary.LittleEndian.AppendUint32(append([]byte(nil), state[:head+half]...), 0)
 
-	b := trainer.NewAdam(0.01)
+	b := optim.NewAdam(0.01)
 	if err := b.LoadState(bad, params); err != nil {
 		return // refused: fixed that way
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/faultinject"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -115,7 +116,7 @@ func TestResourcesFlatAcrossRecoveries(t *testing.T) {
 			opts = append(opts, trainer.WithLogger(lg))
 			cfg.Sync.Logger, cfg.Elastic.Logger = lg, lg
 		}
-		tr, err := trainer.New(m.Params(), trainer.NewMomentum(0.01, 0.9), loader, m.Step, store, cfg, opts...)
+		tr, err := trainer.New(m.Params(), optim.NewMomentum(0.01, 0.9), loader, m.Step, store, cfg, opts...)
 		require.NoError(t, err)
 		wg.Add(1)
 		go func() {

@@ -29,6 +29,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -284,7 +285,7 @@ func IsWorker() bool { return os.Getenv(EnvWorker) != "" }
 // ParamsHash returns the hex SHA-256 of every parameter value (float32 bits,
 // little-endian, in order) followed by the optimizer state: equal hashes
 // mean identical parameters and optimizer state.
-func ParamsHash(ps []trainer.Param, opt trainer.Optimizer) string {
+func ParamsHash(ps []trainer.Param, opt optim.Optimizer) string {
 	h := sha256.New()
 	var b [4]byte
 	for _, p := range ps {
@@ -405,7 +406,7 @@ func WorkerMain() int {
 		return fail(err)
 	}
 	defer audit.Close()
-	opt := trainer.NewMomentum(0.02, 0.9)
+	opt := optim.NewMomentum(0.02, 0.9)
 	opts := []trainer.Option{trainer.WithAudit(audit), trainer.WithLogger(logger), trainer.WithHooks(trainer.Hooks{
 		OnRound: func(r trainer.RoundInfo) {
 			emit(Report{Kind: "round", Round: r.Round, Rank: r.Rank, Size: r.WorldSize, Step: r.Step, Source: r.Source, Recovery: r.Recovery,

@@ -20,6 +20,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -37,7 +38,7 @@ type job struct {
 	c     *trainertest.Cluster
 	prob  *trainertest.Problem
 	cfg   trainer.Config
-	inner func() trainer.Optimizer
+	inner func() optim.Optimizer
 	audit *audit.Memory
 	outer localsgd.Config
 
@@ -50,7 +51,7 @@ type job struct {
 	bad      []string
 }
 
-func newJob(t *testing.T, minWorkers int, inner func() trainer.Optimizer, outer localsgd.Config) *job {
+func newJob(t *testing.T, minWorkers int, inner func() optim.Optimizer, outer localsgd.Config) *job {
 	cfg := trainertest.Config(testredis.JobID(t))
 	cfg.Epochs = epochs
 	cfg.Elastic.MinWorkers, cfg.Elastic.MaxWorkers = minWorkers, 3
@@ -187,7 +188,7 @@ func paramsHash(ps []trainer.Param) string {
 // the one holding rank 2 (as trainertest.Cluster.Kill does) while it
 // computes step killAt, and starts a replacement: the world size stays 3
 // throughout, and the survivors are ranks 0 and 1 of the first round.
-func killRun(t *testing.T, killAt int64, inner func() trainer.Optimizer, outer localsgd.Config) (hash string, rolledBack int64) {
+func killRun(t *testing.T, killAt int64, inner func() optim.Optimizer, outer localsgd.Config) (hash string, rolledBack int64) {
 	j := newJob(t, 3, inner, outer)
 	victims := make(chan *trainertest.Worker, 1)
 	var once stdsync.Once
@@ -231,7 +232,7 @@ func killRun(t *testing.T, killAt int64, inner func() trainer.Optimizer, outer l
 // interval are replayed from the same state on the same shares.
 func TestKillBetweenOuterStepsGivesTheUndisturbedBits(t *testing.T) {
 	outer := localsgd.Config{Every: every, Outer: localsgd.Nesterov, LR: 0.7, Momentum: 0.9}
-	sgd := func() trainer.Optimizer { return trainer.NewSGD(0.05) }
+	sgd := func() optim.Optimizer { return optim.NewSGD(0.05) }
 	undisturbed, _ := killRun(t, 0, sgd, outer)
 	// Step 7 is computed with steps 5 and 6 applied since the outer step
 	// at 4: both are rolled back.
@@ -250,7 +251,7 @@ func TestKillBetweenOuterStepsGivesTheUndisturbedBits(t *testing.T) {
 // and the same bits.
 func TestKillPointWithinAnIntervalDoesNotMatter(t *testing.T) {
 	outer := localsgd.Config{Every: every, Outer: localsgd.Nesterov, LR: 0.7, Momentum: 0.9}
-	mom := func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }
+	mom := func() optim.Optimizer { return optim.NewMomentum(0.02, 0.9) }
 	early, rb1 := killRun(t, 10, mom, outer) // after steps 9: rolls back 1
 	late, rb2 := killRun(t, 12, mom, outer)  // after steps 9..11: rolls back 3
 	if rb1 != 1 || rb2 != 3 {
@@ -268,7 +269,7 @@ func TestKillPointWithinAnIntervalDoesNotMatter(t *testing.T) {
 // worker ends with the same parameters.
 func TestJoinRoundsStartAtOuterSteps(t *testing.T) {
 	outer := localsgd.Config{Every: every, Outer: localsgd.Average}
-	j := newJob(t, 2, func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }, outer)
+	j := newJob(t, 2, func() optim.Optimizer { return optim.NewMomentum(0.02, 0.9) }, outer)
 	reached, joined := make(chan struct{}), make(chan struct{})
 	var once stdsync.Once
 	// Rank 0 computes step 6 only once the joiner is pending in the store;
@@ -335,7 +336,7 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 							return nil, err
 						}
 						t.Cleanup(func() { loader.Close() })
-						var opt trainer.Optimizer = trainer.NewSGD(0.05)
+						var opt optim.Optimizer = optim.NewSGD(0.05)
 						opts := w.Options()
 						if local {
 							s, err := localsgd.New(m.Params(), opt, w.Backend, localsgd.Config{Every: 1, Outer: localsgd.Average})
@@ -366,7 +367,7 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 // there: its checkpoint holds the last outer step and is named by it, and
 // the others (with a replacement) roll back to it; exactly-once holds.
 func TestPreemptionBetweenOuterStepsCheckpointsTheLastOuterStep(t *testing.T) {
-	j := newJob(t, 2, func() trainer.Optimizer { return trainer.NewMomentum(0.02, 0.9) }, localsgd.Config{Every: every, Outer: localsgd.Average})
+	j := newJob(t, 2, func() optim.Optimizer { return optim.NewMomentum(0.02, 0.9) }, localsgd.Config{Every: every, Outer: localsgd.Average})
 	dir, err := checkpoint.NewLocalDir(t.TempDir(), 10)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -31,7 +32,7 @@ func Example() {
 	scfg := localsgd.DefaultConfig() // outer LR 0.7, Nesterov momentum 0.9
 	scfg.Every = 8
 	base := trainertest.NewNetwork(trainertest.NetworkConfig{}).Backend()
-	s, err := localsgd.New(m.Params(), trainer.NewAdam(0.05), base, scfg)
+	s, err := localsgd.New(m.Params(), optim.NewAdam(0.05), base, scfg)
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -22,14 +22,14 @@
 //
 // # Use
 //
-//	s, err := localsgd.New(params, trainer.NewAdam(1e-3), ring.NewBackend(cfg.ListenAddr, cfg.Sync), localsgd.DefaultConfig())
+//	s, err := localsgd.New(params, optim.NewAdam(1e-3), ring.NewBackend(cfg.ListenAddr, cfg.Sync), localsgd.DefaultConfig())
 //	tr, err := trainer.New(params, s.Optimizer(), loader, step, store, cfg, trainer.WithBackend(s.Backend()))
 //
 // # Through the trainer's seams
 //
 // The strategy is a driver.Backend that wraps another one (the ring by
 // default) and whose rounds' Synchronizers implement driver.LocalStepper,
-// and a trainer.Optimizer that wraps the inner optimizer. The outer
+// and a optim.Optimizer that wraps the inner optimizer. The outer
 // optimizer's state (its momentum, and how many local steps were taken
 // since the last outer step) is part of the optimizer's state, so every
 // commit and checkpoint holds it and a restore continues from it. The
@@ -71,6 +71,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 )
 
 // Outer names the outer optimizer.
@@ -145,7 +146,7 @@ type Stats struct {
 type Strategy struct {
 	cfg    Config
 	params []trainer.Param
-	inner  trainer.Optimizer
+	inner  optim.Optimizer
 	base   driver.Backend
 
 	anchor   [][]float32 // the parameters of the last outer step
@@ -161,7 +162,7 @@ type Strategy struct {
 // inner as the local optimizer and base as the Backend its rounds
 // communicate over. It returns an error wrapping trainer.ErrInvalidConfig
 // for an invalid cfg, no params, or a nil inner or base.
-func New(params []trainer.Param, inner trainer.Optimizer, base driver.Backend, cfg Config) (*Strategy, error) {
+func New(params []trainer.Param, inner optim.Optimizer, base driver.Backend, cfg Config) (*Strategy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -196,10 +197,10 @@ func (s *Strategy) Stats() Stats {
 	return Stats{OuterSteps: s.stats.outer.Load(), ReducedBytes: s.stats.bytes.Load()}
 }
 
-// Optimizer returns the trainer.Optimizer to give trainer.New: the inner
+// Optimizer returns the optim.Optimizer to give trainer.New: the inner
 // optimizer, counting its steps, with the outer optimizer's state in its
 // own (AppendState, LoadState).
-func (s *Strategy) Optimizer() trainer.Optimizer { return (*optimizer)(s) }
+func (s *Strategy) Optimizer() optim.Optimizer { return (*optimizer)(s) }
 
 // Backend returns the driver.Backend to give trainer.WithBackend: the base
 // Backend, whose rounds' Synchronizers also implement driver.LocalStepper
@@ -265,20 +266,20 @@ func (s *Strategy) apply(sum []float32, w int) {
 	}
 }
 
-// optimizer is Strategy's trainer.Optimizer face.
+// optimizer is Strategy's optim.Optimizer face.
 type optimizer Strategy
 
-// Name implements trainer.Optimizer: "diloco/" or "localsgd/" and the
+// Name implements optim.Optimizer: "diloco/" or "localsgd/" and the
 // inner optimizer's name.
 func (o *optimizer) Name() string { return o.cfg.Outer.String() + "/" + o.inner.Name() }
 
-// LearningRate implements trainer.Optimizer: the inner learning rate.
+// LearningRate implements optim.Optimizer: the inner learning rate.
 func (o *optimizer) LearningRate() float64 { return o.inner.LearningRate() }
 
-// SetLearningRate implements trainer.Optimizer: it sets the inner learning rate.
+// SetLearningRate implements optim.Optimizer: it sets the inner learning rate.
 func (o *optimizer) SetLearningRate(lr float64) { o.inner.SetLearningRate(lr) }
 
-// Step implements trainer.Optimizer: one local step of the inner optimizer.
+// Step implements optim.Optimizer: one local step of the inner optimizer.
 // The first step after New or LoadState takes the parameters as those of
 // the last outer step.
 func (o *optimizer) Step(params []trainer.Param) error {
@@ -300,7 +301,7 @@ func (o *optimizer) Step(params []trainer.Param) error {
 
 const stateVersion = 1
 
-// AppendState implements trainer.Optimizer: a version, the outer
+// AppendState implements optim.Optimizer: a version, the outer
 // optimizer, H, the local steps since the last outer step, the outer
 // momentum (Nesterov), the anchor when local steps are pending (never at a
 // commit: the trainer commits at outer steps only), and the inner
@@ -318,7 +319,7 @@ func (o *optimizer) AppendState(dst []byte) []byte {
 	return o.inner.AppendState(dst)
 }
 
-// LoadState implements trainer.Optimizer. It returns an error wrapping
+// LoadState implements optim.Optimizer. It returns an error wrapping
 // trainer.ErrCorruptState for state of another version, outer optimizer,
 // H or parameter shapes, and leaves the state unchanged then.
 func (o *optimizer) LoadState(src []byte, params []trainer.Param) error {
@@ -413,4 +414,4 @@ func sameShapes(ts [][]float32, params []trainer.Param) error {
 	return nil
 }
 
-var _ trainer.Optimizer = (*optimizer)(nil)
+var _ optim.Optimizer = (*optimizer)(nil)

@@ -10,6 +10,7 @@ import (
 	"github.com/elastictrain/elastictrain/sync/synctest"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ring"
 )
 
@@ -24,7 +25,7 @@ func twoRanks(t *testing.T, cfg Config, start []float32) []*Strategy {
 			{Name: "a", Shape: []int{1}, Value: []float32{start[0]}, Grad: make([]float32, 1)},
 			{Name: "b", Shape: []int{1}, Value: []float32{start[1]}, Grad: make([]float32, 1)},
 		}
-		s, err := New(ps, trainer.NewSGD(1), ring.NewBackend("127.0.0.1:0", trainer.DefaultConfig().Sync), cfg)
+		s, err := New(ps, optim.NewSGD(1), ring.NewBackend("127.0.0.1:0", trainer.DefaultConfig().Sync), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -197,18 +198,18 @@ func TestNewRefusesBadInput(t *testing.T) {
 	base := ring.NewBackend("127.0.0.1:0", trainer.DefaultConfig().Sync)
 	for name, c := range map[string]struct {
 		ps    []trainer.Param
-		inner trainer.Optimizer
+		inner optim.Optimizer
 		base  driver.Backend
 		cfg   Config
 	}{
-		"H 0":           {ps, trainer.NewSGD(1), base, Config{Every: 0}},
-		"outer lr 0":    {ps, trainer.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, Momentum: 0.9}},
-		"momentum 1":    {ps, trainer.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, LR: 0.7, Momentum: 1}},
-		"NaN lr":        {ps, trainer.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, LR: math.NaN()}},
-		"unknown outer": {ps, trainer.NewSGD(1), base, Config{Every: 1, Outer: 7}},
-		"no params":     {nil, trainer.NewSGD(1), base, DefaultConfig()},
+		"H 0":           {ps, optim.NewSGD(1), base, Config{Every: 0}},
+		"outer lr 0":    {ps, optim.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, Momentum: 0.9}},
+		"momentum 1":    {ps, optim.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, LR: 0.7, Momentum: 1}},
+		"NaN lr":        {ps, optim.NewSGD(1), base, Config{Every: 1, Outer: Nesterov, LR: math.NaN()}},
+		"unknown outer": {ps, optim.NewSGD(1), base, Config{Every: 1, Outer: 7}},
+		"no params":     {nil, optim.NewSGD(1), base, DefaultConfig()},
 		"no optimizer":  {ps, nil, base, DefaultConfig()},
-		"no backend":    {ps, trainer.NewSGD(1), nil, DefaultConfig()},
+		"no backend":    {ps, optim.NewSGD(1), nil, DefaultConfig()},
 	} {
 		if _, err := New(c.ps, c.inner, c.base, c.cfg); !errors.Is(err, trainer.ErrInvalidConfig) {
 			t.Errorf("%s: New = %v, want ErrInvalidConfig", name, err)

@@ -10,6 +10,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -60,7 +61,7 @@ func Example() {
 	defer loader.Close()
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs, tcfg.Sync.Secret, tcfg.Elastic.LastCall = "ps-example", 3, secret, 0
-	tr, err := trainer.New([]trainer.Param{{Name: "b", Shape: []int{1}, Value: bias, Grad: grad}}, trainer.NewSGD(0.3),
+	tr, err := trainer.New([]trainer.Param{{Name: "b", Shape: []int{1}, Value: bias, Grad: grad}}, optim.NewSGD(0.3),
 		loader, step, elastic.NewMemoryStore(), tcfg, trainer.WithPartition(part))
 	if err != nil {
 		panic(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 	"github.com/elastictrain/elastictrain/trainer/driver"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ps"
 )
 
@@ -166,7 +167,7 @@ func (j *tjob) start() *worker {
 	tcfg.Elastic.LeaseTTL, tcfg.Elastic.HeartbeatInterval, tcfg.Elastic.LastCall = time.Second, 100*time.Millisecond, 300*time.Millisecond
 	tcfg.Elastic.MaxWorkers = 8
 	tcfg.Sync.OpTimeout, tcfg.Sync.Secret = 5*time.Second, secret
-	tr, err := trainer.New(params, trainer.NewSGD(0.5), loader, step, j.store, tcfg, append(opts,
+	tr, err := trainer.New(params, optim.NewSGD(0.5), loader, step, j.store, tcfg, append(opts,
 		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },

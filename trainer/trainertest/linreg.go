@@ -20,7 +20,7 @@
 //		c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
 //			m := trainertest.NewModel(prob.Dim)
 //			loader, _ := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
-//			return trainer.New(m.Params(), trainer.NewSGD(0.3), loader, m.Step, w.Store, cfg, w.Options()...)
+//			return trainer.New(m.Params(), optim.NewSGD(0.3), loader, m.Step, w.Store, cfg, w.Options()...)
 //		})
 //	}
 //	c.Wait()

@@ -38,6 +38,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -181,7 +182,7 @@ func run() int {
 		defer a.Close()
 		opts = append(opts, trainer.WithAudit(a))
 	}
-	tr, err := trainer.New(model.Params(), trainer.NewMomentum(0.02, 0.9), loader, step,
+	tr, err := trainer.New(model.Params(), optim.NewMomentum(0.02, 0.9), loader, step,
 		elastic.NewRedisStore(client), cfg, opts...)
 	if err != nil {
 		return fail(err)

@@ -28,6 +28,7 @@ import (
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
+	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
@@ -119,7 +120,7 @@ func run() int {
 		}
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
-	tr, err := trainer.New(model.Params(), trainer.NewMomentum(*lr, 0.9), loader, model.Step,
+	tr, err := trainer.New(model.Params(), optim.NewMomentum(*lr, 0.9), loader, model.Step,
 		elastic.NewRedisStore(client), cfg, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
