@@ -1,11 +1,16 @@
-// Package s3server builds and runs a real S3-compatible server for the
-// tests of package s3: VersityGW (Apache-2.0) with its POSIX backend,
-// built from the Go module proxy at the version the tools module beside
-// this file pins (tools/go.mod, go.sum), as a process of its own on a free
-// loopback port. The first build downloads the server's modules (most of
-// the 128 MB a cold run of the package's tests fetches) and compiles them
-// (210 s of a 475 s cold run on 2 busy cores); later builds are a link
-// from Go's build cache.
+// Package s3server builds and runs a real S3-compatible server for tests:
+// VersityGW (Apache-2.0) with its POSIX backend, built from the Go module
+// proxy at the version the tools module beside this file pins
+// (tools/go.mod, go.sum), as a process of its own on a free loopback port.
+// The first build downloads the server's modules (most of the 128 MB a cold
+// run of objstore/s3's tests fetches) and compiles them (210 s of a 475 s
+// cold run on 2 busy cores); later builds are a link from Go's build cache.
+//
+// Its users are the tests of the S3 checkpoint store (module objstore/s3)
+// and of the Kubernetes example's workers, which checkpoint to it (module
+// examples/kubernetes): it lives in the core module's internal/, which every
+// module of the repository may import, not under objstore/s3, which only
+// that module's packages could.
 package s3server
 
 import (

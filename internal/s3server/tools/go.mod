@@ -1,4 +1,4 @@
-module github.com/elastictrain/elastictrain/objstore/s3/internal/s3server/tools
+module github.com/elastictrain/elastictrain/internal/s3server/tools
 
 go 1.26.8
 
