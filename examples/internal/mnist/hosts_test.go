@@ -1,4 +1,4 @@
-package main
+package mnist
 
 import (
 	"encoding/json"

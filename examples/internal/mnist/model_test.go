@@ -1,4 +1,4 @@
-package main
+package mnist
 
 import (
 	"context"
@@ -345,7 +345,7 @@ func BenchmarkStep(b *testing.B) {
 // every epoch, and fails if the final accuracy is below 0.97. It reports
 // the accuracy and seconds per epoch. Run it once:
 //
-//	go test ./examples/mnist -run '^$' -bench TrainToAccuracy/mlp -benchtime 1x -v
+//	go test ./examples/internal/mnist -run '^$' -bench TrainToAccuracy/mlp -benchtime 1x -v
 func BenchmarkTrainToAccuracy(b *testing.B) {
 	for _, kind := range ModelKinds {
 		b.Run(kind, func(b *testing.B) {

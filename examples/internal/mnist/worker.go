@@ -1,4 +1,4 @@
-package main
+package mnist
 
 import (
 	"context"
@@ -157,7 +157,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	opts = append(opts, tel.options()...)
 	if c.ckpt != "" {
-		st, err := checkpoint.NewLocalDir(c.ckpt, 3)
+		st, err := openCheckpoints(ctx, c.ckpt)
 		if err != nil {
 			return fail(err)
 		}
@@ -327,6 +327,15 @@ func runWorker(c *config, stderr io.Writer) int {
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
 	return status
+}
+
+// openCheckpoints opens the store -checkpoint names: Options.OpenCheckpoints'
+// when set, else a local directory keeping the newest 3 checkpoints.
+func openCheckpoints(ctx context.Context, location string) (trainer.CheckpointStore, error) {
+	if options.OpenCheckpoints != nil {
+		return options.OpenCheckpoints(ctx, location)
+	}
+	return checkpoint.NewLocalDir(location, 3)
 }
 
 // evaluate returns the accuracy of model on every sample of ds.
