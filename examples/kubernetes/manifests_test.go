@@ -204,7 +204,6 @@ func TestManifestsDecodeStrictlyAgainstTheKubernetesTypes(t *testing.T) {
 		"Job/mnist",
 		"NetworkPolicy/elastictrain-redis",
 		"NetworkPolicy/mnist-workers",
-		"PersistentVolumeClaim/mnist-checkpoints",
 		"PodDisruptionBudget/mnist",
 		"Role/mnist-scaler",
 		"RoleBinding/mnist-scaler",
@@ -388,23 +387,10 @@ func TestTheJobAgreesWithTheWorkersSettings(t *testing.T) {
 	requireIngress(t, get[*networkingv1.NetworkPolicy](t, m, "NetworkPolicy/elastictrain-redis"), dep.Spec.Template.Labels, v.job.Spec.Template.Labels, rport)
 	requireIngress(t, get[*networkingv1.NetworkPolicy](t, m, "NetworkPolicy/mnist-workers"), v.job.Spec.Template.Labels, v.job.Spec.Template.Labels, peer)
 
-	// Checkpoints: -checkpoint is a mount of a ReadWriteMany claim, so
-	// whichever pod holds rank 0 writes where every other can restore.
-	mount := ""
-	for _, vm := range c.VolumeMounts {
-		if vm.MountPath == v.flags["checkpoint"] {
-			mount = vm.Name
-		}
-	}
-	require.NotEmpty(t, mount, "-checkpoint %s is no volume mount", v.flags["checkpoint"])
-	claim := ""
-	for _, vol := range pod.Volumes {
-		if vol.Name == mount && vol.PersistentVolumeClaim != nil {
-			claim = vol.PersistentVolumeClaim.ClaimName
-		}
-	}
-	pvc := get[*corev1.PersistentVolumeClaim](t, m, "PersistentVolumeClaim/"+claim)
-	require.Contains(t, pvc.Spec.AccessModes, corev1.ReadWriteMany)
+	// Checkpoints: -checkpoint is object storage, not a volume. No
+	// PersistentVolumeClaim at all, the Pod's only volume is an emptyDir
+	// for /tmp, and the bucket's key comes from the Secret.
+	requireObjectStorageCheckpoints(t, m, v)
 
 	// The container runs as the image's user with a read-only root: the
 	// worker writes only to its volumes.
@@ -415,6 +401,58 @@ func TestTheJobAgreesWithTheWorkersSettings(t *testing.T) {
 	df := readDockerfile(t)
 	require.Equal(t, fmt.Sprintf("%d:%d", *pod.SecurityContext.RunAsUser, *pod.SecurityContext.RunAsGroup), df.user)
 	require.Equal(t, df.dataDir, v.flags["data"], "-data names the directory the image ships the MNIST files in")
+}
+
+// s3Env are the environment variables of the worker's S3 checkpoint store
+// (examples/kubernetes/mnist): the server, and the access key, which is
+// secret.
+const (
+	envS3Endpoint  = "AWS_ENDPOINT_URL"
+	envS3KeyID     = "AWS_ACCESS_KEY_ID"
+	envS3SecretKey = "AWS_SECRET_ACCESS_KEY"
+)
+
+// requireObjectStorageCheckpoints checks that the Job's workers checkpoint
+// to S3-compatible object storage and ask for no shared filesystem:
+// -checkpoint is s3://BUCKET/PREFIX, the server is a literal URL, the
+// access key and secret come from a Secret of the manifests that holds
+// them (and never appear in the arguments), no manifest is a
+// PersistentVolumeClaim, and the Pod mounts no volume but emptyDirs.
+func requireObjectStorageCheckpoints(t *testing.T, m manifests, v jobView) {
+	t.Helper()
+	c, pod := v.container, v.job.Spec.Template.Spec
+	loc := regexp.MustCompile(`^s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/([^/].*)$`).FindStringSubmatch(v.flags["checkpoint"])
+	require.NotNil(t, loc, "-checkpoint %q: want s3://BUCKET/PREFIX (a bucket name S3 accepts, a prefix for the job's history)", v.flags["checkpoint"])
+
+	ep := envVar(t, c, envS3Endpoint)
+	require.Nil(t, ep.ValueFrom, "the server is no secret: a literal URL")
+	require.Regexp(t, `^https?://[^/]+$`, ep.Value)
+
+	for _, name := range []string{envS3KeyID, envS3SecretKey} {
+		e := envVar(t, c, name)
+		require.NotNil(t, e.ValueFrom, "%s", name)
+		require.NotNil(t, e.ValueFrom.SecretKeyRef, "%s comes from a Secret, never a literal", name)
+		require.Equal(t, name, e.ValueFrom.SecretKeyRef.Key)
+		require.Nil(t, e.ValueFrom.SecretKeyRef.Optional, "a missing key keeps the pod from starting")
+		secret := get[*corev1.Secret](t, m, "Secret/"+e.ValueFrom.SecretKeyRef.Name)
+		require.Contains(t, secret.StringData, name, "the Secret has a placeholder for %s", name)
+		for _, a := range c.Args {
+			require.NotContains(t, a, secret.StringData[name], "%s never goes on a command line", name)
+		}
+	}
+
+	for key, obj := range m {
+		_, isClaim := obj.(*corev1.PersistentVolumeClaim)
+		require.False(t, isClaim, "%s: the workers share no volume", key)
+	}
+	mounted := map[string]bool{}
+	for _, vm := range c.VolumeMounts {
+		mounted[vm.Name] = true
+	}
+	for _, vol := range pod.Volumes {
+		require.NotNil(t, vol.EmptyDir, "volume %s: only emptyDirs, nothing shared between pods", vol.Name)
+		require.True(t, mounted[vol.Name], "volume %s is mounted", vol.Name)
+	}
 }
 
 // requireIngress checks that policy selects the pods labelled target and
@@ -459,10 +497,11 @@ const (
 
 // dockerfile is what the tests read from the Dockerfile.
 type dockerfile struct {
-	lines   []string // instructions, continuation lines joined
-	build   string   // the RUN line that runs go build
-	user    string
-	dataDir string
+	lines    []string // instructions, continuation lines joined
+	build    string   // the RUN line that runs go build
+	buildDir string   // the WORKDIR it runs in
+	user     string
+	dataDir  string
 }
 
 func readDockerfile(t *testing.T) dockerfile {
@@ -484,10 +523,13 @@ func readDockerfile(t *testing.T) dockerfile {
 		df.lines = append(df.lines, cur.String())
 		cur.Reset()
 	}
+	workdir := "/"
 	for _, l := range df.lines {
 		switch {
+		case strings.HasPrefix(l, "WORKDIR "):
+			workdir = strings.TrimPrefix(l, "WORKDIR ")
 		case strings.HasPrefix(l, "RUN ") && strings.Contains(l, "go build"):
-			df.build = strings.TrimPrefix(l, "RUN ")
+			df.build, df.buildDir = strings.TrimPrefix(l, "RUN "), workdir
 		case strings.HasPrefix(l, "USER "):
 			df.user = strings.TrimPrefix(l, "USER ")
 		case strings.HasPrefix(l, "COPY --from=build ") && strings.HasSuffix(l, " /data"):
@@ -514,8 +556,37 @@ func TestDockerfileBuildsAStaticWorkerImage(t *testing.T) {
 	require.Equal(t, "FROM golang:"+string(goVersion[1])+" AS build", froms[0])
 	require.Regexp(t, `^FROM gcr\.io/distroless/static-debian\d+:nonroot$`, froms[1], "a runtime image without libc: the binary must be static")
 	require.Contains(t, df.lines, "ENV CGO_ENABLED=0")
-	require.Contains(t, df.build, "./examples/mnist")
+	// The worker is this module's mnist command (examples/mnist's, with
+	// S3 checkpoints), built in this module's directory of the context.
+	require.Equal(t, "/src/examples/kubernetes", df.buildDir)
+	require.Equal(t, "./mnist", shellFields(df.build)[len(shellFields(df.build))-1])
 	require.Contains(t, df.build, "-o /out/mnist")
+	// Every module the build replaces with a directory of the repository
+	// has its go.mod copied before the download, as this module's has.
+	gomod, err = os.ReadFile("go.mod")
+	require.NoError(t, err)
+	dirs := []string{"."}
+	for _, r := range regexp.MustCompile(`(?m)=> (\.\S*)$`).FindAllStringSubmatch(string(gomod), -1) {
+		dirs = append(dirs, r[1])
+	}
+	require.Len(t, dirs, 4, "this module, the core, examples and objstore/s3")
+	download := slices.Index(df.lines, "RUN go mod download")
+	require.Positive(t, download)
+	for _, d := range dirs {
+		rel := filepath.ToSlash(filepath.Join("examples/kubernetes", d))
+		dst := "./"
+		if rel != "." {
+			dst += rel + "/"
+		}
+		src := "go.mod"
+		if rel != "." {
+			src = rel + "/go.mod"
+		}
+		i := slices.IndexFunc(df.lines, func(l string) bool {
+			return strings.HasPrefix(l, "COPY "+src+" ") && strings.HasSuffix(l, " "+dst)
+		})
+		require.True(t, i >= 0 && i < download, "the Dockerfile copies %s to %s before go mod download", src, dst)
+	}
 	require.Contains(t, df.lines, "COPY --from=build /out/mnist /mnist")
 	require.Equal(t, "/data", df.dataDir)
 	require.Regexp(t, `^\d+:\d+$`, df.user, "a numeric non-root user, which runAsNonRoot can check")
@@ -524,7 +595,8 @@ func TestDockerfileBuildsAStaticWorkerImage(t *testing.T) {
 }
 
 // buildWorker builds the worker as the Dockerfile does (its go build line,
-// CGO_ENABLED=0) into dir and checks that the result is statically linked.
+// in its WORKDIR, with CGO_ENABLED=0) into dir and checks that the result
+// is statically linked.
 func buildWorker(t *testing.T, dir string) string {
 	t.Helper()
 	df := readDockerfile(t)
@@ -541,7 +613,9 @@ func buildWorker(t *testing.T, dir string) string {
 		args = append(args, fields[i])
 	}
 	args = append([]string{"build"}, args...)
-	out, err := runIn(t, "../..", []string{"CGO_ENABLED=0"}, "go", args...)
+	src, ok := strings.CutPrefix(df.buildDir, "/src")
+	require.True(t, ok, "the build runs under /src, the build context: %s", df.buildDir)
+	out, err := runIn(t, filepath.Join("../..", src), []string{"CGO_ENABLED=0"}, "go", args...)
 	require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
 	requireStatic(t, bin)
 	return bin

@@ -55,7 +55,15 @@ func TestGuideMatchesTheManifests(t *testing.T) {
 	}
 
 	sec := envVar(t, v.container, jobenv.EnvSecret).ValueFrom.SecretKeyRef
-	require.Contains(t, guide, "kubectl create secret generic "+sec.Name+" --from-literal="+sec.Key+"=")
+	create := regexp.MustCompile(`kubectl create secret generic \S+ [^\n]*`).FindString(strings.ReplaceAll(guide, "\\\n", " "))
+	require.Contains(t, create, "kubectl create secret generic "+sec.Name+" --from-literal="+sec.Key+"=")
+	// The same command creates the bucket's access key, in the Secret the
+	// Job reads it from.
+	for _, name := range []string{envS3KeyID, envS3SecretKey} {
+		ref := envVar(t, v.container, name).ValueFrom.SecretKeyRef
+		require.Equal(t, sec.Name, ref.Name)
+		require.Contains(t, create, " --from-literal="+ref.Key+"=")
+	}
 
 	df, err := os.ReadFile("Dockerfile")
 	require.NoError(t, err)

@@ -2,12 +2,15 @@ package kubernetes_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -22,7 +25,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
+	"github.com/elastictrain/elastictrain/internal/s3server"
 	"github.com/elastictrain/elastictrain/internal/testredis"
+	"github.com/elastictrain/elastictrain/objstore/s3"
 )
 
 var execCommand = exec.Command
@@ -78,13 +83,18 @@ func expand(s string, env map[string]string) string {
 
 // podEnv resolves the container's environment for a pod with ip: field
 // and resource references as the kubelet resolves them, secret references
-// from secrets.
-func podEnv(t *testing.T, c corev1.Container, ip string, secrets map[string]string) map[string]string {
+// from secrets, and the literal values of the variables in values from
+// there instead.
+func podEnv(t *testing.T, c corev1.Container, ip string, secrets, values map[string]string) map[string]string {
 	t.Helper()
 	env := map[string]string{}
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom == nil:
+			if v, ok := values[e.Name]; ok {
+				env[e.Name] = v
+				continue
+			}
 			env[e.Name] = expand(e.Value, env)
 		case e.ValueFrom.FieldRef != nil:
 			switch f := e.ValueFrom.FieldRef.FieldPath; f {
@@ -115,10 +125,10 @@ func podEnv(t *testing.T, c corev1.Container, ip string, secrets map[string]stri
 
 // startPod runs bin with the container's arguments, $(VAR)s expanded, and
 // then overrides (later flags win), in the environment the kubelet would
-// give a pod at ip (and HOME).
-func startPod(t *testing.T, bin string, c corev1.Container, ip, home string, secrets map[string]string, overrides ...string) *pod {
+// give a pod at ip (and HOME), the literal variables of values replaced.
+func startPod(t *testing.T, bin string, c corev1.Container, ip, home string, secrets, values map[string]string, overrides ...string) *pod {
 	t.Helper()
-	env := podEnv(t, c, ip, secrets)
+	env := podEnv(t, c, ip, secrets, values)
 	var args []string
 	for _, a := range c.Args {
 		args = append(args, expand(a, env))
@@ -195,17 +205,24 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 }
 
 // The Job's own arguments and environment start workers that train
-// together. Three "pods" on three loopback addresses (127.0.0.2-4, the
-// same peer and metrics ports each, as pods on a cluster) run the
-// statically linked worker the Dockerfile builds, with the manifest's
-// arguments and only what a laptop must change overridden: the Redis, the
-// data and checkpoint directories, the metrics bind address, a fresh job
-// ID and a shorter run. One pod is told to leave (SIGTERM, as for a
-// deleted or evicted pod) and exits with the status the Job's failure
-// policy ignores; the others finish the job and log its accuracy; a pod
-// started after the end trained nothing and exits 4, which the failure
-// policy turns into a failed index (not a retry). The Secret's
-// placeholder value is refused.
+// together and checkpoint to object storage. Three "pods" on three
+// loopback addresses (127.0.0.2-4, the same peer and metrics ports each,
+// as pods on a cluster) run the statically linked worker the Dockerfile
+// builds, with the manifest's arguments and only what a laptop must change
+// overridden: the Redis, the data directory, the metrics bind address, a
+// fresh job ID, a shorter run, and the S3 server (AWS_ENDPOINT_URL: a real
+// S3-compatible server the test starts, VersityGW, holding the bucket the
+// manifest's -checkpoint names; the access key in the Secret's variables).
+// One pod is told to leave (SIGTERM, as for a deleted or evicted pod) and
+// exits with the status the Job's failure policy ignores; the others
+// finish the job and log its accuracy, and the bucket holds its
+// checkpoints, the final step's among them, whole; a pod started after the
+// end trained nothing and exits 4, which the failure policy turns into a
+// failed index (not a retry). Then the job is restarted whole, as after a
+// crash: a new job ID and two new pods (other addresses, nothing on disk
+// in common with the first ones but the MNIST files) restore the final
+// checkpoint from the bucket and train a second epoch from it. The
+// Secret's placeholder values are refused.
 func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	m := loadManifests(t, "manifests")
 	v := workerJob(t, m)
@@ -213,24 +230,35 @@ func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	bin := buildWorker(t, dir)
 	redisAddr := testredis.Addr(t)
 	data := mnistData(t)
-	ckpt := filepath.Join(dir, "checkpoints")
-	require.NoError(t, os.Mkdir(ckpt, 0o755))
+	t.Cleanup(s3server.Cleanup) // after the server's kill: cleanups run last first
+	srv := s3server.Start(t)
+	bucket, prefix := checkpointBucket(t, v)
+	ckpts := objectStore(t, srv, bucket, prefix)
 	raw := make([]byte, 32)
 	_, _ = rand.Read(raw)
-	secrets := map[string]string{jobenv.EnvSecret: hex.EncodeToString(raw)}
+	secrets := map[string]string{jobenv.EnvSecret: hex.EncodeToString(raw),
+		envS3KeyID: s3server.AccessKey, envS3SecretKey: s3server.SecretKey}
+	endpoint := map[string]string{envS3Endpoint: "http://" + srv.Addr}
 	job := testredis.JobID(t)
 	home := filepath.Join(dir, "home") // shared: the workers decompress the MNIST files once
-	start := func(ip string, secrets map[string]string) *pod {
-		return startPod(t, bin, v.container, ip, home, secrets, "-job", job, "-redis", redisAddr, "-data", data,
-			"-checkpoint", ckpt, "-metrics", ip+":9464", "-epochs", "1", "-batch", "1024")
+	start := func(ip string, secrets map[string]string, overrides ...string) *pod {
+		return startPod(t, bin, v.container, ip, home, secrets, endpoint, append([]string{"-job", job, "-redis", redisAddr, "-data", data,
+			"-metrics", ip + ":9464", "-epochs", "1", "-batch", "1024"}, overrides...)...)
 	}
 
-	// The placeholder of secret.yaml is no secret.
+	// The placeholders of secret.yaml are no secret and no access key.
 	placeholder := get[*corev1.Secret](t, m, "Secret/mnist-job").StringData
 	stale := start("127.0.0.5", placeholder)
 	require.Equal(t, 1, stale.wait(t, 60*time.Second))
 	require.NotEmpty(t, stale.records("worker failed"))
 	require.Contains(t, stale.records("worker failed")[0]["err"], jobenv.EnvSecret+" must hold the job secret")
+	badKey := maps.Clone(placeholder)
+	badKey[jobenv.EnvSecret] = secrets[jobenv.EnvSecret]
+	refused := start("127.0.0.5", badKey)
+	require.Equal(t, 1, refused.wait(t, 90*time.Second), "a worker whose access key the server refuses does not train")
+	require.NotEmpty(t, refused.records("worker failed"))
+	require.Contains(t, refused.records("worker failed")[0]["err"], "s3: bucket "+bucket)
+	require.Empty(t, refused.records("round formed"))
 
 	pods := []*pod{start("127.0.0.2", secrets), start("127.0.0.3", secrets), start("127.0.0.4", secrets)}
 	waitFor(t, 90*time.Second, "a round of 3", func() bool {
@@ -247,21 +275,18 @@ func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	require.Equal(t, exitPreempted, leaver.wait(t, 90*time.Second), "a pod told to leave exits with the status the Job's failure policy ignores")
 	require.NotEmpty(t, leaver.records("left gracefully after committing"))
 
-	var finished map[string]any
-	for _, p := range pods[:2] {
-		require.Equal(t, 0, p.wait(t, 3*time.Minute), "a worker ends with the job")
-		if r := p.records("job finished"); len(r) > 0 {
-			finished = r[0]
-		}
-		rs := p.records("round formed")
-		require.Equal(t, 2.0, rs[len(rs)-1]["world_size"], "the survivors trained on as a world of 2")
-	}
-	require.NotNil(t, finished, "rank 0 logs the result")
+	const epochSteps = 60000 / 1024
+	finished := finishedRecord(t, pods[:2], 2)
 	require.Greater(t, finished["test_accuracy"], 0.8)
-	require.EqualValues(t, 60000/1024, finished["step"])
-	entries, err := os.ReadDir(ckpt)
+	require.EqualValues(t, epochSteps, finished["step"])
+	// The checkpoints are in the bucket, the final one whole (Load checks
+	// every part's and the payload's SHA-256 against the manifest).
+	ctx := t.Context()
+	steps, err := ckpts.List(ctx)
 	require.NoError(t, err)
-	require.NotEmpty(t, entries, "rank 0 wrote checkpoints to the volume")
+	require.Contains(t, steps, int64(epochSteps), "rank 0 wrote the final checkpoint to the bucket")
+	_, err = ckpts.Load(ctx, epochSteps)
+	require.NoError(t, err)
 
 	// A pod the Job controller starts after the end (a replacement for
 	// the one that left) finds the job finished and says so in its status.
@@ -269,7 +294,25 @@ func TestTheJobsWorkersTrainTogether(t *testing.T) {
 	require.Equal(t, exitJobFinished, late.wait(t, 60*time.Second))
 	require.NotEmpty(t, late.records("the job had finished before this worker joined"))
 
-	for _, p := range append(pods, stale, late) {
+	// The whole job again, under a new ID, on other pods, with a second
+	// epoch: it resumes from the bucket.
+	job = testredis.JobID(t)
+	again := []*pod{start("127.0.0.6", secrets, "-epochs", "2"), start("127.0.0.7", secrets, "-epochs", "2")}
+	finished = finishedRecord(t, again, 2)
+	require.EqualValues(t, 2*epochSteps, finished["step"])
+	restored := 0
+	for _, p := range again {
+		for _, r := range p.records("restoring durable checkpoint") {
+			require.EqualValues(t, epochSteps, r["step"], "the restarted job resumes from the first one's final checkpoint")
+			restored++
+		}
+	}
+	require.Positive(t, restored, "the restarted job restored a checkpoint from the bucket")
+	steps, err = ckpts.List(ctx)
+	require.NoError(t, err)
+	require.Contains(t, steps, int64(2*epochSteps))
+
+	for _, p := range append(append(pods, again...), stale, refused, late) {
 		p.mu.Lock()
 		require.Empty(t, p.bad, "pod %s wrote lines that are not JSON", p.ip)
 		for _, r := range p.logs {
@@ -279,6 +322,52 @@ func TestTheJobsWorkersTrainTogether(t *testing.T) {
 		}
 		p.mu.Unlock()
 	}
+}
+
+// finishedRecord waits for pods to exit 0, checks that the last round had
+// world size world, and returns the "job finished" record rank 0 logged.
+func finishedRecord(t *testing.T, pods []*pod, world int) map[string]any {
+	t.Helper()
+	var finished map[string]any
+	for _, p := range pods {
+		require.Equal(t, 0, p.wait(t, 3*time.Minute), "a worker ends with the job")
+		if r := p.records("job finished"); len(r) > 0 {
+			finished = r[0]
+		}
+		rs := p.records("round formed")
+		require.NotEmpty(t, rs)
+		require.EqualValues(t, world, rs[len(rs)-1]["world_size"], "the last round had %d workers", world)
+	}
+	require.NotNil(t, finished, "rank 0 logs the result")
+	return finished
+}
+
+// checkpointBucket returns the bucket and prefix of the Job's -checkpoint
+// s3://BUCKET/PREFIX.
+func checkpointBucket(t *testing.T, v jobView) (bucket, prefix string) {
+	t.Helper()
+	loc, ok := strings.CutPrefix(v.flags["checkpoint"], "s3://")
+	require.True(t, ok, "-checkpoint %q", v.flags["checkpoint"])
+	bucket, prefix, _ = strings.Cut(loc, "/")
+	return bucket, prefix
+}
+
+// objectStore creates bucket on srv, as the user provides it, and returns
+// a store of the checkpoints under prefix, to read what the workers wrote.
+// Its connections are closed when the test ends.
+func objectStore(t *testing.T, srv *s3server.Server, bucket, prefix string) *s3.Store {
+	t.Helper()
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(tr.CloseIdleConnections)
+	cfg := s3.DefaultConfig()
+	cfg.Endpoint, cfg.Secure, cfg.Transport = srv.Addr, false, tr
+	cfg.AccessKey, cfg.SecretKey = s3server.AccessKey, s3server.SecretKey
+	cfg.Bucket, cfg.Prefix, cfg.CreateBucket = bucket, prefix, true
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	st, err := s3.New(ctx, cfg)
+	require.NoError(t, err)
+	return st
 }
 
 // mnistData returns the directory of the MNIST files that ship with the

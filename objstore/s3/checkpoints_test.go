@@ -15,7 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/objstore/s3/internal/s3server"
+	"github.com/elastictrain/elastictrain/internal/s3server"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )

@@ -62,6 +62,6 @@
 //
 // The tests build VersityGW (Apache-2.0, an S3 server with a POSIX
 // backend) from the Go module proxy, pinned by the tools module in
-// internal/s3server/tools, and run it as a process on a free port (see
-// internal/s3server); no mock, no fake.
+// the core module's internal/s3server/tools, and run it as a process on a
+// free port (see internal/s3server); no mock, no fake.
 package s3

@@ -13,7 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/objstore/s3/internal/s3server"
+	"github.com/elastictrain/elastictrain/internal/s3server"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 

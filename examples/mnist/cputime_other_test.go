@@ -1,9 +1,0 @@
-//go:build !unix
-
-package main
-
-import "time"
-
-// cpuTime returns 0 where getrusage is missing; BenchmarkStep then
-// reports no CPU time.
-func cpuTime() time.Duration { return 0 }
