@@ -1,10 +1,8 @@
-// Command recsys trains a click-through model whose user and item
-// embeddings live on the parameter server (package trainer/ps: rows
-// partitioned over the workers, commits kept in the workers' memory and
-// replicated) and whose dense part the trainer allreduces (a hybrid step,
-// as in DLRM), on a generated click log with a known best AUC, through
-// kills, joins, -term and whole-job restarts from -checkpoint; an audit
-// proves every sample of every epoch was applied exactly once.
+// Command recsys trains a click-through model whose embeddings live on the
+// parameter server (trainer/ps: rows partitioned over the workers, commits
+// replicated in their memory) and whose dense part is allreduced (a hybrid
+// step, as in DLRM), on a click log with a known best AUC, through kills,
+// joins, -term and restarts from -checkpoint, with an audit of exactly-once.
 //
 //	go run ./examples/recsys -workers 3 -kill 1@300 -join 1@600 -json
 package main
