@@ -53,7 +53,7 @@ type Agent struct {
 	outageSince time.Time
 	outageLog   time.Time // when the outage was last logged
 	outageErr   error     // the last failed call's error of the outage under way (checkBudget names it)
-	outageCause error     // the outage's last error other than the agent's own deadline (outageError)
+	outageCause error     // the outage's last error other than the agent's own deadline (outageErrorLocked)
 	// The outage budget's clock (outage.go), under mu.
 	lastOK      time.Time            // when a store call was last answered
 	inFlight    map[uint64]time.Time // store calls in flight: their start
