@@ -40,6 +40,11 @@ const (
 	// EvScaling: rank 0's scaling decision changed the job's target size:
 	// Step, From, To, Reason, and Message with the decision's figures.
 	EvScaling = "scaling"
+	// EvPending: the worker waits in the store to be taken into the
+	// job's next round (it joined while a round ran). Sent once per
+	// process, by the examples' workers; launch/monitor's Join faults
+	// hold the job until it arrives.
+	EvPending = "pending"
 )
 
 // Event is one line a worker writes to the launcher, as JSON: what its

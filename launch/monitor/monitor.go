@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -101,6 +103,44 @@ type Spec struct {
 	// workers (a benchmark needs no more of the job). Summary.Done is
 	// then nil and Exits incomplete.
 	StopWhenRecovered bool
+}
+
+// EnvHold names a file, set in the workers' environment when the Spec has
+// a Join fault: while the file exists, a worker that calls HoldAtStep
+// holds there. Run creates it when a Join fault fires and removes it once
+// every newcomer of the fault waits in the store (launch.EvPending), was
+// taken into a round, or exited, or after HoldBound: a join at step S is
+// then admitted at the job's next step boundary, however long the
+// newcomer's process takes to start (on a loaded machine, longer than the
+// steps the job had left).
+const EnvHold = "ELASTICTRAIN_MONITOR_HOLD"
+
+// HoldBound bounds a hold (EnvHold), on the launcher's side and in
+// HoldAtStep: well below elastic.DefaultProgressTimeout (15 s), so a held
+// worker is never judged hung.
+const HoldBound = 10 * time.Second
+
+// holdPoll is how often HoldAtStep looks at the hold file.
+const holdPoll = 5 * time.Millisecond
+
+// HoldAtStep returns at once unless the file EnvHold names exists; then it
+// returns once the file is gone, or after HoldBound. The examples' workers
+// call it in their trainer.Hooks.OnStep on every rank.
+func HoldAtStep() {
+	path := os.Getenv(EnvHold)
+	if path == "" {
+		return
+	}
+	if _, err := os.Stat(path); err != nil {
+		return
+	}
+	tick := time.NewTicker(holdPoll)
+	defer tick.Stop()
+	for end := time.Now().Add(HoldBound); time.Now().Before(end); <-tick.C {
+		if _, err := os.Stat(path); err != nil {
+			return
+		}
+	}
 }
 
 // DefaultMaxWorkers is Spec.MaxWorkers when it is 0: elastic.Config's
@@ -275,7 +315,19 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 	if spec.GracePeriod > 0 {
 		cfg.GracePeriod = spec.GracePeriod
 	}
-	job, err := launch.Start(ctx, launch.Spec{Command: append([]string{self}, spec.Args...), Env: spec.Env,
+	env, holdFile := spec.Env, ""
+	for _, f := range spec.Faults {
+		if f.Kind == faults.Join && holdFile == "" {
+			dir, err := os.MkdirTemp("", "elastictrain-monitor-")
+			if err != nil {
+				return sum, fmt.Errorf("monitor: %w", err)
+			}
+			defer os.RemoveAll(dir)
+			holdFile = filepath.Join(dir, "hold")
+			env = append(slices.Clip(env), EnvHold+"="+holdFile)
+		}
+	}
+	job, err := launch.Start(ctx, launch.Spec{Command: append([]string{self}, spec.Args...), Env: env,
 		Stdout: logw, Stderr: logw, Wrap: wrap}, cfg, launch.WithHooks(hooks))
 	if err != nil {
 		return sum, fmt.Errorf("monitor: %w", err) // launch reaped whatever it started
@@ -325,14 +377,40 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 		}
 		return best
 	}
+	joining := map[int]bool{} // worker index -> a Join fault's newcomer the job holds for
+	var holdTimeout <-chan time.Time
+	// unhold notes that newcomer idx (-1: none) no longer needs the hold,
+	// and ends the hold when no newcomer does.
+	unhold := func(idx int) {
+		delete(joining, idx)
+		if len(joining) > 0 || holdTimeout == nil {
+			return
+		}
+		holdTimeout = nil
+		if err := os.Remove(holdFile); err != nil {
+			fmt.Fprintf(logw, "[launcher] %v\n", err)
+		}
+	}
 	apply := func(f faults.Fault) {
 		if f.Kind == faults.Join {
 			fmt.Fprintf(logw, "[launcher] step %d: starting %d more worker(s)\n", sum.MaxStep, f.Rank)
+			if holdFile != "" && len(joining) == 0 {
+				if err := os.WriteFile(holdFile, nil, 0o644); err != nil {
+					fmt.Fprintf(logw, "[launcher] %v\n", err)
+				} else {
+					holdTimeout = time.After(HoldBound)
+				}
+			}
 			ids, err := job.Add(ctx, f.Rank)
 			for _, i := range ids {
 				workers[i] = &worker{idx: i, rank: -1}
+				joining[i] = true
 				running++
 			}
+			if len(ids) > 0 && holdTimeout != nil {
+				fmt.Fprintf(logw, "[launcher] holding the workers at their next step until the newcomer(s) wait in the store (at most %v)\n", HoldBound)
+			}
+			unhold(-1) // nothing started: nothing to wait for
 			if err != nil {
 				fmt.Fprintf(logw, "[launcher] %v\n", err)
 			}
@@ -403,7 +481,13 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				why = ": " + ev.Message // the decision's figures (autoscale.Decision.Detail)
 			}
 			fmt.Fprintf(logw, "[launcher] step %d: scaling %d -> %d (%s)%s\n", sc.Step, sc.From, sc.To, sc.Reason, why)
+		case launch.EvPending:
+			if joining[ev.Worker] {
+				fmt.Fprintf(logw, "[launcher] worker %d waits in the store; the job goes on\n", ev.Worker)
+				unhold(ev.Worker)
+			}
 		case launch.EvRound:
+			unhold(ev.Worker)
 			if w != nil {
 				w.rank, w.round, w.pid = ev.Rank, ev.Round, ev.PID
 			}
@@ -461,6 +545,7 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 			}
 			fmt.Fprintf(logw, "[launcher] worker %d: %s\n", ev.Worker, ev.Message)
 		case launch.EvFinished:
+			unhold(ev.Worker)
 			sum.AlreadyFinished = true
 			fmt.Fprintf(logw, "[launcher] worker %d: the job had already finished when it joined\n", ev.Worker)
 		}
@@ -511,12 +596,17 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 					w = &worker{idx: ex.idx, rank: -1} // an older process of the index
 				}
 				w.exited = true
+				unhold(ex.idx)
 				running--
 				sum.Exits[ex.idx] = ex.code
 				if ex.code != 0 {
 					fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
 				}
 			}
+		case <-holdTimeout:
+			fmt.Fprintf(logw, "[launcher] no newcomer waits in the store after %v; the job goes on\n", HoldBound)
+			clear(joining)
+			unhold(-1)
 		case <-doneTimeout:
 			fmt.Fprintf(logw, "[launcher] workers still running a minute after the job finished; killing them\n")
 			job.Kill()

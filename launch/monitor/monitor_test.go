@@ -56,7 +56,10 @@ func TestMain(m *testing.M) {
 // wait, before reporting done, until the launcher's log holds that text;
 // -garbage makes every worker first write a line that is not JSON to its
 // events pipe; -finished makes every worker report launch.EvFinished and exit 0
-// at once, as a worker does whose job had already finished.
+// at once, as a worker does whose job had already finished; with
+// -pending, a joiner fails unless the launcher holds the job for it
+// (EnvHold's file exists), writes that path to DIR/hold-path, reports
+// launch.EvPending, and waits for the hold to end before its round.
 func fakeWorker(args []string) int {
 	fs := flag.NewFlagSet("fake", flag.ContinueOnError)
 	dir := fs.String("dir", "", "shared directory")
@@ -71,6 +74,7 @@ func fakeWorker(args []string) int {
 	finished := fs.Bool("finished", false, "report that the job had already finished, and exit 0")
 	failAfterDone := fs.String("fail-after-done", "", "rank 0 reports done (unless -no-done), then this error, and exits 1")
 	loseCheckpoint := fs.Int("lose-checkpoint", -1, "this worker (not rank 0), once rank 0 reported done, reports trainer.ErrCheckpoint and exits 1")
+	pending := fs.Bool("pending", false, "a joiner checks that the job holds for it (EnvHold), reports launch.EvPending and waits for the hold to end before its round")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -104,6 +108,19 @@ func fakeWorker(args []string) int {
 	rank, round, ws := (idx+1)%*world, uint64(1), *world
 	if idx >= *world {
 		rank, round, ws = idx, uint64(idx-*world+2), idx+1
+		if *pending {
+			hold := os.Getenv(EnvHold)
+			if hold == "" || !exists(hold) {
+				return fail("newcomer %d: the job does not hold for it (%s=%q)", idx, EnvHold, hold)
+			}
+			if err := os.WriteFile(filepath.Join(*dir, "hold-path"), []byte(hold), 0o644); err != nil {
+				return fail("%v", err)
+			}
+			ev.Emit(launch.Event{Ev: launch.EvPending})
+			if !waitFor(20*time.Second, func() bool { return !exists(hold) }) {
+				return fail("newcomer %d: the hold outlived its pending event", idx)
+			}
+		}
 	}
 	if err := os.WriteFile(filepath.Join(*dir, fmt.Sprintf("ready-%d", idx)), fmt.Appendf(nil, "%d %d", rank, os.Getpid()), 0o644); err != nil {
 		return fail("%v", err)
@@ -157,6 +174,7 @@ func fakeWorker(args []string) int {
 			lastRound, samples = r, 0
 		}
 		ev.Emit(launch.Event{Ev: launch.EvStep, Round: r, Rank: 0, WorldSize: started, Step: s, Loss: l, Samples: samples})
+		HoldAtStep()
 		for _, f := range list {
 			if f.Step != s {
 				continue
@@ -410,6 +428,35 @@ func TestFaultsHitTheRankHolderAtTheirStep(t *testing.T) {
 	require.Contains(t, out, "training again in round 2 at step 14,")
 	require.NotContains(t, out, "at step 13,")
 	requireGone(t, pidsOf(dir))
+}
+
+// A Join fault holds the job (EnvHold) from the fault's step until its
+// newcomers wait in the store (launch.EvPending): the newcomer starts
+// while the hold file exists and sees it go once it reported pending.
+func TestAJoinHoldsTheJobUntilTheNewcomerWaits(t *testing.T) {
+	dir := t.TempDir()
+	log := newLogBuf(t, dir, "", 0)
+	sum, err := Run(testCtx(t), Spec{
+		Workers: 2, Faults: []faults.Fault{{Kind: faults.Join, Rank: 1, Step: 3}}, Log: log, Quiet: true,
+		Args: []string{"-dir", dir, "-world", "2", "-steps", "6", "-faults", "join:1@3", "-pending"},
+	})
+	out := log.String()
+	require.NoError(t, err, out)
+	require.Equal(t, map[int]int{0: 0, 1: 0, 2: 0}, sum.Exits)
+	held := strings.Index(out, "[launcher] holding the workers at their next step until the newcomer(s) wait in the store")
+	waits := strings.Index(out, "[launcher] worker 2 waits in the store; the job goes on")
+	require.True(t, held >= 0 && waits > held, out)
+	require.NotContains(t, out, "no newcomer waits in the store")
+	// The hold file lived in a directory of Run's own, gone with it.
+	require.NoDirExists(t, filepath.Dir(holdPath(t, dir)))
+}
+
+// holdPath is the EnvHold path a fake worker of dir saw.
+func holdPath(t *testing.T, dir string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join(dir, "hold-path"))
+	require.NoError(t, err)
+	return string(b)
 }
 
 // A cancel is a preemption: the workers get a SIGTERM and leave (exit

@@ -1,14 +1,18 @@
 package jobenv
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	gosync "sync"
 	"syscall"
 
+	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
 )
@@ -27,8 +31,35 @@ func TrainerHooks(ev *launch.Emitter) trainer.Hooks {
 				ev.Emit(launch.Event{Ev: launch.EvStep, Round: s.Round, Rank: 0, WorldSize: s.WorldSize, Step: s.Step,
 					Epoch: s.Epoch, Loss: s.Loss, Samples: s.Samples, RecoverySeconds: s.RecoverySeconds})
 			}
+			monitor.HoldAtStep()
 		},
 	}
+}
+
+// PendingStore is a RedisStore that tells the launcher (launch.EvPending,
+// once) when the worker first waits in the store to be taken into the
+// job's next round; launch/monitor holds the job for a Join fault's
+// newcomer until then. It embeds the RedisStore, so the Agent still finds
+// its optional capabilities.
+type PendingStore struct {
+	*elastic.RedisStore
+	ev   *launch.Emitter
+	once gosync.Once
+}
+
+// NewPendingStore wraps s to report to ev.
+func NewPendingStore(s *elastic.RedisStore, ev *launch.Emitter) *PendingStore {
+	return &PendingStore{RedisStore: s, ev: ev}
+}
+
+// Join is RedisStore.Join, and sends launch.EvPending the first time it
+// answers RolePending.
+func (s *PendingStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+	v, err := s.RedisStore.Join(ctx, r)
+	if err == nil && v.Role == elastic.RolePending {
+		s.once.Do(func() { s.ev.Emit(launch.Event{Ev: launch.EvPending}) })
+	}
+	return v, err
 }
 
 // PreemptOnSIGTERM calls preempt (a Trainer's Preempt) when the process

@@ -20,6 +20,7 @@ import (
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
+	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
@@ -102,7 +103,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		return fail(err)
 	}
 	defer client.Close()
-	store := elastic.NewRedisStore(client)
+	store := jobenv.NewPendingStore(elastic.NewRedisStore(client), ev)
 
 	secret, err := jobenv.Secret()
 	if err != nil {
@@ -181,6 +182,7 @@ func runWorker(c *config, stderr io.Writer) int {
 						From: d.From, To: d.To, Reason: d.Reason, Message: d.Detail})
 				}
 			}
+			monitor.HoldAtStep()
 		},
 	}))
 	step := func(ctx context.Context, b dataloader.Batch[batch]) (float64, error) {
