@@ -38,6 +38,11 @@ type balJob struct {
 	// the balancer's and the straggler tracker's decisions follow the
 	// speeds the test sets, whatever else the machine runs.
 	modelled bool
+	// paced: with modelled, the step function still waits its modelled
+	// time, so the job runs at the modelled pace (a kill or a join the
+	// test makes at a step lands mid-job) while the trainer sees exactly
+	// the modelled compute times.
+	paced bool
 	// logger, when set, is worker i's logger (WithLogger).
 	logger func(i int) *slog.Logger
 
@@ -89,7 +94,7 @@ func (j *balJob) start() *trainertest.Worker {
 		}
 		step := func(ctx context.Context, b dataloader.Batch[trainertest.Batch]) (float64, error) {
 			start := time.Now()
-			if !j.modelled {
+			if !j.modelled || j.paced {
 				tm := time.NewTimer(busy(b))
 				select {
 				case <-tm.C:
@@ -199,8 +204,15 @@ func (j *balJob) rounds() [][]StepInfo {
 // joins. In every round the shares re-balance within 20 steps of its
 // start (the slow worker's share near half the others'), the ranks agree
 // on every split, and every sample is trained exactly once.
+//
+// The speeds are modelled and paced (balJob.modelled, paced): on a loaded
+// machine (CI under a CPU hog) a timer's lateness failed the balancer's
+// trial move of round 2, which then went back to equal shares for its
+// hold-off, as it should for what it measured; this test is about
+// following the membership, not about measuring speeds.
 func TestBalancingFollowsAKillAndAJoin(t *testing.T) {
 	j := newBalJob(t, 3000, 2, 40)
+	j.modelled, j.paced = true, true
 	j.cfg.Elastic.MinWorkers = 2
 	j.cfg.Elastic.LastCall = time.Second // the first round takes all three
 	const slow = 2
