@@ -34,18 +34,11 @@ func TestALayoutMismatchFailsConnectOnEveryRankNamingIt(t *testing.T) {
 	} {
 		for odd := range 3 {
 			t.Run(fmt.Sprintf("%s at rank %d", c.name, odd), func(t *testing.T) {
-				base := testConfig(t)
-				base.DialTimeout = 30 * time.Second // never waited out: a timeout fails the test
-				ts := make([]*Transport, 3)
-				addrs := make([]string, 3)
-				for r := range ts {
-					cfg := base
+				ts, addrs := listenLayouts(t, 3, func(r int, cfg *Config) {
 					if r == odd {
-						c.odd(&cfg)
+						c.odd(cfg)
 					}
-					ts[r] = listenOne(t, cfg)
-					addrs[r] = ts[r].Addr()
-				}
+				})
 				rings, errs := tryConnectAll(ts, addrs, 1)
 				for _, r := range rings {
 					if r != nil {
@@ -64,6 +57,24 @@ func TestALayoutMismatchFailsConnectOnEveryRankNamingIt(t *testing.T) {
 			})
 		}
 	}
+}
+
+// listenLayouts starts n transports of one job, rank r's Config as set
+// makes it, and returns them with their addresses. DialTimeout is never
+// waited out: a timeout fails the test.
+func listenLayouts(t *testing.T, n int, set func(r int, cfg *Config)) ([]*Transport, []string) {
+	t.Helper()
+	base := testConfig(t)
+	base.DialTimeout = 30 * time.Second
+	ts := make([]*Transport, n)
+	addrs := make([]string, n)
+	for r := range ts {
+		cfg := base
+		set(r, &cfg)
+		ts[r] = listenOne(t, cfg)
+		addrs[r] = ts[r].Addr()
+	}
+	return ts, addrs
 }
 
 // Of two ranks whose layouts differ, neither is a majority; a peer that
@@ -250,21 +261,14 @@ func checkLayoutError(t *testing.T, r int, err error, setting string, want []str
 // (it meets the odd rank 0 on its lanes, waits LayoutGrace for rank 1),
 // then rank 1 meets only rank 2, then rank 0 connects.
 func TestALayoutMismatchLearntSecondHandIsALayoutError(t *testing.T) {
-	base := testConfig(t)
-	base.DialTimeout = 30 * time.Second // never waited out: a timeout fails the test
-	ts := make([]*Transport, 3)
-	addrs := make([]string, 3)
-	for r := range ts {
-		cfg := base
+	ts, addrs := listenLayouts(t, 3, func(r int, cfg *Config) {
 		switch r {
 		case 0:
 			cfg.Streams = 1
 		case 2:
 			cfg.HandshakeTimeout = time.Second // its LayoutGrace, waited out for rank 1
 		}
-		ts[r] = listenOne(t, cfg)
-		addrs[r] = ts[r].Addr()
-	}
+	})
 	want := []string{"1", "2", "2"}
 	for _, r := range []int{2, 1, 0} {
 		ring, err := ts[r].Connect(context.Background(), World{Round: 1, Rank: r, Addrs: addrs})
