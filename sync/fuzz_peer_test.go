@@ -33,6 +33,9 @@ func FuzzClientHandshake(f *testing.F) {
 	f.Add(msg(wire.MsgReject, wire.AppendLayoutReject(nil, &wire.Layout{ChunkBytes: 64, Streams: 1}, "other")))
 	f.Add(append(msg(wire.MsgChallenge, make([]byte, wire.NonceSize+wire.ProofSize)),
 		msg(wire.MsgReject, wire.AppendLayoutReject(nil, &wire.Layout{ChunkBytes: 64, Streams: 1}, "other"))...))
+	f.Add(append(msg(wire.MsgChallenge, make([]byte, wire.NonceSize+wire.ProofSize)),
+		msg(wire.MsgReject, wire.AppendLayoutRoundReject(nil, []wire.RankLayout{{Rank: 2, Layout: wire.Layout{ChunkBytes: 64, Streams: 1}}}, "failed"))...))
+	f.Add(msg(wire.MsgReject, []byte{wire.RejectLayoutRound, 3, 0}))
 	f.Add(msg(wire.MsgAccept, nil))
 	f.Add([]byte{wire.MsgChallenge, 0xff, 0xff})
 	f.Fuzz(func(t *testing.T, in []byte) {

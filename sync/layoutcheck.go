@@ -1,8 +1,10 @@
 package sync
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -25,7 +27,11 @@ var ErrLayoutMismatch = errors.New("sync: ranks disagree on the transport layout
 // Connect goes on forming the round's other connections (as for an
 // AuthError) until it knows every peer's layout or its side is a
 // majority, for at most Config.LayoutGrace, to learn which ranks agree
-// with this one, then fails. errors.Is(err, ErrLayoutMismatch) holds.
+// with this one, then fails. A peer whose Connect of the round failed
+// already refuses this rank's dial with the layouts it learnt, by rank,
+// so a rank that learns of the mismatch only from such a peer names the
+// settings and values all the same. errors.Is(err, ErrLayoutMismatch)
+// holds.
 //
 // Ranks that agree with one another see the same layout, so at most one
 // group of agreeing ranks is more than half of the round (Majority): a
@@ -40,11 +46,13 @@ type LayoutError struct {
 	// hierarchy.
 	Diffs []LayoutDiff
 	// Agree lists, in ascending order, the peers whose layout this rank
-	// checked (on a connection either side dialed) and found equal to
-	// its own.
+	// checked (on a connection either side dialed), or a peer that failed
+	// the round first reported, and found equal to its own.
 	Agree []int
 	// Differ lists, in ascending order, the peers that proved the secret
-	// and sent a layout that differs from this rank's.
+	// and sent a layout that differs from this rank's, or that a peer
+	// that failed the round first (one that proved the secret too)
+	// reported with such a layout.
 	Differ []int
 }
 
@@ -147,8 +155,48 @@ type layoutTally struct {
 	differ map[int]wire.Layout // peers whose layout differs, with it
 	// peerFailed is a refusal by a peer whose Connect of this round
 	// failed on another rank's layout (wire.RejectLayoutRound): the round
-	// is doomed even if this rank meets no differing layout itself.
+	// is doomed even if this rank meets no differing layout itself (the
+	// layouts the peer reported are in agree and differ).
 	peerFailed error
+}
+
+// knows reports whether this rank learnt rank's layout.
+func (l *layoutTally) knows(rank int) bool {
+	_, ok := l.differ[rank]
+	return ok || l.agree[rank]
+}
+
+// report is what l knows of the peers' layouts, as a RejectLayoutRound
+// carries it (mine for the peers that agree): the peers that differ
+// first, then those that agree, at most wire.MaxRoundLayouts of them, in
+// ascending rank order.
+func (l *layoutTally) report(mine wire.Layout) []wire.RankLayout {
+	var ls []wire.RankLayout
+	for _, p := range slices.Sorted(maps.Keys(l.differ)) {
+		ls = append(ls, wire.RankLayout{Rank: uint32(p), Layout: l.differ[p]})
+	}
+	for _, p := range slices.Sorted(maps.Keys(l.agree)) {
+		if _, ok := l.differ[p]; !ok {
+			ls = append(ls, wire.RankLayout{Rank: uint32(p), Layout: mine})
+		}
+	}
+	ls = ls[:min(len(ls), wire.MaxRoundLayouts)]
+	slices.SortFunc(ls, func(a, b wire.RankLayout) int { return cmp.Compare(a.Rank, b.Rank) })
+	return ls
+}
+
+// learnt records the layouts a peer that failed the round reported, for
+// the ranks of the round this rank has not learnt of itself.
+func (l *layoutTally) learnt(st *connectState, mine wire.Layout, ls []wire.RankLayout) {
+	for _, e := range ls {
+		switch p := int(e.Rank); {
+		case !st.peer(p) || l.knows(p):
+		case sameLayout(mine, e.Layout):
+			l.agreeWith(p)
+		default:
+			l.differs(p, e.Layout)
+		}
+	}
 }
 
 func (l *layoutTally) agreeWith(rank int) {
@@ -175,6 +223,7 @@ type layoutBook struct {
 	pending     map[connKey]wire.Layout // kind and lane zero
 	failed      bool
 	failedRound uint64
+	failedKnown []wire.RankLayout // what that Connect learnt (layoutTally.report)
 }
 
 // peerLayoutError is a dialed peer's RejectLayout: it proved the secret
@@ -189,6 +238,21 @@ func (e *peerLayoutError) Error() string {
 }
 
 func (e *peerLayoutError) Unwrap() error { return ErrLayoutMismatch }
+
+// peerRoundLayoutError is a dialed peer's RejectLayoutRound: it proved the
+// secret and found this rank's layout equal to its own, but its Connect of
+// the round failed on the layouts of other ranks, which it reports (all
+// it learnt, by rank).
+type peerRoundLayoutError struct {
+	layouts []wire.RankLayout
+	text    string
+}
+
+func (e *peerRoundLayoutError) Error() string {
+	return fmt.Sprintf("%v: refused by peer: %s", ErrLayoutMismatch, e.text)
+}
+
+func (e *peerRoundLayoutError) Unwrap() error { return ErrLayoutMismatch }
 
 // layoutRefusal is the listener's refusal of a dialer's proof on its
 // layout: the error and the MsgReject payload.
@@ -274,6 +338,7 @@ func (t *Transport) noteDialLayout(st *connectState, peer int, err error) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	var pl *peerLayoutError
+	var rl *peerRoundLayoutError
 	switch {
 	case err == nil:
 		st.layout.agreeWith(peer)
@@ -281,10 +346,11 @@ func (t *Transport) noteDialLayout(st *connectState, peer int, err error) bool {
 	case errors.As(err, &pl):
 		st.layout.differs(peer, pl.layout)
 		return true
-	case errors.Is(err, ErrLayoutMismatch):
+	case errors.As(err, &rl):
 		// The peer checked this rank's layout, found it equal, and its
-		// Connect failed on another rank's.
+		// Connect failed on another rank's, which it tells.
 		st.layout.agreeWith(peer)
+		st.layout.learnt(st, t.cfg.wireLayout(), rl.layouts)
 		if st.layout.peerFailed == nil {
 			st.layout.peerFailed = err
 		}
@@ -315,8 +381,9 @@ func (t *Transport) layoutSettled(st *connectState, dialing int) bool {
 }
 
 // layoutError builds the error of a Connect doomed by a layout mismatch:
-// a *LayoutError when this rank met a differing layout itself, else the
-// refusal of the peer whose Connect failed on one.
+// a *LayoutError when this rank learnt of a differing layout (itself, or
+// from a peer whose Connect of the round failed on one), else that peer's
+// refusal (it reported no layout of a rank of this rank's World).
 func (t *Transport) layoutError(st *connectState) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -355,11 +422,21 @@ func (t *Transport) layoutError(st *connectState) error {
 	return e
 }
 
-// layoutFailedLocked remembers that the Connect of round failed on a
-// layout mismatch, so that peers still dialing it learn why
-// (wire.RejectLayoutRound) instead of "already formed".
-func (t *Transport) layoutFailedLocked(round uint64) {
-	t.lays.failed, t.lays.failedRound = true, round
+// layoutFailedLocked remembers that the Connect of st failed on a layout
+// mismatch, and what it learnt of its peers' layouts, so that peers still
+// dialing its round learn why (wire.RejectLayoutRound) instead of
+// "already formed".
+func (t *Transport) layoutFailedLocked(st *connectState) {
+	t.lays.failed, t.lays.failedRound = true, st.w.Round
+	t.lays.failedKnown = st.layout.report(t.cfg.wireLayout())
+}
+
+// layoutRoundRefusalLocked is the refusal of a dialer of round, which
+// failed on this rank on a layout mismatch (the dialer's layout, judged
+// already, is this rank's): it carries the layouts this rank learnt.
+func (t *Transport) layoutRoundRefusalLocked(round uint64) *refusal {
+	err := fmt.Errorf("%w: round %d failed on this rank: its ranks' transport layouts differ", ErrLayoutMismatch, round)
+	return &refusal{code: wire.RejectLayoutRound, err: err, payload: wire.AppendLayoutRoundReject(nil, t.lays.failedKnown, err.Error())}
 }
 
 // doomedError is the error of a Connect doomed by an authentication

@@ -34,18 +34,11 @@ func TestALayoutMismatchFailsConnectOnEveryRankNamingIt(t *testing.T) {
 	} {
 		for odd := range 3 {
 			t.Run(fmt.Sprintf("%s at rank %d", c.name, odd), func(t *testing.T) {
-				base := testConfig(t)
-				base.DialTimeout = 30 * time.Second // never waited out: a timeout fails the test
-				ts := make([]*Transport, 3)
-				addrs := make([]string, 3)
-				for r := range ts {
-					cfg := base
+				ts, addrs := listenLayouts(t, 3, func(r int, cfg *Config) {
 					if r == odd {
-						c.odd(&cfg)
+						c.odd(cfg)
 					}
-					ts[r] = listenOne(t, cfg)
-					addrs[r] = ts[r].Addr()
-				}
+				})
 				rings, errs := tryConnectAll(ts, addrs, 1)
 				for _, r := range rings {
 					if r != nil {
@@ -64,6 +57,24 @@ func TestALayoutMismatchFailsConnectOnEveryRankNamingIt(t *testing.T) {
 			})
 		}
 	}
+}
+
+// listenLayouts starts n transports of one job, rank r's Config as set
+// makes it, and returns them with their addresses. DialTimeout is never
+// waited out: a timeout fails the test.
+func listenLayouts(t *testing.T, n int, set func(r int, cfg *Config)) ([]*Transport, []string) {
+	t.Helper()
+	base := testConfig(t)
+	base.DialTimeout = 30 * time.Second
+	ts := make([]*Transport, n)
+	addrs := make([]string, n)
+	for r := range ts {
+		cfg := base
+		set(r, &cfg)
+		ts[r] = listenOne(t, cfg)
+		addrs[r] = ts[r].Addr()
+	}
+	return ts, addrs
 }
 
 // Of two ranks whose layouts differ, neither is a majority; a peer that
@@ -238,5 +249,81 @@ func checkLayoutError(t *testing.T, r int, err error, setting string, want []str
 	}
 	if full := 1+len(le.Agree)+len(le.Differ) == len(want); full && le.Majority() != (2*same > len(want)) {
 		t.Errorf("rank %d: majority %v with %d of %d ranks sharing its value", r, le.Majority(), same, len(want))
+	}
+}
+
+// A rank that learns of the mismatch only second-hand (its dial refused
+// with wire.RejectLayoutRound by a peer whose Connect of the round already
+// failed) before it meets the odd rank itself still fails with a
+// *LayoutError naming the odd rank's value: the refusal carries the
+// layouts the refusing rank learnt. Once, under load, such a rank saw
+// only the peer's plain refusal. The order is forced: rank 2 fails first
+// (it meets the odd rank 0 on its lanes, waits LayoutGrace for rank 1),
+// then rank 1 meets only rank 2, then rank 0 connects.
+func TestALayoutMismatchLearntSecondHandIsALayoutError(t *testing.T) {
+	ts, addrs := listenLayouts(t, 3, func(r int, cfg *Config) {
+		switch r {
+		case 0:
+			cfg.Streams = 1
+		case 2:
+			cfg.HandshakeTimeout = time.Second // its LayoutGrace, waited out for rank 1
+		}
+	})
+	want := []string{"1", "2", "2"}
+	for _, r := range []int{2, 1, 0} {
+		ring, err := ts[r].Connect(context.Background(), World{Round: 1, Rank: r, Addrs: addrs})
+		if ring != nil {
+			ring.Close()
+			t.Fatal("a round formed from ranks with different layouts")
+		}
+		checkLayoutError(t, r, err, "sync streams", want)
+		var le *LayoutError
+		if errors.As(err, &le) && r == 1 && (!slices.Equal(le.Agree, []int{2}) || !slices.Equal(le.Differ, []int{0}) || !le.Majority()) {
+			t.Errorf("rank 1: agree %v differ %v, want [2] and [0], a majority", le.Agree, le.Differ)
+		}
+	}
+}
+
+// A RejectLayoutRound reports what the failed rank learnt, the ranks that
+// differ first when not all fit; its receiver takes the ranks of its round
+// it has not learnt of itself, and a malformed report is a bad frame, not
+// a layout mismatch.
+func TestALayoutRoundRefusalReportsTheLayoutsLearnt(t *testing.T) {
+	mine := wire.Layout{ChunkBytes: 1024, Streams: 2}
+	odd := wire.Layout{ChunkBytes: 1024, Streams: 1}
+	var l layoutTally
+	n := wire.MaxRoundLayouts + 10
+	for p := 1; p < n; p++ {
+		if p%10 == 0 {
+			l.differs(p, odd)
+		} else {
+			l.agreeWith(p)
+		}
+	}
+	ls := l.report(mine)
+	if len(ls) != wire.MaxRoundLayouts || !slices.IsSortedFunc(ls, func(a, b wire.RankLayout) int { return int(a.Rank) - int(b.Rank) }) {
+		t.Fatalf("report of %d ranks: %d layouts %v, want %d in rank order", n-1, len(ls), ls, wire.MaxRoundLayouts)
+	}
+	for p := 10; p < n; p += 10 {
+		if !slices.Contains(ls, wire.RankLayout{Rank: uint32(p), Layout: odd}) {
+			t.Errorf("report leaves off rank %d, which differs", p)
+		}
+	}
+
+	err := parseRefusal(wire.AppendLayoutRoundReject(nil, []wire.RankLayout{{Rank: 0, Layout: mine}, {Rank: 1, Layout: odd}, {Rank: 3, Layout: odd}, {Rank: 9, Layout: odd}}, "failed"))
+	var rl *peerRoundLayoutError
+	if !errors.As(err, &rl) || !errors.Is(err, ErrLayoutMismatch) {
+		t.Fatalf("parseRefusal: %v, want a round's layout refusal", err)
+	}
+	st := newConnectState(World{Round: 1, Rank: 2, Addrs: make([]string, 4)})
+	st.layout.differs(3, wire.Layout{ChunkBytes: 8, Streams: 1}) // met first-hand: kept
+	st.layout.learnt(st, mine, rl.layouts)
+	if !st.layout.agree[0] || st.layout.differ[1] != odd || st.layout.differ[3].ChunkBytes != 8 || st.layout.knows(9) || st.layout.knows(2) {
+		t.Errorf("learnt: agree %v differ %v", st.layout.agree, st.layout.differ)
+	}
+	for _, bad := range [][]byte{{wire.RejectLayoutRound}, {wire.RejectLayoutRound, 1, 0}, wire.AppendReject(nil, wire.RejectLayoutRound, "sync: text of a release before reports")} {
+		if err := parseRefusal(bad); !errors.Is(err, ErrBadFrame) || errors.Is(err, ErrLayoutMismatch) {
+			t.Errorf("parseRefusal(%q): %v, want ErrBadFrame only", bad, err)
+		}
 	}
 }

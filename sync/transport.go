@@ -132,6 +132,9 @@ func (k connKey) String() string {
 type refusal struct {
 	code uint8
 	err  error
+	// payload, when set, is the MsgReject payload (code and text), for a
+	// code whose text carries more than err's message.
+	payload []byte
 }
 
 type decision struct {
@@ -468,7 +471,11 @@ func (t *Transport) serveConn(e *inConn) {
 	scratch := make([]byte, 0, 64)
 	if d.ref != nil {
 		t.refused(remote, d.ref.err)
-		wire.WriteMsg(c, scratch, wire.MsgReject, wire.AppendReject(nil, d.ref.code, d.ref.err.Error()))
+		payload := d.ref.payload
+		if payload == nil {
+			payload = wire.AppendReject(nil, d.ref.code, d.ref.err.Error())
+		}
+		wire.WriteMsg(c, scratch, wire.MsgReject, payload)
 		e.rejected = true
 		return
 	}
@@ -569,12 +576,12 @@ func (t *Transport) serverHandshake(c net.Conn, e *inConn, remote string) (connK
 		t.mu.Lock()
 		delete(t.held, key)
 		t.mu.Unlock()
-		d = decision{ref: &refusal{wire.RejectClosed, fmt.Errorf("%w: transport closing", ErrClosed)}}
+		d = decision{ref: &refusal{code: wire.RejectClosed, err: fmt.Errorf("%w: transport closing", ErrClosed)}}
 	case <-tm.C:
 		t.mu.Lock()
 		if t.held[key] == h {
 			delete(t.held, key)
-			d = decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: held a %v for round %d for %v but this rank did not reach Connect of that round", errNotReady, key, key.round, t.cfg.HoldTimeout)}}
+			d = decision{ref: &refusal{code: wire.RejectNotReady, err: fmt.Errorf("%w: held a %v for round %d for %v but this rank did not reach Connect of that round", errNotReady, key, key.round, t.cfg.HoldTimeout)}}
 		}
 		t.mu.Unlock()
 		if d.ref == nil && d.st == nil {
@@ -610,25 +617,25 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 	}
 	switch {
 	case t.isClosed:
-		return decision{ref: &refusal{wire.RejectClosed, fmt.Errorf("%w: transport closing", ErrClosed)}}, nil
+		return decision{ref: &refusal{code: wire.RejectClosed, err: fmt.Errorf("%w: transport closing", ErrClosed)}}, nil
 	case t.haveRound && key.round < t.round:
-		return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, t.round)}}, nil
+		return decision{ref: &refusal{code: wire.RejectRound, err: fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, t.round)}}, nil
 	case t.haveRound && key.round == t.round:
 		if t.connecting == nil && t.lays.failed && t.lays.failedRound == key.round {
-			return decision{ref: &refusal{wire.RejectLayoutRound, fmt.Errorf("%w: round %d failed on this rank: its ranks' transport layouts differ", ErrLayoutMismatch, key.round)}}, nil
+			return decision{ref: t.layoutRoundRefusalLocked(key.round)}, nil
 		}
 		if t.connecting == nil {
-			return decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: round %d is already formed on this rank", ErrRoundMismatch, key.round)}}, nil
+			return decision{ref: &refusal{code: wire.RejectRound, err: fmt.Errorf("%w: round %d is already formed on this rank", ErrRoundMismatch, key.round)}}, nil
 		}
 		return claim(t.connecting, key), nil
 	}
 	if old, dup := t.held[key]; dup {
 		// A redial of the same connection: the newer one is the live one.
-		old.decide <- decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: %v for round %d superseded by a newer dial", errNotReady, key, key.round)}}
+		old.decide <- decision{ref: &refusal{code: wire.RejectNotReady, err: fmt.Errorf("%w: %v for round %d superseded by a newer dial", errNotReady, key, key.round)}}
 		delete(t.held, key)
 	}
 	if len(t.held) >= maxHeld {
-		return decision{ref: &refusal{wire.RejectNotReady, fmt.Errorf("%w: %d connections already held for future rounds", errNotReady, len(t.held))}}, nil
+		return decision{ref: &refusal{code: wire.RejectNotReady, err: fmt.Errorf("%w: %d connections already held for future rounds", errNotReady, len(t.held))}}, nil
 	}
 	h := &heldConn{key: key, decide: make(chan decision, 1)}
 	t.held[key] = h
@@ -638,14 +645,14 @@ func (t *Transport) place(key connKey, e *inConn) (decision, *heldConn) {
 // claim fills the slot of key in st. Called with t.mu held.
 func claim(st *connectState, key connKey) decision {
 	if key.to != st.w.Rank {
-		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: dialer wants rank %d but this is rank %d of round %d", ErrRoundMismatch, key.to, st.w.Rank, key.round)}}
+		return decision{ref: &refusal{code: wire.RejectRank, err: fmt.Errorf("%w: dialer wants rank %d but this is rank %d of round %d", ErrRoundMismatch, key.to, st.w.Rank, key.round)}}
 	}
 	filled, ok := st.expect[key]
 	if !ok {
-		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: unexpected %v in round %d of world size %d", ErrRoundMismatch, key, key.round, st.w.Size())}}
+		return decision{ref: &refusal{code: wire.RejectRank, err: fmt.Errorf("%w: unexpected %v in round %d of world size %d", ErrRoundMismatch, key, key.round, st.w.Size())}}
 	}
 	if filled {
-		return decision{ref: &refusal{wire.RejectRank, fmt.Errorf("%w: duplicate %v in round %d", ErrRoundMismatch, key, key.round)}}
+		return decision{ref: &refusal{code: wire.RejectRank, err: fmt.Errorf("%w: duplicate %v in round %d", ErrRoundMismatch, key, key.round)}}
 	}
 	st.expect[key] = true
 	return decision{st: st}
@@ -765,12 +772,19 @@ func parseRefusal(p []byte) error {
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadFrame, err)
 	}
-	if code == wire.RejectLayout {
+	switch code {
+	case wire.RejectLayout:
 		l, msg, err := wire.ParseLayoutReject(text)
 		if err != nil {
 			return fmt.Errorf("%w: %v", ErrBadFrame, err)
 		}
 		return &peerLayoutError{layout: l, text: msg}
+	case wire.RejectLayoutRound:
+		ls, msg, err := wire.ParseLayoutRoundReject(text)
+		if err != nil {
+			return fmt.Errorf("%w: %v", ErrBadFrame, err)
+		}
+		return &peerRoundLayoutError{layouts: ls, text: msg}
 	}
 	return fmt.Errorf("%w: refused by peer: %s", rejectSentinel(code), text)
 }
@@ -996,7 +1010,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 	for key, h := range t.held {
 		switch {
 		case key.round < w.Round:
-			h.decide <- decision{ref: &refusal{wire.RejectRound, fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
+			h.decide <- decision{ref: &refusal{code: wire.RejectRound, err: fmt.Errorf("%w: dialer is in round %d, this rank has moved on to round %d", ErrRoundMismatch, key.round, w.Round)}}
 			delete(t.held, key)
 		case key.round == w.Round:
 			st.provedLocked(key.from)     // held connections are authenticated
@@ -1125,7 +1139,7 @@ func (t *Transport) Connect(ctx context.Context, w World) (*Ring, error) {
 		wg.Wait()
 		if layoutDoomed {
 			t.mu.Lock()
-			t.layoutFailedLocked(w.Round)
+			t.layoutFailedLocked(st)
 			t.mu.Unlock()
 		}
 		finish()

@@ -413,7 +413,8 @@ const (
 	RejectLayout = 8
 	// RejectLayoutRound: this rank's Connect of the dialer's round failed
 	// because the layouts of that round's ranks differ (the dialer's
-	// matched this rank's; another rank's did not).
+	// matched this rank's; another rank's did not); the text starts with
+	// the layouts this rank learnt, by rank (see AppendLayoutRoundReject).
 	RejectLayoutRound = 9
 	maxReject         = RejectLayoutRound
 )
@@ -491,6 +492,70 @@ func ParseLayoutReject(text string) (Layout, string, error) {
 		return Layout{}, "", err
 	}
 	return l, text[LayoutSize:], nil
+}
+
+// RankLayout is the Layout of one rank of a round, as a RejectLayoutRound
+// reports it.
+type RankLayout struct {
+	Rank   uint32
+	Layout Layout
+}
+
+// rankLayoutSize is the size of an encoded RankLayout: the rank (4 bytes,
+// little-endian), then its Layout.
+const rankLayoutSize = 4 + LayoutSize
+
+// MaxRoundLayouts bounds the layouts a RejectLayoutRound carries (so that
+// they fit MaxRejectText with room for a message).
+const MaxRoundLayouts = 32
+
+// AppendLayoutRoundReject appends a RejectLayoutRound payload: the code,
+// the number of layouts (a byte, 0..MaxRoundLayouts), each RankLayout
+// (the rank as 4 bytes, then its Layout) in ascending rank order, then
+// text (truncated so that the whole fits 1+MaxRejectText bytes). ls must
+// be in strictly ascending rank order, at most MaxRoundLayouts long (the
+// ones past that are left off).
+func AppendLayoutRoundReject(dst []byte, ls []RankLayout, text string) []byte {
+	ls = ls[:min(len(ls), MaxRoundLayouts)]
+	if room := MaxRejectText - 1 - rankLayoutSize*len(ls); len(text) > room {
+		text = text[:room]
+	}
+	dst = append(dst, RejectLayoutRound, byte(len(ls)))
+	for i := range ls {
+		dst = binary.LittleEndian.AppendUint32(dst, ls[i].Rank)
+		dst = AppendLayout(dst, &ls[i].Layout)
+	}
+	return append(dst, text...)
+}
+
+// ParseLayoutRoundReject splits the text of a RejectLayoutRound (as
+// ParseReject returns it) into the layouts the refusing rank learnt, by
+// rank, and the message. A count over MaxRoundLayouts or past the end,
+// ranks not strictly ascending or a malformed Layout give an error
+// wrapping ErrMalformed.
+func ParseLayoutRoundReject(text string) ([]RankLayout, string, error) {
+	if len(text) < 1 {
+		return nil, "", fmt.Errorf("%w: layout round refusal of 0 bytes", ErrMalformed)
+	}
+	n := int(text[0])
+	if n > MaxRoundLayouts || len(text) < 1+n*rankLayoutSize {
+		return nil, "", fmt.Errorf("%w: layout round refusal of %d bytes with %d layouts (at most %d, %d bytes each)", ErrMalformed, len(text), n, MaxRoundLayouts, rankLayoutSize)
+	}
+	ls := make([]RankLayout, n)
+	b := []byte(text[1 : 1+n*rankLayoutSize])
+	for i := range ls {
+		e := b[i*rankLayoutSize : (i+1)*rankLayoutSize]
+		ls[i].Rank = binary.LittleEndian.Uint32(e)
+		if i > 0 && ls[i].Rank <= ls[i-1].Rank {
+			return nil, "", fmt.Errorf("%w: layout round refusal names rank %d after rank %d", ErrMalformed, ls[i].Rank, ls[i-1].Rank)
+		}
+		l, err := ParseLayout(e[4:])
+		if err != nil {
+			return nil, "", err
+		}
+		ls[i].Layout = l
+	}
+	return ls, text[1+n*rankLayoutSize:], nil
 }
 
 // MaxRejectText bounds the human-readable text of a MsgReject.

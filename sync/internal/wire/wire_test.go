@@ -60,6 +60,92 @@ func TestLayoutRoundTrip(t *testing.T) {
 	}
 }
 
+// A RejectLayoutRound carries the layouts the refusing rank learnt, by
+// rank, then its message; too many layouts are left off, the message is
+// cut to fit, and a count past the end, ranks out of order or a malformed
+// layout are malformed, never a panic.
+func TestLayoutRoundRejectRoundTrip(t *testing.T) {
+	ls := []RankLayout{{Rank: 1, Layout: Layout{ChunkBytes: 64, Streams: 1}}, {Rank: 7, Layout: Layout{ChunkBytes: 128, DirectBytes: 8, Streams: 3, Hierarchy: 2}}}
+	long := string(make([]byte, 2*MaxRejectText))
+	for _, c := range []struct {
+		ls   []RankLayout
+		text string
+		msg  int // the message's length after the round trip
+	}{
+		{ls, "failed", 6},
+		{nil, "failed", 6},
+		{ls, long, MaxRejectText - 1 - 2*rankLayoutSize},
+	} {
+		p := AppendLayoutRoundReject(nil, c.ls, c.text)
+		code, text, err := ParseReject(p)
+		if err != nil || code != RejectLayoutRound {
+			t.Fatalf("ParseReject: %d %v", code, err)
+		}
+		got, msg, err := ParseLayoutRoundReject(text)
+		if err != nil || !slices.Equal(got, c.ls) || len(msg) != c.msg {
+			t.Fatalf("ParseLayoutRoundReject: %+v %d bytes %v, want %+v %d bytes", got, len(msg), err, c.ls, c.msg)
+		}
+	}
+	many := make([]RankLayout, MaxRoundLayouts+5)
+	for i := range many {
+		many[i] = RankLayout{Rank: uint32(i), Layout: Layout{Streams: 1}}
+	}
+	p := AppendLayoutRoundReject(nil, many, long)
+	if _, text, err := ParseReject(p); err != nil {
+		t.Fatalf("ParseReject of %d layouts: %v", len(many), err)
+	} else if got, _, err := ParseLayoutRoundReject(text); err != nil || !slices.Equal(got, many[:MaxRoundLayouts]) {
+		t.Fatalf("%d layouts: got %d %v, want the first %d", len(many), len(got), err, MaxRoundLayouts)
+	}
+	ok := string(AppendLayoutRoundReject(nil, ls, "x")[1:])
+	for name, bad := range map[string]string{
+		"empty":          "",
+		"count past end": ok[:1+rankLayoutSize],
+		"too many":       string([]byte{MaxRoundLayouts + 1}) + string(make([]byte, (MaxRoundLayouts+1)*rankLayoutSize)),
+		"out of order":   string(AppendLayoutRoundReject(nil, []RankLayout{ls[1], ls[0]}, "x")[1:]),
+		"repeated rank":  string(AppendLayoutRoundReject(nil, []RankLayout{ls[0], ls[0]}, "x")[1:]),
+		"zero streams":   string(AppendLayoutRoundReject(nil, []RankLayout{{Rank: 1}}, "x")[1:]),
+	} {
+		if _, _, err := ParseLayoutRoundReject(bad); !errors.Is(err, ErrMalformed) {
+			t.Errorf("%s: %v, want ErrMalformed", name, err)
+		}
+	}
+}
+
+// FuzzParseLayoutRoundReject: the RejectLayoutRound decoder never panics,
+// accepts at most MaxRoundLayouts layouts in ascending rank order, and
+// what it accepts (of a whole reject payload) re-encodes to the same
+// bytes.
+func FuzzParseLayoutRoundReject(f *testing.F) {
+	f.Add(AppendLayoutRoundReject(nil, []RankLayout{{Rank: 0, Layout: Layout{ChunkBytes: 64, Streams: 1}}, {Rank: 2, Layout: Layout{Streams: 2, Hierarchy: 1}}}, "round 1 failed"))
+	f.Add(AppendLayoutRoundReject(nil, nil, "none"))
+	f.Add([]byte{RejectLayoutRound, 1, 0, 0, 0})
+	f.Add([]byte{RejectLayoutRound, 0xff})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		code, text, err := ParseReject(b)
+		if err != nil || code != RejectLayoutRound {
+			return
+		}
+		ls, msg, err := ParseLayoutRoundReject(text)
+		if err != nil {
+			if !errors.Is(err, ErrMalformed) {
+				t.Fatalf("error %v does not wrap ErrMalformed", err)
+			}
+			return
+		}
+		if len(ls) > MaxRoundLayouts {
+			t.Fatalf("accepted %d layouts", len(ls))
+		}
+		for i := 1; i < len(ls); i++ {
+			if ls[i].Rank <= ls[i-1].Rank {
+				t.Fatalf("accepted rank %d after rank %d", ls[i].Rank, ls[i-1].Rank)
+			}
+		}
+		if !bytes.Equal(AppendLayoutRoundReject(nil, ls, msg), b) {
+			t.Fatalf("re-encoding differs")
+		}
+	})
+}
+
 // FuzzParseHeader: the frame decoder never panics, and whatever it accepts
 // encodes back to the same bytes.
 func FuzzParseHeader(f *testing.F) {
@@ -124,6 +210,8 @@ func FuzzReadMsg(f *testing.F) {
 			if typ == MsgReject {
 				if code, text, err := ParseReject(p); err == nil && code == RejectLayout {
 					ParseLayoutReject(text)
+				} else if err == nil && code == RejectLayoutRound {
+					ParseLayoutRoundReject(text)
 				}
 			}
 			if typ == MsgProof && len(p) >= ProofSize {
