@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -210,10 +210,10 @@ func offer(c chan Hint, h Hint) {
 // Every call sweeps expired leases first (evicting their members, and opening
 // exactly one new round if a member of the running round was among them), then
 // applies its operation. A returned error means the store could not be
-// reached or answered garbage (see StoreError); a reached store answers with a
+// reached or answered garbage (see Error); a reached store answers with a
 // Code.
 //
-// Semantics (shared by NewRedisStore and NewMemoryStore, checked by the same
+// Semantics (shared by NewRedis and NewMemory, checked by the same
 // tests):
 //   - Rounds are numbered and only grow. A round forms (Open) and then closes
 //     with ranks 0..W-1.
