@@ -40,7 +40,7 @@ var (
 // ErrBadState) and the underlying network errors still match through
 // Unwrap. Package elastic names it StoreError.
 type Error struct {
-	Op    string // store operation: "join", "check", "heartbeat", "report", "leave", "finish", "watch", "drop", "mark"
+	Op    string // store operation: "join", "check", "heartbeat", "report", "leave", "finish", "watch", "drop", "mark", "unmark"
 	JobID string
 	Err   error
 }

@@ -16,7 +16,8 @@ import (
 // ":since", ":arrived", ":expected", ":back", ":pending", ":rank" and
 // ":roster" (see scripts.go for what each holds) and its Pub/Sub channel
 // "et:{<jobID>}:events"; the braces make the job ID the hash tag, so all
-// keys of a job live in one Redis Cluster slot.
+// keys of a job live in one Redis Cluster slot. A launcher's mark on the
+// job (Redis.Mark) is "et:{<jobID>}:launcher".
 const KeyPrefix = "et:"
 
 var (
