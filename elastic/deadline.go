@@ -163,7 +163,7 @@ func (a *Agent) watch(ctx context.Context) (store.Watcher, error) {
 }
 
 // poolWarmer is the optional capability of a Store to open connections
-// ahead of need (RedisStore.Warm).
+// ahead of need (store.Redis.Warm).
 type poolWarmer interface {
 	Warm(ctx context.Context, n int) error
 }
@@ -174,7 +174,7 @@ type poolWarmer interface {
 const warmEvery = 10 * time.Minute
 
 // warm opens one connection per heartbeat that may be in flight, plus one
-// for Join and Check (see RedisStore.Warm), within the Agent's deadline.
+// for Join and Check (see store.Redis.Warm), within the Agent's deadline.
 func (a *Agent) warm() {
 	pw, ok := a.store.(poolWarmer)
 	if !ok {

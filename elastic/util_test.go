@@ -81,7 +81,7 @@ func dropRedisJob(t *testing.T, s store.Store, jobID string) {
 	t.Helper()
 	rs, ok := s.(*store.Redis)
 	if !ok {
-		t.Fatalf("not a RedisStore: %T", s)
+		t.Fatalf("not a Redis store: %T", s)
 	}
 	if err := rs.DropJob(context.Background(), jobID); err != nil {
 		t.Fatal(err)

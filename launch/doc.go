@@ -28,7 +28,7 @@
 //	w, err := launch.WorkerEnv()  // Store, JobID, Secret, Index, Restart, ...
 //	cfg := trainer.DefaultConfig()
 //	w.Configure(&cfg)             // JobID, Sync.Secret, GracePeriod
-//	store := elastic.NewRedisStore(redis.NewClient(&redis.Options{Addr: w.Store}))
+//	store := store.NewRedis(redis.NewClient(&redis.Options{Addr: w.Store}))
 //	t, err := trainer.New(params, opt, loader, step, store, cfg)
 //	// on SIGTERM or SIGINT: t.Preempt()
 //	_, err = t.Run(ctx)

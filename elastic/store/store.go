@@ -232,6 +232,8 @@ func offer(c chan Hint, h Hint) {
 //     pending joiners (moved into the next round when it opens).
 //   - Evicted members are fenced: every later call by them answers CodeFenced.
 type Store interface {
+	// Join registers r.Member (if needed) and, with r.Arrive, makes it
+	// take part in the forming or next round; returns the caller's view.
 	Join(ctx context.Context, r JoinRequest) (View, error)
 	// Check renews the caller's lease, sweeps, closes the forming round if
 	// due, and returns the caller's view.

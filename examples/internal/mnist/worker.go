@@ -18,6 +18,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -102,7 +103,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		return fail(err)
 	}
 	defer client.Close()
-	store := elastic.NewRedisStore(client)
+	st := store.NewRedis(client)
 
 	secret, err := jobenv.Secret()
 	if err != nil {
@@ -229,7 +230,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 	}
 	sentBefore := netBytesSent()
-	tr, err := trainer.New(model.Params(), opt, loader, step, store, tcfg, opts...)
+	tr, err := trainer.New(model.Params(), opt, loader, step, st, tcfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

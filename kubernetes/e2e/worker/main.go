@@ -34,6 +34,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/kubernetes/jobscale"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -183,7 +184,7 @@ func run() int {
 		opts = append(opts, trainer.WithAudit(a))
 	}
 	tr, err := trainer.New(model.Params(), optim.NewMomentum(0.02, 0.9), loader, step,
-		elastic.NewRedisStore(client), cfg, opts...)
+		store.NewRedis(client), cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}
