@@ -172,7 +172,8 @@ type Trainer[B any] struct {
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
-// opt, data loader, step function and rendezvous store.
+// opt, data loader, step function and rendezvous store st
+// (store.NewRedis; store.NewMemory for tests in one process).
 //
 // loader is a Loader[B] (a *dataloader.Loader: static shards, the state is
 // its cursor) or a StatefulLoader[B] (opaque state, possibly different on
