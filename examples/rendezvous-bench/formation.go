@@ -427,7 +427,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 
 // leaseEnd is when member id's lease lapses, on this process' clock (at
 // about now, its reading): its lease's score against the job's time on the
-// store (Redis TIME less the job's outage credit; see scripts.go). Good to
+// store (Redis TIME less the job's outage credit; see elastic/store/scripts.go). Good to
 // a few ms: the reading's round trip, and the credit as last written.
 func leaseEnd(ctx context.Context, c redis.UniversalClient, job, id string, now time.Time) (time.Time, error) {
 	p := store.KeyPrefix + "{" + job + "}:"
