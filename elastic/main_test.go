@@ -9,7 +9,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/elastic/standalone"
 	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
@@ -52,18 +51,9 @@ func onBothStores(t *testing.T, min, max int, lastCall time.Duration, f func(t *
 }
 
 // standaloneKind runs the Redis store against the embedded server
-// (elastic/standalone), checking that the Lua scripts run there too.
+// (elastic/standalone's), checking that the Lua scripts run there too.
 func standaloneKind() storeKind {
-	return storeKind{"standalone", func(t *testing.T) store.Store {
-		srv, err := standalone.Start(context.Background(), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = srv.Close() })
-		c := newClient(srv.Addr())
-		t.Cleanup(func() { _ = c.Close() })
-		return store.NewRedis(c)
-	}}
+	return storeKind{"standalone", func(t *testing.T) store.Store { return store.NewRedis(testredis.EmbeddedClient(t)) }}
 }
 
 func allKinds() []storeKind { return []storeKind{memoryKind(), redisKind(), standaloneKind()} }

@@ -83,7 +83,7 @@ func NewMember(addr string) Member {
 // Validate reports whether m may be stored: a non-empty ID of printable
 // ASCII without spaces, ID and Host at most MaxMemberFieldLen bytes, Addr
 // at most 4 times that, at most MaxEndpoints endpoints within the same
-// bounds. NewAgent and the Redis store's Join check it.
+// bounds. elastic.NewAgent and the Redis store's Join check it.
 func (m Member) Validate() error {
 	switch {
 	case m.ID == "":

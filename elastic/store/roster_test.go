@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/elastictest"
 	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
@@ -96,21 +96,8 @@ func TestLargeRosterIsReadOncePerProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	worlds := make([]elastic.World, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, a := range agents {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			worlds[i], errs[i] = a.Join(ctx)
-		}()
-	}
-	wg.Wait()
+	worlds := elastictest.JoinAll(t, ctx, agents...)
 	for i := range agents {
-		if errs[i] != nil {
-			t.Fatalf("member %d: %v", i, errs[i])
-		}
 		w := worlds[i]
 		if w.Size != n || len(w.Members) != n || w.Members[w.Rank].ID != agents[i].Member().ID {
 			t.Fatalf("member %d: world of %d with %d members, rank %d", i, w.Size, len(w.Members), w.Rank)

@@ -96,7 +96,7 @@ type Beat struct {
 	// Leases is the number of members holding a lease in the job (Code
 	// CodeOK; 0 when the store did not say): arrived, ranked, expected or
 	// pending alike. The Agent spaces its heartbeats by it
-	// (Config.HeartbeatEvery), so members that gather for a forming round
+	// (elastic.Config.HeartbeatEvery), so members that gather for a forming round
 	// learn the job's size as it grows, not only the arrivals before theirs.
 	Leases int
 	// Round is the job's latest round and Open whether it is still
