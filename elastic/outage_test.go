@@ -537,7 +537,7 @@ func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
 	select {
 	case err = <-joined:
 	case <-time.After(time.Minute):
-		t.Fatal("B's Join still waits a minute after the st went silent")
+		t.Fatal("B's Join still waits a minute after the store went silent")
 	}
 	took := time.Since(cut)
 	if !errors.Is(err, elastic.ErrStoreUnavailable) {
@@ -548,7 +548,7 @@ func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
 	if !errors.Is(A.Err(), elastic.ErrStoreUnavailable) {
 		t.Fatalf("A: %v, want ErrStoreUnavailable", A.Err())
 	}
-	t.Logf("gave up %v (waiting Join) and %v (member) after the st went silent (bound %v; a call's deadline is up to %v); load %s",
+	t.Logf("gave up %v (waiting Join) and %v (member) after the store went silent (bound %v; a call's deadline is up to %v); load %s",
 		took.Round(time.Millisecond), tookA.Round(time.Millisecond), bound, 2*cfg.LeaseTTL, loadavg())
 	if took > bound || tookA > bound {
 		t.Fatalf("gave up %v and %v after the cut, want within %v", took, tookA, bound)
@@ -625,7 +625,7 @@ func TestAnOutageNamesItsCauseAfterDeadlines(t *testing.T) {
 		t.Fatalf("A: %v, want ErrStoreUnavailable", err)
 	}
 	if !st.once.Load() {
-		t.Fatal("no st call met the cause")
+		t.Fatal("no store call met the cause")
 	}
 	if !strings.Contains(err.Error(), "no such host") {
 		t.Fatalf("the give-up does not name the outage's cause: %v", err)

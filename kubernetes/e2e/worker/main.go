@@ -33,7 +33,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/kubernetes/jobscale"
 	"github.com/elastictrain/elastictrain/launch"
