@@ -85,3 +85,46 @@ func TestTrainersUserPageIsShort(t *testing.T) {
 	require.LessOrEqual(t, len(kept), 45, "go doc -short ./trainer without deprecated names:\n%s", strings.Join(kept, ""))
 	t.Logf("%d lines of %d without a Deprecated: note", len(kept), strings.Count(string(page), "\n"))
 }
+
+// Issue #31, must show 1: no exported name of elastic but a deprecated one
+// is an SPI interface or a test helper: the store's interface, its request
+// and view types and the stores live in elastic/store, the test kit in
+// elastic/elastictest. What stays is what a worker calls or tests for:
+// Agent, Config, World, Member (store.Member's alias: NewAgent takes one),
+// the errors (StoreError is store.Error's alias) and the job ID's rule.
+func TestElasticsPageHasNoSPI(t *testing.T) {
+	fset := token.NewFileSet()
+	pkgs, err := parser.ParseDir(fset, "elastic", func(fi fs.FileInfo) bool { return !strings.HasSuffix(fi.Name(), "_test.go") }, parser.ParseComments)
+	require.NoError(t, err)
+	deprecated := deprecatedNames(t, "elastic")
+	userAliases := map[string]bool{"Member": true, "StoreError": true}
+	for _, p := range pkgs {
+		for _, f := range p.Files {
+			for _, d := range f.Decls {
+				g, ok := d.(*ast.GenDecl)
+				if !ok || g.Tok != token.TYPE {
+					continue
+				}
+				for _, s := range g.Specs {
+					ts := s.(*ast.TypeSpec)
+					if !ts.Name.IsExported() || deprecated[ts.Name.Name] {
+						continue
+					}
+					_, iface := ts.Type.(*ast.InterfaceType)
+					require.False(t, iface, "elastic exports the interface %s: an SPI belongs in elastic/store", ts.Name.Name)
+					if ts.Assign.IsValid() {
+						require.True(t, userAliases[ts.Name.Name], "elastic exports %s as an alias: a moved name is deprecated", ts.Name.Name)
+					}
+				}
+			}
+		}
+	}
+	for name, dep := range deprecated {
+		if dep {
+			continue
+		}
+		for _, spi := range []string{"ForTest", "Request", "View", "Hint", "Watcher", "MemoryStore", "RedisStore", "KeyPrefix"} {
+			require.NotContains(t, name, spi, "elastic exports %s without a Deprecated: note: SPI and test names belong in elastic/store and elastic/elastictest", name)
+		}
+	}
+}

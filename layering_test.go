@@ -62,6 +62,11 @@ func TestImportsRunOneWay(t *testing.T) {
 			require.False(t, under(imp, "trainer"), "%s (non-test files) imports %s", dir, imp)
 		}
 	}
+	// The Store SPI and the stores sit beneath elastic, as
+	// database/sql/driver beneath database/sql.
+	for _, imp := range nonTestImports(t, "elastic/store")["elastic/store"] {
+		require.False(t, strings.HasPrefix(imp, module), "package elastic/store imports nothing of the module, not %s", imp)
+	}
 	for _, imp := range nonTestImports(t, "worker")["worker"] {
 		require.False(t, strings.Contains(imp, "."), "package worker has the standard library only beneath it, not %s", imp)
 	}

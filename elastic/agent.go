@@ -12,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // Agent is one worker process's handle on the rendezvous of a job: one Agent
@@ -24,10 +26,10 @@ import (
 // at a time. Close stops every goroutine the Agent started and waits for
 // them.
 type Agent struct {
-	store  Store
+	store  store.Store
 	self   Member
 	cfg    Config
-	params Params
+	params store.Params
 	log    *slog.Logger
 	start  time.Time // origin of leaseAt (monotonic)
 
@@ -38,9 +40,9 @@ type Agent struct {
 	maxRound uint64 // highest closed round seen
 	world    World
 	hasWorld bool
-	view     View      // last view seen
-	viewAt   time.Time // when view was taken (its reply arrived)
-	lost     bool      // the store answered CodeLost; re-registration pending
+	view     store.View // last view seen
+	viewAt   time.Time  // when view was taken (its reply arrived)
+	lost     bool       // the store answered CodeLost; re-registration pending
 	// superseded is an open hint newer than view: the store opened round
 	// supRound (version supVer) of our incarnation after the round of our
 	// World, so a change is pending without a store call to say so.
@@ -48,7 +50,7 @@ type Agent struct {
 	// offer is a hint of a closed round newer than our World that ranks
 	// us (a round re-formed after a loss counts its survivors as arrived):
 	// the next Join takes its World from it without a store call.
-	offer       Hint
+	offer       store.Hint
 	err         error
 	outageSince time.Time
 	outageLog   time.Time // when the outage was last logged
@@ -84,16 +86,17 @@ type Agent struct {
 }
 
 // NewAgent returns an Agent for member self (usually NewMember(addr)) over
-// store. It validates cfg and self and starts nothing: the background
-// goroutine starts with the first Join.
-func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
-	if store == nil {
+// the store s (store.NewRedis, or store.NewMemory in one process). It
+// validates cfg and self and starts nothing: the background goroutine
+// starts with the first Join.
+func NewAgent(s store.Store, self Member, cfg Config) (*Agent, error) {
+	if s == nil {
 		return nil, errors.New("elastic: nil Store")
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	if err := self.validate(); err != nil {
+	if err := self.Validate(); err != nil {
 		return nil, err
 	}
 	log := cfg.Logger
@@ -101,7 +104,7 @@ func NewAgent(store Store, self Member, cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{
-		store:  store,
+		store:  s,
 		self:   self,
 		cfg:    cfg,
 		params: cfg.params(),
@@ -211,7 +214,7 @@ func (a *Agent) failLocked(err error) {
 // that the version moved (a zero Hint), which with closing set said that
 // the forming round the Join waits in has closed.
 type joinWake struct {
-	h Hint
+	h store.Hint
 	// closing: the close's own hint, which brings the World, is on its
 	// way; the Join re-reads the store only if it does not come
 	// (closeWait).
@@ -275,7 +278,7 @@ func (a *Agent) fail(err error) {
 func (a *Agent) updatePendingLocked() {
 	v := a.view
 	p := a.err != nil || a.lost || !a.hasWorld ||
-		v.Round != a.world.Round || v.Open || v.Pending > 0 || v.Role != RoleRanked ||
+		v.Round != a.world.Round || v.Open || v.Pending > 0 || v.Role != store.RoleRanked ||
 		a.supRound > a.world.Round
 	if p && !a.pending.Swap(true) {
 		a.notify(a.changes)
@@ -285,15 +288,15 @@ func (a *Agent) updatePendingLocked() {
 }
 
 // handleView records what a store call returned; called with a.mu held.
-func (a *Agent) handleViewLocked(v View, sent time.Time) {
+func (a *Agent) handleViewLocked(v store.View, sent time.Time) {
 	switch v.Code {
-	case CodeFenced:
+	case store.CodeFenced:
 		a.fencedLocked()
 		return
-	case CodeFinished:
+	case store.CodeFinished:
 		a.failLocked(ErrJobFinished)
 		return
-	case CodeLost:
+	case store.CodeLost:
 		a.lost = true
 		a.updatePendingLocked()
 		return
@@ -342,10 +345,10 @@ func newIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
-func (a *Agent) joinRequest(arrive bool) JoinRequest {
+func (a *Agent) joinRequest(arrive bool) store.JoinRequest {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := JoinRequest{
+	r := store.JoinRequest{
 		JobID:          a.cfg.JobID,
 		Member:         a.self,
 		Incarnation:    a.inc,
@@ -372,10 +375,10 @@ func (a *Agent) joinRequest(arrive bool) JoinRequest {
 	return r
 }
 
-func (a *Agent) memberRequest() MemberRequest {
+func (a *Agent) memberRequest() store.MemberRequest {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	r := MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
+	r := store.MemberRequest{JobID: a.cfg.JobID, MemberID: a.self.ID, Incarnation: a.inc, Params: a.params}
 	if a.hasWorld {
 		r.HaveRound = a.world.Round // the store need not send that round's roster again
 	}
@@ -489,14 +492,14 @@ func agentDeadline(err error) bool {
 // spends the budget even while other calls get through (noteOutage); a
 // call that only times out does not: a slow store is an outage only while
 // nothing gets through.
-func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (View, error)) (View, error) {
+func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (store.View, error)) (store.View, error) {
 	backoff := 10 * time.Millisecond
 	var unreadable time.Time // start of this call's run of ErrBadState answers
 	for {
 		sent := time.Now()
 		v, err := bounded(a, ctx, op, a.opTimeout(), f, nil, nil)
 		if errors.Is(err, ErrClosed) {
-			return View{}, err
+			return store.View{}, err
 		}
 		if err == nil {
 			a.noteOK()
@@ -506,7 +509,7 @@ func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (Vi
 			return v, nil
 		}
 		if ctx.Err() != nil {
-			return View{}, ctx.Err()
+			return store.View{}, ctx.Err()
 		}
 		if !errors.Is(err, ErrBadState) {
 			unreadable = time.Time{}
@@ -514,16 +517,16 @@ func (a *Agent) call(ctx context.Context, op string, f func(context.Context) (Vi
 			unreadable = sent
 		}
 		if terr := a.noteOutage(err, sent, unreadable); terr != nil {
-			return View{}, terr
+			return store.View{}, terr
 		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return View{}, ctx.Err()
+			return store.View{}, ctx.Err()
 		case <-a.stop:
 			t.Stop()
-			return View{}, ErrClosed
+			return store.View{}, ErrClosed
 		case <-t.C:
 		}
 		backoff = min(2*backoff, time.Second)
@@ -585,7 +588,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 	// loss, announced by a hint): take it without a store call.
 	a.mu.Lock()
 	offer := a.offer
-	a.offer = Hint{}
+	a.offer = store.Hint{}
 	fresh := offer.Version >= a.view.Version // nothing newer seen since
 	a.mu.Unlock()
 	if offer.Members != nil && fresh {
@@ -607,8 +610,8 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		}
 		return World{}, err
 	}
-	join := func(c context.Context) (View, error) { return a.store.Join(c, a.joinRequest(true)) }
-	check := func(c context.Context) (View, error) { return a.store.Check(c, a.memberRequest()) }
+	join := func(c context.Context) (store.View, error) { return a.store.Join(c, a.joinRequest(true)) }
+	check := func(c context.Context) (store.View, error) { return a.store.Check(c, a.memberRequest()) }
 
 	v, err := a.call(jctx, "join", join)
 	immediate := false // the previous call was an immediate re-arrival (at most one per wait)
@@ -628,7 +631,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		}
 		arrive := false
 		switch {
-		case v.Code == CodeLost:
+		case v.Code == store.CodeLost:
 			// The job state is gone (store restarted empty): register and
 			// arrive again at once, keeping our order.
 			if !immediate {
@@ -637,7 +640,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 				continue
 			}
 			arrive = true
-		case v.Role == RoleRanked && !v.Open:
+		case v.Role == store.RoleRanked && !v.Open:
 			a.mu.Lock()
 			if !a.hasWorld || v.Round != a.world.Round {
 				w := World{JobID: a.cfg.JobID, Round: v.Round, Rank: v.Rank, Size: v.Size, Members: v.Members}
@@ -650,7 +653,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 			}
 			a.mu.Unlock()
 			arrive = true // still ranked in the round we hold: arrive for the next
-		case v.Role == RoleExpected:
+		case v.Role == store.RoleExpected:
 			// The round we were about to be given was superseded before we
 			// saw it closed (a peer already opened the next one, expecting
 			// us): arrive in the forming round at once.
@@ -660,7 +663,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 				continue
 			}
 			arrive = true
-		case v.Role == RoleNone:
+		case v.Role == store.RoleNone:
 			arrive = true // registered but not arrived (re-registered after a loss)
 		}
 		immediate = false
@@ -672,7 +675,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 		if v.Wait > 0 && v.Wait < wait {
 			wait = v.Wait + time.Millisecond
 		}
-		if slow := a.gatherReread(v); v.Code == CodeOK && v.Open && v.Role == RoleArrived {
+		if slow := a.gatherReread(v); v.Code == store.CodeOK && v.Open && v.Role == store.RoleArrived {
 			// Arrived in a round that waits for more members: apart from
 			// its last-call deadline (Wait), nothing changes for us until
 			// the job's version does (a close, an eviction, a new round),
@@ -748,7 +751,7 @@ func (a *Agent) Join(ctx context.Context) (World, error) {
 // heartbeats whatever its size: at a fixed LeaseTTL/2 the 4096 members
 // of a gathering re-read 2700 times a second, more than they beat, and
 // saturated a bench's two cores until leases lapsed.
-func (a *Agent) gatherReread(v View) time.Duration {
+func (a *Agent) gatherReread(v store.View) time.Duration {
 	slow := max(a.cfg.PollInterval, a.cfg.LeaseTTL/2)
 	if per := a.cfg.perMember(max(v.Arrived, int(a.jobLeases.Load()))); per > 0 {
 		slow = max(slow, gatherRereadFactor*per)
@@ -768,8 +771,8 @@ const gatherRereadFactor = 4
 // heartbeat rate instead of n at once (at 4096 members such bursts, one
 // per eviction, saturated Redis until more leases lapsed). 0: re-read at
 // once (a hint that names a round, another state, or no rate bound).
-func (a *Agent) rereadSpread(v View, h Hint) time.Duration {
-	if h.Round != 0 || v.Code != CodeOK || !v.Open || v.Role != RoleArrived {
+func (a *Agent) rereadSpread(v store.View, h store.Hint) time.Duration {
+	if h.Round != 0 || v.Code != store.CodeOK || !v.Open || v.Role != store.RoleArrived {
 		return 0
 	}
 	spread := a.cfg.rateSpread(max(v.Arrived, int(a.jobLeases.Load())))
@@ -784,7 +787,7 @@ func (a *Agent) rereadSpread(v View, h Hint) time.Duration {
 // reads the store itself: LeaseTTL/3, plus the gathering's re-read spread
 // (rereadSpread), so that a hint lost to every member (a Pub/Sub
 // reconnect) still does not send n reads at once.
-func (a *Agent) closeWait(v View) time.Duration {
+func (a *Agent) closeWait(v store.View) time.Duration {
 	d := a.cfg.LeaseTTL / 3
 	if spread := a.cfg.rateSpread(max(v.Arrived, int(a.jobLeases.Load()))); spread > 0 {
 		d += time.Duration(mrand.Int64N(int64(spread)))
@@ -795,7 +798,7 @@ func (a *Agent) closeWait(v View) time.Duration {
 // worldFromHint takes this member's World from a hint that announces a
 // closed round, if the round is newer than the World held, of our
 // incarnation, and has us as a member.
-func (a *Agent) worldFromHint(h Hint) (World, bool) {
+func (a *Agent) worldFromHint(h store.Hint) (World, bool) {
 	if h.Members == nil {
 		return World{}, false
 	}
@@ -808,8 +811,8 @@ func (a *Agent) worldFromHint(h Hint) (World, bool) {
 	w := World{JobID: a.cfg.JobID, Round: h.Round, Rank: rank, Size: len(h.Members), Members: h.Members}
 	// A round closes with no admissible pending joiner (extras beyond
 	// MaxWorkers stay pending only when the round is full), so Pending is 0.
-	a.view = View{Code: CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
-		Role: RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
+	a.view = store.View{Code: store.CodeOK, Incarnation: h.Incarnation, Version: h.Version, Round: h.Round,
+		Role: store.RoleRanked, Rank: rank, Size: len(h.Members), Members: h.Members}
 	if a.since == 0 {
 		a.since = h.Round // the store recorded the same: the first round we held a rank in
 	}
@@ -846,13 +849,13 @@ func (a *Agent) ReportFailure(ctx context.Context, round uint64, memberID string
 	if inc == "" {
 		return errors.New("elastic: ReportFailure before Join")
 	}
-	req := ReportRequest{MemberRequest: a.memberRequest(), Round: round, Target: memberID}
-	v, err := a.call(ctx, "report", func(c context.Context) (View, error) { return a.store.Report(c, req) })
+	req := store.ReportRequest{MemberRequest: a.memberRequest(), Round: round, Target: memberID}
+	v, err := a.call(ctx, "report", func(c context.Context) (store.View, error) { return a.store.Report(c, req) })
 	if err != nil {
 		return fmt.Errorf("elastic: report failure of %s in round %d: %w", memberID, round, err)
 	}
 	switch v.Code {
-	case CodeFenced, CodeFinished:
+	case store.CodeFenced, store.CodeFinished:
 		return a.Err()
 	}
 	return nil
@@ -874,7 +877,7 @@ func (a *Agent) Leave(ctx context.Context) error {
 		a.mu.Lock()
 		a.leaving = true
 		a.mu.Unlock()
-		if _, err := a.call(ctx, "leave", func(c context.Context) (View, error) { return a.store.Leave(c, req) }); err != nil {
+		if _, err := a.call(ctx, "leave", func(c context.Context) (store.View, error) { return a.store.Leave(c, req) }); err != nil {
 			a.mu.Lock()
 			a.leaving = false
 			a.mu.Unlock()
@@ -916,7 +919,7 @@ func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) 
 	a.mu.Lock()
 	a.leaving = true
 	a.mu.Unlock()
-	v, err := a.call(ctx, "leave", func(c context.Context) (View, error) { return a.store.Leave(c, req) })
+	v, err := a.call(ctx, "leave", func(c context.Context) (store.View, error) { return a.store.Leave(c, req) })
 	if err != nil {
 		a.mu.Lock()
 		a.leaving = false
@@ -926,13 +929,13 @@ func (a *Agent) LeaveUnlessRanked(ctx context.Context) (ranked bool, err error) 
 		}
 		return false, fmt.Errorf("elastic: leave: %w", err)
 	}
-	if v.Code == CodeOK && v.Role == RoleRanked && !v.Open && v.Round > have && v.Members != nil {
+	if v.Code == store.CodeOK && v.Role == store.RoleRanked && !v.Open && v.Round > have && v.Members != nil {
 		// The next Join takes this round from the offer, without a store
 		// call (which, from a member that never held a World, would open
 		// the next round instead).
 		a.mu.Lock()
 		a.leaving = false
-		a.offer = Hint{Version: v.Version, Round: v.Round, Incarnation: v.Incarnation, Members: v.Members}
+		a.offer = store.Hint{Version: v.Version, Round: v.Round, Incarnation: v.Incarnation, Members: v.Members}
 		a.mu.Unlock()
 		return true, nil
 	}
@@ -961,15 +964,15 @@ func (a *Agent) Finish(ctx context.Context) error {
 		return errors.New("elastic: Finish before Join")
 	}
 	req := a.memberRequest()
-	v, err := a.call(ctx, "finish", func(c context.Context) (View, error) { return a.store.Finish(c, req) })
+	v, err := a.call(ctx, "finish", func(c context.Context) (store.View, error) { return a.store.Finish(c, req) })
 	if err != nil {
 		return fmt.Errorf("elastic: finish: %w", err)
 	}
-	if v.Code == CodeOK {
+	if v.Code == store.CodeOK {
 		a.fail(ErrJobFinished)
 		return nil
 	}
-	if v.Code == CodeFinished {
+	if v.Code == store.CodeFinished {
 		return nil
 	}
 	if err := a.Err(); err != nil {
@@ -1013,7 +1016,7 @@ func (a *Agent) Close() error {
 // slow link delays renewals by its latency but does not space them out by
 // its round trip. It exits on Close or on a terminal error other than a
 // finished job, after the heartbeats it started returned.
-func (a *Agent) run(w Watcher) {
+func (a *Agent) run(w store.Watcher) {
 	defer close(a.done)
 	defer func() {
 		if w != nil {
@@ -1051,7 +1054,7 @@ func (a *Agent) run(w Watcher) {
 	backoff := 10 * time.Millisecond
 	var lastSent time.Time
 	for {
-		var hints <-chan Hint
+		var hints <-chan store.Hint
 		if w != nil {
 			hints = w.C()
 		}
@@ -1160,7 +1163,7 @@ func (a *Agent) beatInterval() time.Duration {
 
 // onHint handles a change hint: a waiting Join re-reads the state itself;
 // otherwise refresh the view so ChangePending is current.
-func (a *Agent) onHint(h Hint) {
+func (a *Agent) onHint(h store.Hint) {
 	a.mu.Lock()
 	joining, inc := a.joining, a.inc
 	// A hint of a version this member has seen already says nothing new
@@ -1193,7 +1196,7 @@ func (a *Agent) onHint(h Hint) {
 // the offer the next Join takes). A closed round without us says less (we
 // may wait as a joiner, or be fenced): the caller reads the store. Called
 // with a.mu held.
-func (a *Agent) supersededLocked(h Hint) bool {
+func (a *Agent) supersededLocked(h store.Hint) bool {
 	if h.Incarnation == "" || h.Incarnation != a.inc || !a.hasWorld || a.err != nil || a.lost ||
 		h.Round <= a.world.Round || h.Version <= a.view.Version {
 		return false
@@ -1219,7 +1222,7 @@ func (a *Agent) refresh() {
 	sent := time.Now()
 	req := a.memberRequest()
 	v, err := bounded(a, context.Background(), "check", a.opTimeout(),
-		func(c context.Context) (View, error) { return a.store.Check(c, req) }, nil, nil)
+		func(c context.Context) (store.View, error) { return a.store.Check(c, req) }, nil, nil)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
 			_ = a.noteOutage(err, sent, time.Time{})
@@ -1249,8 +1252,8 @@ func (a *Agent) beat() bool {
 	sentNs := int64(sent.Sub(a.start))
 	a.lease.sending(sentNs)
 	b, err := bounded(a, context.Background(), "heartbeat", a.beatTimeout(),
-		func(c context.Context) (Beat, error) { return a.store.Heartbeat(c, req) }, nil, release)
-	if err != nil || b.Code != CodeOK {
+		func(c context.Context) (store.Beat, error) { return a.store.Heartbeat(c, req) }, nil, release)
+	if err != nil || b.Code != store.CodeOK {
 		a.lease.answered(sentNs) // a renewal below moves the lease end first
 	}
 	if err != nil {
@@ -1263,7 +1266,7 @@ func (a *Agent) beat() bool {
 	a.rtt.sample(recv.Sub(sent))
 	a.noteOK()
 	switch b.Code {
-	case CodeOK:
+	case store.CodeOK:
 		a.jobLeases.Store(int64(b.Leases))
 		if b.StoreTime > 0 {
 			if _, jumped := a.lease.observe(sentNs, int64(recv.Sub(a.start)), b.StoreTime, a.cfg.LeaseTTL); jumped {
@@ -1282,8 +1285,8 @@ func (a *Agent) beat() bool {
 		// hint brings the World to every member of the round; a read of the
 		// store by each as its heartbeat comes (thousands when a large
 		// round closes) would only race it.
-		closing := stale && !a.lost && b.Round != 0 && !b.Open && a.view.Code == CodeOK && a.view.Open &&
-			a.view.Role == RoleArrived && a.view.Round == b.Round && a.view.Incarnation == b.Incarnation
+		closing := stale && !a.lost && b.Round != 0 && !b.Open && a.view.Code == store.CodeOK && a.view.Open &&
+			a.view.Role == store.RoleArrived && a.view.Round == b.Round && a.view.Incarnation == b.Incarnation
 		a.mu.Unlock()
 		if stale {
 			if joining {
@@ -1292,13 +1295,13 @@ func (a *Agent) beat() bool {
 				a.refresh()
 			}
 		}
-	case CodeFenced:
+	case store.CodeFenced:
 		a.mu.Lock()
 		a.fencedLocked()
 		a.mu.Unlock()
-	case CodeFinished:
+	case store.CodeFinished:
 		a.fail(ErrJobFinished)
-	case CodeLost:
+	case store.CodeLost:
 		a.mu.Lock()
 		a.lost = true
 		a.updatePendingLocked()
@@ -1315,7 +1318,7 @@ func (a *Agent) reregister() {
 	sent := time.Now()
 	req := a.joinRequest(false)
 	v, err := bounded(a, context.Background(), "join", a.opTimeout(),
-		func(c context.Context) (View, error) { return a.store.Join(c, req) }, nil, nil)
+		func(c context.Context) (store.View, error) { return a.store.Join(c, req) }, nil, nil)
 	if err != nil {
 		if !errors.Is(err, ErrClosed) {
 			_ = a.noteOutage(err, sent, time.Time{})

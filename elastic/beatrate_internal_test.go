@@ -3,6 +3,8 @@ package elastic
 import (
 	"testing"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // The heartbeat interval follows the round's size once the job would
@@ -29,7 +31,7 @@ func TestBeatIntervalFollowsTheRoundSize(t *testing.T) {
 	} {
 		c := cfg
 		c.MaxHeartbeatRate, c.LeaseTTL = tc.rate, tc.lease
-		a, err := NewAgent(NewMemoryStore(), NewMember("127.0.0.1:1"), c)
+		a, err := NewAgent(store.NewMemory(), NewMember("127.0.0.1:1"), c)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -52,39 +54,39 @@ func TestBeatIntervalFollowsTheRoundSize(t *testing.T) {
 func TestRereadSpreadFollowsTheJobsSize(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.JobID = "reread-spread"
-	a, err := NewAgent(NewMemoryStore(), NewMember("127.0.0.1:1"), cfg)
+	a, err := NewAgent(store.NewMemory(), NewMember("127.0.0.1:1"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	gathering := View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: 2048}
+	gathering := store.View{Code: store.CodeOK, Open: true, Role: store.RoleArrived, Arrived: 2048}
 	for range 100 {
-		if d := a.rereadSpread(gathering, Hint{Version: 7}); d <= 0 || d > 500*time.Millisecond {
+		if d := a.rereadSpread(gathering, store.Hint{Version: 7}); d <= 0 || d > 500*time.Millisecond {
 			t.Fatalf("2048 gathered: spread %v, want in (0, 500ms]", d)
 		}
 	}
 	a.jobLeases.Store(8192) // the job is larger than the arrivals seen: LeaseTTL/3 caps it
 	var longest time.Duration
 	for range 100 {
-		longest = max(longest, a.rereadSpread(gathering, Hint{Version: 7}))
+		longest = max(longest, a.rereadSpread(gathering, store.Hint{Version: 7}))
 	}
 	if longest <= 500*time.Millisecond || longest > cfg.LeaseTTL/3 {
 		t.Fatalf("8192 leases: longest spread %v, want in (500ms, %v]", longest, cfg.LeaseTTL/3)
 	}
 	for name, tc := range map[string]struct {
-		v View
-		h Hint
+		v store.View
+		h store.Hint
 	}{
-		"hint names a round": {gathering, Hint{Version: 7, Round: 3, Incarnation: "x"}},
-		"ranked":             {View{Code: CodeOK, Role: RoleRanked}, Hint{Version: 7}},
-		"expected":           {View{Code: CodeOK, Open: true, Role: RoleExpected}, Hint{Version: 7}},
+		"hint names a round": {gathering, store.Hint{Version: 7, Round: 3, Incarnation: "x"}},
+		"ranked":             {store.View{Code: store.CodeOK, Role: store.RoleRanked}, store.Hint{Version: 7}},
+		"expected":           {store.View{Code: store.CodeOK, Open: true, Role: store.RoleExpected}, store.Hint{Version: 7}},
 	} {
 		if d := a.rereadSpread(tc.v, tc.h); d != 0 {
 			t.Errorf("%s: spread %v, want 0", name, d)
 		}
 	}
 	a.cfg.MaxHeartbeatRate = -1
-	if d := a.rereadSpread(gathering, Hint{Version: 7}); d != 0 {
+	if d := a.rereadSpread(gathering, store.Hint{Version: 7}); d != 0 {
 		t.Errorf("no rate bound: spread %v, want 0", d)
 	}
 }
@@ -97,7 +99,7 @@ func TestRereadSpreadFollowsTheJobsSize(t *testing.T) {
 func TestGatherRereadFollowsTheJobsSize(t *testing.T) {
 	cfg := DefaultConfig()
 	cfg.JobID = "gather-reread"
-	a, err := NewAgent(NewMemoryStore(), NewMember("127.0.0.1:1"), cfg)
+	a, err := NewAgent(store.NewMemory(), NewMember("127.0.0.1:1"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,14 +114,14 @@ func TestGatherRereadFollowsTheJobsSize(t *testing.T) {
 		{100, 8192, 8 * time.Second}, // the leases count the job
 	} {
 		a.jobLeases.Store(int64(tc.leases))
-		v := View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: tc.arrived}
+		v := store.View{Code: store.CodeOK, Open: true, Role: store.RoleArrived, Arrived: tc.arrived}
 		if got := a.gatherReread(v); got != tc.want {
 			t.Errorf("%d arrived, %d leases: re-read every %v, want %v", tc.arrived, tc.leases, got, tc.want)
 		}
 	}
 	a.jobLeases.Store(0)
 	a.cfg.MaxHeartbeatRate = -1
-	if got := a.gatherReread(View{Code: CodeOK, Open: true, Role: RoleArrived, Arrived: 4096}); got != cfg.LeaseTTL/2 {
+	if got := a.gatherReread(store.View{Code: store.CodeOK, Open: true, Role: store.RoleArrived, Arrived: 4096}); got != cfg.LeaseTTL/2 {
 		t.Errorf("no rate bound: re-read every %v, want %v", got, cfg.LeaseTTL/2)
 	}
 }

@@ -7,31 +7,32 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // A heartbeat's answer says the job's latest round and whether it forms.
 func TestHeartbeatSaysTheRoundAndWhetherItForms(t *testing.T) {
-	onBothStores(t, 2, 2, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 2, 2, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 		defer cancel()
-		p := elastic.Params{MinWorkers: 2, MaxWorkers: 2, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+		p := store.Params{MinWorkers: 2, MaxWorkers: 2, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
 		m := elastic.NewMember("127.0.0.1:1")
-		v, err := s.Join(ctx, elastic.JoinRequest{JobID: cfg.JobID, Member: m, NewIncarnation: "inc-1", Arrive: true, Params: p})
+		v, err := s.Join(ctx, store.JoinRequest{JobID: cfg.JobID, Member: m, NewIncarnation: "inc-1", Arrive: true, Params: p})
 		if err != nil || !v.Open {
 			t.Fatalf("first arrival: %+v, %v", v, err)
 		}
-		req := elastic.MemberRequest{JobID: cfg.JobID, MemberID: m.ID, Incarnation: v.Incarnation, Params: p}
+		req := store.MemberRequest{JobID: cfg.JobID, MemberID: m.ID, Incarnation: v.Incarnation, Params: p}
 		b, err := s.Heartbeat(ctx, req)
-		if err != nil || b.Code != elastic.CodeOK || b.Round != v.Round || !b.Open {
+		if err != nil || b.Code != store.CodeOK || b.Round != v.Round || !b.Open {
 			t.Fatalf("while the round forms: %+v, %v; want round %d open", b, err, v.Round)
 		}
 		m2 := elastic.NewMember("127.0.0.1:2")
-		v2, err := s.Join(ctx, elastic.JoinRequest{JobID: cfg.JobID, Member: m2, NewIncarnation: "inc-2", Arrive: true, Params: p})
-		if err != nil || v2.Open || v2.Role != elastic.RoleRanked {
+		v2, err := s.Join(ctx, store.JoinRequest{JobID: cfg.JobID, Member: m2, NewIncarnation: "inc-2", Arrive: true, Params: p})
+		if err != nil || v2.Open || v2.Role != store.RoleRanked {
 			t.Fatalf("second arrival closes the round: %+v, %v", v2, err)
 		}
 		b, err = s.Heartbeat(ctx, req)
-		if err != nil || b.Code != elastic.CodeOK || b.Round != v2.Round || b.Open {
+		if err != nil || b.Code != store.CodeOK || b.Round != v2.Round || b.Open {
 			t.Fatalf("after the close: %+v, %v; want round %d closed", b, err, v2.Round)
 		}
 	})
@@ -40,29 +41,29 @@ func TestHeartbeatSaysTheRoundAndWhetherItForms(t *testing.T) {
 // slowHints delays every hint of the stores' Watchers by delay, as a
 // process busy reading a large round's roster does, and counts Checks.
 type slowHints struct {
-	elastic.Store
+	store.Store
 	delay  time.Duration
 	checks atomic.Int64
 }
 
-func (s *slowHints) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *slowHints) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	s.checks.Add(1)
 	return s.Store.Check(ctx, r)
 }
 
-func (s *slowHints) Watch(ctx context.Context, jobID string) (elastic.Watcher, error) {
+func (s *slowHints) Watch(ctx context.Context, jobID string) (store.Watcher, error) {
 	w, err := s.Store.Watch(ctx, jobID)
 	if err != nil {
 		return nil, err
 	}
-	d := &delayedWatcher{w: w, c: make(chan elastic.Hint, 16), stop: make(chan struct{}), done: make(chan struct{})}
+	d := &delayedWatcher{w: w, c: make(chan store.Hint, 16), stop: make(chan struct{}), done: make(chan struct{})}
 	go d.run(s.delay)
 	return d, nil
 }
 
 type delayedWatcher struct {
-	w    elastic.Watcher
-	c    chan elastic.Hint
+	w    store.Watcher
+	c    chan store.Hint
 	stop chan struct{}
 	done chan struct{}
 }
@@ -70,7 +71,7 @@ type delayedWatcher struct {
 func (d *delayedWatcher) run(delay time.Duration) {
 	defer close(d.done)
 	type timed struct {
-		h   elastic.Hint
+		h   store.Hint
 		due time.Time
 	}
 	q := make(chan timed, 64)
@@ -112,7 +113,7 @@ func (d *delayedWatcher) run(delay time.Duration) {
 	}
 }
 
-func (d *delayedWatcher) C() <-chan elastic.Hint { return d.c }
+func (d *delayedWatcher) C() <-chan store.Hint { return d.c }
 func (d *delayedWatcher) Close() error {
 	close(d.stop)
 	<-d.done
@@ -125,7 +126,7 @@ func (d *delayedWatcher) Close() error {
 // closed, the heartbeats of the ~100 ms before the hint reached the
 // members sent thousands of Checks.
 func TestHeartbeatBeforeTheCloseHintSendsNoCheck(t *testing.T) {
-	onBothStores(t, 4, 4, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 4, 4, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		cfg.LeaseTTL, cfg.HeartbeatInterval = 3*time.Second, 50*time.Millisecond
 		spy := newSpy(s)
 		slow := &slowHints{Store: spy, delay: 600 * time.Millisecond} // many heartbeats, under closeWait (1 s)

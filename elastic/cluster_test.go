@@ -13,13 +13,14 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/elastictest"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
 // jobRedisKeys are keys of a job as the package doc names them (the ones
 // that exist while a round runs).
 func jobRedisKeys(jobID string) []string {
-	p := elastic.KeyPrefix + "{" + jobID + "}:"
+	p := store.KeyPrefix + "{" + jobID + "}:"
 	return []string{p + "state", p + "meta", p + "members", p + "leases"}
 }
 
@@ -28,7 +29,7 @@ func jobRedisKeys(jobID string) []string {
 // and that the keys are really stored on that node.
 func checkJobOnNode(t *testing.T, cl *testredis.Cluster, jobID string, node int) {
 	t.Helper()
-	cl.RequireOnNode(t, node, jobRedisKeys(jobID), elastic.KeyPrefix+"{"+jobID+"}:events")
+	cl.RequireOnNode(t, node, jobRedisKeys(jobID), store.KeyPrefix+"{"+jobID+"}:events")
 }
 
 // TestRedisCluster runs rendezvous scenarios on a real Redis Cluster of
@@ -40,7 +41,7 @@ func TestRedisCluster(t *testing.T) {
 	t.Parallel()
 	cl := testredis.StartCluster(t)
 	cc := cl.Client(t)
-	store := elastic.NewRedisStore(cc)
+	st := store.NewRedis(cc)
 	// config returns a fast config whose job lives on the given node. Its
 	// leases are long, so a loaded machine does not evict healthy members;
 	// the scenario that needs expiry shortens them.
@@ -57,7 +58,7 @@ func TestRedisCluster(t *testing.T) {
 	}{
 		{"formation of a round of four", func(t *testing.T, node int) {
 			cfg := config(t, node)
-			c := elastictest.NewClusterOn(t, store, 4, cfg)
+			c := elastictest.NewClusterOn(t, st, 4, cfg)
 			ws := c.JoinAll(ctx)
 			checkRound(t, ws, c.Agents)
 			checkJobOnNode(t, cl, cfg.JobID, node)
@@ -71,7 +72,7 @@ func TestRedisCluster(t *testing.T) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
 			cfg.HeartbeatInterval = time.Second // a new round within LeaseTTL cannot come from lease expiry
-			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
+			A, B, C := newAgent(t, st, cfg), newAgent(t, st, cfg), newAgent(t, st, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
 			checkJobOnNode(t, cl, cfg.JobID, node)
@@ -94,7 +95,7 @@ func TestRedisCluster(t *testing.T) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
 			cfg.LeaseTTL = 3 * time.Second // 30 heartbeats: only the dead member's lease lapses
-			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
+			A, B, C := newAgent(t, st, cfg), newAgent(t, st, cfg), newAgent(t, st, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
 			checkJobOnNode(t, cl, cfg.JobID, node)
@@ -103,7 +104,7 @@ func TestRedisCluster(t *testing.T) {
 		{"graceful leave", func(t *testing.T, node int) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
+			A, B, C := newAgent(t, st, cfg), newAgent(t, st, cfg), newAgent(t, st, cfg)
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B, C})
 			checkRound(t, ws, []*elastic.Agent{A, B, C})
 			checkJobOnNode(t, cl, cfg.JobID, node)
@@ -129,7 +130,7 @@ func TestRedisCluster(t *testing.T) {
 		}},
 		{"finish", func(t *testing.T, node int) {
 			cfg := config(t, node)
-			c := elastictest.NewClusterOn(t, store, 2, cfg)
+			c := elastictest.NewClusterOn(t, st, 2, cfg)
 			c.JoinAll(ctx)
 			checkJobOnNode(t, cl, cfg.JobID, node)
 			A, B := c.Agents[0], c.Agents[1]
@@ -140,19 +141,19 @@ func TestRedisCluster(t *testing.T) {
 			if _, err := B.Join(ctx); !errors.Is(err, elastic.ErrJobFinished) {
 				t.Fatalf("Join after Finish: %v", err)
 			}
-			if _, err := newAgent(t, store, cfg).Join(ctx); !errors.Is(err, elastic.ErrJobFinished) {
+			if _, err := newAgent(t, st, cfg).Join(ctx); !errors.Is(err, elastic.ErrJobFinished) {
 				t.Fatalf("Join by a new member of a finished job: %v", err)
 			}
 		}},
 		{"keys dropped: members re-form with the same ranks", func(t *testing.T, node int) {
 			cfg := config(t, node)
 			cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, time.Hour
-			as := []*elastic.Agent{newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)}
+			as := []*elastic.Agent{newAgent(t, st, cfg), newAgent(t, st, cfg), newAgent(t, st, cfg)}
 			ws := []*worker{startWorker(t, as[0]), startWorker(t, as[1]), startWorker(t, as[2])}
 			before := awaitRound(t, 20*time.Second, ws...)
 			checkRound(t, before, as)
 			checkJobOnNode(t, cl, cfg.JobID, node)
-			dropRedisJob(t, store, cfg.JobID) // one DEL of the four keys: one slot
+			dropRedisJob(t, st, cfg.JobID) // one DEL of the four keys: one slot
 			after := awaitRound(t, 20*time.Second, ws...)
 			checkRound(t, after, as)
 			if after[0].Round <= before[0].Round || !slices.Equal(after[0].MemberIDs(), before[0].MemberIDs()) {
@@ -166,7 +167,7 @@ func TestRedisCluster(t *testing.T) {
 			// deadline below: a change seen in time came from a hint.
 			cfg.HeartbeatInterval, cfg.LeaseTTL = 10*time.Second, 30*time.Second
 			const hintWithin = 5 * time.Second
-			w, err := store.Watch(ctx, cfg.JobID)
+			w, err := st.Watch(ctx, cfg.JobID)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -176,12 +177,12 @@ func TestRedisCluster(t *testing.T) {
 			other := cl.Addrs()[(node+1)%len(cl.Addrs())]
 			rc := redis.NewClient(&redis.Options{Addr: other})
 			defer rc.Close()
-			ps := rc.Subscribe(ctx, elastic.KeyPrefix+"{"+cfg.JobID+"}:events")
+			ps := rc.Subscribe(ctx, store.KeyPrefix+"{"+cfg.JobID+"}:events")
 			defer ps.Close()
 			if _, err := ps.Receive(ctx); err != nil {
 				t.Fatal(err)
 			}
-			A, B, C := newAgent(t, store, cfg), newAgent(t, store, cfg), newAgent(t, store, cfg)
+			A, B, C := newAgent(t, st, cfg), newAgent(t, st, cfg), newAgent(t, st, cfg)
 			start := time.Now()
 			ws := joinAll(t, ctx, []*elastic.Agent{A, B})
 			checkRound(t, ws, []*elastic.Agent{A, B})
@@ -244,10 +245,6 @@ func TestRedisCluster(t *testing.T) {
 			sc.run(t, node)
 		})
 	}
-	t.Run("scripts agree with the core", func(t *testing.T) {
-		t.Parallel()
-		runDifferential(t, store, elastic.Params{MinWorkers: 1, MaxWorkers: 3, LeaseTTL: time.Minute, StateTTL: time.Hour}, 1, 300)
-	})
 }
 
 func memberIDs(ms []elastic.Member) []string {

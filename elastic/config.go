@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // Default values of Config (see DefaultConfig).
@@ -25,8 +26,9 @@ const (
 	// heartbeats per second across the job: about 16 % of one Redis core
 	// at the 40 us a heartbeat costs there (examples/rendezvous-bench).
 	DefaultMaxHeartbeatRate = 4096
-	// MaxJobIDLen is the longest accepted job ID, in bytes.
-	MaxJobIDLen = 128
+	// MaxJobIDLen is the longest accepted job ID, in bytes
+	// (store.MaxJobIDLen).
+	MaxJobIDLen = store.MaxJobIDLen
 )
 
 // Config holds the rendezvous settings of one job. All members of a job must
@@ -193,19 +195,9 @@ func (c Config) Validate() error {
 }
 
 // ValidateJobID checks a job ID: 1..MaxJobIDLen bytes of printable ASCII
-// without '{', '}' (they would break the Redis hash tag) or spaces.
-func ValidateJobID(id string) error {
-	if id == "" {
-		return errors.New("empty JobID")
-	}
-	if len(id) > MaxJobIDLen {
-		return fmt.Errorf("JobID longer than %d bytes", MaxJobIDLen)
-	}
-	if i := strings.IndexFunc(id, func(r rune) bool { return r <= ' ' || r > '~' || r == '{' || r == '}' }); i >= 0 {
-		return fmt.Errorf("JobID %q has a forbidden character at byte %d", id, i)
-	}
-	return nil
-}
+// without '{', '}' (they would break the Redis hash tag) or spaces. It is
+// store.ValidateJobID.
+func ValidateJobID(id string) error { return store.ValidateJobID(id) }
 
 // HeartbeatEvery is the interval, in time, at which an Agent with this
 // Config renews its lease in a job of n members (the round it holds, the
@@ -241,8 +233,8 @@ func (c Config) perMember(n int) time.Duration {
 }
 
 // params returns the part of the config the store applies.
-func (c Config) params() Params {
-	return Params{
+func (c Config) params() store.Params {
+	return store.Params{
 		MinWorkers: c.MinWorkers,
 		MaxWorkers: c.MaxWorkers,
 		LastCall:   c.LastCall,

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"sync"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // errAgentDeadline is what a store call cut off by the Agent's own
@@ -154,14 +156,14 @@ func maxBeatsInFlight(cfg Config) int {
 
 // watch subscribes to the job's change hints within the Agent's own
 // deadline; a subscription that arrives after it is closed at once.
-func (a *Agent) watch(ctx context.Context) (Watcher, error) {
+func (a *Agent) watch(ctx context.Context) (store.Watcher, error) {
 	return bounded(a, ctx, "watch", a.opTimeout(),
-		func(c context.Context) (Watcher, error) { return a.store.Watch(c, a.cfg.JobID) },
-		func(w Watcher) { _ = w.Close() }, nil)
+		func(c context.Context) (store.Watcher, error) { return a.store.Watch(c, a.cfg.JobID) },
+		func(w store.Watcher) { _ = w.Close() }, nil)
 }
 
 // poolWarmer is the optional capability of a Store to open connections
-// ahead of need (RedisStore.Warm).
+// ahead of need (store.Redis.Warm).
 type poolWarmer interface {
 	Warm(ctx context.Context, n int) error
 }
@@ -172,7 +174,7 @@ type poolWarmer interface {
 const warmEvery = 10 * time.Minute
 
 // warm opens one connection per heartbeat that may be in flight, plus one
-// for Join and Check (see RedisStore.Warm), within the Agent's deadline.
+// for Join and Check (see store.Redis.Warm), within the Agent's deadline.
 func (a *Agent) warm() {
 	pw, ok := a.store.(poolWarmer)
 	if !ok {

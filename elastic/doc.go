@@ -16,7 +16,7 @@
 //
 // # Using it
 //
-// Each worker makes one Agent over a Store and calls Join, which blocks until
+// Each worker makes one Agent over a store (see Stores) and calls Join, which blocks until
 // the member holds a rank in a closed round and returns that World. The
 // trainer then trains; at each step boundary it reads ChangePending (no I/O)
 // and, when any rank sees a change (agreed through the allreduce), every rank
@@ -80,7 +80,7 @@
 // up to 1.5 x LeaseTTL, and a gap longer than 2 x LeaseTTL (a job-wide
 // stall, a partition of every member from the store) still fences everyone.
 // A member silent while others call earns nothing: its lease lapses
-// LeaseTTL after its last renewal, as before. Beat.StoreTime stays the
+// LeaseTTL after its last renewal, as before. store.Beat.StoreTime stays the
 // store's clock, so the Agent's own view of its lease (ChangePending) is
 // earlier than the store's, never later.
 //
@@ -89,12 +89,12 @@
 // and it can never act under its old rank. A member that was paused (SIGSTOP)
 // past its lease finds itself fenced when it resumes; ChangePending turns
 // true on its own once the lease may have lapsed on the store's clock: each
-// heartbeat reply carries the store's time (Beat.StoreTime), which the Agent
+// heartbeat reply carries the store's time (store.Beat.StoreTime), which the Agent
 // maps to its own clock (offset bounds from the fastest round trip seen, as
 // NTP does), so the lease is judged by when the store renewed it, not by how
 // long the answer took to come back. Heartbeats do not wait for each other
 // (up to about a lease's worth are in flight, each on its own pooled
-// connection; RedisStore.Warm opens them ahead of need), and a heartbeat
+// connection; store.Redis.Warm opens them ahead of need), and a heartbeat
 // sent while the lease held keeps the verdict open until it is answered or
 // its deadline (2 x LeaseTTL) passes. Latency on one member's store link
 // below the lease therefore ends no round; a link that stops delivering
@@ -102,11 +102,23 @@
 // the others re-form without that member. A failure report names its round: a report about an older round,
 // or about a member that already arrived in the next round, is ignored.
 //
+// # Stores
+//
+// The store an Agent runs on lives in package elastic/store, as
+// database/sql's drivers' side lives in database/sql/driver: the Store
+// interface with the contract of each call (for a store of your own), its
+// request and view types, the deterministic core of the transitions, the
+// Redis store (store.NewRedis) and the in-memory one (store.NewMemory).
+// Package elastic/elastictest has the in-memory store with its test
+// controls and a cluster of Agents for tests. Until the next release the
+// old names (elastic.Store, elastic.NewRedisStore, elastic.View, ...) stay
+// here as deprecated aliases of the moved ones.
+//
 // # Store and outages
 //
-// NewRedisStore works over go-redis' UniversalClient (one node, Sentinel,
+// store.NewRedis works over go-redis' UniversalClient (one node, Sentinel,
 // Cluster): all keys of a job ("et:{<jobID>}:state", ":meta", ":members",
-// ":leases" and the per-member sets and hashes listed in scripts.go) share
+// ":leases" and the per-member sets and hashes listed in elastic/store's scripts.go) share
 // one hash tag, and all carry a TTL (Config.StateTTL, renewed by
 // heartbeats), so nothing outlives the job. The state is split so that a
 // call costs O(1) Redis commands whatever the job's size (O(log n) for the
@@ -131,7 +143,7 @@
 // store. On a Cluster the
 // hints are plain PUBLISH from the scripts, which Redis broadcasts to every
 // node, so a subscriber on any node receives them (the tests run the
-// rendezvous on a three-master cluster). NewMemoryStore has the
+// rendezvous on a three-master cluster). store.NewMemory has the
 // same semantics (the same transition code; a differential test holds the
 // Lua scripts to it) for unit tests and single-process use;
 // elastic/standalone runs an embedded Redis-protocol server for single-host

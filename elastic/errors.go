@@ -3,6 +3,8 @@ package elastic
 import (
 	"errors"
 	"fmt"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 var (
@@ -29,29 +31,26 @@ var (
 	ErrClosed = errors.New("elastic: agent closed")
 
 	// ErrBadState means the store returned data that does not parse (a
-	// corrupted or foreign key, a wrong reply shape). Agents treat it like an
-	// outage: they retry within the outage budget (a job state that does not
-	// parse is replaced when the job re-forms), except ErrWrongType, which
-	// wraps it.
-	ErrBadState = errors.New("elastic: malformed store state")
+	// corrupted or foreign key, a wrong reply shape): store.ErrBadState,
+	// the same value. Agents treat it like an outage: they retry within the
+	// outage budget, except ErrWrongType, which wraps it.
+	ErrBadState = store.ErrBadState
 
 	// ErrWrongType means a key of the job holds another Redis type than
-	// the rendezvous uses (Redis answered WRONGTYPE: something else wrote
-	// it); the message names the key. It wraps ErrBadState, but retrying
-	// cannot help: the Agent fails at once with an error wrapping both it
-	// and ErrStoreUnavailable (sticky, like an outage past its budget).
-	// Delete the key, or run the job under another ID.
-	ErrWrongType = fmt.Errorf("%w: a key of the job holds the wrong Redis type", ErrBadState)
+	// the rendezvous uses: store.ErrWrongType, the same value. It wraps
+	// ErrBadState, but retrying cannot help: the Agent fails at once with
+	// an error wrapping both it and ErrStoreUnavailable (sticky, like an
+	// outage past its budget). Delete the key, or run the job under
+	// another ID.
+	ErrWrongType = store.ErrWrongType
 
 	// ErrNoPermission means Redis refused a call of the job for want of
-	// permission (a NOPERM answer: the client's ACL user may not run the
-	// scripts, or touch one of the job's keys or its channel); the message
-	// carries Redis' words, which name the command or key. No retry heals
-	// it: the Agent fails at once with an error wrapping it and
-	// ErrStoreUnavailable, like ErrWrongType. Grant the workers' user the
-	// job's keys and channel (~et:{<job>}:*, &et:{<job>}:*) and EVALSHA,
-	// EVAL and PUBLISH.
-	ErrNoPermission = errors.New("elastic: Redis refused the job's call (no permission)")
+	// permission (a NOPERM answer): store.ErrNoPermission, the same value.
+	// No retry heals it: the Agent fails at once with an error wrapping it
+	// and ErrStoreUnavailable, like ErrWrongType. Grant the workers' user
+	// the job's keys and channel (~et:{<job>}:*, &et:{<job>}:*) and
+	// EVALSHA, EVAL and PUBLISH.
+	ErrNoPermission = store.ErrNoPermission
 )
 
 // permanent reports whether a store error is one no retry heals: the
@@ -72,18 +71,7 @@ func (e *permanentError) Error() string {
 func (e *permanentError) Unwrap() []error { return []error{ErrStoreUnavailable, e.err} }
 
 // StoreError wraps a failed store call (network error, timeout, malformed
-// reply) with the operation and job it concerned. errors.Is(err,
-// ErrBadState) and the underlying network errors still match through Unwrap.
-type StoreError struct {
-	Op    string // store operation: "join", "check", "heartbeat", "report", "leave", "finish", "watch"
-	JobID string
-	Err   error
-}
-
-// Error implements error.
-func (e *StoreError) Error() string {
-	return fmt.Sprintf("elastic: store %s (job %q): %v", e.Op, e.JobID, e.Err)
-}
-
-// Unwrap returns the underlying error.
-func (e *StoreError) Unwrap() error { return e.Err }
+// reply) with the operation and job it concerned: the stores' error type,
+// store.Error. errors.Is(err, ErrBadState) and the underlying network
+// errors still match through Unwrap.
+type StoreError = store.Error

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // Example forms a round of three workers over the in-memory store, reports a
 // failed peer, and re-forms with the two survivors, as a trainer would.
 func Example() {
 	ctx := context.Background()
-	store := elastic.NewMemoryStore()
+	st := store.NewMemory()
 	cfg := elastic.DefaultConfig()
 	cfg.JobID = "example-job"
 	cfg.MinWorkers, cfg.MaxWorkers = 1, 3
@@ -22,7 +23,7 @@ func Example() {
 
 	agents := make([]*elastic.Agent, 3)
 	for i := range agents {
-		a, err := elastic.NewAgent(store, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 7000+i)), cfg)
+		a, err := elastic.NewAgent(st, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 7000+i)), cfg)
 		if err != nil {
 			fmt.Println(err)
 			return

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -20,7 +21,7 @@ import (
 // members take the round of three the store closes next.
 func TestForgedCloseHintGivesNoWorld(t *testing.T) {
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 3, 3, time.Hour
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -32,7 +33,7 @@ func TestForgedCloseHintGivesNoWorld(t *testing.T) {
 	go func() { joined <- joinAll(t, ctx, agents) }()
 	spy.waitArrived(t, agents[0].Member().ID, agents[1].Member().ID)
 
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	prefix := store.KeyPrefix + "{" + cfg.JobID + "}:"
 	meta, err := c.HMGet(ctx, prefix+"meta", "inc", "ver", "round", "open").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -46,7 +47,7 @@ func TestForgedCloseHintGivesNoWorld(t *testing.T) {
 	}
 	roster := []string{recs[0].(string), recs[1].(string)}
 	forged := strings.Join([]string{meta[1].(string), meta[2].(string), meta[0].(string), strings.Join(roster, "\n")}, "\n")
-	if err := c.Publish(ctx, elastic.KeyPrefix+"{"+cfg.JobID+"}:events", forged).Err(); err != nil {
+	if err := c.Publish(ctx, store.KeyPrefix+"{"+cfg.JobID+"}:events", forged).Err(); err != nil {
 		t.Fatal(err)
 	}
 
@@ -66,11 +67,11 @@ func TestForgedCloseHintGivesNoWorld(t *testing.T) {
 
 // checkCounter counts Checks (a member's re-read of its view).
 type checkCounter struct {
-	elastic.Store
+	store.Store
 	checks atomic.Int64
 }
 
-func (s *checkCounter) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *checkCounter) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	s.checks.Add(1)
 	return s.Store.Check(ctx, r)
 }
@@ -81,7 +82,7 @@ func (s *checkCounter) Check(ctx context.Context, r elastic.MemberRequest) (elas
 // message is only a hint to read the store, which says the round runs.
 func TestForgedOpenHintSupersedesNothing(t *testing.T) {
 	c := testredis.Client(t)
-	s := &checkCounter{Store: elastic.NewRedisStore(c)}
+	s := &checkCounter{Store: store.NewRedis(c)}
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers = 2, 2
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -90,7 +91,7 @@ func TestForgedOpenHintSupersedesNothing(t *testing.T) {
 	ws := joinAll(t, ctx, agents)
 	checkRound(t, ws, agents)
 
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	prefix := store.KeyPrefix + "{" + cfg.JobID + "}:"
 	meta, err := c.HMGet(ctx, prefix+"meta", "inc", "ver").Result()
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +102,7 @@ func TestForgedOpenHintSupersedesNothing(t *testing.T) {
 	}
 	before := s.checks.Load()
 	forged := fmt.Sprintf("%d\n%d\n%s\nopen", ver+1, ws[0].Round+1, meta[0].(string))
-	if err := c.Publish(ctx, elastic.KeyPrefix+"{"+cfg.JobID+"}:events", forged).Err(); err != nil {
+	if err := c.Publish(ctx, store.KeyPrefix+"{"+cfg.JobID+"}:events", forged).Err(); err != nil {
 		t.Fatal(err)
 	}
 	// Both members read the store on the hint (a version they have not

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // Child processes: the test binary re-executed with helperEnv set. They join
@@ -52,7 +53,7 @@ func helperMain(mode string) int {
 	cfg.JoinTimeout = 60 * time.Second
 	c := newClient(os.Getenv("ET_REDIS"))
 	defer c.Close()
-	a, err := elastic.NewAgent(elastic.NewRedisStore(c), elastic.NewMember("127.0.0.1:1"), cfg)
+	a, err := elastic.NewAgent(store.NewRedis(c), elastic.NewMember("127.0.0.1:1"), cfg)
 	if err != nil {
 		emit(childEvent{Event: "error", Err: err.Error()})
 		return 1

@@ -12,11 +12,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
 // nextHint waits for a hint that satisfies ok.
-func nextHint(t *testing.T, w elastic.Watcher, what string, ok func(elastic.Hint) bool) elastic.Hint {
+func nextHint(t *testing.T, w store.Watcher, what string, ok func(store.Hint) bool) store.Hint {
 	t.Helper()
 	timeout := time.After(10 * time.Second)
 	for {
@@ -33,16 +34,16 @@ func nextHint(t *testing.T, w elastic.Watcher, what string, ok func(elastic.Hint
 
 // formRound registers n members (records padded to pad bytes of Host) and
 // closes a round of all of them; it returns the incarnation and round.
-func formRound(t *testing.T, s elastic.Store, job string, n, pad int) (string, uint64) {
+func formRound(t *testing.T, s store.Store, job string, n, pad int) (string, uint64) {
 	t.Helper()
 	ctx := context.Background()
-	p := elastic.Params{MinWorkers: 1, MaxWorkers: n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
-	var v elastic.View
+	p := store.Params{MinWorkers: 1, MaxWorkers: n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+	var v store.View
 	for i := range n {
 		var err error
-		v, err = s.Join(ctx, elastic.JoinRequest{JobID: job, NewIncarnation: "inc-" + job, Arrive: true, Params: p,
+		v, err = s.Join(ctx, store.JoinRequest{JobID: job, NewIncarnation: "inc-" + job, Arrive: true, Params: p,
 			Member: elastic.Member{ID: fmt.Sprintf("m%04d", i), Host: strings.Repeat("h", pad), Addr: "127.0.0.1:1"}})
-		if err != nil || v.Code != elastic.CodeOK {
+		if err != nil || v.Code != store.CodeOK {
 			t.Fatalf("join %d: %+v %v", i, v, err)
 		}
 	}
@@ -73,31 +74,31 @@ func TestHintsCarryTheRosterAndTheNextRound(t *testing.T) {
 					t.Fatal(err)
 				}
 				inc, round := formRound(t, s, job, tc.n, tc.pad)
-				h := nextHint(t, w, "close", func(h elastic.Hint) bool { return h.Round == round && !h.Open })
+				h := nextHint(t, w, "close", func(h store.Hint) bool { return h.Round == round && !h.Open })
 				if h.Incarnation != inc || len(h.Members) != tc.n || h.Members[tc.n-1].ID != fmt.Sprintf("m%04d", tc.n-1) {
 					t.Fatalf("%s: close hint of round %d: inc %q, %d members", tc.name, round, h.Incarnation, len(h.Members))
 				}
-				p := elastic.Params{MinWorkers: 1, MaxWorkers: tc.n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
+				p := store.Params{MinWorkers: 1, MaxWorkers: tc.n, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour}
 				// A member lost: the survivors re-form the next round in the
 				// report's own call, and its close hint carries them.
-				v, err := s.Report(ctx, elastic.ReportRequest{MemberRequest: elastic.MemberRequest{JobID: job, MemberID: "m0000", Incarnation: inc, Params: p},
+				v, err := s.Report(ctx, store.ReportRequest{MemberRequest: store.MemberRequest{JobID: job, MemberID: "m0000", Incarnation: inc, Params: p},
 					Round: round, Target: "m0001"})
-				if err != nil || v.Code != elastic.CodeOK || v.Open || v.Round <= round || v.Size != tc.n-1 {
+				if err != nil || v.Code != store.CodeOK || v.Open || v.Round <= round || v.Size != tc.n-1 {
 					t.Fatalf("report: %+v %v", v, err)
 				}
-				h = nextHint(t, w, "close after the loss", func(h elastic.Hint) bool { return h.Round == v.Round && !h.Open })
+				h = nextHint(t, w, "close after the loss", func(h store.Hint) bool { return h.Round == v.Round && !h.Open })
 				if h.Incarnation != inc || h.Version != v.Version || len(h.Members) != tc.n-1 ||
 					slices.ContainsFunc(h.Members, func(m elastic.Member) bool { return m.ID == "m0001" }) {
 					t.Fatalf("%s: close hint after the loss: %+v, view round %d version %d", tc.name, h.Round, v.Round, v.Version)
 				}
 				// A ranked member that holds the round leaves it (Join):
 				// the next round opens, announced as open.
-				v, err = s.Join(ctx, elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: "m0000", Host: strings.Repeat("h", tc.pad), Addr: "127.0.0.1:1"},
+				v, err = s.Join(ctx, store.JoinRequest{JobID: job, Member: elastic.Member{ID: "m0000", Host: strings.Repeat("h", tc.pad), Addr: "127.0.0.1:1"},
 					Incarnation: inc, NewIncarnation: "unused", RoundHint: v.Round, HaveRound: v.Round, Arrive: true, Params: p})
-				if err != nil || v.Code != elastic.CodeOK || !v.Open || v.Role != elastic.RoleArrived {
+				if err != nil || v.Code != store.CodeOK || !v.Open || v.Role != store.RoleArrived {
 					t.Fatalf("leaving join: %+v %v", v, err)
 				}
-				h = nextHint(t, w, "open", func(h elastic.Hint) bool { return h.Open })
+				h = nextHint(t, w, "open", func(h store.Hint) bool { return h.Open })
 				if h.Round != v.Round || h.Incarnation != inc || h.Version != v.Version || h.Members != nil {
 					t.Fatalf("%s: open hint %+v, view round %d version %d", tc.name, h, v.Round, v.Version)
 				}
@@ -116,7 +117,7 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 	ctx := context.Background()
 	c := testredis.Client(t)
 	job := testredis.JobID(t)
-	channel := elastic.KeyPrefix + "{" + job + "}:events"
+	channel := store.KeyPrefix + "{" + job + "}:events"
 	subs := func() int64 {
 		t.Helper()
 		n, err := c.PubSubNumSub(ctx, channel).Result()
@@ -125,9 +126,9 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 		}
 		return n[channel]
 	}
-	var ws []elastic.Watcher
+	var ws []store.Watcher
 	for range 5 {
-		w, err := elastic.NewRedisStore(c).Watch(ctx, job)
+		w, err := store.NewRedis(c).Watch(ctx, job)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,16 +139,16 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 	}
 	other := redis.NewClient(&redis.Options{Addr: testredis.Addr(t)})
 	defer other.Close()
-	w2, err := elastic.NewRedisStore(other).Watch(ctx, job)
+	w2, err := store.NewRedis(other).Watch(ctx, job)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if n := subs(); n != 2 {
 		t.Fatalf("%d subscriptions for watchers on two clients", n)
 	}
-	_, round := formRound(t, elastic.NewRedisStore(c), job, 2, 0)
+	_, round := formRound(t, store.NewRedis(c), job, 2, 0)
 	for i, w := range append(ws, w2) {
-		nextHint(t, w, fmt.Sprintf("close (watcher %d)", i), func(h elastic.Hint) bool { return h.Round == round && len(h.Members) == 2 })
+		nextHint(t, w, fmt.Sprintf("close (watcher %d)", i), func(h store.Hint) bool { return h.Round == round && len(h.Members) == 2 })
 	}
 	for _, w := range ws[:4] {
 		if err := w.Close(); err != nil {
@@ -168,7 +169,7 @@ func TestWatchersShareOneSubscription(t *testing.T) {
 // they do not re-read the view either). Here a peer left the round with
 // Join (as a trainer does to admit a joiner, or after a failed collective).
 func TestOpenHintSupersedesTheRound(t *testing.T) {
-	onBothStores(t, 2, 2, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 2, 2, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
 		agents := []*elastic.Agent{newAgent(t, s, cfg), newAgent(t, s, cfg)}
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -206,16 +207,16 @@ func TestOpenHintSupersedesTheRound(t *testing.T) {
 
 // countingStore counts the store calls of one Agent other than heartbeats.
 type countingStore struct {
-	elastic.Store
+	store.Store
 	calls atomic.Int64
 }
 
-func (s *countingStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *countingStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	s.calls.Add(1)
 	return s.Store.Join(ctx, r)
 }
 
-func (s *countingStore) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *countingStore) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	s.calls.Add(1)
 	return s.Store.Check(ctx, r)
 }
@@ -226,7 +227,7 @@ func (s *countingStore) Check(ctx context.Context, r elastic.MemberRequest) (ela
 // the next round without a store call (no Join, no Check), with heartbeats
 // far apart. In a round of n members that is n store calls fewer per loss.
 func TestSurvivorTakesTheReformedRoundFromTheHint(t *testing.T) {
-	onBothStores(t, 2, 3, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 2, 3, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		cfg.LeaseTTL, cfg.HeartbeatInterval = time.Minute, 20*time.Second
 		cs := &countingStore{Store: s}
 		a, b, c := newAgent(t, s, cfg), newAgent(t, cs, cfg), newAgent(t, s, cfg)
@@ -269,9 +270,9 @@ func TestWatcherSurvivesGarbageOnTheChannel(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	job := testredis.JobID(t)
-	channel := elastic.KeyPrefix + "{" + job + "}:events"
+	channel := store.KeyPrefix + "{" + job + "}:events"
 	w, err := s.Watch(ctx, job)
 	if err != nil {
 		t.Fatal(err)
@@ -281,11 +282,11 @@ func TestWatcherSurvivesGarbageOnTheChannel(t *testing.T) {
 		if err := c.Publish(ctx, channel, msg).Err(); err != nil {
 			t.Fatal(err)
 		}
-		h := nextHint(t, w, fmt.Sprintf("%q", msg), func(elastic.Hint) bool { return true })
+		h := nextHint(t, w, fmt.Sprintf("%q", msg), func(store.Hint) bool { return true })
 		if h.Members != nil || (h.Open && h.Round == 0) {
 			t.Fatalf("%q gave %+v", msg, h)
 		}
 	}
 	_, round := formRound(t, s, job, 2, 0)
-	nextHint(t, w, "close after the garbage", func(h elastic.Hint) bool { return h.Round == round && len(h.Members) == 2 })
+	nextHint(t, w, "close after the garbage", func(h store.Hint) bool { return h.Round == round && len(h.Members) == 2 })
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // slowRefreshStore answers every heartbeat with a version the Agent does
@@ -20,32 +21,32 @@ import (
 // refresh after their store slot was released. Once piled members of them
 // are in flight, the heartbeats answer fenced.
 type slowRefreshStore struct {
-	elastic.Store
+	store.Store
 	armed   atomic.Bool
 	inCheck atomic.Int64
 	piled   int64
 }
 
-func (s *slowRefreshStore) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+func (s *slowRefreshStore) Heartbeat(ctx context.Context, r store.MemberRequest) (store.Beat, error) {
 	b, err := s.Store.Heartbeat(ctx, r)
 	if err != nil || !s.armed.Load() {
 		return b, err
 	}
 	if s.inCheck.Load() >= s.piled {
-		b.Code = elastic.CodeFenced
+		b.Code = store.CodeFenced
 		return b, nil
 	}
 	b.Version += 1000
 	return b, nil
 }
 
-func (s *slowRefreshStore) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *slowRefreshStore) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if !s.armed.Load() {
 		return s.Store.Check(ctx, r)
 	}
 	s.inCheck.Add(1)
 	<-ctx.Done()
-	return elastic.View{}, ctx.Err()
+	return store.View{}, ctx.Err()
 }
 
 // TestCloseReturnsWithBeatsPiledUp: more heartbeats than the Agent keeps in
@@ -56,7 +57,7 @@ func (s *slowRefreshStore) Check(ctx context.Context, r elastic.MemberRequest) (
 func TestCloseReturnsWithBeatsPiledUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := &slowRefreshStore{Store: elastic.NewMemoryStore(), piled: 30}
+	s := &slowRefreshStore{Store: store.NewMemory(), piled: 30}
 	cfg := elastic.DefaultConfig()
 	cfg.JobID = "close-beats"
 	cfg.LastCall = 0
@@ -94,13 +95,13 @@ func TestCloseReturnsWithBeatsPiledUp(t *testing.T) {
 // one of the leaver's own heartbeats has been answered (fenced: the member
 // is gone) and handled by the Agent (its log says so).
 type leaveThenBeatStore struct {
-	elastic.Store
+	store.Store
 	handled  chan struct{} // closed by the log handler on the Agent's first record about being gone
 	errAfter atomic.Value  // the Agent's Err once the beat was handled, before Leave returned
 	a        *elastic.Agent
 }
 
-func (s *leaveThenBeatStore) Leave(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *leaveThenBeatStore) Leave(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	v, err := s.Store.Leave(ctx, r)
 	select {
 	case <-s.handled:
@@ -142,7 +143,7 @@ func TestLeavingIsNotFenced(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	handled := make(chan struct{})
-	s := &leaveThenBeatStore{Store: elastic.NewMemoryStore(), handled: handled}
+	s := &leaveThenBeatStore{Store: store.NewMemory(), handled: handled}
 	cfg := elastic.DefaultConfig()
 	cfg.JobID = "leave-beat"
 	cfg.LastCall = 0

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // hidingStore hides from one member, while armed, every answer that ranks
@@ -18,7 +19,7 @@ import (
 // cancelled (a preemption) at that moment. A hidden call returns when its
 // context ends.
 type hidingStore struct {
-	elastic.Store
+	store.Store
 	armed   atomic.Bool
 	arrived chan struct{} // closed at the first answer that says arrived
 	hid     chan struct{} // closed at the first answer hidden
@@ -26,36 +27,36 @@ type hidingStore struct {
 	oa      stdsync.Once
 }
 
-func (s *hidingStore) hide(ctx context.Context, v elastic.View, err error) (elastic.View, error) {
-	if err == nil && v.Role == elastic.RoleArrived {
+func (s *hidingStore) hide(ctx context.Context, v store.View, err error) (store.View, error) {
+	if err == nil && v.Role == store.RoleArrived {
 		s.oa.Do(func() { close(s.arrived) })
 	}
-	if err != nil || !s.armed.Load() || v.Role != elastic.RoleRanked || v.Open {
+	if err != nil || !s.armed.Load() || v.Role != store.RoleRanked || v.Open {
 		return v, err
 	}
 	s.once.Do(func() { close(s.hid) })
 	<-ctx.Done()
-	return elastic.View{}, ctx.Err()
+	return store.View{}, ctx.Err()
 }
 
-func (s *hidingStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *hidingStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	v, err := s.Store.Join(ctx, r)
 	return s.hide(ctx, v, err)
 }
 
-func (s *hidingStore) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *hidingStore) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	v, err := s.Store.Check(ctx, r)
 	return s.hide(ctx, v, err)
 }
 
-func (s *hidingStore) Watch(ctx context.Context, jobID string) (elastic.Watcher, error) {
+func (s *hidingStore) Watch(ctx context.Context, jobID string) (store.Watcher, error) {
 	return silentWatcher{}, nil
 }
 
 type silentWatcher struct{}
 
-func (silentWatcher) C() <-chan elastic.Hint { return nil }
-func (silentWatcher) Close() error           { return nil }
+func (silentWatcher) C() <-chan store.Hint { return nil }
+func (silentWatcher) Close() error         { return nil }
 
 // A member whose Join is cancelled just after the store ranked it in a
 // closed round does not leave it (its leave would fail the round for the
@@ -64,7 +65,7 @@ func (silentWatcher) Close() error           { return nil }
 // member cancelled while its round still forms leaves it, and the round
 // forms without it.
 func TestLeaveUnlessRanked(t *testing.T) {
-	onBothStores(t, 2, 4, 0, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 2, 4, 0, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
 

@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/faultinject"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
@@ -42,7 +43,7 @@ func slowLinkAgent(t *testing.T, addr string, cfg elastic.Config, name string) *
 func agentWith(t *testing.T, opt *redis.Options, cfg elastic.Config, name string) *elastic.Agent {
 	t.Helper()
 	c := redis.NewClient(opt)
-	a, err := elastic.NewAgent(elastic.NewRedisStore(c), elastic.NewMember("127.0.0.1:"+name), cfg)
+	a, err := elastic.NewAgent(store.NewRedis(c), elastic.NewMember("127.0.0.1:"+name), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +65,7 @@ func awaitRenewals(t *testing.T, addr, job, member string, n int) {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: addr})
 	defer c.Close()
-	key := elastic.KeyPrefix + "{" + job + "}:leases"
+	key := store.KeyPrefix + "{" + job + "}:leases"
 	var last float64
 	seen := -1
 	waitFor(t, 10*time.Second, "the member's lease renewals", func() bool {
@@ -330,7 +331,7 @@ func (s *stepper) hang() time.Time {
 // when it wakes. A marked phase three times as long as the timeout, and a
 // Join, are no hang.
 func TestHungWorkerIsLeftBehind(t *testing.T) {
-	onBothStores(t, 1, 2, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 1, 2, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		cfg.ProgressTimeout = 500 * time.Millisecond
 		logA := &warnLog{}
 		cfgA := cfg
@@ -429,7 +430,7 @@ func (h *warnLog) has(sub string) bool {
 // A phase marked with Waiting (a collective), opened earlier and as long,
 // is not judged by the bound.
 func TestMarkedPhaseOutlastingPhaseTimeoutIsAHang(t *testing.T) {
-	onBothStores(t, 1, 3, time.Hour, func(t *testing.T, s elastic.Store, cfg elastic.Config) {
+	onBothStores(t, 1, 3, time.Hour, func(t *testing.T, s store.Store, cfg elastic.Config) {
 		cfg.PhaseTimeout = 500 * time.Millisecond
 		logA := &warnLog{}
 		cfgA := cfg

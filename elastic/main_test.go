@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
-	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -25,21 +25,21 @@ func TestMain(m *testing.M) {
 // storeKind makes a Store for a test; the same tests run on each kind.
 type storeKind struct {
 	name string
-	make func(t *testing.T) elastic.Store
+	make func(t *testing.T) store.Store
 }
 
 func memoryKind() storeKind {
-	return storeKind{"memory", func(t *testing.T) elastic.Store { return elastic.NewMemoryStore() }}
+	return storeKind{"memory", func(t *testing.T) store.Store { return store.NewMemory() }}
 }
 
 func redisKind() storeKind {
-	return storeKind{"redis", func(t *testing.T) elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) }}
+	return storeKind{"redis", func(t *testing.T) store.Store { return store.NewRedis(testredis.Client(t)) }}
 }
 
 // onBothStores runs f as parallel subtests, "memory" and "redis", each
 // with its own store and a fresh testConfig whose MinWorkers, MaxWorkers
 // and LastCall are set to min, max and lastCall.
-func onBothStores(t *testing.T, min, max int, lastCall time.Duration, f func(t *testing.T, s elastic.Store, cfg elastic.Config)) {
+func onBothStores(t *testing.T, min, max int, lastCall time.Duration, f func(t *testing.T, s store.Store, cfg elastic.Config)) {
 	for _, k := range []storeKind{memoryKind(), redisKind()} {
 		t.Run(k.name, func(t *testing.T) {
 			t.Parallel()
@@ -51,18 +51,9 @@ func onBothStores(t *testing.T, min, max int, lastCall time.Duration, f func(t *
 }
 
 // standaloneKind runs the Redis store against the embedded server
-// (elastic/standalone), checking that the Lua scripts run there too.
+// (elastic/standalone's), checking that the Lua scripts run there too.
 func standaloneKind() storeKind {
-	return storeKind{"standalone", func(t *testing.T) elastic.Store {
-		srv, err := standalone.Start(context.Background(), "")
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = srv.Close() })
-		c := newClient(srv.Addr())
-		t.Cleanup(func() { _ = c.Close() })
-		return elastic.NewRedisStore(c)
-	}}
+	return storeKind{"standalone", func(t *testing.T) store.Store { return store.NewRedis(testredis.EmbeddedClient(t)) }}
 }
 
 func allKinds() []storeKind { return []storeKind{memoryKind(), redisKind(), standaloneKind()} }

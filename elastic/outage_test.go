@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -22,17 +23,17 @@ import (
 func TestStoreRestartedEmpty(t *testing.T) {
 	for _, mk := range []struct {
 		name string
-		new  func(t *testing.T) (elastic.Store, func(jobID string))
+		new  func(t *testing.T) (store.Store, func(jobID string))
 	}{
-		{"memory", func(t *testing.T) (elastic.Store, func(string)) {
-			m := elastic.NewMemoryStoreForTest()
+		{"memory", func(t *testing.T) (store.Store, func(string)) {
+			m := store.NewMemory()
 			return m, m.Drop
 		}},
-		{"redis", func(t *testing.T) (elastic.Store, func(string)) {
+		{"redis", func(t *testing.T) (store.Store, func(string)) {
 			srv := testredis.Start(t)
 			c := newClient(srv.Addr())
 			t.Cleanup(func() { _ = c.Close() })
-			return elastic.NewRedisStore(c), func(string) {
+			return store.NewRedis(c), func(string) {
 				if err := srv.Restart(); err != nil {
 					t.Fatal(err)
 				}
@@ -74,17 +75,17 @@ func TestStoreRestartedEmpty(t *testing.T) {
 func TestStoreDownPastBudget(t *testing.T) {
 	for _, mk := range []struct {
 		name string
-		new  func(t *testing.T) (elastic.Store, func())
+		new  func(t *testing.T) (store.Store, func())
 	}{
-		{"memory", func(t *testing.T) (elastic.Store, func()) {
-			m := elastic.NewMemoryStoreForTest()
+		{"memory", func(t *testing.T) (store.Store, func()) {
+			m := store.NewMemory()
 			return m, func() { m.SetDown(errors.New("simulated outage")) }
 		}},
-		{"redis", func(t *testing.T) (elastic.Store, func()) {
+		{"redis", func(t *testing.T) (store.Store, func()) {
 			srv := testredis.Start(t)
 			c := newClient(srv.Addr())
 			t.Cleanup(func() { _ = c.Close() })
-			return elastic.NewRedisStore(c), srv.Stop
+			return store.NewRedis(c), srv.Stop
 		}},
 	} {
 		t.Run(mk.name, func(t *testing.T) {
@@ -127,7 +128,7 @@ func TestStoreDownPastBudget(t *testing.T) {
 // the round goes on, nobody errs, and members can re-form afterwards.
 func TestStoreOutageWithinBudget(t *testing.T) {
 	t.Parallel()
-	m := elastic.NewMemoryStoreForTest()
+	m := store.NewMemory()
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
 	cfg.LeaseTTL = 5 * time.Second
@@ -192,11 +193,11 @@ func TestRestartAfterWholeJobCrash(t *testing.T) {
 func TestCorruptStateRecovers(t *testing.T) {
 	t.Parallel()
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 2, time.Hour
 	ctx := context.Background()
-	prefix := elastic.KeyPrefix + "{" + cfg.JobID + "}:"
+	prefix := store.KeyPrefix + "{" + cfg.JobID + "}:"
 	for _, garbage := range []string{"not json", `{"inc":5}`, `[]`, `{"inc":"x","ranked":"oops","ord":[1,2]}`} {
 		if err := c.Set(ctx, prefix+"state", garbage, time.Minute).Err(); err != nil {
 			t.Fatal(err)
@@ -236,7 +237,7 @@ func TestCorruptStateRecovers(t *testing.T) {
 // gateStore holds back every Join of a member that re-registers (its
 // request names an incarnation) while the gate is shut.
 type gateStore struct {
-	elastic.Store
+	store.Store
 	mu   sync.Mutex
 	shut chan struct{} // nil: open
 }
@@ -256,7 +257,7 @@ func (g *gateStore) open() {
 	g.mu.Unlock()
 }
 
-func (g *gateStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (g *gateStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	g.mu.Lock()
 	shut := g.shut
 	g.mu.Unlock()
@@ -264,7 +265,7 @@ func (g *gateStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.Vi
 		select {
 		case <-shut:
 		case <-ctx.Done():
-			return elastic.View{}, &elastic.StoreError{Op: "join", JobID: r.JobID, Err: ctx.Err()}
+			return store.View{}, &elastic.StoreError{Op: "join", JobID: r.JobID, Err: ctx.Err()}
 		}
 	}
 	return g.Store.Join(ctx, r)
@@ -281,7 +282,7 @@ func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
 	srv := testredis.Start(t)
 	c := newClient(srv.Addr())
 	t.Cleanup(func() { _ = c.Close() })
-	base := elastic.NewRedisStore(c)
+	base := store.NewRedis(c)
 	gate := &gateStore{Store: base}
 	cfg := testConfig(t)
 	// MinWorkers 3: the newcomer alone cannot close a round before the
@@ -301,7 +302,7 @@ func TestStoreRestartedEmptyNewcomerFirst(t *testing.T) {
 	nw := startWorker(t, newcomer)
 	select {
 	case first := <-spy.views:
-		if first.v.Order != 1 || !first.v.Open || first.v.Role != elastic.RoleArrived {
+		if first.v.Order != 1 || !first.v.Open || first.v.Role != store.RoleArrived {
 			t.Fatalf("the newcomer's first answer after the restart: %+v; want arrived with order 1 in a forming round (it registered first)", first.v)
 		}
 	case <-time.After(20 * time.Second):
@@ -336,7 +337,7 @@ type damagedJob struct {
 func formDamagedJob(t *testing.T, n int, outageBudget time.Duration) damagedJob {
 	t.Helper()
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, n, time.Hour
 	if outageBudget > 0 {
@@ -350,7 +351,7 @@ func formDamagedJob(t *testing.T, n int, outageBudget time.Duration) damagedJob 
 	}
 	ws := joinAll(t, ctx, as)
 	checkRound(t, ws, as)
-	return damagedJob{c: c, as: as, ws: ws, prefix: elastic.KeyPrefix + "{" + cfg.JobID + "}:", ctx: ctx}
+	return damagedJob{c: c, as: as, ws: ws, prefix: store.KeyPrefix + "{" + cfg.JobID + "}:", ctx: ctx}
 }
 
 // TestACallThatKeepsFailingGivesUpWithinTheOutageBudget: the job state
@@ -461,7 +462,7 @@ func TestANegativeSilenceCreditFencesNobody(t *testing.T) {
 // blackhole is a Store whose calls, once cut, never answer: each blocks
 // until its context ends (a link that drops every packet).
 type blackhole struct {
-	elastic.Store
+	store.Store
 	cut chan struct{}
 }
 
@@ -475,23 +476,23 @@ func (b *blackhole) wait(ctx context.Context) error {
 	}
 }
 
-func (b *blackhole) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (b *blackhole) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	if err := b.wait(ctx); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return b.Store.Join(ctx, r)
 }
 
-func (b *blackhole) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (b *blackhole) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if err := b.wait(ctx); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return b.Store.Check(ctx, r)
 }
 
-func (b *blackhole) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+func (b *blackhole) Heartbeat(ctx context.Context, r store.MemberRequest) (store.Beat, error) {
 	if err := b.wait(ctx); err != nil {
-		return elastic.Beat{}, err
+		return store.Beat{}, err
 	}
 	return b.Store.Heartbeat(ctx, r)
 }
@@ -508,17 +509,17 @@ func (b *blackhole) Heartbeat(ctx context.Context, r elastic.MemberRequest) (ela
 // ErrStoreUnavailable and the waiting Join has returned it.
 func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
 	t.Parallel()
-	store := &blackhole{Store: elastic.NewMemoryStore(), cut: make(chan struct{})}
+	st := &blackhole{Store: store.NewMemory(), cut: make(chan struct{})}
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 3, 0
 	cfg.LeaseTTL, cfg.HeartbeatInterval = 5*time.Second, 200*time.Millisecond
 	cfg.OutageBudget = 500 * time.Millisecond
-	A := newAgent(t, store, cfg)
+	A := newAgent(t, st, cfg)
 	ws := joinAll(t, context.Background(), []*elastic.Agent{A})
 	checkRound(t, ws, []*elastic.Agent{A})
 	wcfg := cfg
 	wcfg.MinWorkers = 3 // B waits in Join: A's round is closed and B alone is below the minimum
-	B := newAgent(t, store, wcfg)
+	B := newAgent(t, st, wcfg)
 	joined := make(chan error, 1)
 	bWaits := make(chan struct{})
 	go func() {
@@ -529,7 +530,7 @@ func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
 	<-bWaits
 	waitFor(t, 10*time.Second, "A to see B arrive", A.ChangePending)
 
-	close(store.cut)
+	close(st.cut)
 	cut := time.Now()
 	bound := cfg.HeartbeatInterval + cfg.OutageBudget + time.Second // outageSlack
 	var err error
@@ -558,7 +559,7 @@ func TestAnOutageGivesUpWithinTheBudgetNotAtACallsDeadline(t *testing.T) {
 // answers nothing: the outage's cause arrives once, and every later call
 // ends at the agent's own deadline.
 type causeThenSilence struct {
-	elastic.Store
+	store.Store
 	cut   chan struct{}
 	cause error
 	once  atomic.Bool
@@ -577,23 +578,23 @@ func (c *causeThenSilence) wait(ctx context.Context) error {
 	return ctx.Err()
 }
 
-func (c *causeThenSilence) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (c *causeThenSilence) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	if err := c.wait(ctx); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return c.Store.Join(ctx, r)
 }
 
-func (c *causeThenSilence) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (c *causeThenSilence) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if err := c.wait(ctx); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return c.Store.Check(ctx, r)
 }
 
-func (c *causeThenSilence) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+func (c *causeThenSilence) Heartbeat(ctx context.Context, r store.MemberRequest) (store.Beat, error) {
 	if err := c.wait(ctx); err != nil {
-		return elastic.Beat{}, err
+		return store.Beat{}, err
 	}
 	return c.Store.Heartbeat(ctx, r)
 }
@@ -608,22 +609,22 @@ func (c *causeThenSilence) Heartbeat(ctx context.Context, r elastic.MemberReques
 func TestAnOutageNamesItsCauseAfterDeadlines(t *testing.T) {
 	t.Parallel()
 	cause := errors.New("dial tcp: lookup no-such-host.invalid: no such host")
-	store := &causeThenSilence{Store: elastic.NewMemoryStore(), cut: make(chan struct{}), cause: cause}
+	st := &causeThenSilence{Store: store.NewMemory(), cut: make(chan struct{}), cause: cause}
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = 1, 1, 0
 	// Heartbeats' deadline (2 x LeaseTTL, 1 s) well within the budget:
 	// several calls end at it before the Agent gives up.
 	cfg.LeaseTTL, cfg.HeartbeatInterval = 500*time.Millisecond, 50*time.Millisecond
 	cfg.OutageBudget = 3 * time.Second
-	A := newAgent(t, store, cfg)
+	A := newAgent(t, st, cfg)
 	checkRound(t, joinAll(t, context.Background(), []*elastic.Agent{A}), []*elastic.Agent{A})
-	close(store.cut)
+	close(st.cut)
 	waitFor(t, time.Minute, "A to give up", func() bool { return A.Err() != nil })
 	err := A.Err()
 	if !errors.Is(err, elastic.ErrStoreUnavailable) {
 		t.Fatalf("A: %v, want ErrStoreUnavailable", err)
 	}
-	if !store.once.Load() {
+	if !st.once.Load() {
 		t.Fatal("no store call met the cause")
 	}
 	if !strings.Contains(err.Error(), "no such host") {

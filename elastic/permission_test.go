@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -34,7 +35,7 @@ func TestNoPermissionFailsAtOnce(t *testing.T) {
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers = 1, 1
 	cfg.OutageBudget = time.Hour
-	a := newAgent(t, elastic.NewRedisStore(c), cfg)
+	a := newAgent(t, store.NewRedis(c), cfg)
 	_, err := a.Join(ctx)
 	for _, want := range []error{elastic.ErrNoPermission, elastic.ErrStoreUnavailable} {
 		if !errors.Is(err, want) {

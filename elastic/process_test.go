@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -97,7 +98,7 @@ func TestPausedProcessIsFenced(t *testing.T) {
 	cfg.LeaseTTL = time.Second
 	cfg.HeartbeatInterval = 100 * time.Millisecond
 	p := startChild(t, childSpec{mode: "paused", addr: testredis.Addr(t), cfg: cfg})
-	s := elastic.NewRedisStore(testredis.Client(t))
+	s := store.NewRedis(testredis.Client(t))
 	A, B := newAgent(t, s, cfg), newAgent(t, s, cfg)
 	wA, wB := startWorker(t, A), startWorker(t, B)
 	for _, w := range []*worker{wA, wB} {

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // ErrNoProgress is wrapped, together with ErrFenced, by the terminal error
@@ -185,7 +187,7 @@ func (a *Agent) leaveHung(cause error) {
 	a.leaving = true // a beat that sees us gone must not take the error below's place
 	a.mu.Unlock()
 	if _, err := bounded(a, context.Background(), "leave", a.opTimeout(),
-		func(c context.Context) (View, error) { return a.store.Leave(c, req) }, nil, nil); err != nil && !errors.Is(err, ErrClosed) {
+		func(c context.Context) (store.View, error) { return a.store.Leave(c, req) }, nil, nil); err != nil && !errors.Is(err, ErrClosed) {
 		// The lease still lapses once the Agent stops renewing it.
 		_ = a.noteOutage(err, sent, time.Time{})
 		a.log.Warn("could not leave the job; the lease will lapse", "err", err)

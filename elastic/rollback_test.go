@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -19,7 +20,7 @@ type jobSnapshot struct {
 }
 
 func jobKeys(job string) []string {
-	p := elastic.KeyPrefix + "{" + job + "}:"
+	p := store.KeyPrefix + "{" + job + "}:"
 	return []string{p + "state", p + "meta", p + "members", p + "leases", p + "ord", p + "since",
 		p + "arrived", p + "expected", p + "back", p + "pending", p + "rank", p + "roster"}
 }
@@ -76,7 +77,7 @@ func (s jobSnapshot) restore(t *testing.T, ctx context.Context, c redis.Universa
 func TestStoreRolledBackToAnOlderState(t *testing.T) {
 	ctx := context.Background()
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	cfg := testConfig(t)
 	cfg.MinWorkers, cfg.MaxWorkers = 1, 4
 	a, b, leaver := newAgent(t, s, cfg), newAgent(t, s, cfg), newAgent(t, s, cfg)
@@ -118,10 +119,10 @@ func TestStoreRolledBackToAnOlderState(t *testing.T) {
 func TestSeeRoundNumbersLaterRoundsAbove(t *testing.T) {
 	for _, mk := range []struct {
 		name string
-		new  func(t *testing.T) elastic.Store
+		new  func(t *testing.T) store.Store
 	}{
-		{"memory", func(t *testing.T) elastic.Store { return elastic.NewMemoryStore() }},
-		{"redis", func(t *testing.T) elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) }},
+		{"memory", func(t *testing.T) store.Store { return store.NewMemory() }},
+		{"redis", func(t *testing.T) store.Store { return store.NewRedis(testredis.Client(t)) }},
 	} {
 		t.Run(mk.name, func(t *testing.T) {
 			cfg := testConfig(t)

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -45,14 +46,14 @@ func BenchmarkRedisCallCost(b *testing.B) {
 	srv := testredis.Start(b)
 	c := newClient(srv.Addr())
 	defer c.Close()
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	for _, n := range []int{64, 1024} {
-		p := elastic.Params{MinWorkers: 1, MaxWorkers: n, LastCall: time.Hour, LeaseTTL: time.Hour, StateTTL: 2 * time.Hour}
+		p := store.Params{MinWorkers: 1, MaxWorkers: n, LastCall: time.Hour, LeaseTTL: time.Hour, StateTTL: 2 * time.Hour}
 		job := fmt.Sprintf("cost-%d", n)
 		var inc string
 		var round uint64
 		for i := range n {
-			v, err := s.Join(ctx, elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: fmt.Sprintf("m%04d", i), Addr: "127.0.0.1:1"},
+			v, err := s.Join(ctx, store.JoinRequest{JobID: job, Member: elastic.Member{ID: fmt.Sprintf("m%04d", i), Addr: "127.0.0.1:1"},
 				NewIncarnation: "inc", Arrive: true, Params: p})
 			if err != nil {
 				b.Fatal(err)
@@ -63,12 +64,12 @@ func BenchmarkRedisCallCost(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/members=%d", op, n), func(b *testing.B) {
 				cpu0 := infoCPU(b, c)
 				for i := 0; b.Loop(); i++ {
-					r := elastic.MemberRequest{JobID: job, MemberID: fmt.Sprintf("m%04d", i%n), Incarnation: inc, Params: p, HaveRound: round}
+					r := store.MemberRequest{JobID: job, MemberID: fmt.Sprintf("m%04d", i%n), Incarnation: inc, Params: p, HaveRound: round}
 					var err error
 					if op == "check" {
-						var v elastic.View
+						var v store.View
 						v, err = s.Check(ctx, r)
-						if err == nil && (v.Role != elastic.RoleRanked || v.Round != round) {
+						if err == nil && (v.Role != store.RoleRanked || v.Round != round) {
 							err = fmt.Errorf("view %+v", v)
 						}
 					} else {

@@ -1,5 +1,7 @@
 package elastic
 
+import "github.com/elastictrain/elastictrain/elastic/store"
+
 // RoundSuperseded reports, without I/O, whether the round of the last Join
 // can no longer go on as formed, by what the store last said: a newer round
 // exists or is forming (a member was lost, evicted or left, or a peer called
@@ -15,6 +17,6 @@ func (a *Agent) RoundSuperseded() bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	v := a.view
-	return a.err != nil || a.lost || !a.hasWorld || v.Round != a.world.Round || v.Open || v.Role != RoleRanked ||
+	return a.err != nil || a.lost || !a.hasWorld || v.Round != a.world.Round || v.Open || v.Role != store.RoleRanked ||
 		a.supRound > a.world.Round // an open hint said so (supersededLocked)
 }

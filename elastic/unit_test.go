@@ -10,6 +10,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -46,7 +47,7 @@ func TestConfigValidate(t *testing.T) {
 		if err := c.Validate(); !errors.Is(err, elastic.ErrInvalidConfig) {
 			t.Errorf("%s: Validate = %v, want ErrInvalidConfig", tc.name, err)
 		}
-		if _, err := elastic.NewAgent(elastic.NewMemoryStore(), elastic.NewMember(""), c); err == nil {
+		if _, err := elastic.NewAgent(store.NewMemory(), elastic.NewMember(""), c); err == nil {
 			t.Errorf("%s: NewAgent accepted the config", tc.name)
 		}
 	}
@@ -56,7 +57,7 @@ func TestConfigValidate(t *testing.T) {
 	if _, err := elastic.NewAgent(nil, elastic.NewMember(""), base); err == nil {
 		t.Error("NewAgent accepted a nil store")
 	}
-	if _, err := elastic.NewAgent(elastic.NewMemoryStore(), elastic.Member{}, base); err == nil {
+	if _, err := elastic.NewAgent(store.NewMemory(), elastic.Member{}, base); err == nil {
 		t.Error("NewAgent accepted an empty member ID")
 	}
 }
@@ -86,7 +87,7 @@ func TestWorldAddrs(t *testing.T) {
 func TestAgentMisuse(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	s := elastic.NewMemoryStore()
+	s := store.NewMemory()
 	cfg := testConfig(t)
 	a := newAgent(t, s, cfg)
 	if !a.ChangePending() {

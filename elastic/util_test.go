@@ -11,13 +11,14 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/elastictest"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 func newClient(addr string) redis.UniversalClient {
 	return redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{addr}})
 }
 
-func newAgent(t *testing.T, s elastic.Store, cfg elastic.Config) *elastic.Agent {
+func newAgent(t *testing.T, s store.Store, cfg elastic.Config) *elastic.Agent {
 	t.Helper()
 	a, err := elastic.NewAgent(s, elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 10000+len(t.Name()))), cfg)
 	if err != nil {
@@ -76,11 +77,11 @@ func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
 
 // dropRedisJob deletes a job's keys, as a Redis restarted empty would (only
 // this job's keys: the server is shared).
-func dropRedisJob(t *testing.T, s elastic.Store, jobID string) {
+func dropRedisJob(t *testing.T, s store.Store, jobID string) {
 	t.Helper()
-	rs, ok := s.(*elastic.RedisStore)
+	rs, ok := s.(*store.Redis)
 	if !ok {
-		t.Fatalf("not a RedisStore: %T", s)
+		t.Fatalf("not a Redis store: %T", s)
 	}
 	if err := rs.DropJob(context.Background(), jobID); err != nil {
 		t.Fatal(err)
@@ -89,18 +90,18 @@ func dropRedisJob(t *testing.T, s elastic.Store, jobID string) {
 
 // spyStore forwards to a Store and reports every Join/Check view.
 type spyStore struct {
-	elastic.Store
+	store.Store
 	views chan spyView
 }
 
 type spyView struct {
 	member string
-	v      elastic.View
+	v      store.View
 }
 
-func newSpy(s elastic.Store) *spyStore { return &spyStore{Store: s, views: make(chan spyView, 4096)} }
+func newSpy(s store.Store) *spyStore { return &spyStore{Store: s, views: make(chan spyView, 4096)} }
 
-func (s *spyStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *spyStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	v, err := s.Store.Join(ctx, r)
 	if err == nil {
 		s.views <- spyView{r.Member.ID, v}
@@ -120,7 +121,7 @@ func (s *spyStore) waitArrived(t *testing.T, ids ...string) {
 	for len(want) > 0 {
 		select {
 		case sv := <-s.views:
-			if sv.v.Role == elastic.RoleArrived || sv.v.Role == elastic.RolePending || sv.v.Role == elastic.RoleRanked {
+			if sv.v.Role == store.RoleArrived || sv.v.Role == store.RolePending || sv.v.Role == store.RoleRanked {
 				delete(want, sv.member)
 			}
 		case <-timeout:

@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"strconv"
 	"time"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // logEvery is how often a wait that goes on (a round that cannot form, a
@@ -20,12 +22,12 @@ type waitLog struct {
 }
 
 // note looks at the view of one Join call.
-func (w *waitLog) note(log *slog.Logger, v View, cfg Config) {
+func (w *waitLog) note(log *slog.Logger, v store.View, cfg Config) {
 	now := time.Now()
 	if w.start.IsZero() {
 		w.start = now
 	}
-	if v.Code != CodeOK || (v.Role == RoleRanked && !v.Open) {
+	if v.Code != store.CodeOK || (v.Role == store.RoleRanked && !v.Open) {
 		return // formed, or a state Join handles at once
 	}
 	// The first look is allowed a last call's worth of time before a
@@ -45,7 +47,7 @@ func (w *waitLog) note(log *slog.Logger, v View, cfg Config) {
 			"counts", countsText(v.Arrived, cfg.MinWorkers))
 	case v.Open:
 		attrs = append(attrs, "arrived", v.Arrived, "min_workers", cfg.MinWorkers, "last_call_left", v.Wait)
-	case v.Role == RolePending:
+	case v.Role == store.RolePending:
 		msg = "waiting as a pending joiner: the round is full (MaxWorkers) or admits newcomers at its next step boundary"
 		attrs = append(attrs, "world_size", v.Size, "max_workers", cfg.MaxWorkers)
 	}

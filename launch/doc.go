@@ -28,8 +28,8 @@
 //	w, err := launch.WorkerEnv()  // Store, JobID, Secret, Index, Restart, ...
 //	cfg := trainer.DefaultConfig()
 //	w.Configure(&cfg)             // JobID, Sync.Secret, GracePeriod
-//	store := elastic.NewRedisStore(redis.NewClient(&redis.Options{Addr: w.Store}))
-//	t, err := trainer.New(params, opt, loader, step, store, cfg)
+//	st := store.NewRedis(redis.NewClient(&redis.Options{Addr: w.Store}))
+//	t, err := trainer.New(params, opt, loader, step, st, cfg)
 //	// on SIGTERM or SIGINT: t.Preempt()
 //	_, err = t.Run(ctx)
 //	os.Exit(launch.ExitStatus(err)) // 0 finished, 143 preempted, 4 job already finished, 78 permanent, 79 refused, 1 failed

@@ -2,8 +2,6 @@ package launch
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -14,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // ErrJobInUse is Start's error when Config.Redis holds the mark of another
@@ -29,40 +27,14 @@ var ErrJobInUse = errors.New("launch: the job ID is in use by another launcher")
 // launcher that was killed); it is refreshed every markTTL/3.
 const markTTL = 10 * time.Second
 
-// markKey is the Redis key of job's launcher mark: beside the
-// rendezvous' keys of the job (same hash slot), a name they do not use.
-func markKey(jobID string) string { return elastic.KeyPrefix + "{" + jobID + "}:launcher" }
-
-// secretMark is the part of a mark that tells launchers of one job
-// secret apart: a hash of it, which does not reveal it.
-func secretMark(secret []byte) string {
-	h := sha256.Sum256(append([]byte("elastictrain launcher mark\x00"), secret...))
-	return hex.EncodeToString(h[:8])
-}
-
-// scriptMark sets the mark (KEYS[1] = ARGV[1], which starts with the
-// secret's mark ARGV[2], for ARGV[3] ms) unless it holds another secret's
-// mark, which it returns.
-var scriptMark = redis.NewScript(`
-local v = redis.call('GET', KEYS[1])
-if v and string.sub(v, 1, #ARGV[2]) ~= ARGV[2] then return v end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
-return false
-`)
-
-// scriptUnmark deletes the mark when it is still this launcher's.
-var scriptUnmark = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-return false
-`)
-
 // marker holds a launcher's mark on its job in Config.Redis while the job
 // runs: claimed by Start, refreshed by its goroutine, deleted by release.
 type marker struct {
 	c      *redis.Client
-	key    string
-	fp     string // secretMark
-	value  string // fp, then this launcher's pid and host (for the other's error)
+	s      *store.Redis // over c
+	jobID  string
+	owner  string // store.MarkOwner of the job secret
+	note   string // this launcher's pid and host (for the other's error)
 	log    *slog.Logger
 	stop   chan struct{}
 	closed chan struct{}
@@ -73,10 +45,9 @@ type marker struct {
 // A store that cannot keep the mark gives a nil marker and a WARN.
 func claimMark(ctx context.Context, addr, jobID string, secret []byte, log *slog.Logger) (*marker, error) {
 	host, _ := os.Hostname()
-	fp := secretMark(secret)
+	c := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, MaxRetries: -1})
 	m := &marker{
-		c:   redis.NewClient(&redis.Options{Addr: addr, DialTimeout: 2 * time.Second, MaxRetries: -1}),
-		key: markKey(jobID), fp: fp, value: fp + " " + strconv.Itoa(os.Getpid()) + " " + host, log: log,
+		c: c, s: store.NewRedis(c), jobID: jobID, owner: store.MarkOwner(secret), note: strconv.Itoa(os.Getpid()) + " " + host, log: log,
 		stop: make(chan struct{}), closed: make(chan struct{}),
 	}
 	cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
@@ -104,10 +75,7 @@ func claimMark(ctx context.Context, addr, jobID string, secret []byte, log *slog
 // set sets the mark and returns "" or, when another secret's launcher
 // holds it, that launcher's mark.
 func (m *marker) set(ctx context.Context) (string, error) {
-	v, err := scriptMark.Run(ctx, m.c, []string{m.key}, m.value, m.fp, markTTL.Milliseconds()).Text()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
+	v, err := m.s.Mark(ctx, m.jobID, m.owner, m.note, markTTL)
 	if err != nil {
 		return "", fmt.Errorf("launch: the job's launcher mark in the store: %w", err)
 	}
@@ -150,7 +118,7 @@ func (m *marker) refresh() {
 		case err == nil && other != "" && !taken:
 			taken = true
 			m.log.Error("another launcher with another job secret took this job ID after its mark expired; its workers are strangers to this job",
-				"key", m.key, "other", other)
+				"job", m.jobID, "other", other)
 		case err == nil:
 			failing = false
 		}
@@ -164,7 +132,7 @@ func (m *marker) release() {
 	<-m.closed
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 	defer cancel()
-	if err := scriptUnmark.Run(ctx, m.c, []string{m.key}, m.value).Err(); err != nil && !errors.Is(err, redis.Nil) {
+	if err := m.s.Unmark(ctx, m.jobID, m.owner, m.note); err != nil {
 		m.log.Debug("could not delete the job's launcher mark; it expires", "ttl", markTTL, "err", err)
 	}
 	m.c.Close()

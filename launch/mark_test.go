@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -65,10 +66,11 @@ func TestASecondLauncherOfARunningJobIDIsRefused(t *testing.T) {
 	for range lines {
 	}
 
-	// Its mark left with it.
+	// Its mark left with it (the key store.Redis.Mark documents).
 	c := redis.NewClient(&redis.Options{Addr: cfg.Redis})
 	defer c.Close()
-	require.ErrorIs(t, c.Get(context.Background(), markKey(cfg.JobID)).Err(), redis.Nil, "the mark is deleted when the job is over")
+	markKey := store.KeyPrefix + "{" + cfg.JobID + "}:launcher"
+	require.ErrorIs(t, c.Get(context.Background(), markKey).Err(), redis.Nil, "the mark is deleted when the job is over")
 }
 
 // Launchers that share the job secret (EnvSecret given to each, on several

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -55,13 +55,13 @@ func TestNewRefusesBadSeams(t *testing.T) {
 	require.NoError(t, err)
 	defer loader.Close()
 	cfg := trainertest.Config("refuse")
-	store := elastic.NewMemoryStore()
+	st := store.NewMemory()
 	mk := func(src Source[trainertest.Batch], mut func(*Config), opts ...Option) error {
 		c := cfg
 		if mut != nil {
 			mut(&c)
 		}
-		_, err := New(m.Params(), NewSGD(0.1), src, m.Step, store, c, opts...)
+		_, err := New(m.Params(), NewSGD(0.1), src, m.Step, st, c, opts...)
 		return err
 	}
 	require.NoError(t, mk(loader, nil))

@@ -5,10 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
 )
 
 // BenchmarkStepOverhead measures the trainer's own cost per step at world
@@ -39,7 +39,7 @@ func BenchmarkStepOverhead(b *testing.B) {
 			cfg.StepSpanEvery = 0
 			var first, last time.Time
 			n := 0
-			tr, err := New(params, NewSGD(0.1), loader, step, elastic.NewMemoryStore(), cfg,
+			tr, err := New(params, NewSGD(0.1), loader, step, store.NewMemory(), cfg,
 				WithHooks(Hooks{OnStep: func(StepInfo) {
 					n++
 					if n == 1 {

@@ -18,7 +18,7 @@ import (
 // Every rank runs the same functions on the same reduced values, so every
 // rank decides the same. (The split follows etcd raft's RawNode, the
 // state machine, and Node, the goroutines around it; compare
-// elastic/core.go for the rendezvous.) core_test.go drives them through
+// elastic/store/core.go for the rendezvous.) core_test.go drives them through
 // the scripts in testdata/core.
 
 // none marks "no value" in max-reduced slots: every real value beats it.

@@ -6,7 +6,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -24,7 +24,7 @@ func TestNewRefusesDeterministicWithoutMicroBatches(t *testing.T) {
 		defer loader.Close()
 		cfg := trainertest.Config("det-micro")
 		cfg.Deterministic = true
-		_, err = New(m.Params(), NewSGD(0.1), loader, m.Step, elastic.NewMemoryStore(), cfg)
+		_, err = New(m.Params(), NewSGD(0.1), loader, m.Step, store.NewMemory(), cfg)
 		return err
 	}
 	err := mk(0)

@@ -6,7 +6,7 @@ import (
 	"sync/atomic"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/optim"
@@ -71,7 +71,7 @@ func ExampleWithBackend() {
 	cfg := trainertest.Config("example-backend")
 	cfg.Epochs = 2
 	b := &countingBackend{Backend: trainertest.NewNetwork(trainertest.NetworkConfig{}).Backend()}
-	tr, err := trainer.New(m.Params(), optim.NewSGD(0.3), loader, m.Step, elastic.NewMemoryStore(), cfg, trainer.WithBackend(b))
+	tr, err := trainer.New(m.Params(), optim.NewSGD(0.3), loader, m.Step, store.NewMemory(), cfg, trainer.WithBackend(b))
 	if err != nil {
 		fmt.Println(err)
 		return

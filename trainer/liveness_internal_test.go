@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/sync"
 )
 
@@ -37,7 +38,7 @@ func (m *countingMarker) Busy() (done func()) {
 func TestAPhaseOpenAcrossARoundChangeTellsTheNewRoundsPeers(t *testing.T) {
 	cfg := elastic.DefaultConfig()
 	cfg.JobID = "liveness-carry"
-	agent, err := elastic.NewAgent(elastic.NewMemoryStore(), elastic.NewMember("127.0.0.1:1"), cfg)
+	agent, err := elastic.NewAgent(store.NewMemory(), elastic.NewMember("127.0.0.1:1"), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

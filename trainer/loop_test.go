@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"log/slog"
 	"math"
@@ -37,7 +38,7 @@ func TestMain(m *testing.M) {
 type job struct {
 	t      *testing.T
 	id     string
-	store  func() elastic.Store
+	store  func() store.Store
 	prob   *trainertest.Problem
 	audit  *MemoryAudit
 	epochs int
@@ -71,7 +72,7 @@ type inproc struct {
 	steps  chan StepInfo
 }
 
-func newJob(t *testing.T, store func() elastic.Store) *job {
+func newJob(t *testing.T, store func() store.Store) *job {
 	return &job{t: t, id: testredis.JobID(t), store: store, prob: trainertest.NewProblem(480, 4, 0.05, 7),
 		audit: &MemoryAudit{}, epochs: 3, batch: 16}
 }
@@ -244,11 +245,11 @@ func (j *job) checkFinished(finishers []*inproc) {
 	require.InDelta(t, j.prob.OptimumLoss(), ref.Loss(j.prob), 0.01)
 }
 
-func stores(t *testing.T) map[string]func() elastic.Store {
-	mem := elastic.NewMemoryStore()
-	return map[string]func() elastic.Store{
-		"memory": func() elastic.Store { return mem },
-		"redis":  func() elastic.Store { return elastic.NewRedisStore(testredis.Client(t)) },
+func stores(t *testing.T) map[string]func() store.Store {
+	mem := store.NewMemory()
+	return map[string]func() store.Store{
+		"memory": func() store.Store { return mem },
+		"redis":  func() store.Store { return store.NewRedis(testredis.Client(t)) },
 	}
 }
 
@@ -276,7 +277,7 @@ func TestJoinerIsTakenInAtAStepBoundary(t *testing.T) {
 	// below ProgressTimeout, so the hold never looks like a hang.
 	waiting := make(chan struct{})
 	var once stdsync.Once
-	j := newJob(t, func() elastic.Store {
+	j := newJob(t, func() store.Store {
 		return &pendingSpy{Store: redisStore(), seen: func() { once.Do(func() { close(waiting) }) }}
 	})
 	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
@@ -555,7 +556,7 @@ func TestInvalidConfig(t *testing.T) {
 	good := DefaultConfig()
 	good.JobID = "x"
 	good.Sync.Secret = []byte("a test secret of 32 bytes length")
-	store := elastic.NewMemoryStore()
+	st := store.NewMemory()
 	for name, mut := range map[string]func(*Config){
 		"no job":       func(c *Config) { c.JobID = "" },
 		"zero epochs":  func(c *Config) { c.Epochs = 0 },
@@ -566,15 +567,15 @@ func TestInvalidConfig(t *testing.T) {
 	} {
 		cfg := good
 		mut(&cfg)
-		_, err := New(m.Params(), NewSGD(0.1), loader, m.Step, store, cfg)
+		_, err := New(m.Params(), NewSGD(0.1), loader, m.Step, st, cfg)
 		require.ErrorIs(t, err, ErrInvalidConfig, name)
 	}
 	bad := m.Params()
 	bad[0].Grad = bad[0].Grad[:1]
-	_, err = New(bad, NewSGD(0.1), loader, m.Step, store, good)
+	_, err = New(bad, NewSGD(0.1), loader, m.Step, st, good)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	dup := append(m.Params(), m.Params()[0])
-	_, err = New(dup, NewSGD(0.1), loader, m.Step, store, good)
+	_, err = New(dup, NewSGD(0.1), loader, m.Step, st, good)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }
 
@@ -713,10 +714,10 @@ func TestStragglerEviction(t *testing.T) {
 // stall, an overloaded host), the members rejoin as new members and keep
 // their commits: the job continues from where it was, not from step 0.
 func TestAllMembersFencedKeepProgress(t *testing.T) {
-	store := elastic.NewMemoryStoreForTest()
+	st := store.NewMemory()
 	var offset atomic.Int64
-	store.SetClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
-	j := newJob(t, func() elastic.Store { return store })
+	st.SetClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) })
+	j := newJob(t, func() store.Store { return st })
 	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 3 }
 	rounds := make(chan RoundInfo, 64)
 	var jumped atomic.Bool
@@ -1019,13 +1020,13 @@ func TestPreemptedWhileWaitingWithAnUncheckpointedCommitCheckpointsFirst(t *test
 // taken in (pending) or is in a round: the first two workers of a job are
 // ranked at once, so only a later joiner is seen pending.
 type pendingSpy struct {
-	elastic.Store
+	store.Store
 	seen func()
 }
 
-func (s *pendingSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *pendingSpy) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	v, err := s.Store.Join(ctx, r)
-	if err == nil && v.Role == elastic.RolePending {
+	if err == nil && v.Role == store.RolePending {
 		s.seen()
 	}
 	return v, err

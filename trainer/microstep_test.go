@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -103,6 +103,6 @@ func TestWithMicroStepOfAnotherBatchTypeIsRefused(t *testing.T) {
 	cfg := trainertest.Config("micro-type")
 	cfg.Deterministic = true
 	wrong := WithMicroStep(func(context.Context, dataloader.Batch[int], [][][]float32, []float64) error { return nil })
-	_, err = New(m.Params(), NewSGD(0.1), l, m.Step, elastic.NewMemoryStore(), cfg, wrong)
+	_, err = New(m.Params(), NewSGD(0.1), l, m.Step, store.NewMemory(), cfg, wrong)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 }

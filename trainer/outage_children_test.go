@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/faultinject"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	. "github.com/elastictrain/elastictrain/trainer"
@@ -45,9 +46,9 @@ func TestStoreCutForGoodStopsEverything(t *testing.T) {
 	dir, err := NewLocalDir(t.TempDir(), 2)
 	require.NoError(t, err)
 	j.opts = func(int) []Option { return []Option{WithCheckpointStore(dir)} }
-	stores := []elastic.Store{elastic.NewRedisStore(testredis.Client(t)), elastic.NewRedisStore(cutClient)}
+	stores := []store.Store{store.NewRedis(testredis.Client(t)), store.NewRedis(cutClient)}
 	var n int
-	j.store = func() elastic.Store { s := stores[n]; n++; return s }
+	j.store = func() store.Store { s := stores[n]; n++; return s }
 	a := j.start()
 	a.waitStep(t, 5)
 	// Every goroutine that runs now, but the second worker's.

@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"log/slog"
 	"math"
@@ -159,8 +160,8 @@ func workerMain() int {
 	}
 	opt := NewMomentum(0.02, 0.9)
 	var once stdsync.Once
-	store := &pendingSpy{Store: elastic.NewRedisStore(client), seen: func() { once.Do(func() { emit(report{Kind: "pending"}) }) }}
-	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), store, cfg, opts...)
+	st := &pendingSpy{Store: store.NewRedis(client), seen: func() { once.Do(func() { emit(report{Kind: "pending"}) }) }}
+	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), st, cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

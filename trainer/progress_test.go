@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
@@ -107,19 +107,19 @@ wait:
 // slowReports is a store whose failure reports take reportDelay (a slow
 // link to Redis, or a backlog ahead of the report).
 type slowReports struct {
-	elastic.Store
+	store.Store
 	delay time.Duration
 	n     atomic.Int32
 }
 
-func (s *slowReports) Report(ctx context.Context, r elastic.ReportRequest) (elastic.View, error) {
+func (s *slowReports) Report(ctx context.Context, r store.ReportRequest) (store.View, error) {
 	s.n.Add(1)
 	t := time.NewTimer(s.delay)
 	defer t.Stop()
 	select {
 	case <-t.C:
 	case <-ctx.Done():
-		return elastic.View{}, ctx.Err()
+		return store.View{}, ctx.Err()
 	}
 	return s.Store.Report(ctx, r)
 }
@@ -132,8 +132,8 @@ func (s *slowReports) Report(ctx context.Context, r elastic.ReportRequest) (elas
 func TestSlowFailureReportDoesNotDelayRecovery(t *testing.T) {
 	j := newMemJob(t, 1600, 8, 2)
 	j.cfg.Elastic.MinWorkers = 2
-	store := &slowReports{Store: elastic.NewMemoryStore(), delay: 3 * time.Second}
-	j.c = trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store})
+	st := &slowReports{Store: store.NewMemory(), delay: 3 * time.Second}
+	j.c = trainertest.NewCluster(t, trainertest.ClusterConfig{Store: st})
 	ws := []*trainertest.Worker{j.start(), j.start(), j.start()}
 	j.waitStep(20)
 	j.c.Kill(ws[2])
@@ -152,9 +152,9 @@ wait:
 			t.Fatal("no step after the kill")
 		}
 	}
-	t.Logf("survivors step again %v after the kill, with reports taking %v (%d sent)", took, store.delay, store.n.Load())
-	require.Positive(t, store.n.Load(), "the survivors reported the killed rank")
-	require.Less(t, took, store.delay-500*time.Millisecond, "the recovery waited for the report")
+	t.Logf("survivors step again %v after the kill, with reports taking %v (%d sent)", took, st.delay, st.n.Load())
+	require.Positive(t, st.n.Load(), "the survivors reported the killed rank")
+	require.Less(t, took, st.delay-500*time.Millisecond, "the recovery waited for the report")
 	j.c.Wait()
 	j.check(ws[:2])
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/sync"
 	. "github.com/elastictrain/elastictrain/trainer"
@@ -60,7 +61,7 @@ func TestLoneStrangerWhosePeerLeftMidConnectGivesUp(t *testing.T) {
 	// The peer: a member that takes each round and, in the second, leaves.
 	pc := j.config().Elastic
 	pc.JobID = j.id
-	peer, err := elastic.NewAgent(elastic.NewRedisStore(testredis.Client(t)), elastic.NewMember("127.0.0.1:2"), pc)
+	peer, err := elastic.NewAgent(store.NewRedis(testredis.Client(t)), elastic.NewMember("127.0.0.1:2"), pc)
 	require.NoError(t, err)
 	defer peer.Close()
 	s := j.start()

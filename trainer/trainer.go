@@ -18,6 +18,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/sync"
 	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 	"github.com/elastictrain/elastictrain/trainer/optim"
@@ -78,7 +79,7 @@ type Trainer[B any] struct {
 	userLoader bool              // loader is the user's StatefulLoader (barrier after Restore)
 	stepFn     StepFunc[B]
 	microFn    MicroStepFunc[B] // nil: the StepFunc runs once per micro-batch
-	store      elastic.Store
+	store      store.Store
 	backend    Backend
 	parts      []Partition
 	o          options
@@ -171,7 +172,8 @@ type Trainer[B any] struct {
 }
 
 // New returns a Trainer for the model params (updated in place), optimizer
-// opt, data loader, step function and rendezvous store.
+// opt, data loader, step function and rendezvous store st
+// (store.NewRedis; store.NewMemory for tests in one process).
 //
 // loader is a Loader[B] (a *dataloader.Loader: static shards, the state is
 // its cursor) or a StatefulLoader[B] (opaque state, possibly different on
@@ -183,7 +185,7 @@ type Trainer[B any] struct {
 // with a StateMerger in Deterministic mode (which samples a rank trains
 // would depend on timing), Deterministic with a loader that reports no
 // micro-batches (MicroBatcher), partitions without or with duplicate names.
-func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step StepFunc[B], store elastic.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
+func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step StepFunc[B], st store.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
 	var o options
 	for _, f := range opts {
 		f(&o)
@@ -208,7 +210,7 @@ func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step Step
 	switch {
 	case len(params) == 0:
 		return nil, fmt.Errorf("%w: no parameters", ErrInvalidConfig)
-	case opt == nil || loader == nil || step == nil || store == nil:
+	case opt == nil || loader == nil || step == nil || st == nil:
 		return nil, fmt.Errorf("%w: nil optimizer, loader, step function or store", ErrInvalidConfig)
 	}
 	names := map[string]bool{}
@@ -231,7 +233,7 @@ func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step Step
 		}
 		grads[i] = p.Grad
 	}
-	t := &Trainer[B]{cfg: cfg, params: params, opt: opt, stepFn: step, microFn: microFn, store: store, o: o, gradList: grads,
+	t := &Trainer[B]{cfg: cfg, params: params, opt: opt, stepFn: step, microFn: microFn, store: st, o: o, gradList: grads,
 		preempt: make(chan struct{}), spare: &snapshot{}}
 	switch l := loader.(type) {
 	case StatefulLoader[B]:

@@ -15,6 +15,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	. "github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -86,7 +87,7 @@ func requireEvery3s(t *testing.T, ls []logLine) {
 }
 
 // loggedWorker starts one worker whose only logger is WithLogger's.
-func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan logLine, mutate ...func(*Config)) (cancel func(), done <-chan error) {
+func loggedWorker(t *testing.T, st store.Store, min, epochs int, lines chan logLine, mutate ...func(*Config)) (cancel func(), done <-chan error) {
 	prob := trainertest.NewProblem(480, 4, 0.05, 7)
 	m := trainertest.NewModel(4)
 	m.StepDelay = 2 * time.Millisecond
@@ -106,7 +107,7 @@ func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan
 		f(&cfg)
 	}
 	require.Nil(t, cfg.Elastic.Logger)
-	tr, err := New(m.Params(), NewSGD(0.1), loader, m.Step, store, cfg, WithLogger(slog.New(&recorder{lines: lines})))
+	tr, err := New(m.Params(), NewSGD(0.1), loader, m.Step, st, cfg, WithLogger(slog.New(&recorder{lines: lines})))
 	require.NoError(t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	ch, fin := make(chan error, 1), make(chan struct{})
@@ -129,7 +130,7 @@ func loggedWorker(t *testing.T, store elastic.Store, min, epochs int, lines chan
 func TestAWaitBelowMinWorkersIsLoggedWithTheCounts(t *testing.T) {
 	lines := make(chan logLine, 1024)
 	start := time.Now()
-	cancel, _ := loggedWorker(t, elastic.NewRedisStore(testredis.Client(t)), 2, 1, lines)
+	cancel, _ := loggedWorker(t, store.NewRedis(testredis.Client(t)), 2, 1, lines)
 	got := waitLines(t, lines, "waiting for workers", 3)
 	cancel()
 	require.Less(t, got[0].at.Sub(start), 3*time.Second, "the first line comes as the wait begins: %v", got)
@@ -148,9 +149,9 @@ func TestARedisOutageIsLoggedWithItsCause(t *testing.T) {
 	lines := make(chan logLine, 1024)
 	// go-redis' own lines go to the same logger, not to stderr.
 	redisLines := make(chan logLine, 1024)
-	redis.SetLogger(elastic.RedisLogger(slog.New(&recorder{lines: redisLines})))
-	defer redis.SetLogger(elastic.RedisLogger(nil))
-	cancel, _ := loggedWorker(t, elastic.NewRedisStore(client), 1, 1000, lines)
+	redis.SetLogger(store.RedisLogger(slog.New(&recorder{lines: redisLines})))
+	defer redis.SetLogger(store.RedisLogger(nil))
+	cancel, _ := loggedWorker(t, store.NewRedis(client), 1, 1000, lines)
 	waitLines(t, lines, "round formed", 1)
 	srv.Stop()
 	stopped := time.Now()
@@ -203,7 +204,7 @@ func TestAStoreThatCannotHealSaysSoWithItsCause(t *testing.T) {
 				}})
 			t.Cleanup(func() { client.Close() })
 			lines := make(chan logLine, 1024)
-			_, done := loggedWorker(t, elastic.NewRedisStore(client), 1, 1, lines, func(cfg *Config) { cfg.Elastic.OutageBudget = 2500 * time.Millisecond })
+			_, done := loggedWorker(t, store.NewRedis(client), 1, 1, lines, func(cfg *Config) { cfg.Elastic.OutageBudget = 2500 * time.Millisecond })
 			got := waitLines(t, lines, "store ", 3)
 			requireEvery3s(t, got)
 			for _, l := range got {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
 )
@@ -573,7 +573,7 @@ func TestEtrunSIGTERMEndsAWorkerWaitingBelowMin(t *testing.T) {
 	redisAddr, job := testredis.Addr(t), testredis.JobID(t)
 	// The job's first change hint is published by the worker's Join that
 	// created the job's state: from then on the worker waits in Join.
-	sub := testredis.Client(t).Subscribe(context.Background(), elastic.KeyPrefix+"{"+job+"}:events")
+	sub := testredis.Client(t).Subscribe(context.Background(), store.KeyPrefix+"{"+job+"}:events")
 	defer sub.Close()
 	_, err := sub.Receive(context.Background()) // the subscription's confirmation
 	require.NoError(t, err)

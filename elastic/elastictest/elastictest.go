@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // FastConfig returns a Config tuned for tests: LastCall 0, LeaseTTL 1.5 s,
@@ -26,10 +27,17 @@ func FastConfig(jobID string) elastic.Config {
 	return c
 }
 
+// NewMemoryStore returns an empty in-memory store (store.NewMemory) with
+// its test controls: SetClock drives the store's time, SetDown simulates
+// an outage (every call fails with a *store.Error wrapping the given error
+// until SetDown(nil)), Drop deletes a job as a Redis restarted empty would.
+// Safe for concurrent use.
+func NewMemoryStore() *store.Memory { return store.NewMemory() }
+
 // Cluster is n Agents of one job over one Store. Its methods are meant for
 // the test goroutine.
 type Cluster struct {
-	Store  elastic.Store
+	Store  store.Store
 	Agents []*elastic.Agent
 	t      testing.TB
 }
@@ -38,13 +46,13 @@ type Cluster struct {
 // cfg.MaxWorkers are set to n so that JoinAll forms one round of all n.
 func NewCluster(t testing.TB, n int, cfg elastic.Config) *Cluster {
 	t.Helper()
-	return NewClusterOn(t, elastic.NewMemoryStore(), n, cfg)
+	return NewClusterOn(t, NewMemoryStore(), n, cfg)
 }
 
 // NewClusterOn is NewCluster over a given store. Member addresses are
 // "127.0.0.1:0" placeholders; set real ones with your own NewAgent if the
 // test dials peers.
-func NewClusterOn(t testing.TB, s elastic.Store, n int, cfg elastic.Config) *Cluster {
+func NewClusterOn(t testing.TB, s store.Store, n int, cfg elastic.Config) *Cluster {
 	t.Helper()
 	if n < 1 {
 		t.Fatalf("elastictest: cluster of %d", n)

@@ -22,7 +22,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -88,7 +88,7 @@ func exported(t *testing.T, job string) map[string]*dto.MetricFamily {
 	cfg.JobID = job
 	cfg.Sync.Secret = []byte("a test secret of 32 bytes length")
 	cfg.Elastic.LastCall = 0
-	tr, err := trainer.New(m.Params(), optim.NewSGD(0.05), loader, m.Step, elastic.NewMemoryStore(), cfg, trainer.WithMeterProvider(mp))
+	tr, err := trainer.New(m.Params(), optim.NewSGD(0.05), loader, m.Step, store.NewMemory(), cfg, trainer.WithMeterProvider(mp))
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

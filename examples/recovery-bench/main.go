@@ -41,7 +41,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/faults"
@@ -151,12 +151,12 @@ func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	store, err := jobenv.OpenStore(ctx, c.redis)
+	srv, err := jobenv.OpenStore(ctx, c.redis)
 	if err != nil {
 		return err
 	}
-	defer store.Close()
-	c.redis = store.Addr
+	defer srv.Close()
+	c.redis = srv.Addr
 	phases := []int{0}
 	if c.idleConns > 0 {
 		phases = append(phases, c.idleConns)
@@ -190,14 +190,14 @@ func bench(ctx context.Context, c *config, stdout, stderr io.Writer) error {
 		medians[idle] = med
 		if c.json {
 			b, _ := json.Marshal(map[string]any{"summary": true, "workers": c.workers, "trials": len(rs), "idle_conns": idle,
-				"median_recovery_seconds": med, "max_recovery_seconds": rs[len(rs)-1], "store": store.Desc})
+				"median_recovery_seconds": med, "max_recovery_seconds": rs[len(rs)-1], "store": srv.Desc})
 			fmt.Fprintln(stdout, string(b))
 		} else {
 			what := "undisturbed"
 			if idle > 0 {
 				what = fmt.Sprintf("with %d silent connections from %s", idle, c.idleFrom)
 			}
-			fmt.Fprintf(stdout, "%s: median %.3f s, max %.3f s over %d trials (%d workers, store %s)\n", what, med, rs[len(rs)-1], len(rs), c.workers, store.Desc)
+			fmt.Fprintf(stdout, "%s: median %.3f s, max %.3f s over %d trials (%d workers, store %s)\n", what, med, rs[len(rs)-1], len(rs), c.workers, srv.Desc)
 		}
 	}
 	if c.idleConns > 0 {
@@ -337,7 +337,7 @@ func worker(c *config) error {
 	cfg.Elastic.LeaseTTL = c.lease
 	cfg.Elastic.HeartbeatInterval = c.lease / 6
 	cfg.Elastic.LastCall = time.Second
-	tr, err := trainer.New(model.Params(), optim.NewSGD(0.1), loader, model.Step, elastic.NewRedisStore(client), cfg,
+	tr, err := trainer.New(model.Params(), optim.NewSGD(0.1), loader, model.Step, store.NewRedis(client), cfg,
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) {
 				ev.Emit(launch.Event{Ev: launch.EvRound, Round: r.Round, Rank: r.Rank, WorldSize: r.WorldSize, Step: r.Step, Recovery: r.Recovery, Message: addr})

@@ -246,7 +246,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	if l, ok := loader.(io.Closer); ok {
 		defer l.Close()
 	}
-	tr, err := trainer.New([]trainer.Param{{Name: "dense", Shape: []int{c.dim + 1}, Value: model.Dense, Grad: model.Grad}}, optim.NewAdam(c.denseLR), loader, step, jobenv.NewPendingStore(elastic.NewRedisStore(client), ev), tcfg, append(opts, trainer.WithPartition(part))...)
+	tr, err := trainer.New([]trainer.Param{{Name: "dense", Shape: []int{c.dim + 1}, Value: model.Dense, Grad: model.Grad}}, optim.NewAdam(c.denseLR), loader, step, jobenv.NewPendingStore(client, ev), tcfg, append(opts, trainer.WithPartition(part))...)
 	if err != nil {
 		return fail(err)
 	}

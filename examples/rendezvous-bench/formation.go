@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 // arrivalSpy reports each member whose Join left it waiting in the forming
@@ -20,7 +21,7 @@ import (
 // arrived, and counts the members' store calls by kind (calls, shared by
 // every member of a formation).
 type arrivalSpy struct {
-	elastic.Store
+	store.Store
 	arrived chan struct{}
 	calls   *callCounts
 }
@@ -35,13 +36,13 @@ func (c *callCounts) String() string {
 		c.arrived.Load(), c.joins.Load(), c.checks.Load(), c.beats.Load(), c.fenced.Load())
 }
 
-func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *arrivalSpy) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	s.calls.joins.Add(1)
 	v, err := s.Store.Join(ctx, r)
-	if err == nil && v.Code == elastic.CodeFenced {
+	if err == nil && v.Code == store.CodeFenced {
 		s.calls.fenced.Add(1)
 	}
-	if err == nil && v.Role == elastic.RoleArrived && r.Incarnation == "" {
+	if err == nil && v.Role == store.RoleArrived && r.Incarnation == "" {
 		// A member's first arrival only: a waiting member's re-read Join
 		// answers RoleArrived again.
 		s.calls.arrived.Add(1)
@@ -50,19 +51,19 @@ func (s *arrivalSpy) Join(ctx context.Context, r elastic.JoinRequest) (elastic.V
 	return v, err
 }
 
-func (s *arrivalSpy) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *arrivalSpy) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	s.calls.checks.Add(1)
 	v, err := s.Store.Check(ctx, r)
-	if err == nil && v.Code == elastic.CodeFenced {
+	if err == nil && v.Code == store.CodeFenced {
 		s.calls.fenced.Add(1)
 	}
 	return v, err
 }
 
-func (s *arrivalSpy) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+func (s *arrivalSpy) Heartbeat(ctx context.Context, r store.MemberRequest) (store.Beat, error) {
 	s.calls.beats.Add(1)
 	b, err := s.Store.Heartbeat(ctx, r)
-	if err == nil && b.Code == elastic.CodeFenced {
+	if err == nil && b.Code == store.CodeFenced {
 		s.calls.fenced.Add(1)
 	}
 	return b, err
@@ -190,7 +191,7 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 		}
 	}
 	for i := range n {
-		a, err := elastic.NewAgent(&arrivalSpy{Store: elastic.NewRedisStore(clients[i/membersPerClient]), arrived: arrived, calls: res.calls},
+		a, err := elastic.NewAgent(&arrivalSpy{Store: store.NewRedis(clients[i/membersPerClient]), arrived: arrived, calls: res.calls},
 			elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 30000+i%30000)), cfg)
 		if err != nil {
 			return res, err
@@ -426,10 +427,10 @@ func formation(ctx context.Context, addr string, n, rep int, hold time.Duration,
 
 // leaseEnd is when member id's lease lapses, on this process' clock (at
 // about now, its reading): its lease's score against the job's time on the
-// store (Redis TIME less the job's outage credit; see scripts.go). Good to
+// store (Redis TIME less the job's outage credit; see elastic/store/scripts.go). Good to
 // a few ms: the reading's round trip, and the credit as last written.
 func leaseEnd(ctx context.Context, c redis.UniversalClient, job, id string, now time.Time) (time.Time, error) {
-	p := elastic.KeyPrefix + "{" + job + "}:"
+	p := store.KeyPrefix + "{" + job + "}:"
 	pipe := c.Pipeline()
 	score := pipe.ZScore(ctx, p+"leases", id)
 	credit := pipe.HGet(ctx, p+"meta", "credit")

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 const childEnv = "RENDEZVOUS_BENCH_CHILD"
@@ -147,7 +148,7 @@ func childMain() int {
 	defer ln.Close()
 	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{os.Getenv("RB_REDIS")}})
 	defer c.Close()
-	a, err := elastic.NewAgent(elastic.NewRedisStore(c), elastic.NewMember(ln.Addr().String()), cfg)
+	a, err := elastic.NewAgent(store.NewRedis(c), elastic.NewMember(ln.Addr().String()), cfg)
 	if err != nil {
 		_ = out.Encode(event{Err: err.Error()})
 		return 1

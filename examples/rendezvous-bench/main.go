@@ -57,6 +57,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/elastic/store"
 )
 
 type figure struct {
@@ -123,7 +124,7 @@ func main() {
 	flag.Parse()
 	// go-redis' own lines (a closed client's Pub/Sub reader at the end of
 	// each formation) go to Debug, which the bench does not print.
-	redis.SetLogger(elastic.RedisLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
+	redis.SetLogger(store.RedisLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)

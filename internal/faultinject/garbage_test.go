@@ -16,7 +16,7 @@ import (
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
-// Keys of a job in Redis (elastic.KeyPrefix, see elastic/redisstore.go).
+// Keys of a job in Redis (store.KeyPrefix, see elastic/store/redisstore.go).
 func jobKey(job, name string) string { return "et:{" + job + "}:" + name }
 
 // corruption overwrites some of a running job's Redis keys by hand.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/freeport"
 	"log/slog"
 	"os"
@@ -15,7 +16,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/internal/faultinject"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/optim"
@@ -49,7 +49,7 @@ func TestResourcesFlatAcrossRecoveries(t *testing.T) {
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	store := elastic.NewMemoryStore()
+	st := store.NewMemory()
 	prob := trainertest.NewProblem(512, 8, 0.05, 3)
 
 	var mu gosync.Mutex
@@ -116,7 +116,7 @@ func TestResourcesFlatAcrossRecoveries(t *testing.T) {
 			opts = append(opts, trainer.WithLogger(lg))
 			cfg.Sync.Logger, cfg.Elastic.Logger = lg, lg
 		}
-		tr, err := trainer.New(m.Params(), optim.NewMomentum(0.01, 0.9), loader, m.Step, store, cfg, opts...)
+		tr, err := trainer.New(m.Params(), optim.NewMomentum(0.01, 0.9), loader, m.Step, st, cfg, opts...)
 		require.NoError(t, err)
 		wg.Add(1)
 		go func() {

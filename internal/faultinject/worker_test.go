@@ -24,6 +24,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
@@ -468,7 +469,7 @@ func WorkerMain() int {
 			return inner(ctx, b)
 		}
 	}
-	tr, err := trainer.New(m.Params(), opt, loader, step, elastic.NewRedisStore(client), cfg, opts...)
+	tr, err := trainer.New(m.Params(), opt, loader, step, store.NewRedis(client), cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

@@ -114,6 +114,22 @@ func Client(t testing.TB) redis.UniversalClient {
 	return c
 }
 
+// EmbeddedClient starts an embedded Redis-protocol server
+// (internal/embedredis, the server elastic/standalone runs) on a free
+// loopback port for this test alone and returns a client of it; t.Cleanup
+// closes both. For tests that check the rendezvous' scripts run there too.
+func EmbeddedClient(t testing.TB) redis.UniversalClient {
+	t.Helper()
+	srv, err := embedredis.Start(context.Background(), "")
+	if err != nil {
+		t.Fatalf("testredis: embedded server: %v", err)
+	}
+	t.Cleanup(func() { _ = srv.Close() })
+	c := redis.NewUniversalClient(&redis.UniversalOptions{Addrs: []string{srv.Addr()}})
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
 // JobID returns a job ID unique to this test run: the test name reduced to
 // [A-Za-z0-9_-] (at most 40 characters) plus 8 random hex digits.
 func JobID(t testing.TB) string {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
@@ -55,8 +55,8 @@ func newJob(t *testing.T, minWorkers int, inner func() optim.Optimizer, outer lo
 	cfg := trainertest.Config(testredis.JobID(t))
 	cfg.Epochs = epochs
 	cfg.Elastic.MinWorkers, cfg.Elastic.MaxWorkers = minWorkers, 3
-	store := elastic.NewRedisStore(testredis.Client(t))
-	return &job{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store, Timeout: 2 * time.Minute}),
+	st := store.NewRedis(testredis.Client(t))
+	return &job{t: t, c: trainertest.NewCluster(t, trainertest.ClusterConfig{Store: st, Timeout: 2 * time.Minute}),
 		prob: trainertest.NewProblem(samples, 8, 0.1, 3), cfg: cfg, inner: inner, audit: &audit.Memory{},
 		outer: outer, models: map[*trainertest.Worker]*trainertest.Model{}, trainers: map[*trainertest.Worker]*trainer.Trainer[trainertest.Batch]{}}
 }
@@ -71,9 +71,9 @@ func (j *job) start(h hold, delay time.Duration, joined chan struct{}) *trainert
 	return j.c.Start(func(w *trainertest.Worker) (trainertest.Runner, error) {
 		m := trainertest.NewModel(j.prob.Dim)
 		m.StepDelay = delay
-		store := w.Store
+		st := w.Store
 		if joined != nil {
-			store = &joinSignal{Store: w.Store, joined: joined}
+			st = &joinSignal{Store: w.Store, joined: joined}
 		}
 		j.mu.Lock()
 		j.models[w] = m
@@ -113,7 +113,7 @@ func (j *job) start(h hold, delay time.Duration, joined chan struct{}) *trainert
 		if j.ckpt != nil {
 			opts = append(opts, trainer.WithCheckpointStore(j.ckpt))
 		}
-		tr, err := trainer.New(m.Params(), s.Optimizer(), loader, step, store, j.cfg, opts...)
+		tr, err := trainer.New(m.Params(), s.Optimizer(), loader, step, st, j.cfg, opts...)
 		if err == nil {
 			j.mu.Lock()
 			j.trainers[w] = tr
@@ -163,12 +163,12 @@ func (j *job) finish() string {
 // joinSignal closes joined once a Join call reached the store: the worker
 // is then a pending joiner, which the running round will see.
 type joinSignal struct {
-	elastic.Store
+	store.Store
 	joined chan struct{}
 	once   stdsync.Once
 }
 
-func (s *joinSignal) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *joinSignal) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	v, err := s.Store.Join(ctx, r)
 	s.once.Do(func() { close(s.joined) })
 	return v, err
@@ -320,7 +320,7 @@ func TestLocalSGDWithOneStepIsTheSynchronousStep(t *testing.T) {
 				cfg := trainertest.Config(testredis.JobID(t))
 				cfg.Epochs, cfg.Deterministic = 1, det
 				cfg.Elastic.MinWorkers, cfg.Elastic.MaxWorkers = 2, 2
-				c := trainertest.NewCluster(t, trainertest.ClusterConfig{Store: elastic.NewRedisStore(testredis.Client(t)), Timeout: 2 * time.Minute})
+				c := trainertest.NewCluster(t, trainertest.ClusterConfig{Store: store.NewRedis(testredis.Client(t)), Timeout: 2 * time.Minute})
 				var models []*trainertest.Model
 				var mu stdsync.Mutex
 				for range 2 {

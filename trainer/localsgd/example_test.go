@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/localsgd"
 	"github.com/elastictrain/elastictrain/trainer/optim"
@@ -37,7 +37,7 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	tr, err := trainer.New(m.Params(), s.Optimizer(), loader, m.Step, elastic.NewMemoryStore(), cfg, trainer.WithBackend(s.Backend()))
+	tr, err := trainer.New(m.Params(), s.Optimizer(), loader, m.Step, store.NewMemory(), cfg, trainer.WithBackend(s.Backend()))
 	if err != nil {
 		fmt.Println(err)
 		return

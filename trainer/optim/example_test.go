@@ -5,7 +5,7 @@ import (
 	"fmt"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/trainertest"
@@ -28,7 +28,7 @@ func Example() {
 	cfg := trainertest.Config("example-optim")
 	cfg.Epochs = 20
 	opt := optim.NewAdam(0.05)
-	tr, err := trainer.New(m.Params(), opt, loader, m.Step, elastic.NewMemoryStore(), cfg,
+	tr, err := trainer.New(m.Params(), opt, loader, m.Step, store.NewMemory(), cfg,
 		trainer.WithBackend(trainertest.NewNetwork(trainertest.NetworkConfig{}).Backend()))
 	if err != nil {
 		fmt.Println(err)

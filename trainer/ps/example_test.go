@@ -7,7 +7,7 @@ import (
 	"slices"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/optim"
@@ -62,7 +62,7 @@ func Example() {
 	tcfg := trainer.DefaultConfig()
 	tcfg.JobID, tcfg.Epochs, tcfg.Sync.Secret, tcfg.Elastic.LastCall = "ps-example", 3, secret, 0
 	tr, err := trainer.New([]trainer.Param{{Name: "b", Shape: []int{1}, Value: bias, Grad: grad}}, optim.NewSGD(0.3),
-		loader, step, elastic.NewMemoryStore(), tcfg, trainer.WithPartition(part))
+		loader, step, store.NewMemory(), tcfg, trainer.WithPartition(part))
 	if err != nil {
 		panic(err)
 	}

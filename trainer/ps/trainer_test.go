@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/sync/paramserver"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/audit"
@@ -69,7 +69,7 @@ type worker struct {
 type tjob struct {
 	t      *testing.T
 	id     string
-	store  elastic.Store
+	store  store.Store
 	dir    string
 	ckpt   driver.CheckpointStore
 	audit  *audit.Memory
@@ -95,7 +95,7 @@ func newTJob(t *testing.T) *tjob {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: elastic.NewMemoryStore(),
+	return &tjob{t: t, id: fmt.Sprintf("psjob-%d", time.Now().UnixNano()), store: store.NewMemory(),
 		dir: t.TempDir(), ckpt: ck, audit: &audit.Memory{}, epochs: 3, batch: 32, ckpts: make(chan int64, 1024)}
 }
 

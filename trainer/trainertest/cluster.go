@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/trainer"
 )
 
@@ -41,8 +41,8 @@ type Runner interface {
 // ClusterConfig tunes a Cluster. The zero value is valid.
 type ClusterConfig struct {
 	// Store is the rendezvous store every worker shares. Default: a new
-	// elastic.NewMemoryStore.
-	Store elastic.Store
+	// store.NewMemory.
+	Store store.Store
 	// Network configures the in-memory Backends' Network.
 	Network NetworkConfig
 	// Timeout bounds Wait. Default 60 s.
@@ -56,7 +56,7 @@ type ClusterConfig struct {
 // when the test ends are stopped by t.Cleanup. Its methods are meant for
 // the test goroutine.
 type Cluster struct {
-	Store   elastic.Store
+	Store   store.Store
 	Network *Network
 
 	t       testing.TB
@@ -70,7 +70,7 @@ type Cluster struct {
 func NewCluster(t testing.TB, cfg ClusterConfig) *Cluster {
 	t.Helper()
 	if cfg.Store == nil {
-		cfg.Store = elastic.NewMemoryStore()
+		cfg.Store = store.NewMemory()
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 60 * time.Second
@@ -93,7 +93,7 @@ type Worker struct {
 	Backend *Backend
 	// Store is the worker's handle on the Cluster's store: pass it to
 	// trainer.New. Kill cuts it.
-	Store elastic.Store
+	Store store.Store
 
 	cut    *cutStore
 	cancel context.CancelFunc
@@ -198,7 +198,7 @@ var ErrStoreCut = errors.New("trainertest: store handle of a killed worker")
 // cutStore is a worker's handle on the shared store; once cut, every call
 // fails, as a dead process's would never arrive.
 type cutStore struct {
-	elastic.Store
+	store.Store
 	cut atomic.Bool
 }
 
@@ -209,56 +209,56 @@ func (s *cutStore) check() error {
 	return nil
 }
 
-func (s *cutStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
+func (s *cutStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
 	if err := s.check(); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return s.Store.Join(ctx, r)
 }
 
-func (s *cutStore) Check(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *cutStore) Check(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if err := s.check(); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return s.Store.Check(ctx, r)
 }
 
-func (s *cutStore) Heartbeat(ctx context.Context, r elastic.MemberRequest) (elastic.Beat, error) {
+func (s *cutStore) Heartbeat(ctx context.Context, r store.MemberRequest) (store.Beat, error) {
 	if err := s.check(); err != nil {
-		return elastic.Beat{}, err
+		return store.Beat{}, err
 	}
 	return s.Store.Heartbeat(ctx, r)
 }
 
-func (s *cutStore) Report(ctx context.Context, r elastic.ReportRequest) (elastic.View, error) {
+func (s *cutStore) Report(ctx context.Context, r store.ReportRequest) (store.View, error) {
 	if err := s.check(); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return s.Store.Report(ctx, r)
 }
 
-func (s *cutStore) Leave(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *cutStore) Leave(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if err := s.check(); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return s.Store.Leave(ctx, r)
 }
 
-func (s *cutStore) Finish(ctx context.Context, r elastic.MemberRequest) (elastic.View, error) {
+func (s *cutStore) Finish(ctx context.Context, r store.MemberRequest) (store.View, error) {
 	if err := s.check(); err != nil {
-		return elastic.View{}, err
+		return store.View{}, err
 	}
 	return s.Store.Finish(ctx, r)
 }
 
-func (s *cutStore) Watch(ctx context.Context, jobID string) (elastic.Watcher, error) {
+func (s *cutStore) Watch(ctx context.Context, jobID string) (store.Watcher, error) {
 	if err := s.check(); err != nil {
 		return nil, err
 	}
 	return s.Store.Watch(ctx, jobID)
 }
 
-var _ elastic.Store = (*cutStore)(nil)
+var _ store.Store = (*cutStore)(nil)
 
 // String names the worker in test logs.
 func (w *Worker) String() string { return fmt.Sprintf("worker %d (%s)", w.Index, w.Backend.Addr()) }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 )
@@ -171,7 +172,7 @@ func MarkFinished(ctx context.Context, addr, job string) error {
 	defer client.Close()
 	cfg := elastic.DefaultConfig()
 	cfg.JobID, cfg.LastCall = job, 0
-	agent, err := elastic.NewAgent(elastic.NewRedisStore(client), elastic.NewMember("127.0.0.1:1"), cfg)
+	agent, err := elastic.NewAgent(store.NewRedis(client), elastic.NewMember("127.0.0.1:1"), cfg)
 	if err != nil {
 		return err
 	}

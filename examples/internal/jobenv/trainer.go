@@ -10,7 +10,9 @@ import (
 	gosync "sync"
 	"syscall"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/monitor"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -36,27 +38,28 @@ func TrainerHooks(ev *launch.Emitter) trainer.Hooks {
 	}
 }
 
-// PendingStore is a RedisStore that tells the launcher (launch.EvPending,
+// PendingStore is a store.Redis that tells the launcher (launch.EvPending,
 // once) when the worker first waits in the store to be taken into the
 // job's next round; launch/monitor holds the job for a Join fault's
-// newcomer until then. It embeds the RedisStore, so the Agent still finds
+// newcomer until then. It embeds the store.Redis, so the Agent still finds
 // its optional capabilities.
 type PendingStore struct {
-	*elastic.RedisStore
+	*store.Redis
 	ev   *launch.Emitter
 	once gosync.Once
 }
 
-// NewPendingStore wraps s to report to ev.
-func NewPendingStore(s *elastic.RedisStore, ev *launch.Emitter) *PendingStore {
-	return &PendingStore{RedisStore: s, ev: ev}
+// NewPendingStore returns the job's Redis store on c (store.NewRedis),
+// reporting to ev.
+func NewPendingStore(c redis.UniversalClient, ev *launch.Emitter) *PendingStore {
+	return &PendingStore{Redis: store.NewRedis(c), ev: ev}
 }
 
-// Join is RedisStore.Join, and sends launch.EvPending the first time it
+// Join is Redis.Join, and sends launch.EvPending the first time it
 // answers RolePending.
-func (s *PendingStore) Join(ctx context.Context, r elastic.JoinRequest) (elastic.View, error) {
-	v, err := s.RedisStore.Join(ctx, r)
-	if err == nil && v.Role == elastic.RolePending {
+func (s *PendingStore) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
+	v, err := s.Redis.Join(ctx, r)
+	if err == nil && v.Role == store.RolePending {
 		s.once.Do(func() { s.ev.Emit(launch.Event{Ev: launch.EvPending}) })
 	}
 	return v, err

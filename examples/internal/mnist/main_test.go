@@ -31,6 +31,7 @@ import (
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/elastic"
 	"github.com/elastictrain/elastictrain/elastic/standalone"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/examples/internal/jobenv"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/launch/monitor"
@@ -295,7 +296,7 @@ func trainLinReg(t *testing.T, opts ...trainer.Option) (trainer.Result, int) {
 	cfg.Elastic.HeartbeatInterval = 100 * time.Millisecond
 	cfg.Elastic.LastCall = 0
 	cfg.StepSpanEvery = stepSpanEvery
-	tr, err := trainer.New(m.Params(), optim.NewSGD(0.1), loader, m.Step, elastic.NewMemoryStore(), cfg, opts...)
+	tr, err := trainer.New(m.Params(), optim.NewSGD(0.1), loader, m.Step, store.NewMemory(), cfg, opts...)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

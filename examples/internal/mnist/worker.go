@@ -103,7 +103,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		return fail(err)
 	}
 	defer client.Close()
-	store := jobenv.NewPendingStore(elastic.NewRedisStore(client), ev)
+	st := jobenv.NewPendingStore(client, ev)
 
 	secret, err := jobenv.Secret()
 	if err != nil {
@@ -231,7 +231,7 @@ func runWorker(c *config, stderr io.Writer) int {
 		}
 	}
 	sentBefore := netBytesSent()
-	tr, err := trainer.New(model.Params(), opt, loader, step, store, tcfg, opts...)
+	tr, err := trainer.New(model.Params(), opt, loader, step, st, tcfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

@@ -33,7 +33,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/kubernetes/jobscale"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
@@ -183,7 +183,7 @@ func run() int {
 		opts = append(opts, trainer.WithAudit(a))
 	}
 	tr, err := trainer.New(model.Params(), optim.NewMomentum(0.02, 0.9), loader, step,
-		elastic.NewRedisStore(client), cfg, opts...)
+		store.NewRedis(client), cfg, opts...)
 	if err != nil {
 		return fail(err)
 	}

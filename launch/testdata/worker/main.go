@@ -24,7 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/launch"
 	"github.com/elastictrain/elastictrain/trainer"
 	"github.com/elastictrain/elastictrain/trainer/checkpoint"
@@ -121,7 +121,7 @@ func run() int {
 		opts = append(opts, trainer.WithCheckpointStore(st))
 	}
 	tr, err := trainer.New(model.Params(), optim.NewMomentum(*lr, 0.9), loader, model.Step,
-		elastic.NewRedisStore(client), cfg, opts...)
+		store.NewRedis(client), cfg, opts...)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return launch.ExitStatus(err) // StatusPermanent for an invalid configuration

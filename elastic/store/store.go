@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -96,7 +96,7 @@ type Beat struct {
 	// Leases is the number of members holding a lease in the job (Code
 	// CodeOK; 0 when the store did not say): arrived, ranked, expected or
 	// pending alike. The Agent spaces its heartbeats by it
-	// (Config.HeartbeatEvery), so members that gather for a forming round
+	// (elastic.Config.HeartbeatEvery), so members that gather for a forming round
 	// learn the job's size as it grows, not only the arrivals before theirs.
 	Leases int
 	// Round is the job's latest round and Open whether it is still
@@ -210,10 +210,10 @@ func offer(c chan Hint, h Hint) {
 // Every call sweeps expired leases first (evicting their members, and opening
 // exactly one new round if a member of the running round was among them), then
 // applies its operation. A returned error means the store could not be
-// reached or answered garbage (see StoreError); a reached store answers with a
+// reached or answered garbage (see Error); a reached store answers with a
 // Code.
 //
-// Semantics (shared by NewRedisStore and NewMemoryStore, checked by the same
+// Semantics (shared by NewRedis and NewMemory, checked by the same
 // tests):
 //   - Rounds are numbered and only grow. A round forms (Open) and then closes
 //     with ranks 0..W-1.
@@ -232,6 +232,8 @@ func offer(c chan Hint, h Hint) {
 //     pending joiners (moved into the next round when it opens).
 //   - Evicted members are fenced: every later call by them answers CodeFenced.
 type Store interface {
+	// Join registers r.Member (if needed) and, with r.Arrive, makes it
+	// take part in the forming or next round; returns the caller's view.
 	Join(ctx context.Context, r JoinRequest) (View, error)
 	// Check renews the caller's lease, sweeps, closes the forming round if
 	// due, and returns the caller's view.

@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 // error stream, where go-redis writes them by default. go-redis has one
 // process-wide logger, so this package never installs it: call
 //
-//	redis.SetLogger(elastic.RedisLogger(logger))
+//	redis.SetLogger(store.RedisLogger(logger))
 //
 // once in main. The Agent already logs every store outage with its cause
 // (when it begins, then every 2 s), so the lines go out at Debug level,

@@ -1,19 +1,20 @@
-package elastic
+package store_test
 
 import (
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/elastictest"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -51,9 +52,9 @@ func (c *replyCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		}
 		reply, _ := rc.Val().([]any)
 		switch {
-		case sha == scriptRoster.Hash():
+		case sha == store.ScriptRoster.Hash():
 			c.rosterReads.Add(1)
-		case sha != scriptBeat.Hash() && sha != scriptHeartbeat.Hash() && len(reply) == 13:
+		case sha != store.ScriptBeat.Hash() && sha != store.ScriptHeartbeat.Hash() && len(reply) == 13:
 			c.viewsWithRoster.Add(1)
 		}
 		return err
@@ -73,20 +74,20 @@ func TestLargeRosterIsReadOncePerProcess(t *testing.T) {
 	defer c.Close()
 	var counts replyCounter
 	c.AddHook(&counts)
-	store := NewRedisStore(c)
-	cfg := DefaultConfig()
+	s := store.NewRedis(c)
+	cfg := elastic.DefaultConfig()
 	cfg.JobID = testredis.JobID(t)
 	cfg.StateTTL = 2 * time.Minute
 	const n = 5
 	cfg.MinWorkers, cfg.MaxWorkers, cfg.LastCall = n, n, time.Hour
-	agents := make([]*Agent, n)
+	agents := make([]*elastic.Agent, n)
 	for i := range agents {
-		m := NewMember(fmt.Sprintf("127.0.0.1:%d", 20000+i))
+		m := elastic.NewMember(fmt.Sprintf("127.0.0.1:%d", 20000+i))
 		m.Endpoints = map[string]string{}
-		for e := range MaxEndpoints {
-			m.Endpoints[fmt.Sprintf("ep%02d", e)] = fmt.Sprintf("host-%d-%d.", i, e) + strings.Repeat("x", 4*MaxMemberFieldLen-40) + ":1"
+		for e := range elastic.MaxEndpoints {
+			m.Endpoints[fmt.Sprintf("ep%02d", e)] = fmt.Sprintf("host-%d-%d.", i, e) + strings.Repeat("x", 4*elastic.MaxMemberFieldLen-40) + ":1"
 		}
-		a, err := NewAgent(store, m, cfg)
+		a, err := elastic.NewAgent(s, m, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,38 +96,29 @@ func TestLargeRosterIsReadOncePerProcess(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	worlds := make([]World, n)
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i, a := range agents {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			worlds[i], errs[i] = a.Join(ctx)
-		}()
-	}
-	wg.Wait()
+	worlds := elastictest.JoinAll(t, ctx, agents...)
 	for i := range agents {
-		if errs[i] != nil {
-			t.Fatalf("member %d: %v", i, errs[i])
-		}
 		w := worlds[i]
 		if w.Size != n || len(w.Members) != n || w.Members[w.Rank].ID != agents[i].Member().ID {
 			t.Fatalf("member %d: world of %d with %d members, rank %d", i, w.Size, len(w.Members), w.Rank)
 		}
 		for r, m := range w.Members {
-			if len(m.Endpoints) != MaxEndpoints {
-				t.Fatalf("member %d: rank %d has %d endpoints, want %d", i, r, len(m.Endpoints), MaxEndpoints)
+			if len(m.Endpoints) != elastic.MaxEndpoints {
+				t.Fatalf("member %d: rank %d has %d endpoints, want %d", i, r, len(m.Endpoints), elastic.MaxEndpoints)
 			}
 		}
 	}
 	// Every member checks the closed round as a member that holds no
 	// World of it would (HaveRound 0), as a Join woken by a heartbeat does.
+	inc, err := c.HGet(ctx, store.JobKeys(cfg.JobID)[1], "inc").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	params := store.Params{MinWorkers: cfg.MinWorkers, MaxWorkers: cfg.MaxWorkers, LastCall: cfg.LastCall, LeaseTTL: cfg.LeaseTTL, StateTTL: cfg.StateTTL}
 	for _, a := range agents {
-		req := a.memberRequest()
-		req.HaveRound = 0
-		v, err := store.Check(ctx, req)
-		if err != nil || v.Role != RoleRanked || len(v.Members) != n {
+		req := store.MemberRequest{JobID: cfg.JobID, MemberID: a.Member().ID, Incarnation: inc, Params: params}
+		v, err := s.Check(ctx, req)
+		if err != nil || v.Role != store.RoleRanked || len(v.Members) != n {
 			t.Fatalf("check: %+v, %v", v, err)
 		}
 	}
@@ -135,18 +127,5 @@ func TestLargeRosterIsReadOncePerProcess(t *testing.T) {
 	}
 	if got := counts.rosterReads.Load(); got != 1 {
 		t.Errorf("the roster was read %d times by one process; want once", got)
-	}
-}
-
-// TestARosterNamingAMemberTwiceIsBadState: two records with one ID would
-// give one member two ranks; the roster is refused as ErrBadState.
-func TestARosterNamingAMemberTwiceIsBadState(t *testing.T) {
-	a, b := Member{ID: "a", Addr: "x:1"}, Member{ID: "b", Addr: "x:2"}
-	if _, err := parseRoster(a.record() + "\n" + b.record()); err != nil {
-		t.Fatalf("a good roster: %v", err)
-	}
-	_, err := parseRoster(a.record() + "\n" + b.record() + "\n" + a.record())
-	if !errors.Is(err, ErrBadState) {
-		t.Fatalf("a roster naming %q twice: %v, want ErrBadState", a.ID, err)
 	}
 }

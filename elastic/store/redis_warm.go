@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -22,7 +22,7 @@ import (
 // start and every few minutes, within go-redis' ConnMaxIdleTime (30 min by
 // default). Only a *redis.Client (one node or Sentinel failover) is warmed;
 // for other clients Warm does nothing. Errors: the first failed PING.
-func (s *RedisStore) Warm(ctx context.Context, n int) error {
+func (s *Redis) Warm(ctx context.Context, n int) error {
 	c, ok := s.c.(*redis.Client)
 	if !ok || n < 1 {
 		return nil

@@ -1,4 +1,4 @@
-package elastic_test
+package store_test
 
 import (
 	"context"
@@ -8,7 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -28,49 +28,49 @@ type silenceClock struct {
 // 3 x LeaseTTL fences everyone.
 func TestSilenceCredit(t *testing.T) {
 	const ttl = time.Second
-	p := elastic.Params{MinWorkers: 2, MaxWorkers: 2, LastCall: 0, LeaseTTL: ttl, StateTTL: time.Minute}
+	p := store.Params{MinWorkers: 2, MaxWorkers: 2, LastCall: 0, LeaseTTL: ttl, StateTTL: time.Minute}
 	kinds := []struct {
 		name string
-		make func(t *testing.T) (elastic.Store, silenceClock)
+		make func(t *testing.T) (store.Store, silenceClock)
 	}{
-		{"memory", func(t *testing.T) (elastic.Store, silenceClock) {
-			s := elastic.NewMemoryStoreForTest()
+		{"memory", func(t *testing.T) (store.Store, silenceClock) {
+			s := store.NewMemory()
 			var mu sync.Mutex
 			now := time.Unix(5000, 0)
 			s.SetClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
 			return s, silenceClock{fake: true, advance: func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }}
 		}},
-		{"redis", func(t *testing.T) (elastic.Store, silenceClock) {
+		{"redis", func(t *testing.T) (store.Store, silenceClock) {
 			// Real time is what is under test here: the store's clock.
-			return elastic.NewRedisStore(testredis.Client(t)), silenceClock{advance: time.Sleep}
+			return store.NewRedis(testredis.Client(t)), silenceClock{advance: time.Sleep}
 		}},
 	}
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) {
 			ctx := context.Background()
 			// start forms a closed round of a and b, both just renewed.
-			start := func(t *testing.T) (elastic.Store, silenceClock, string, func(id string) elastic.Code, func() elastic.View) {
+			start := func(t *testing.T) (store.Store, silenceClock, string, func(id string) store.Code, func() store.View) {
 				s, clk := k.make(t)
 				job := testredis.JobID(t)
 				inc := ""
 				for _, id := range []string{"a", "b"} {
-					v, err := s.Join(ctx, elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: id, Addr: id + ":1"}, NewIncarnation: "inc-" + job, Arrive: true, Params: p})
+					v, err := s.Join(ctx, store.JoinRequest{JobID: job, Member: store.Member{ID: id, Addr: id + ":1"}, NewIncarnation: "inc-" + job, Arrive: true, Params: p})
 					require.NoError(t, err)
-					require.Equal(t, elastic.CodeOK, v.Code)
+					require.Equal(t, store.CodeOK, v.Code)
 					inc = v.Incarnation
 				}
-				beat := func(id string) elastic.Code {
-					b, err := s.Heartbeat(ctx, elastic.MemberRequest{JobID: job, MemberID: id, Incarnation: inc, Params: p})
+				beat := func(id string) store.Code {
+					b, err := s.Heartbeat(ctx, store.MemberRequest{JobID: job, MemberID: id, Incarnation: inc, Params: p})
 					require.NoError(t, err)
 					return b.Code
 				}
-				check := func() elastic.View {
-					v, err := s.Check(ctx, elastic.MemberRequest{JobID: job, MemberID: "a", Incarnation: inc, Params: p})
+				check := func() store.View {
+					v, err := s.Check(ctx, store.MemberRequest{JobID: job, MemberID: "a", Incarnation: inc, Params: p})
 					require.NoError(t, err)
 					return v
 				}
-				require.Equal(t, elastic.CodeOK, beat("a"))
-				require.Equal(t, elastic.CodeOK, beat("b"))
+				require.Equal(t, store.CodeOK, beat("a"))
+				require.Equal(t, store.CodeOK, beat("b"))
 				v := check()
 				require.False(t, v.Open, "a and b form a closed round")
 				require.Equal(t, 2, v.Size)
@@ -81,8 +81,8 @@ func TestSilenceCredit(t *testing.T) {
 				_, clk, _, beat, check := start(t)
 				round := check().Round
 				clk.advance(ttl * 11 / 10)
-				require.Equal(t, elastic.CodeOK, beat("a"), "a survives the job-wide silence")
-				require.Equal(t, elastic.CodeOK, beat("b"), "b survives the job-wide silence")
+				require.Equal(t, store.CodeOK, beat("a"), "a survives the job-wide silence")
+				require.Equal(t, store.CodeOK, beat("b"), "b survives the job-wide silence")
 				v := check()
 				require.False(t, v.Open, "no eviction reopened the round")
 				require.Equal(t, round, v.Round)
@@ -95,7 +95,7 @@ func TestSilenceCredit(t *testing.T) {
 				step := ttl / 10
 				for i := 1; i <= 11; i++ {
 					clk.advance(step)
-					require.Equal(t, elastic.CodeOK, beat("a"), "a keeps beating (step %d)", i)
+					require.Equal(t, store.CodeOK, beat("a"), "a keeps beating (step %d)", i)
 					if !clk.fake {
 						continue
 					}
@@ -108,15 +108,15 @@ func TestSilenceCredit(t *testing.T) {
 						require.Greater(t, v.Round, round)
 					}
 				}
-				require.Equal(t, elastic.CodeFenced, beat("b"), "the silent member is fenced, credit or not")
-				require.Equal(t, elastic.CodeOK, beat("a"))
+				require.Equal(t, store.CodeFenced, beat("b"), "the silent member is fenced, credit or not")
+				require.Equal(t, store.CodeOK, beat("a"))
 			})
 
 			t.Run("job-wide gap of 3 LeaseTTL fences everyone", func(t *testing.T) {
 				_, clk, _, beat, _ := start(t)
 				clk.advance(3 * ttl)
-				require.Equal(t, elastic.CodeFenced, beat("a"), "a's own call sweeps every lapsed lease, its own too")
-				require.Equal(t, elastic.CodeFenced, beat("b"))
+				require.Equal(t, store.CodeFenced, beat("a"), "a's own call sweeps every lapsed lease, its own too")
+				require.Equal(t, store.CodeFenced, beat("b"))
 			})
 		})
 	}

@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -16,7 +16,8 @@ import (
 // ":since", ":arrived", ":expected", ":back", ":pending", ":rank" and
 // ":roster" (see scripts.go for what each holds) and its Pub/Sub channel
 // "et:{<jobID>}:events"; the braces make the job ID the hash tag, so all
-// keys of a job live in one Redis Cluster slot.
+// keys of a job live in one Redis Cluster slot. A launcher's mark on the
+// job (Redis.Mark) is "et:{<jobID>}:launcher".
 const KeyPrefix = "et:"
 
 var (
@@ -30,18 +31,18 @@ var (
 	scriptRoster    = redis.NewScript(luaRoster)
 )
 
-// RedisStore is the Store over Redis (one node, Sentinel or Cluster through
+// Redis is the Store over Redis (one node, Sentinel or Cluster through
 // go-redis' UniversalClient). Each state transition is one Lua script; lease
 // expiry follows Redis' clock (TIME), so members' clocks need not agree. Safe
 // for concurrent use; it does not own the client (closing the client is the
 // caller's business).
-type RedisStore struct {
+type Redis struct {
 	c redis.UniversalClient
 }
 
-// NewRedisStore returns a Store over the given client (requires Redis >= 5
+// NewRedis returns a Store over the given client (requires Redis >= 5
 // for TIME in scripts; tested with 7.0).
-func NewRedisStore(c redis.UniversalClient) *RedisStore { return &RedisStore{c: c} }
+func NewRedis(c redis.UniversalClient) *Redis { return &Redis{c: c} }
 
 func jobKeys(jobID string) []string {
 	p := KeyPrefix + "{" + jobID + "}:"
@@ -72,18 +73,18 @@ func viewArgs(jobID, memberID, inc string, p Params, have uint64) []any {
 	return commonArgs(jobID, memberID, inc, p, have)
 }
 
-func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, jobID, memberID string, p Params, have uint64, args []any) (View, error) {
+func (s *Redis) runView(ctx context.Context, op string, sc *redis.Script, jobID, memberID string, p Params, have uint64, args []any) (View, error) {
 	if err := ValidateJobID(jobID); err != nil {
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		return View{}, &Error{Op: op, JobID: jobID, Err: err}
 	}
 	res, err := sc.Run(ctx, s.c, jobKeys(jobID), args...).Slice()
 	for attempt := 0; ; attempt++ {
 		if err != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
+			return View{}, &Error{Op: op, JobID: jobID, Err: s.mapErr(ctx, jobID, err)}
 		}
 		rv, perr := parseView(res)
 		if perr != nil {
-			return View{}, &StoreError{Op: op, JobID: jobID, Err: perr}
+			return View{}, &Error{Op: op, JobID: jobID, Err: perr}
 		}
 		if rv.Code != CodeOK || rv.Role != RoleRanked || rv.Open {
 			return wrapView(rv, op, jobID)
@@ -93,7 +94,7 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 			if werr == nil && (out.Rank >= len(out.Members) || out.Members[out.Rank].ID != memberID) {
 				// A member record another ID was written over: the World
 				// would put someone else at this member's rank.
-				return View{}, &StoreError{Op: op, JobID: jobID, Err: fmt.Errorf("%w: rank %d of round %d is not this member's record", ErrBadState, out.Rank, out.Round)}
+				return View{}, &Error{Op: op, JobID: jobID, Err: fmt.Errorf("%w: rank %d of round %d is not this member's record", ErrBadState, out.Rank, out.Round)}
 			}
 			if werr == nil {
 				keepRoster(jobID, out.Incarnation, out.Round, out.Members)
@@ -130,14 +131,14 @@ func (s *RedisStore) runView(ctx context.Context, op string, sc *redis.Script, j
 		case rerr == nil:
 			rerr = fmt.Errorf("%w: the roster of round %d has %d members, the view %d (rank %d)", ErrBadState, rv.Round, len(ms), rv.Size, rv.Rank)
 		}
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: rerr}
+		return View{}, &Error{Op: op, JobID: jobID, Err: rerr}
 	}
 }
 
 // Join implements Store.
-func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
-	if err := r.Member.validate(); err != nil {
-		return View{}, &StoreError{Op: "join", JobID: r.JobID, Err: err}
+func (s *Redis) Join(ctx context.Context, r JoinRequest) (View, error) {
+	if err := r.Member.Validate(); err != nil {
+		return View{}, &Error{Op: "join", JobID: r.JobID, Err: err}
 	}
 	args := viewArgs(r.JobID, r.Member.ID, r.Incarnation, r.Params, 0)
 	arrive := 0
@@ -153,18 +154,18 @@ func (s *RedisStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 }
 
 // Check implements Store.
-func (s *RedisStore) Check(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Redis) Check(ctx context.Context, r MemberRequest) (View, error) {
 	return s.runView(ctx, "check", scriptCheck, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Report implements Store.
-func (s *RedisStore) Report(ctx context.Context, r ReportRequest) (View, error) {
+func (s *Redis) Report(ctx context.Context, r ReportRequest) (View, error) {
 	args := append(viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound), strconv.FormatUint(r.Round, 10), r.Target)
 	return s.runView(ctx, "report", scriptReport, r.JobID, r.MemberID, r.Params, r.HaveRound, args)
 }
 
 // Leave implements Store.
-func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Redis) Leave(ctx context.Context, r MemberRequest) (View, error) {
 	keep := "0"
 	if r.KeepRanked {
 		keep = "1"
@@ -174,14 +175,14 @@ func (s *RedisStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
 }
 
 // Finish implements Store.
-func (s *RedisStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Redis) Finish(ctx context.Context, r MemberRequest) (View, error) {
 	return s.runView(ctx, "finish", scriptFinish, r.JobID, r.MemberID, r.Params, r.HaveRound, viewArgs(r.JobID, r.MemberID, r.Incarnation, r.Params, r.HaveRound))
 }
 
 // Heartbeat implements Store.
-func (s *RedisStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
+func (s *Redis) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
 	fail := func(err error) (Beat, error) {
-		return Beat{}, &StoreError{Op: "heartbeat", JobID: r.JobID, Err: err}
+		return Beat{}, &Error{Op: "heartbeat", JobID: r.JobID, Err: err}
 	}
 	if err := ValidateJobID(r.JobID); err != nil {
 		return fail(err)
@@ -241,7 +242,7 @@ var keyTypes = map[string]string{
 // type of each of the job's keys; a NOPERM reply (the client's ACL user
 // lacks a permission) is ErrNoPermission; anything else is returned as it
 // is (an outage, to the Agent).
-func (s *RedisStore) mapErr(ctx context.Context, jobID string, err error) error {
+func (s *Redis) mapErr(ctx context.Context, jobID string, err error) error {
 	if strings.HasPrefix(err.Error(), "NOPERM") {
 		return fmt.Errorf("%w: job %q: %w", ErrNoPermission, jobID, err)
 	}
@@ -349,21 +350,21 @@ func parseView(res []any) (rawView, error) {
 
 // Watch implements Store: a Pub/Sub subscription to the job's channel,
 // shared by every Watcher of this process on the same client (see hub).
-func (s *RedisStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
+func (s *Redis) Watch(ctx context.Context, jobID string) (Watcher, error) {
 	if err := ValidateJobID(jobID); err != nil {
-		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
+		return nil, &Error{Op: "watch", JobID: jobID, Err: err}
 	}
 	return s.watch(ctx, jobID)
 }
 
 // DropJob deletes every key of a job. For tests and operators: a running
 // job's members treat it like a Redis restarted empty (they re-register).
-func (s *RedisStore) DropJob(ctx context.Context, jobID string) error {
+func (s *Redis) DropJob(ctx context.Context, jobID string) error {
 	if err := ValidateJobID(jobID); err != nil {
 		return err
 	}
 	if err := s.c.Del(ctx, jobKeys(jobID)...).Err(); err != nil {
-		return &StoreError{Op: "drop", JobID: jobID, Err: err}
+		return &Error{Op: "drop", JobID: jobID, Err: err}
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -55,7 +55,7 @@ const watchRosterTimeout = 2 * time.Second
 
 // watch returns a Watcher on the shared hub of (client, job), subscribing
 // first if this process has none yet.
-func (s *RedisStore) watch(ctx context.Context, jobID string) (Watcher, error) {
+func (s *Redis) watch(ctx context.Context, jobID string) (Watcher, error) {
 	key := hubKey{c: s.c, jobID: jobID}
 	for {
 		hubs.mu.Lock()
@@ -93,21 +93,21 @@ func (s *RedisStore) watch(ctx context.Context, jobID string) (Watcher, error) {
 		case <-h.ready:
 		case <-ctx.Done():
 			_ = w.Close()
-			return nil, &StoreError{Op: "watch", JobID: jobID, Err: ctx.Err()}
+			return nil, &Error{Op: "watch", JobID: jobID, Err: ctx.Err()}
 		}
 		if h.err == nil {
 			return w, nil
 		}
 		_ = w.Close()
 		if creator {
-			return nil, &StoreError{Op: "watch", JobID: jobID, Err: h.err}
+			return nil, &Error{Op: "watch", JobID: jobID, Err: h.err}
 		}
 		// Another Watch's subscription failed (its context, say): try our own.
 	}
 }
 
 // subscribe opens the hub's subscription and starts its forwarder.
-func (h *hub) subscribe(ctx context.Context, s *RedisStore) error {
+func (h *hub) subscribe(ctx context.Context, s *Redis) error {
 	ps := s.c.Subscribe(ctx, jobChannel(h.key.jobID))
 	// Wait for the subscription to be confirmed, so no change published after
 	// Watch returns is missed (unless the connection drops).
@@ -123,7 +123,7 @@ func (h *hub) subscribe(ctx context.Context, s *RedisStore) error {
 
 // forward decodes each message once and offers the hint to every Watcher.
 // It returns when the subscription is closed (the last Watcher left).
-func (h *hub) forward(s *RedisStore, msgs <-chan *redis.Message) {
+func (h *hub) forward(s *Redis, msgs <-chan *redis.Message) {
 	defer close(h.done)
 	for m := range msgs {
 		hint := parseHint(m.Payload)
@@ -205,7 +205,7 @@ const rosterFetchKept = 8
 // by every caller. The slice is shared: callers must not modify it.
 // Errors: errRosterGone if the store holds another round or incarnation now
 // (the hint is stale), a ctx or store error.
-func (s *RedisStore) rosterOf(ctx context.Context, jobID, inc string, round uint64) ([]Member, error) {
+func (s *Redis) rosterOf(ctx context.Context, jobID, inc string, round uint64) ([]Member, error) {
 	key := rosterKey(jobID, inc, round)
 	rosterFetch.mu.Lock()
 	e, ok := rosterFetch.m[key]
@@ -329,7 +329,7 @@ var errRosterGone = errors.New("elastic: the round's roster was replaced before 
 // readRoster reads the closed round's roster with luaRoster: it answers the
 // incarnation, the closed round's number and the roster in one atomic step,
 // so the records are those of the round the hint named or none.
-func (s *RedisStore) readRoster(ctx context.Context, jobID, inc string, round uint64) ([]Member, error) {
+func (s *Redis) readRoster(ctx context.Context, jobID, inc string, round uint64) ([]Member, error) {
 	keys := jobKeys(jobID)
 	res, err := scriptRoster.Run(ctx, s.c, []string{keys[0], keys[11]}).Slice()
 	if err != nil {
@@ -396,7 +396,7 @@ func parseHint(payload string) Hint {
 // job's channel or a hint the store has moved past, is delivered as a plain
 // version hint: members read the store. Redis Pub/Sub is open to any client
 // allowed to PUBLISH there, so a World is never taken from a message alone.
-func (s *RedisStore) checkHint(ctx context.Context, jobID, payload string, h Hint) Hint {
+func (s *Redis) checkHint(ctx context.Context, jobID, payload string, h Hint) Hint {
 	plain := Hint{Version: h.Version}
 	res, err := s.c.HMGet(ctx, jobKeys(jobID)[1], "inc", "ver", "round", "rdig").Result()
 	if err != nil || len(res) != 4 {

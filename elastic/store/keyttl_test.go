@@ -1,11 +1,11 @@
-package elastic_test
+package store_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
@@ -19,10 +19,10 @@ func TestEveryKeyOfTheJobHasATTL(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testredis.Client(t)
-	s := elastic.NewRedisStore(c)
+	s := store.NewRedis(c)
 	job := testredis.JobID(t)
-	p := elastic.Params{MinWorkers: 1, MaxWorkers: 4, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: 2 * time.Second}
-	keys := jobKeys(job)
+	p := store.Params{MinWorkers: 1, MaxWorkers: 4, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: 2 * time.Second}
+	keys := store.JobKeys(job)
 	checkTTLs := func(when string) {
 		t.Helper()
 		for _, k := range keys {
@@ -44,22 +44,22 @@ func TestEveryKeyOfTheJobHasATTL(t *testing.T) {
 	}
 	var inc string
 	registered := map[string]bool{}
-	join := func(id string) elastic.View {
+	join := func(id string) store.View {
 		t.Helper()
-		r := elastic.JoinRequest{JobID: job, Member: elastic.Member{ID: id, Addr: id + ":1"},
+		r := store.JoinRequest{JobID: job, Member: store.Member{ID: id, Addr: id + ":1"},
 			NewIncarnation: "inc-" + job, Arrive: true, Params: p}
 		if registered[id] {
 			r.Incarnation = inc
 		}
 		v, err := s.Join(ctx, r)
-		if err != nil || v.Code != elastic.CodeOK {
+		if err != nil || v.Code != store.CodeOK {
 			t.Fatalf("join %s: %+v %v", id, v, err)
 		}
 		inc, registered[id] = v.Incarnation, true
 		return v
 	}
-	mr := func(id string) elastic.MemberRequest {
-		return elastic.MemberRequest{JobID: job, MemberID: id, Incarnation: inc, Params: p}
+	mr := func(id string) store.MemberRequest {
+		return store.MemberRequest{JobID: job, MemberID: id, Incarnation: inc, Params: p}
 	}
 	var round uint64
 	for _, id := range []string{"a", "b", "c", "d"} {
@@ -68,16 +68,16 @@ func TestEveryKeyOfTheJobHasATTL(t *testing.T) {
 	}
 	// d is lost: the next round opens with a, b and c expected and nobody
 	// arrived yet, so the arrived and back sets do not exist.
-	if _, err := s.Report(ctx, elastic.ReportRequest{MemberRequest: mr("a"), Round: round, Target: "d"}); err != nil {
+	if _, err := s.Report(ctx, store.ReportRequest{MemberRequest: mr("a"), Round: round, Target: "d"}); err != nil {
 		t.Fatal(err)
 	}
 	checkTTLs("report")
-	if v := join("a"); !v.Open || v.Role != elastic.RoleArrived {
+	if v := join("a"); !v.Open || v.Role != store.RoleArrived {
 		t.Fatalf("a: %+v", v) // the round still waits for b and c: no visible change
 	}
 	checkTTLs("first survivor arrives")
 	join("b")
-	if v := join("c"); v.Open || v.Role != elastic.RoleRanked {
+	if v := join("c"); v.Open || v.Role != store.RoleRanked {
 		t.Fatalf("c: %+v", v)
 	}
 	checkTTLs("round closes")
@@ -93,7 +93,7 @@ func TestEveryKeyOfTheJobHasATTL(t *testing.T) {
 	if err := c.HSet(ctx, keys[1], "ttlat", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if b, err := s.Heartbeat(ctx, mr("a")); err != nil || b.Code != elastic.CodeOK {
+	if b, err := s.Heartbeat(ctx, mr("a")); err != nil || b.Code != store.CodeOK {
 		t.Fatalf("heartbeat: %+v %v", b, err)
 	}
 	checkTTLs("heartbeat")

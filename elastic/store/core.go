@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"fmt"
@@ -291,7 +291,7 @@ func (j *coreJob) save(c *opCtx) {
 
 // hintRosterMax bounds the roster a hint message carries (bytes, about 600
 // members). A larger round's close is announced by its version, round and
-// incarnation: each process reads the roster once (RedisStore's hub) and
+// incarnation: each process reads the roster once (the Redis store's hub) and
 // hands it to its members, instead of thousands of subscribers each
 // receiving it, and the small message reaches them fast. The Redis
 // store's views leave such a roster out too (the client reads it through

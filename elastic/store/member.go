@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"crypto/rand"
@@ -37,6 +37,25 @@ type Member struct {
 // MaxEndpoints bounds Member.Endpoints.
 const MaxEndpoints = 16
 
+// MaxJobIDLen is the longest accepted job ID, in bytes.
+const MaxJobIDLen = 128
+
+// ValidateJobID checks a job ID: 1..MaxJobIDLen bytes of printable ASCII
+// without '{', '}' (they would break the Redis hash tag) or spaces. Every
+// call of the Redis store checks its job ID with it.
+func ValidateJobID(id string) error {
+	if id == "" {
+		return errors.New("empty JobID")
+	}
+	if len(id) > MaxJobIDLen {
+		return fmt.Errorf("JobID longer than %d bytes", MaxJobIDLen)
+	}
+	if i := strings.IndexFunc(id, func(r rune) bool { return r <= ' ' || r > '~' || r == '{' || r == '}' }); i >= 0 {
+		return fmt.Errorf("JobID %q has a forbidden character at byte %d", id, i)
+	}
+	return nil
+}
+
 // Endpoint returns the member's address for name: Endpoints[name], or
 // Addr when name is "" or "sync" and no such entry exists.
 func (m Member) Endpoint(name string) string {
@@ -61,7 +80,11 @@ func NewMember(addr string) Member {
 	return Member{ID: hex.EncodeToString(b[:]), Host: host, PID: os.Getpid(), Addr: addr}
 }
 
-func (m Member) validate() error {
+// Validate reports whether m may be stored: a non-empty ID of printable
+// ASCII without spaces, ID and Host at most MaxMemberFieldLen bytes, Addr
+// at most 4 times that, at most MaxEndpoints endpoints within the same
+// bounds. elastic.NewAgent and the Redis store's Join check it.
+func (m Member) Validate() error {
 	switch {
 	case m.ID == "":
 		return errors.New("elastic: member ID is empty")
@@ -140,48 +163,4 @@ func parseRoster(roster string) ([]Member, error) {
 		out[i].Endpoints = maps.Clone(out[i].Endpoints)
 	}
 	return out, nil
-}
-
-// World is one member's view of a closed round: the job, the round number
-// (only ever grows within a job), this member's rank, the world size, and all
-// members in rank order (len(Members) == Size, Members[Rank] is this member).
-// A World is a plain value, safe to copy and share.
-type World struct {
-	JobID string
-	Round uint64
-	Rank  int
-	Size  int
-	// Members in rank order; len == Size. The slice may be shared with
-	// the other Agents of this process that are in the same round (one
-	// roster per process, not one per member): read it, copy it before
-	// changing it.
-	Members []Member
-}
-
-// Addrs returns the members' peer addresses in rank order (len == Size).
-func (w World) Addrs() []string {
-	out := make([]string, len(w.Members))
-	for i, m := range w.Members {
-		out[i] = m.Addr
-	}
-	return out
-}
-
-// Endpoints returns every member's address for the endpoint name (see
-// Member.Endpoint) in rank order (len == Size).
-func (w World) Endpoints(name string) []string {
-	out := make([]string, len(w.Members))
-	for i, m := range w.Members {
-		out[i] = m.Endpoint(name)
-	}
-	return out
-}
-
-// MemberIDs returns the members' IDs in rank order (len == Size).
-func (w World) MemberIDs() []string {
-	out := make([]string, len(w.Members))
-	for i, m := range w.Members {
-		out[i] = m.ID
-	}
-	return out
 }

@@ -1,4 +1,4 @@
-package elastic_test
+package store_test
 
 import (
 	"context"
@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/elastictrain/elastictrain/elastic"
+	"github.com/elastictrain/elastictrain/elastic/store"
 	"github.com/elastictrain/elastictrain/internal/testredis"
 )
 
 // diffClient is what one simulated member remembers between calls.
 type diffClient struct {
-	m     elastic.Member
+	m     store.Member
 	inc   string
 	order int64
 	since uint64
@@ -23,7 +23,7 @@ type diffClient struct {
 	peers []string
 }
 
-func viewKey(v elastic.View) string {
+func viewKey(v store.View) string {
 	ids := make([]string, len(v.Members))
 	for i, m := range v.Members {
 		ids[i] = m.ID
@@ -38,13 +38,21 @@ func viewKey(v elastic.View) string {
 // so the two stores' clocks cannot make them differ.
 func TestStoresAgree(t *testing.T) {
 	t.Parallel()
-	params := []elastic.Params{
+	params := []store.Params{
 		{MinWorkers: 1, MaxWorkers: 3, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
 		{MinWorkers: 2, MaxWorkers: 4, LastCall: time.Hour, LeaseTTL: time.Minute, StateTTL: time.Hour},
 		{MinWorkers: 1, MaxWorkers: 2, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
 		{MinWorkers: 3, MaxWorkers: 8, LastCall: 0, LeaseTTL: time.Minute, StateTTL: time.Hour},
 	}
-	kinds := []storeKind{redisKind(), standaloneKind()}
+	// The Redis store on the shared Redis, and on the embedded server
+	// elastic/standalone runs: its scripts run there too.
+	kinds := []struct {
+		name string
+		make func(t *testing.T) *store.Redis
+	}{
+		{"redis", func(t *testing.T) *store.Redis { return store.NewRedis(testredis.Client(t)) }},
+		{"standalone", func(t *testing.T) *store.Redis { return store.NewRedis(testredis.EmbeddedClient(t)) }},
+	}
 	for _, k := range kinds {
 		for pi, p := range params {
 			for seed := uint64(1); seed <= 3; seed++ {
@@ -56,22 +64,31 @@ func TestStoresAgree(t *testing.T) {
 	}
 }
 
-func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed uint64, steps int) {
+// TestStoresAgreeOnACluster runs the differential test through a go-redis
+// ClusterClient on a real Redis Cluster of three masters: the scripts
+// agree with the core there too (every key of the job in one slot).
+func TestStoresAgreeOnACluster(t *testing.T) {
+	t.Parallel()
+	cl := testredis.StartCluster(t)
+	runDifferential(t, store.NewRedis(cl.Client(t)), store.Params{MinWorkers: 1, MaxWorkers: 3, LeaseTTL: time.Minute, StateTTL: time.Hour}, 1, 300)
+}
+
+func runDifferential(t *testing.T, other *store.Redis, p store.Params, seed uint64, steps int) {
 	ctx := context.Background()
-	mem := elastic.NewMemoryStoreForTest()
+	mem := store.NewMemory()
 	jobID := testredis.JobID(t)
 	rng := rand.New(rand.NewPCG(seed, 99))
 	var clients []*diffClient
 	newClient := func() *diffClient {
-		c := &diffClient{m: elastic.Member{ID: fmt.Sprintf("m%02d-%d", len(clients), rng.IntN(1000)), Host: "h", PID: len(clients), Addr: fmt.Sprintf("127.0.0.1:%d", 20000+len(clients))}}
+		c := &diffClient{m: store.Member{ID: fmt.Sprintf("m%02d-%d", len(clients), rng.IntN(1000)), Host: "h", PID: len(clients), Addr: fmt.Sprintf("127.0.0.1:%d", 20000+len(clients))}}
 		clients = append(clients, c)
 		return c
 	}
 	for range 3 {
 		newClient()
 	}
-	remember := func(c *diffClient, v elastic.View) {
-		if v.Code != elastic.CodeOK {
+	remember := func(c *diffClient, v store.View) {
+		if v.Code != store.CodeOK {
 			return
 		}
 		c.inc = v.Incarnation
@@ -84,7 +101,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		if v.Since > 0 {
 			c.since = v.Since
 		}
-		if v.Role == elastic.RoleRanked && v.Members != nil {
+		if v.Role == store.RoleRanked && v.Members != nil {
 			c.have = v.Round
 			c.peers = c.peers[:0]
 			for _, m := range v.Members {
@@ -95,8 +112,8 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		}
 	}
 	useHave := false // this step's calls say which round's roster they hold
-	mreq := func(c *diffClient) elastic.MemberRequest {
-		r := elastic.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
+	mreq := func(c *diffClient) store.MemberRequest {
+		r := store.MemberRequest{JobID: jobID, MemberID: c.m.ID, Incarnation: c.inc, Params: p}
 		if useHave {
 			r.HaveRound = c.have
 		}
@@ -108,7 +125,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 	for step := range steps {
 		useHave = rng.IntN(2) == 0
 		c := clients[rng.IntN(len(clients))]
-		var vm, vo elastic.View
+		var vm, vo store.View
 		var em, eo error
 		var op string
 		switch r := rng.IntN(100); {
@@ -117,7 +134,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			fallthrough
 		case r < 40:
 			op = "join"
-			req := elastic.JoinRequest{JobID: jobID, Member: c.m, Incarnation: c.inc, NewIncarnation: fmt.Sprintf("inc%d", step),
+			req := store.JoinRequest{JobID: jobID, Member: c.m, Incarnation: c.inc, NewIncarnation: fmt.Sprintf("inc%d", step),
 				RoundHint: c.hint, Arrive: rng.IntN(5) != 0, Params: p}
 			if c.inc != "" {
 				req.Order, req.Since, req.Peers = c.order, c.since, slices.Clone(c.peers)
@@ -136,11 +153,11 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 				t.Fatalf("step %d heartbeat: %v / %v", step, e1, e2)
 			}
 			// The two stores' clocks differ; each must report one on a renewal.
-			if (bm.StoreTime > 0) != (bm.Code == elastic.CodeOK) || (bo.StoreTime > 0) != (bo.Code == elastic.CodeOK) {
+			if (bm.StoreTime > 0) != (bm.Code == store.CodeOK) || (bo.StoreTime > 0) != (bo.Code == store.CodeOK) {
 				t.Fatalf("step %d heartbeat by %s: store time %d / %d with codes %v / %v", step, c.m.ID, bm.StoreTime, bo.StoreTime, bm.Code, bo.Code)
 			}
 			bm.StoreTime, bo.StoreTime = 0, 0
-			if bm.Code == elastic.CodeOK && bm.Leases < 1 {
+			if bm.Code == store.CodeOK && bm.Leases < 1 {
 				t.Fatalf("step %d heartbeat by %s renewed, but %d leases are held", step, c.m.ID, bm.Leases)
 			}
 			if bm != bo { // the lease count too
@@ -154,7 +171,7 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 			if rng.IntN(3) == 0 && round > 0 {
 				round-- // sometimes a stale report
 			}
-			req := elastic.ReportRequest{MemberRequest: mreq(c), Round: round, Target: target}
+			req := store.ReportRequest{MemberRequest: mreq(c), Round: round, Target: target}
 			vm, em = mem.Report(ctx, req)
 			vo, eo = other.Report(ctx, req)
 		case r < 92:
@@ -172,7 +189,9 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		case r < 95:
 			op = "drop"
 			mem.Drop(jobID)
-			dropRedisJob(t, other, jobID)
+			if err := other.DropJob(ctx, jobID); err != nil {
+				t.Fatal(err)
+			}
 			continue
 		default:
 			// A fenced member comes back as a new member.
@@ -189,10 +208,10 @@ func runDifferential(t *testing.T, other elastic.Store, p elastic.Params, seed u
 		}
 		remember(c, vm)
 		seen[fmt.Sprintf("%s/%v/role%d", op, vm.Code, vm.Role)]++
-		if !vm.Open && vm.Code == elastic.CodeOK {
+		if !vm.Open && vm.Code == store.CodeOK {
 			lastRound = vm.Round
 		}
-		if vm.Code == elastic.CodeFinished {
+		if vm.Code == store.CodeFinished {
 			return
 		}
 	}

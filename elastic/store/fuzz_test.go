@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -120,7 +120,7 @@ var fuzzJobSeq atomic.Int64
 // FuzzRedisStoreReadsGarbage writes arbitrary values into a job's four
 // Redis keys (any of them may also be of the wrong type) and runs every
 // store operation over them against a real Redis: each returns a view, or
-// an error (a StoreError); the scripts never crash the caller.
+// an error (an *Error); the scripts never crash the caller.
 func FuzzRedisStoreReadsGarbage(f *testing.F) {
 	rec := Member{ID: "m1", Host: "h", PID: 1, Addr: "127.0.0.1:1"}.record()
 	f.Add(`{"inc":"i","round":2,"prev":1,"floor":2,"ranked":["m1"],"ord":{"m1":1},"ver":5}`, "i", "5", rec, "m1", 1e15, uint8(0))
@@ -155,14 +155,14 @@ func FuzzRedisStoreReadsGarbage(f *testing.F) {
 		if _, err := p.Exec(ctx); err != nil {
 			return // Redis refused the setup (e.g. an invalid score); nothing to test
 		}
-		s := NewRedisStore(c)
+		s := NewRedis(c)
 		params := Params{MinWorkers: 1, MaxWorkers: 4, LastCall: 0, LeaseTTL: time.Second, StateTTL: time.Minute}
 		mr := MemberRequest{JobID: job, MemberID: "m1", Incarnation: inc, Params: params}
 		check := func(op string, v View, err error) {
 			if err != nil {
-				var se *StoreError
+				var se *Error
 				if !errors.As(err, &se) {
-					t.Fatalf("%s: error %v is not a StoreError", op, err)
+					t.Fatalf("%s: error %v is not an *Error", op, err)
 				}
 				return
 			}

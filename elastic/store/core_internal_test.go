@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 func TestCoreClock(t *testing.T) {
 	ctx := context.Background()
 	now := time.Unix(1000, 0)
-	s := NewMemoryStoreForTest()
+	s := NewMemory()
 	s.SetClock(func() time.Time { return now })
 	p := Params{MinWorkers: 2, MaxWorkers: 4, LastCall: 500 * time.Millisecond, LeaseTTL: 3 * time.Second, StateTTL: time.Minute}
 	mem := func(id string) Member { return Member{ID: id, Addr: id + ":1"} }

@@ -1,4 +1,4 @@
-package elastic
+package store
 
 // Lua scripts of the Redis store. Each state transition is one script, run
 // atomically by Redis. They mirror core.go function by function; keep the two
@@ -271,7 +271,7 @@ local function save(st)
   -- close records the SHA-1 of what follows the version (rdig in the meta
   -- hash; empty when the roster is too large to travel in the hint), so
   -- a subscriber takes a World only from a roster the store formed
-  -- (RedisStore's hub checks it with one HMGET): a PUBLISH on the channel
+  -- (Redis' hub checks it with one HMGET): a PUBLISH on the channel
   -- alone cannot hand members a round.
   local msg = nil
   if C.changed then
@@ -313,7 +313,7 @@ local function view(st, code)
   if rank then
     r[6], r[7] = ROLE_RANKED, tonumber(rank) or -1
     -- A large roster is left out too: the client reads it once per
-    -- process (RedisStore.rosterOf), not once per member that asks.
+    -- process (Redis.rosterOf), not once per member that asks.
     if HAVE ~= st.round and redis.call('STRLEN', K_ROSTER) <= HINT_ROSTER_MAX then
       r[13] = redis.call('GET', K_ROSTER) or ''
     end
@@ -497,7 +497,7 @@ return view(st, code)
 // caller then runs luaHeartbeat, which sweeps. Replies as luaHeartbeat's.
 // It also answers {-1} when the job's keys are due for their TTL renewal
 // (at half of StateTTL), which luaHeartbeat does. KEYS and ARGV are only
-// what it reads (RedisStore.Heartbeat; every argument costs Redis an
+// what it reads (Redis.Heartbeat; every argument costs Redis an
 // object to build, and a round of 4096 sends 4096 heartbeats a second):
 // KEYS 1 meta, 2 members, 3 leases; ARGV 1 LeaseTTL ms, 2 StateTTL ms,
 // 3 caller member ID, 4 caller incarnation.

@@ -1,4 +1,4 @@
-package elastic
+package store
 
 import (
 	"context"
@@ -6,12 +6,13 @@ import (
 	"time"
 )
 
-// MemoryStore is a Store kept in process memory, with the same semantics as
-// the Redis store (the same transitions, see core.go), for fast unit tests and
+// Memory is a Store kept in process memory, with the same semantics as the
+// Redis store (the same transitions, see core.go), for fast unit tests and
 // for members that are goroutines of one process. Leases and key TTLs follow
-// the store's clock (time.Now unless set with SetClock). Safe for concurrent
-// use.
-type MemoryStore struct {
+// the store's clock (time.Now unless set with SetClock). SetClock, SetDown
+// and Drop are for tests that drive time, outages and a store restarted
+// empty. Safe for concurrent use.
+type Memory struct {
 	mu       sync.Mutex
 	now      func() time.Time
 	jobs     map[string]*memJob
@@ -24,45 +25,39 @@ type memJob struct {
 	expireAt int64 // ms; every key of the job shares this TTL
 }
 
-// NewMemoryStore returns an empty in-memory store.
-func NewMemoryStore() Store { return newMemoryStore() }
-
-func newMemoryStore() *MemoryStore {
-	return &MemoryStore{
+// NewMemory returns an empty in-memory store.
+func NewMemory() *Memory {
+	return &Memory{
 		now:      time.Now,
 		jobs:     map[string]*memJob{},
 		watchers: map[string]map[*memWatcher]struct{}{},
 	}
 }
 
-// NewMemoryStoreForTest returns an in-memory store with its test controls
-// (SetClock, SetDown, Drop) reachable.
-func NewMemoryStoreForTest() *MemoryStore { return newMemoryStore() }
-
 // SetClock replaces the store's clock (for tests that drive time).
-func (s *MemoryStore) SetClock(now func() time.Time) {
+func (s *Memory) SetClock(now func() time.Time) {
 	s.mu.Lock()
 	s.now = now
 	s.mu.Unlock()
 }
 
-// SetDown makes every call fail with a StoreError wrapping err (a simulated
+// SetDown makes every call fail with an *Error wrapping err (a simulated
 // outage) until SetDown(nil).
-func (s *MemoryStore) SetDown(err error) {
+func (s *Memory) SetDown(err error) {
 	s.mu.Lock()
 	s.down = err
 	s.mu.Unlock()
 }
 
 // Drop deletes every key of a job, as a Redis restarted empty would.
-func (s *MemoryStore) Drop(jobID string) {
+func (s *Memory) Drop(jobID string) {
 	s.mu.Lock()
 	delete(s.jobs, jobID)
 	s.mu.Unlock()
 }
 
 // job returns the job's data, or an empty job if it is missing or expired.
-func (s *MemoryStore) job(jobID string, nowMS int64) *memJob {
+func (s *Memory) job(jobID string, nowMS int64) *memJob {
 	j := s.jobs[jobID]
 	if j != nil && nowMS >= j.expireAt {
 		delete(s.jobs, jobID)
@@ -76,7 +71,7 @@ func (s *MemoryStore) job(jobID string, nowMS int64) *memJob {
 
 // commit stores the job back (if it has state), renews its TTL when asked,
 // and notifies watchers of a visible change. Called with s.mu held.
-func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, renew bool, c opCtx) {
+func (s *Memory) commit(jobID string, j *memJob, nowMS int64, p Params, renew bool, c opCtx) {
 	if j.st == nil {
 		return
 	}
@@ -92,18 +87,18 @@ func (s *MemoryStore) commit(jobID string, j *memJob, nowMS int64, p Params, ren
 	}
 }
 
-func (s *MemoryStore) begin(ctx context.Context, op, jobID string) (int64, error) {
+func (s *Memory) begin(ctx context.Context, op, jobID string) (int64, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, &StoreError{Op: op, JobID: jobID, Err: err}
+		return 0, &Error{Op: op, JobID: jobID, Err: err}
 	}
 	if s.down != nil {
-		return 0, &StoreError{Op: op, JobID: jobID, Err: s.down}
+		return 0, &Error{Op: op, JobID: jobID, Err: s.down}
 	}
 	return s.now().UnixMilli(), nil
 }
 
 // Join implements Store.
-func (s *MemoryStore) Join(ctx context.Context, r JoinRequest) (View, error) {
+func (s *Memory) Join(ctx context.Context, r JoinRequest) (View, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, err := s.begin(ctx, "join", r.JobID)
@@ -117,26 +112,26 @@ func (s *MemoryStore) Join(ctx context.Context, r JoinRequest) (View, error) {
 }
 
 // Check implements Store.
-func (s *MemoryStore) Check(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Memory) Check(ctx context.Context, r MemberRequest) (View, error) {
 	return s.memberOp(ctx, "check", r, func(j *memJob, now int64) (rawView, opCtx) { return j.check(r, now) })
 }
 
 // Report implements Store.
-func (s *MemoryStore) Report(ctx context.Context, r ReportRequest) (View, error) {
+func (s *Memory) Report(ctx context.Context, r ReportRequest) (View, error) {
 	return s.memberOp(ctx, "report", r.MemberRequest, func(j *memJob, now int64) (rawView, opCtx) { return j.report(r, now) })
 }
 
 // Leave implements Store.
-func (s *MemoryStore) Leave(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Memory) Leave(ctx context.Context, r MemberRequest) (View, error) {
 	return s.memberOp(ctx, "leave", r, func(j *memJob, now int64) (rawView, opCtx) { return j.leave(r, now) })
 }
 
 // Finish implements Store.
-func (s *MemoryStore) Finish(ctx context.Context, r MemberRequest) (View, error) {
+func (s *Memory) Finish(ctx context.Context, r MemberRequest) (View, error) {
 	return s.memberOp(ctx, "finish", r, func(j *memJob, now int64) (rawView, opCtx) { return j.finish(r, now) })
 }
 
-func (s *MemoryStore) memberOp(ctx context.Context, op string, r MemberRequest, f func(*memJob, int64) (rawView, opCtx)) (View, error) {
+func (s *Memory) memberOp(ctx context.Context, op string, r MemberRequest, f func(*memJob, int64) (rawView, opCtx)) (View, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, err := s.begin(ctx, op, r.JobID)
@@ -150,7 +145,7 @@ func (s *MemoryStore) memberOp(ctx context.Context, op string, r MemberRequest, 
 }
 
 // Heartbeat implements Store.
-func (s *MemoryStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
+func (s *Memory) Heartbeat(ctx context.Context, r MemberRequest) (Beat, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now, err := s.begin(ctx, "heartbeat", r.JobID)
@@ -166,17 +161,17 @@ func (s *MemoryStore) Heartbeat(ctx context.Context, r MemberRequest) (Beat, err
 func wrapView(v rawView, op, jobID string) (View, error) {
 	out, err := v.toView()
 	if err != nil {
-		return View{}, &StoreError{Op: op, JobID: jobID, Err: err}
+		return View{}, &Error{Op: op, JobID: jobID, Err: err}
 	}
 	return out, nil
 }
 
 // Watch implements Store.
-func (s *MemoryStore) Watch(ctx context.Context, jobID string) (Watcher, error) {
+func (s *Memory) Watch(ctx context.Context, jobID string) (Watcher, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := ctx.Err(); err != nil {
-		return nil, &StoreError{Op: "watch", JobID: jobID, Err: err}
+		return nil, &Error{Op: "watch", JobID: jobID, Err: err}
 	}
 	w := &memWatcher{s: s, jobID: jobID, c: make(chan Hint, 1)}
 	if s.watchers[jobID] == nil {
@@ -187,7 +182,7 @@ func (s *MemoryStore) Watch(ctx context.Context, jobID string) (Watcher, error) 
 }
 
 type memWatcher struct {
-	s     *MemoryStore
+	s     *Memory
 	jobID string
 	c     chan Hint
 	once  sync.Once
