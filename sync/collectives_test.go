@@ -21,18 +21,19 @@ func tol32(n int, absSum float64) float64 { return float64(n) * math.Ldexp(1, -2
 
 // refStart gives, for element i of an allreduce of `count` elements of
 // `elem` bytes on r's world, the rank where its reduction starts: -1 for the
-// direct path (rank order 0..n-1), else the segment index s of the ring
-// (order s, s+1, ..., s-1). Lanes split [0,count) into `used` balanced
-// parts floor(count*l/used); each part splits into n segments the same way.
+// direct path and the two-rank exchange (rank order 0..n-1), else the
+// segment index s of the ring (order s, s+1, ..., s-1). Lanes split
+// [0,count) into `used` balanced parts floor(count*l/used); each part
+// splits into n segments the same way.
 func refStart(r *Ring, count, elem, i int) int {
 	n := r.Size()
 	if n > 1 && count*elem <= r.cfg.DirectBytes && n > directMaxWorld {
 		return -2 // recursive doubling
 	}
-	if n == 1 || count*elem <= r.cfg.DirectBytes {
+	if n <= 2 || count*elem <= r.cfg.DirectBytes {
 		return -1
 	}
-	used := r.lanesFor(count * elem)
+	used := r.allReduceLanes(count * elem)
 	for l := 0; l < used; l++ {
 		lo, hi := count*l/used, count*(l+1)/used
 		if i < lo || i >= hi {
@@ -305,6 +306,54 @@ func checkBarrier(t *testing.T, w *testWorld) {
 		}
 		return nil
 	})
+}
+
+// TestPairAllReduceSameBits: the two-rank exchange gives both ranks the
+// same bits for every op, NaNs (with different payloads on the two ranks)
+// and signed zeros included, over shared memory, Unix sockets and TCP, on
+// one lane and on two (a buffer of at least two lanes' worth of chunks).
+func TestPairAllReduceSameBits(t *testing.T) {
+	for _, tp := range transports {
+		t.Run(tp.name, func(t *testing.T) {
+			cfg := smallConfig(t)
+			cfg.LocalSockets, cfg.SharedMemory = tp.local, tp.shmem
+			w := newTestWorld(t, 2, cfg)
+			chunk := cfg.ChunkBytes / 4
+			for _, length := range []int{cfg.DirectBytes/4 + 1, 3*chunk + 5, 2*shmSlots*chunk + 7} {
+				if got, want := w.rings[0].allReduceLanes(4*length), min(2, length/(shmSlots*chunk)); got != max(1, want) {
+					t.Fatalf("len %d: %d lanes, want %d", length, got, max(1, want))
+				}
+				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+					bufs := [2][]float32{make([]float32, length), make([]float32, length)}
+					for i := range length {
+						for r := range bufs {
+							switch i % 5 {
+							case 0: // two NaNs with different payloads
+								bufs[r][i] = math.Float32frombits(0x7fc00001 + uint32(r))
+							case 1: // one NaN
+								bufs[r][i] = 1.5
+								if r == 1 {
+									bufs[r][i] = float32(math.NaN())
+								}
+							case 2: // signed zeros
+								bufs[r][i] = float32(math.Copysign(0, float64(r)-0.5))
+							default:
+								bufs[r][i] = float32(i*(r+1)) / 7
+							}
+						}
+					}
+					w.must(t, fmt.Sprintf("%v len %d", op, length), func(rank int, r *Ring) error {
+						return r.AllReduceFloat32(context.Background(), bufs[rank], op)
+					})
+					for i := range length {
+						if a, b := math.Float32bits(bufs[0][i]), math.Float32bits(bufs[1][i]); a != b {
+							t.Fatalf("%v len %d: [%d] is %#x on rank 0, %#x on rank 1", op, length, i, a, b)
+						}
+					}
+				}
+			}
+		})
+	}
 }
 
 // TestAllReduce16Mi runs one allreduce of 16 Mi float32 elements (64 MiB per

@@ -6,6 +6,9 @@ import "unsafe"
 // whole elements of the same type.
 type reduceFunc func(dst, src []byte)
 
+// reduceToFunc sets out to a op b element-wise; out may be a or b.
+type reduceToFunc func(out, a, b []byte)
+
 // scaleFunc divides every element of dst by n (for OpAvg).
 type scaleFunc func(dst []byte, n int)
 
@@ -54,6 +57,106 @@ func kernels(elem int, op Op) (reduceFunc, scaleFunc) {
 		return min64, scale64
 	}
 	return sum64, scale64
+}
+
+// reduceTo returns the reduceToFunc of op for elements of elem bytes.
+func reduceTo(elem int, op Op) reduceToFunc {
+	if elem == 4 {
+		switch op {
+		case OpMax:
+			return max32to
+		case OpMin:
+			return min32to
+		}
+		return sum32to
+	}
+	switch op {
+	case OpMax:
+		return max64to
+	case OpMin:
+		return min64to
+	}
+	return sum64to
+}
+
+func sum32to(out, a, b []byte) {
+	o, x, y := b32(out), b32(a), b32(b)
+	x, y = x[:len(o)], y[:len(o)]
+	i := 0
+	for ; i+4 <= len(o); i += 4 {
+		o[i] = x[i] + y[i]
+		o[i+1] = x[i+1] + y[i+1]
+		o[i+2] = x[i+2] + y[i+2]
+		o[i+3] = x[i+3] + y[i+3]
+	}
+	for ; i < len(o); i++ {
+		o[i] = x[i] + y[i]
+	}
+}
+
+func sum64to(out, a, b []byte) {
+	o, x, y := b64(out), b64(a), b64(b)
+	x, y = x[:len(o)], y[:len(o)]
+	i := 0
+	for ; i+4 <= len(o); i += 4 {
+		o[i] = x[i] + y[i]
+		o[i+1] = x[i+1] + y[i+1]
+		o[i+2] = x[i+2] + y[i+2]
+		o[i+3] = x[i+3] + y[i+3]
+	}
+	for ; i < len(o); i++ {
+		o[i] = x[i] + y[i]
+	}
+}
+
+// The max and min kernels keep a's value unless b's is larger (smaller),
+// as max32 and min32 keep dst's.
+func max32to(out, a, b []byte) {
+	o, x, y := b32(out), b32(a), b32(b)
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		v := x[i]
+		if y[i] > v {
+			v = y[i]
+		}
+		o[i] = v
+	}
+}
+
+func min32to(out, a, b []byte) {
+	o, x, y := b32(out), b32(a), b32(b)
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		v := x[i]
+		if y[i] < v {
+			v = y[i]
+		}
+		o[i] = v
+	}
+}
+
+func max64to(out, a, b []byte) {
+	o, x, y := b64(out), b64(a), b64(b)
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		v := x[i]
+		if y[i] > v {
+			v = y[i]
+		}
+		o[i] = v
+	}
+}
+
+func min64to(out, a, b []byte) {
+	o, x, y := b64(out), b64(a), b64(b)
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		v := x[i]
+		if y[i] < v {
+			v = y[i]
+		}
+		o[i] = v
+	}
 }
 
 func sum32(dst, src []byte) {

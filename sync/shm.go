@@ -246,6 +246,11 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 	} else {
 		red(dst, src)
 	}
+	return r.shmConsume(l, peer)
+}
+
+// shmConsume frees the shared-memory slot of the chunk just received.
+func (r *Ring) shmConsume(l *lane, peer int) error {
 	l.rxNext++
 	// Publish the free slot; wake the sender if it waits for one (the
 	// sender sets waiting before re-reading consumed, so one of the two
@@ -257,4 +262,40 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 		}
 	}
 	return nil
+}
+
+// laneRecvPair receives the other rank's chunk for dst (len(dst) bytes)
+// in a two-rank allreduce (algoPair) and, once sent returns (this rank's
+// own chunk has left dst), sets dst to red(rank 0's chunk, rank 1's
+// chunk): peerFirst tells whether the peer is rank 0. Both ranks run the
+// same kernel on the same operands in the same order, so they end with the
+// same bits (NaNs included). The chunk is read (into a shared-memory slot
+// or the lane's scratch buffer) before the wait, so neither rank's sender
+// can block on a receiver that waits for it.
+func (r *Ring) laneRecvPair(l *lane, h *wire.Header, dst []byte, red reduceToFunc, peerFirst bool, peer int, sent func() error) error {
+	var src []byte
+	if l.rx == nil {
+		src = l.scratch[:len(dst)]
+		if err := r.readFrame(l.leftR, l.hdrR[:], h, src, peer); err != nil {
+			return err
+		}
+	} else {
+		if err := r.readHeader(l.leftR, l.hdrR[:], h, len(dst), peer); err != nil {
+			return err
+		}
+		off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+		src = l.rx[off : off+len(dst)]
+	}
+	if err := sent(); err != nil {
+		return err
+	}
+	if peerFirst {
+		red(dst, src, dst)
+	} else {
+		red(dst, dst, src)
+	}
+	if l.rx == nil {
+		return nil
+	}
+	return r.shmConsume(l, peer)
 }
