@@ -62,6 +62,7 @@ type lane struct {
 	rxNext    uint64
 	wakeBuf   [64]byte
 	wake      [1]byte
+	hdrBatch  []byte // headers of a two-rank exchange's chunks, sent together (pairSendShm)
 }
 
 // Lane algorithms.
@@ -265,6 +266,7 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 				recvNote:  make(chan struct{}, 1),
 				slotBytes: cfg.chunkBytes(),
 				wake:      [1]byte{1},
+				hdrBatch:  make([]byte, 0, shmSlots*wire.HeaderSize),
 			}
 			if tx[gi] != nil {
 				l.tx, l.rx = tx[gi][i], rx[gi][i]
@@ -823,6 +825,9 @@ func (r *Ring) laneSend(g *group, l *lane, j *laneJob) error {
 			}
 		}
 	case algoPair:
+		if l.tx != nil {
+			return r.pairSendShm(l, j, &h, chunk, right)
+		}
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)
 			if err := r.laneWrite(l, &h, j.buf[c*j.elem:e*j.elem], right); err != nil {

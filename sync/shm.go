@@ -199,7 +199,22 @@ func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) erro
 	if l.tx == nil {
 		return r.writeFrame(l.right, l.hdrW[:], h, payload, peer)
 	}
-	// Wait for a free slot: fewer than shmSlots chunks unconsumed.
+	if err := r.shmWaitSlot(l, peer); err != nil {
+		return err
+	}
+	r.shmPut(l, payload)
+	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
+}
+
+// shmSlotFree tells whether lane l has a free slot: fewer than shmSlots
+// chunks sent and not consumed.
+func shmSlotFree(l *lane) bool {
+	return l.txNext-atomic.LoadUint64(shmConsumed(l.tx)) < shmSlots
+}
+
+// shmWaitSlot waits until lane l has a free slot. The chunks it waits for
+// must have had their headers sent.
+func (r *Ring) shmWaitSlot(l *lane, peer int) error {
 	consumed, waiting := shmConsumed(l.tx), shmWaiting(l.tx)
 	for l.txNext-atomic.LoadUint64(consumed) >= shmSlots {
 		atomic.StoreUint32(waiting, 1)
@@ -216,10 +231,58 @@ func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) erro
 	if c := atomic.LoadUint64(consumed); c > l.txNext {
 		return r.protoErr(fmt.Errorf("%w: rank %d consumed %d shared-memory chunks of %d sent", ErrBadFrame, peer, c, l.txNext))
 	}
+	return nil
+}
+
+// shmPut copies payload into lane l's next slot, which must be free.
+func (r *Ring) shmPut(l *lane, payload []byte) {
 	off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
 	copy(l.tx[off:off+l.slotBytes], payload)
 	l.txNext++
-	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
+}
+
+// pairSendShm is the sending half of a two-rank exchange (algoPair) on a
+// shared-memory lane: it copies every chunk of the lane's part into a slot
+// and sends the chunks' headers together, in one write, as late as it can
+// (before waiting for a slot, and at the end), so the other rank wakes up
+// once for all of them rather than once per chunk.
+func (r *Ring) pairSendShm(l *lane, j *laneJob, h *wire.Header, chunk, peer int) error {
+	batch := l.hdrBatch[:0]
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := l.right.Write(batch)
+		batch = batch[:0]
+		if err != nil {
+			return r.connErr(peer, err)
+		}
+		return nil
+	}
+	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+		e := min(c+chunk, j.hi)
+		payload := j.buf[c*j.elem : e*j.elem]
+		if !shmSlotFree(l) {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := r.shmWaitSlot(l, peer); err != nil {
+				return err
+			}
+		}
+		r.shmPut(l, payload)
+		l.sendProg.Store(prog(0, k))
+		notify(l.sendNote)
+		// At most shmSlots headers wait unsent (each holds a slot the
+		// other rank cannot free before reading it): hdrBatch's capacity.
+		h.Length = uint32(len(payload))
+		n := len(batch)
+		batch = batch[:n+wire.HeaderSize]
+		h.Put(batch[n:])
+	}
+	err := flush()
+	l.hdrBatch = batch[:0]
+	return err
 }
 
 // laneRecvInto receives the next chunk of a lane, of len(dst) bytes, and
