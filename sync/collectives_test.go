@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -494,6 +495,62 @@ func TestRecursiveDoubling(t *testing.T) {
 			for _, length := range []int{0, 1, 7, 3*n + 1, 100} {
 				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
 					checkAllReduce(t, w, rng, length, op)
+				}
+			}
+		})
+	}
+}
+
+// TestBucketsTwoRanksReduceInPlace: on two ranks over shared memory,
+// Buckets reduce fused tensors where they lie (the bucket's buffer stays
+// untouched) with the bits of AllReduceFloat32 on their concatenation,
+// for every op, tensors crossing chunk and lane boundaries; over Unix
+// sockets they are fused as before, with the same bits.
+func TestBucketsTwoRanksReduceInPlace(t *testing.T) {
+	for _, tp := range transports[:2] { // shm, unix
+		t.Run(tp.name, func(t *testing.T) {
+			cfg := smallConfig(t)
+			cfg.LocalSockets, cfg.SharedMemory = tp.local, tp.shmem
+			w := newTestWorld(t, 2, cfg)
+			rng := rand.New(rand.NewPCG(7, 7))
+			lengths := []int{1000, 3, 0, 2049, 17, 5000, 1, 4093, 9000}
+			for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+				var tensors [2][][]float32
+				var flat [2][]float32
+				for r := range 2 {
+					for _, n := range lengths {
+						x := make([]float32, n)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						tensors[r] = append(tensors[r], x)
+						flat[r] = append(flat[r], x...)
+					}
+				}
+				var bk [2]*Buckets
+				for r := range 2 {
+					bk[r] = NewBuckets(tensors[r], 1<<20)
+				}
+				w.must(t, fmt.Sprintf("buckets %v", op), func(rank int, r *Ring) error {
+					return bk[rank].AllReduce(context.Background(), r, op)
+				})
+				w.must(t, fmt.Sprintf("flat %v", op), func(rank int, r *Ring) error {
+					return r.AllReduceFloat32(context.Background(), flat[rank], op)
+				})
+				for r := range 2 {
+					off := 0
+					for ti, x := range tensors[r] {
+						for i, v := range x {
+							if math.Float32bits(v) != math.Float32bits(flat[r][off+i]) {
+								t.Fatalf("%v: rank %d tensor %d [%d] = %v, the concatenation's reduction gives %v", op, r, ti, i, v, flat[r][off+i])
+							}
+						}
+						off += len(x)
+					}
+					untouched := !slices.ContainsFunc(bk[r].buckets[0].buf, func(v float32) bool { return v != 0 })
+					if untouched != tp.shmem {
+						t.Fatalf("%v: rank %d: bucket buffer untouched = %v with shared memory %v", op, r, untouched, tp.shmem)
+					}
 				}
 			}
 		})

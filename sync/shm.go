@@ -261,7 +261,10 @@ func (r *Ring) pairSendShm(l *lane, j *laneJob, h *wire.Header, chunk, peer int)
 	}
 	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 		e := min(c+chunk, j.hi)
-		payload := j.buf[c*j.elem : e*j.elem]
+		var payload []byte
+		if j.vec == nil {
+			payload = j.buf[c*j.elem : e*j.elem]
+		}
 		if !shmSlotFree(l) {
 			if err := flush(); err != nil {
 				return err
@@ -270,15 +273,22 @@ func (r *Ring) pairSendShm(l *lane, j *laneJob, h *wire.Header, chunk, peer int)
 				return err
 			}
 		}
-		r.shmPut(l, payload)
+		n := (e - c) * j.elem
+		if j.vec == nil {
+			r.shmPut(l, payload)
+		} else {
+			slot := l.tx[shmHeader+int(l.txNext%shmSlots)*l.slotBytes:]
+			j.vec.each(c*j.elem, e*j.elem, func(p []byte, off int) { copy(slot[off:], p) })
+			l.txNext++
+		}
 		l.sendProg.Store(prog(0, k))
 		notify(l.sendNote)
 		// At most shmSlots headers wait unsent (each holds a slot the
 		// other rank cannot free before reading it): hdrBatch's capacity.
-		h.Length = uint32(len(payload))
-		n := len(batch)
-		batch = batch[:n+wire.HeaderSize]
-		h.Put(batch[n:])
+		h.Length = uint32(n)
+		hn := len(batch)
+		batch = batch[:hn+wire.HeaderSize]
+		h.Put(batch[hn:])
 	}
 	err := flush()
 	l.hdrBatch = batch[:0]
@@ -360,5 +370,30 @@ func (r *Ring) laneRecvPair(l *lane, h *wire.Header, dst []byte, red reduceToFun
 	if l.rx == nil {
 		return nil
 	}
+	return r.shmConsume(l, peer)
+}
+
+// laneRecvPairVec is laneRecvPair for a job over tensors (j.vec, shared
+// memory only): bytes [lo, hi) of their concatenation.
+func (r *Ring) laneRecvPairVec(l *lane, h *wire.Header, j *laneJob, lo, hi int, peerFirst bool, peer int, sent func() error) error {
+	if err := r.readHeader(l.leftR, l.hdrR[:], h, hi-lo, peer); err != nil {
+		return err
+	}
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+	src := l.rx[off : off+hi-lo]
+	if err := sent(); err != nil {
+		return err
+	}
+	j.vec.each(lo, hi, func(p []byte, o int) {
+		s := src[o : o+len(p)]
+		if peerFirst {
+			j.redTo(p, s, p)
+		} else {
+			j.redTo(p, p, s)
+		}
+		if j.div > 0 {
+			j.scale(p, j.div)
+		}
+	})
 	return r.shmConsume(l, peer)
 }
