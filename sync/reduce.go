@@ -64,23 +64,23 @@ func reduceTo(elem int, op Op) reduceToFunc {
 	if elem == 4 {
 		switch op {
 		case OpMax:
-			return max32to
+			return func(out, a, b []byte) { maxTo(b32(out), b32(a), b32(b)) }
 		case OpMin:
-			return min32to
+			return func(out, a, b []byte) { minTo(b32(out), b32(a), b32(b)) }
 		}
-		return sum32to
+		return func(out, a, b []byte) { sumTo(b32(out), b32(a), b32(b)) }
 	}
 	switch op {
 	case OpMax:
-		return max64to
+		return func(out, a, b []byte) { maxTo(b64(out), b64(a), b64(b)) }
 	case OpMin:
-		return min64to
+		return func(out, a, b []byte) { minTo(b64(out), b64(a), b64(b)) }
 	}
-	return sum64to
+	return func(out, a, b []byte) { sumTo(b64(out), b64(a), b64(b)) }
 }
 
-func sum32to(out, a, b []byte) {
-	o, x, y := b32(out), b32(a), b32(b)
+// sumTo sets o[i] = x[i] + y[i]; o may be x or y.
+func sumTo[T float32 | float64](o, x, y []T) {
 	x, y = x[:len(o)], y[:len(o)]
 	i := 0
 	for ; i+4 <= len(o); i += 4 {
@@ -94,66 +94,25 @@ func sum32to(out, a, b []byte) {
 	}
 }
 
-func sum64to(out, a, b []byte) {
-	o, x, y := b64(out), b64(a), b64(b)
-	x, y = x[:len(o)], y[:len(o)]
-	i := 0
-	for ; i+4 <= len(o); i += 4 {
-		o[i] = x[i] + y[i]
-		o[i+1] = x[i+1] + y[i+1]
-		o[i+2] = x[i+2] + y[i+2]
-		o[i+3] = x[i+3] + y[i+3]
-	}
-	for ; i < len(o); i++ {
-		o[i] = x[i] + y[i]
-	}
-}
-
-// The max and min kernels keep a's value unless b's is larger (smaller),
-// as max32 and min32 keep dst's.
-func max32to(out, a, b []byte) {
-	o, x, y := b32(out), b32(a), b32(b)
+// maxTo and minTo keep x's value unless y's is larger (smaller), as max32
+// and min32 keep dst's; o may be x or y.
+func maxTo[T float32 | float64](o, x, y []T) {
 	x, y = x[:len(o)], y[:len(o)]
 	for i := range o {
-		v := x[i]
-		if y[i] > v {
-			v = y[i]
+		v, w := x[i], y[i]
+		if w > v {
+			v = w
 		}
 		o[i] = v
 	}
 }
 
-func min32to(out, a, b []byte) {
-	o, x, y := b32(out), b32(a), b32(b)
+func minTo[T float32 | float64](o, x, y []T) {
 	x, y = x[:len(o)], y[:len(o)]
 	for i := range o {
-		v := x[i]
-		if y[i] < v {
-			v = y[i]
-		}
-		o[i] = v
-	}
-}
-
-func max64to(out, a, b []byte) {
-	o, x, y := b64(out), b64(a), b64(b)
-	x, y = x[:len(o)], y[:len(o)]
-	for i := range o {
-		v := x[i]
-		if y[i] > v {
-			v = y[i]
-		}
-		o[i] = v
-	}
-}
-
-func min64to(out, a, b []byte) {
-	o, x, y := b64(out), b64(a), b64(b)
-	x, y = x[:len(o)], y[:len(o)]
-	for i := range o {
-		v := x[i]
-		if y[i] < v {
-			v = y[i]
+		v, w := x[i], y[i]
+		if w < v {
+			v = w
 		}
 		o[i] = v
 	}
