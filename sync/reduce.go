@@ -62,21 +62,23 @@ func kernels(elem int, op Op) (reduceFunc, scaleFunc) {
 // reduceTo returns the reduceToFunc of op for elements of elem bytes.
 func reduceTo(elem int, op Op) reduceToFunc {
 	if elem == 4 {
-		switch op {
-		case OpMax:
-			return func(out, a, b []byte) { maxTo(b32(out), b32(a), b32(b)) }
-		case OpMin:
-			return func(out, a, b []byte) { minTo(b32(out), b32(a), b32(b)) }
-		}
-		return func(out, a, b []byte) { sumTo(b32(out), b32(a), b32(b)) }
+		return reduceTos32[op]
 	}
-	switch op {
-	case OpMax:
-		return func(out, a, b []byte) { maxTo(b64(out), b64(a), b64(b)) }
-	case OpMin:
-		return func(out, a, b []byte) { minTo(b64(out), b64(a), b64(b)) }
+	return reduceTos64[op]
+}
+
+// reduceTos32 and reduceTos64 hold the reduceToFuncs by Op, made once (an
+// operation does not allocate).
+var reduceTos32, reduceTos64 = reduceTosOf(b32), reduceTosOf(b64)
+
+func reduceTosOf[T float32 | float64](view func([]byte) []T) [OpMin + 1]reduceToFunc {
+	sum := func(out, a, b []byte) { sumTo(view(out), view(a), view(b)) }
+	return [...]reduceToFunc{
+		OpSum: sum,
+		OpAvg: sum, // divided after the sum
+		OpMax: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), true) },
+		OpMin: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), false) },
 	}
-	return func(out, a, b []byte) { sumTo(b64(out), b64(a), b64(b)) }
 }
 
 // sumTo sets o[i] = x[i] + y[i]; o may be x or y.
@@ -94,24 +96,13 @@ func sumTo[T float32 | float64](o, x, y []T) {
 	}
 }
 
-// maxTo and minTo keep x's value unless y's is larger (smaller), as max32
-// and min32 keep dst's; o may be x or y.
-func maxTo[T float32 | float64](o, x, y []T) {
+// pickTo sets o[i] to x[i], or to y[i] where that is larger (larger) or
+// smaller (!larger), as max32 and min32 keep dst's value; o may be x or y.
+func pickTo[T float32 | float64](o, x, y []T, larger bool) {
 	x, y = x[:len(o)], y[:len(o)]
 	for i := range o {
 		v, w := x[i], y[i]
-		if w > v {
-			v = w
-		}
-		o[i] = v
-	}
-}
-
-func minTo[T float32 | float64](o, x, y []T) {
-	x, y = x[:len(o)], y[:len(o)]
-	for i := range o {
-		v, w := x[i], y[i]
-		if w < v {
+		if larger && w > v || !larger && w < v {
 			v = w
 		}
 		o[i] = v
