@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 )
@@ -27,9 +28,47 @@ func writeRecords(t *testing.T, header []byte, n, size int) string {
 }
 
 func TestRecords(t *testing.T) {
+	for name, open := range map[string]func(string, int64, int64) (*Records, error){"read": OpenRecords, "mapped": OpenRecordsMapped} {
+		t.Run(name, func(t *testing.T) { testRecords(t, open) })
+	}
+}
+
+// TestRecordsMappedCloseUnderReads: Close while other goroutines read a
+// mapped file gives them ErrClosed, never a fault.
+func TestRecordsMappedCloseUnderReads(t *testing.T) {
+	p := writeRecords(t, nil, 1000, 64)
+	r, err := OpenRecordsMapped(p, 0, 64)
+	mustNoError(t, err)
+	if runtime.GOOS == "linux" {
+		mustTrue(t, r.mapped, "the file is not mapped")
+	}
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			dst := make([]byte, 64)
+			for i := w; ; i = (i + 4) % 1000 {
+				if err := r.ReadRecord(context.Background(), i, dst); err != nil {
+					mustErrorIs(t, err, ErrClosed)
+					return
+				}
+				mustEqual(t, uint32(i), binary.BigEndian.Uint32(dst), "record %d", i)
+			}
+		}()
+	}
+	dst := make([]byte, 64)
+	for i := range 1000 { // the readers run meanwhile
+		mustNoError(t, r.ReadRecord(context.Background(), i, dst))
+	}
+	mustNoError(t, r.Close())
+	wg.Wait()
+}
+
+func testRecords(t *testing.T, open func(string, int64, int64) (*Records, error)) {
 	header := []byte{0, 0, 8, 3, 0, 0, 0, 100, 0, 0, 0, 4, 0, 0, 0, 5} // IDX-like, 16 bytes
 	p := writeRecords(t, header, 100, 20)
-	r, err := OpenRecords(p, 16, 20)
+	r, err := open(p, 16, 20)
 	mustNoError(t, err)
 	defer r.Close()
 	mustEqual(t, 100, r.Len())

@@ -9,7 +9,8 @@
 // A Dataset[T] is random access by index: Len and Get(ctx, i). FromSlice
 // serves an in-memory slice, OpenRecords a file of fixed-size records read
 // with ReadAt (MNIST's IDX files are one case), so data larger than memory
-// works; FromFunc wraps a user's load function and Map a decoding or
+// works (OpenRecordsMapped reads the same from a memory mapping, with no
+// system call per record); FromFunc wraps a user's load function and Map a decoding or
 // augmentation step. The user's collate function turns one rank's samples
 // into the value the step consumes (for example one []float32 tensor).
 //

@@ -66,7 +66,7 @@ func TestNoAllocsPerOperation(t *testing.T) {
 		tensors := [][]float32{make([]float32, 300), make([]float32, 7), make([]float32, 5000)}
 		rb[i] = bufs{
 			small:   make([]float32, 100),   // direct path
-			large:   make([]float64, 50000), // ring, 2 lanes, many chunks
+			large:   make([]float64, 50000), // two-rank exchange, 2 lanes, many chunks
 			bytes:   make([]byte, 70000),
 			gather:  make([]byte, 2*70000),
 			buckets: NewBuckets(tensors, 4096),

@@ -3,6 +3,7 @@ package sync
 import (
 	"context"
 	"fmt"
+	"slices"
 )
 
 // DefaultBucketBytes is the bucket size NewBuckets uses for bucketBytes <= 0.
@@ -83,6 +84,17 @@ func (b *Buckets) AllReduce(ctx context.Context, s Synchronizer, op Op) error {
 			}
 			continue
 		}
+		if tr, ok := s.(tensorsReducer); ok {
+			// Reduced where they lie, when the Synchronizer can (no copy
+			// into the bucket and back).
+			handled, err := tr.allReduceTensors(ctx, b.tensors[bk.first:bk.first+bk.count], op)
+			if err != nil {
+				return fmt.Errorf("bucket %d: %w", bi, err)
+			}
+			if handled {
+				continue
+			}
+		}
 		off := 0
 		for _, t := range b.tensors[bk.first : bk.first+bk.count] {
 			off += copy(bk.buf[off:], t)
@@ -96,4 +108,46 @@ func (b *Buckets) AllReduce(ctx context.Context, s Synchronizer, op Op) error {
 		}
 	}
 	return nil
+}
+
+// tensorsReducer is a Synchronizer that can reduce a list of tensors as
+// their concatenation without copying them into one buffer, with the bits
+// of AllReduceFloat32 on the concatenation (the Ring in a two-rank round:
+// Ring.allReduceTensors). handled is false when it cannot; the tensors
+// are then fused and reduced as usual.
+type tensorsReducer interface {
+	allReduceTensors(ctx context.Context, tensors [][]float32, op Op) (handled bool, err error)
+}
+
+// vecBuf is a list of float32 tensors seen as one byte buffer, their
+// concatenation (Ring.allReduceTensors).
+type vecBuf struct {
+	parts [][]byte
+	ends  []int // ends[i]: where parts[i] ends in the concatenation
+	total int
+}
+
+// set makes v the concatenation of tensors (nil: empty), reusing its slices.
+func (v *vecBuf) set(tensors [][]float32) {
+	v.parts, v.ends, v.total = v.parts[:0], v.ends[:0], 0
+	for _, t := range tensors {
+		if len(t) == 0 {
+			continue
+		}
+		v.total += 4 * len(t)
+		v.parts = append(v.parts, f32Bytes(t))
+		v.ends = append(v.ends, v.total)
+	}
+}
+
+// each calls f, in order, with every piece of bytes [lo, hi) of the
+// concatenation (a subslice of one tensor) and its offset from lo.
+func (v *vecBuf) each(lo, hi int, f func(p []byte, off int)) {
+	i, _ := slices.BinarySearch(v.ends, lo+1) // the first part ending after lo
+	for pos := lo; pos < hi && i < len(v.parts); i++ {
+		start := v.ends[i] - len(v.parts[i])
+		end := min(hi, v.ends[i])
+		f(v.parts[i][pos-start:end-start], pos-lo)
+		pos = end
+	}
 }

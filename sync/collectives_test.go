@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -21,18 +22,19 @@ func tol32(n int, absSum float64) float64 { return float64(n) * math.Ldexp(1, -2
 
 // refStart gives, for element i of an allreduce of `count` elements of
 // `elem` bytes on r's world, the rank where its reduction starts: -1 for the
-// direct path (rank order 0..n-1), else the segment index s of the ring
-// (order s, s+1, ..., s-1). Lanes split [0,count) into `used` balanced
-// parts floor(count*l/used); each part splits into n segments the same way.
+// direct path and the two-rank exchange (rank order 0..n-1), else the
+// segment index s of the ring (order s, s+1, ..., s-1). Lanes split
+// [0,count) into `used` balanced parts floor(count*l/used); each part
+// splits into n segments the same way.
 func refStart(r *Ring, count, elem, i int) int {
 	n := r.Size()
 	if n > 1 && count*elem <= r.cfg.DirectBytes && n > directMaxWorld {
 		return -2 // recursive doubling
 	}
-	if n == 1 || count*elem <= r.cfg.DirectBytes {
+	if n <= 2 || count*elem <= r.cfg.DirectBytes {
 		return -1
 	}
-	used := r.lanesFor(count * elem)
+	used := r.allReduceLanes(count * elem)
 	for l := 0; l < used; l++ {
 		lo, hi := count*l/used, count*(l+1)/used
 		if i < lo || i >= hi {
@@ -307,6 +309,54 @@ func checkBarrier(t *testing.T, w *testWorld) {
 	})
 }
 
+// TestPairAllReduceSameBits: the two-rank exchange gives both ranks the
+// same bits for every op, NaNs (with different payloads on the two ranks)
+// and signed zeros included, over shared memory, Unix sockets and TCP, on
+// one lane and on two (a buffer of at least two lanes' worth of chunks).
+func TestPairAllReduceSameBits(t *testing.T) {
+	for _, tp := range transports {
+		t.Run(tp.name, func(t *testing.T) {
+			cfg := smallConfig(t)
+			cfg.LocalSockets, cfg.SharedMemory = tp.local, tp.shmem
+			w := newTestWorld(t, 2, cfg)
+			chunk := cfg.ChunkBytes / 4
+			for _, length := range []int{cfg.DirectBytes/4 + 1, 3*chunk + 5, 2*shmSlots*chunk + 7} {
+				if got, want := w.rings[0].allReduceLanes(4*length), min(2, length/(shmSlots*chunk)); got != max(1, want) {
+					t.Fatalf("len %d: %d lanes, want %d", length, got, max(1, want))
+				}
+				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+					bufs := [2][]float32{make([]float32, length), make([]float32, length)}
+					for i := range length {
+						for r := range bufs {
+							switch i % 5 {
+							case 0: // two NaNs with different payloads
+								bufs[r][i] = math.Float32frombits(0x7fc00001 + uint32(r))
+							case 1: // one NaN
+								bufs[r][i] = 1.5
+								if r == 1 {
+									bufs[r][i] = float32(math.NaN())
+								}
+							case 2: // signed zeros
+								bufs[r][i] = float32(math.Copysign(0, float64(r)-0.5))
+							default:
+								bufs[r][i] = float32(i*(r+1)) / 7
+							}
+						}
+					}
+					w.must(t, fmt.Sprintf("%v len %d", op, length), func(rank int, r *Ring) error {
+						return r.AllReduceFloat32(context.Background(), bufs[rank], op)
+					})
+					for i := range length {
+						if a, b := math.Float32bits(bufs[0][i]), math.Float32bits(bufs[1][i]); a != b {
+							t.Fatalf("%v len %d: [%d] is %#x on rank 0, %#x on rank 1", op, length, i, a, b)
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
 // TestAllReduce16Mi runs one allreduce of 16 Mi float32 elements (64 MiB per
 // rank) with the default configuration.
 func TestAllReduce16Mi(t *testing.T) {
@@ -445,6 +495,62 @@ func TestRecursiveDoubling(t *testing.T) {
 			for _, length := range []int{0, 1, 7, 3*n + 1, 100} {
 				for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
 					checkAllReduce(t, w, rng, length, op)
+				}
+			}
+		})
+	}
+}
+
+// TestBucketsTwoRanksReduceInPlace: on two ranks over shared memory,
+// Buckets reduce fused tensors where they lie (the bucket's buffer stays
+// untouched) with the bits of AllReduceFloat32 on their concatenation,
+// for every op, tensors crossing chunk and lane boundaries; over Unix
+// sockets they are fused as before, with the same bits.
+func TestBucketsTwoRanksReduceInPlace(t *testing.T) {
+	for _, tp := range transports[:2] { // shm, unix
+		t.Run(tp.name, func(t *testing.T) {
+			cfg := smallConfig(t)
+			cfg.LocalSockets, cfg.SharedMemory = tp.local, tp.shmem
+			w := newTestWorld(t, 2, cfg)
+			rng := rand.New(rand.NewPCG(7, 7))
+			lengths := []int{1000, 3, 0, 2049, 17, 5000, 1, 4093, 9000}
+			for _, op := range []Op{OpSum, OpAvg, OpMax, OpMin} {
+				var tensors [2][][]float32
+				var flat [2][]float32
+				for r := range 2 {
+					for _, n := range lengths {
+						x := make([]float32, n)
+						for i := range x {
+							x[i] = float32(rng.NormFloat64())
+						}
+						tensors[r] = append(tensors[r], x)
+						flat[r] = append(flat[r], x...)
+					}
+				}
+				var bk [2]*Buckets
+				for r := range 2 {
+					bk[r] = NewBuckets(tensors[r], 1<<20)
+				}
+				w.must(t, fmt.Sprintf("buckets %v", op), func(rank int, r *Ring) error {
+					return bk[rank].AllReduce(context.Background(), r, op)
+				})
+				w.must(t, fmt.Sprintf("flat %v", op), func(rank int, r *Ring) error {
+					return r.AllReduceFloat32(context.Background(), flat[rank], op)
+				})
+				for r := range 2 {
+					off := 0
+					for ti, x := range tensors[r] {
+						for i, v := range x {
+							if math.Float32bits(v) != math.Float32bits(flat[r][off+i]) {
+								t.Fatalf("%v: rank %d tensor %d [%d] = %v, the concatenation's reduction gives %v", op, r, ti, i, v, flat[r][off+i])
+							}
+						}
+						off += len(x)
+					}
+					untouched := !slices.ContainsFunc(bk[r].buckets[0].buf, func(v float32) bool { return v != 0 })
+					if untouched != tp.shmem {
+						t.Fatalf("%v: rank %d: bucket buffer untouched = %v with shared memory %v", op, r, untouched, tp.shmem)
+					}
 				}
 			}
 		})

@@ -6,6 +6,9 @@ import "unsafe"
 // whole elements of the same type.
 type reduceFunc func(dst, src []byte)
 
+// reduceToFunc sets out to a op b element-wise; out may be a or b.
+type reduceToFunc func(out, a, b []byte)
+
 // scaleFunc divides every element of dst by n (for OpAvg).
 type scaleFunc func(dst []byte, n int)
 
@@ -54,6 +57,56 @@ func kernels(elem int, op Op) (reduceFunc, scaleFunc) {
 		return min64, scale64
 	}
 	return sum64, scale64
+}
+
+// reduceTo returns the reduceToFunc of op for elements of elem bytes.
+func reduceTo(elem int, op Op) reduceToFunc {
+	if elem == 4 {
+		return reduceTos32[op]
+	}
+	return reduceTos64[op]
+}
+
+// reduceTos32 and reduceTos64 hold the reduceToFuncs by Op, made once (an
+// operation does not allocate).
+var reduceTos32, reduceTos64 = reduceTosOf(b32), reduceTosOf(b64)
+
+func reduceTosOf[T float32 | float64](view func([]byte) []T) [OpMin + 1]reduceToFunc {
+	sum := func(out, a, b []byte) { sumTo(view(out), view(a), view(b)) }
+	return [...]reduceToFunc{
+		OpSum: sum,
+		OpAvg: sum, // divided after the sum
+		OpMax: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), true) },
+		OpMin: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), false) },
+	}
+}
+
+// sumTo sets o[i] = x[i] + y[i]; o may be x or y.
+func sumTo[T float32 | float64](o, x, y []T) {
+	x, y = x[:len(o)], y[:len(o)]
+	i := 0
+	for ; i+4 <= len(o); i += 4 {
+		o[i] = x[i] + y[i]
+		o[i+1] = x[i+1] + y[i+1]
+		o[i+2] = x[i+2] + y[i+2]
+		o[i+3] = x[i+3] + y[i+3]
+	}
+	for ; i < len(o); i++ {
+		o[i] = x[i] + y[i]
+	}
+}
+
+// pickTo sets o[i] to x[i], or to y[i] where that is larger (larger) or
+// smaller (!larger), as max32 and min32 keep dst's value; o may be x or y.
+func pickTo[T float32 | float64](o, x, y []T, larger bool) {
+	x, y = x[:len(o)], y[:len(o)]
+	for i := range o {
+		v, w := x[i], y[i]
+		if larger && w > v || !larger && w < v {
+			v = w
+		}
+		o[i] = v
+	}
 }
 
 func sum32(dst, src []byte) {

@@ -62,6 +62,7 @@ type lane struct {
 	rxNext    uint64
 	wakeBuf   [64]byte
 	wake      [1]byte
+	hdrBatch  []byte // headers of a two-rank exchange's chunks, sent together (pairSendShm)
 }
 
 // Lane algorithms.
@@ -69,6 +70,7 @@ const (
 	algoRing   = iota // ring reduce-scatter and/or allgather steps s0..s1-1 (allreduce)
 	algoChain         // pipelined chain from root: copy (broadcast) or reduce (red set) at every hop
 	algoGather        // ring allgather of per-rank blocks
+	algoPair          // two ranks: each sends its whole part and reduces the other's into it (allreduce)
 )
 
 type laneJob struct {
@@ -85,7 +87,9 @@ type laneJob struct {
 	aux   uint64
 	seq   uint64
 	total uint64
-	red   reduceFunc // ring: reduction; chain: nil copies, else reduces at every hop
+	red   reduceFunc   // ring: reduction; chain: nil copies, else reduces at every hop
+	redTo reduceToFunc // pair: the reduction out = a op b
+	vec   *vecBuf      // pair on shared memory: the buffer as tensors (buf is nil), see allReduceTensors
 	scale scaleFunc
 	// ring steps s0 <= s < s1 of 2(n-1): [0, n-1) reduce-scatter, [n-1,
 	// 2(n-1)) allgather.
@@ -182,6 +186,7 @@ type Ring struct {
 
 	seq       uint64
 	watched   bool
+	vec       vecBuf   // allReduceTensors' tensors, reused
 	scratch   [][]byte // by rank: DirectBytes each, 8-byte aligned
 	watchCh   chan context.Context
 	unwatchCh chan struct{}
@@ -263,6 +268,7 @@ func newRing(t *Transport, w World, lay layout, rc *ringConns, tx, rx [numGroups
 				recvNote:  make(chan struct{}, 1),
 				slotBytes: cfg.chunkBytes(),
 				wake:      [1]byte{1},
+				hdrBatch:  make([]byte, 0, shmSlots*wire.HeaderSize),
 			}
 			if tx[gi] != nil {
 				l.tx, l.rx = tx[gi][i], rx[gi][i]
@@ -820,6 +826,18 @@ func (r *Ring) laneSend(g *group, l *lane, j *laneJob) error {
 				return err
 			}
 		}
+	case algoPair:
+		if l.tx != nil {
+			return r.pairSendShm(l, j, &h, chunk, right)
+		}
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			if err := r.laneWrite(l, &h, j.buf[c*j.elem:e*j.elem], right); err != nil {
+				return err
+			}
+			l.sendProg.Store(prog(0, k))
+			notify(l.sendNote)
+		}
 	case algoGather:
 		for s := 0; s < n-1; s++ {
 			base := mod(rank-s, n) * j.block
@@ -888,6 +906,28 @@ func (r *Ring) laneRecv(g *group, l *lane, j *laneJob) error {
 			e := min(c+chunk, j.hi)
 			if err := r.laneRecvInto(l, &h, j.buf[c*j.elem:e*j.elem], j.red, left); err != nil {
 				return err
+			}
+			l.recvProg.Store(prog(0, k))
+			notify(l.recvNote)
+		}
+	case algoPair:
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			// The chunk is reduced in place only once this rank's own
+			// copy of it has been sent.
+			sent := func() error { return r.waitProg(&l.sendProg, l.sendNote, prog(0, k)) }
+			if j.vec != nil {
+				if err := r.laneRecvPairVec(l, &h, j, c*j.elem, e*j.elem, rank == 1, left, sent); err != nil {
+					return err
+				}
+			} else {
+				dst := j.buf[c*j.elem : e*j.elem]
+				if err := r.laneRecvPair(l, &h, dst, j.redTo, rank == 1, left, sent); err != nil {
+					return err
+				}
+				if j.div > 0 {
+					j.scale(dst, j.div)
+				}
 			}
 			l.recvProg.Store(prog(0, k))
 			notify(l.recvNote)
@@ -977,6 +1017,21 @@ func (r *Ring) laneFinished(g *group, err error) {
 // lanesFor picks how many lanes to use for an operation of the given bytes.
 func (r *Ring) lanesFor(bytes int) int { return r.groupLanesFor(r.groups[groupFlat], bytes) }
 
+// allReduceLanes picks how many lanes a flat allreduce of the given bytes
+// uses. The two-rank exchange (algoPair) splits over lanes only when each
+// lane gets at least shmSlots chunks: below that one lane moves the buffer
+// in as few chunks, and a lane costs each rank two goroutine hand-offs
+// and a frame per chunk, which cost more than they overlap (measured with
+// examples/mnist's MLP, 814 KB of gradients: fewer context switches and
+// less CPU per step with one lane).
+func (r *Ring) allReduceLanes(bytes int) int {
+	if r.size != 2 {
+		return r.lanesFor(bytes)
+	}
+	g := r.groups[groupFlat]
+	return max(1, min(len(g.lanes), bytes/(shmSlots*r.cfg.chunkBytes())))
+}
+
 func (r *Ring) groupLanesFor(g *group, bytes int) int {
 	per := max(r.cfg.chunkBytes(), 64<<10)
 	return max(1, min(len(g.lanes), bytes/per))
@@ -1009,7 +1064,8 @@ func always(int) bool { return true }
 // AllReduceFloat32 reduces buf element-wise over all ranks with op, in
 // place; every rank ends with bit-identical values. Buffers of at most
 // Config.DirectBytes use the direct exchange (each rank reduces all inputs
-// in rank order 0..n-1); larger ones the pipelined ring, where the element
+// in rank order 0..n-1), as do larger ones in a world of two ranks (x_0
+// op x_1, see the package doc); larger ones the pipelined ring, where the element
 // at index i of lane part p, segment s is reduced in ring order starting at
 // rank s: ((x_s + x_{s+1}) + ...) + x_{s-1}. In a hierarchical round
 // (Hierarchical) large buffers follow the rings of the hierarchy instead,
@@ -1030,26 +1086,66 @@ func (r *Ring) allReduce(ctx context.Context, b []byte, elem int, op Op) error {
 	if err := r.begin(ctx); err != nil {
 		return err
 	}
-	return r.end(r.allReduceIn(b, elem, op))
+	return r.end(r.allReduceIn(b, nil, elem, op))
 }
 
-func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
+// allReduceTensors is AllReduceFloat32 of the tensors' concatenation,
+// with the results written back into the tensors, without copying them
+// into one buffer: the two-rank exchange over shared memory copies each
+// chunk from the tensors into its slot and reduces the other rank's chunk
+// from its slot into the tensors (the same wire traffic and bits as
+// AllReduceFloat32 of the concatenation). handled is false, before any
+// communication, where that exchange would not run (another world size or
+// layout, a buffer for the direct path, a lane without shared memory):
+// the caller then fuses the tensors itself. The choice is this rank's
+// alone; the other rank may fuse. Buckets.AllReduce calls it.
+func (r *Ring) allReduceTensors(ctx context.Context, tensors [][]float32, op Op) (handled bool, err error) {
+	if r.size != 2 || r.layout.mode != HierarchyOff || !op.valid() {
+		return false, nil
+	}
+	total := 0
+	for _, t := range tensors {
+		total += 4 * len(t)
+	}
+	if total <= r.cfg.DirectBytes {
+		return false, nil
+	}
+	for _, l := range r.groups[groupFlat].lanes[:r.allReduceLanes(total)] {
+		if l.tx == nil || l.rx == nil {
+			return false, nil
+		}
+	}
+	r.vec.set(tensors)
+	defer r.vec.set(nil)
+	if err := r.begin(ctx); err != nil {
+		return true, err
+	}
+	return true, r.end(r.allReduceIn(nil, &r.vec, 4, op))
+}
+
+// allReduceIn runs an allreduce of b, or with vec non-nil (only from
+// allReduceTensors: two ranks, more than DirectBytes) of vec's tensors.
+func (r *Ring) allReduceIn(b []byte, vec *vecBuf, elem int, op Op) error {
 	if !op.valid() {
 		return r.protoErr(fmt.Errorf("%w: unknown reduction %v", ErrInvalid, op))
 	}
 	if r.size == 1 {
 		return nil
 	}
+	size := len(b)
+	if vec != nil {
+		size = vec.total
+	}
 	red, scale := kernels(elem, op)
 	opb := uint8(op) | uint8(elem)<<4
-	h := wire.Header{Kind: wire.KindAllReduce, Op: opb, Round: r.round, Seq: r.seq, Total: uint64(len(b))}
+	h := wire.Header{Kind: wire.KindAllReduce, Op: opb, Round: r.round, Seq: r.seq, Total: uint64(size)}
 	if err := r.note(h); err != nil {
 		return err
 	}
-	if len(b) <= r.cfg.DirectBytes && r.size > directMaxWorld {
+	if size <= r.cfg.DirectBytes && r.size > directMaxWorld {
 		return r.recursiveDoubling(h, b, red, scale, op)
 	}
-	if len(b) <= r.cfg.DirectBytes {
+	if size <= r.cfg.DirectBytes {
 		err := r.exchange(h, b, always, func(p int) ([]byte, bool) { return r.scratch[p][:len(b)], true })
 		if err != nil {
 			return err
@@ -1067,12 +1163,20 @@ func (r *Ring) allReduceIn(b []byte, elem int, op Op) error {
 	if r.layout.mode != HierarchyOff {
 		return r.hierAllReduce(h, b, elem, op, red, scale)
 	}
-	j := laneJob{kind: wire.KindAllReduce, algo: algoRing, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(len(b)),
+	j := laneJob{kind: wire.KindAllReduce, algo: algoRing, opb: opb, op: op, elem: elem, buf: b, seq: r.seq, total: uint64(size),
 		red: red, scale: scale, s0: 0, s1: 2 * (r.size - 1)}
+	if r.size == 2 {
+		// Two ranks: one exchange instead of the ring's two steps (see
+		// the package doc). Each rank sends and reduces the whole buffer
+		// instead of half of it, but no rank waits for the other's
+		// reduction: the rank that arrives last finds the other's data
+		// already there, and the one that waits is woken once.
+		j.algo, j.redTo, j.vec = algoPair, reduceTo(elem, op), vec
+	}
 	if op == OpAvg {
 		j.div = r.size
 	}
-	return r.runLanes(r.groups[groupFlat], j, len(b)/elem, r.lanesFor(len(b)))
+	return r.runLanes(r.groups[groupFlat], j, size/elem, r.allReduceLanes(size))
 }
 
 // directMaxWorld is the largest world size whose small allreduces use the

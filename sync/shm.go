@@ -199,7 +199,22 @@ func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) erro
 	if l.tx == nil {
 		return r.writeFrame(l.right, l.hdrW[:], h, payload, peer)
 	}
-	// Wait for a free slot: fewer than shmSlots chunks unconsumed.
+	if err := r.shmWaitSlot(l, peer); err != nil {
+		return err
+	}
+	r.shmPut(l, payload)
+	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
+}
+
+// shmSlotFree tells whether lane l has a free slot: fewer than shmSlots
+// chunks sent and not consumed.
+func shmSlotFree(l *lane) bool {
+	return l.txNext-atomic.LoadUint64(shmConsumed(l.tx)) < shmSlots
+}
+
+// shmWaitSlot waits until lane l has a free slot. The chunks it waits for
+// must have had their headers sent.
+func (r *Ring) shmWaitSlot(l *lane, peer int) error {
 	consumed, waiting := shmConsumed(l.tx), shmWaiting(l.tx)
 	for l.txNext-atomic.LoadUint64(consumed) >= shmSlots {
 		atomic.StoreUint32(waiting, 1)
@@ -216,10 +231,68 @@ func (r *Ring) laneWrite(l *lane, h *wire.Header, payload []byte, peer int) erro
 	if c := atomic.LoadUint64(consumed); c > l.txNext {
 		return r.protoErr(fmt.Errorf("%w: rank %d consumed %d shared-memory chunks of %d sent", ErrBadFrame, peer, c, l.txNext))
 	}
+	return nil
+}
+
+// shmPut copies payload into lane l's next slot, which must be free.
+func (r *Ring) shmPut(l *lane, payload []byte) {
 	off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
 	copy(l.tx[off:off+l.slotBytes], payload)
 	l.txNext++
-	return r.writeFrame(l.right, l.hdrW[:], h, nil, peer, len(payload))
+}
+
+// pairSendShm is the sending half of a two-rank exchange (algoPair) on a
+// shared-memory lane: it copies every chunk of the lane's part into a slot
+// and sends the chunks' headers together, in one write, as late as it can
+// (before waiting for a slot, and at the end), so the other rank wakes up
+// once for all of them rather than once per chunk.
+func (r *Ring) pairSendShm(l *lane, j *laneJob, h *wire.Header, chunk, peer int) error {
+	batch := l.hdrBatch[:0]
+	flush := func() error {
+		if len(batch) == 0 {
+			return nil
+		}
+		_, err := l.right.Write(batch)
+		batch = batch[:0]
+		if err != nil {
+			return r.connErr(peer, err)
+		}
+		return nil
+	}
+	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+		e := min(c+chunk, j.hi)
+		var payload []byte
+		if j.vec == nil {
+			payload = j.buf[c*j.elem : e*j.elem]
+		}
+		if !shmSlotFree(l) {
+			if err := flush(); err != nil {
+				return err
+			}
+			if err := r.shmWaitSlot(l, peer); err != nil {
+				return err
+			}
+		}
+		n := (e - c) * j.elem
+		if j.vec == nil {
+			r.shmPut(l, payload)
+		} else {
+			slot := l.tx[shmHeader+int(l.txNext%shmSlots)*l.slotBytes:]
+			j.vec.each(c*j.elem, e*j.elem, func(p []byte, off int) { copy(slot[off:], p) })
+			l.txNext++
+		}
+		l.sendProg.Store(prog(0, k))
+		notify(l.sendNote)
+		// At most shmSlots headers wait unsent (each holds a slot the
+		// other rank cannot free before reading it): hdrBatch's capacity.
+		h.Length = uint32(n)
+		hn := len(batch)
+		batch = batch[:hn+wire.HeaderSize]
+		h.Put(batch[hn:])
+	}
+	err := flush()
+	l.hdrBatch = batch[:0]
+	return err
 }
 
 // laneRecvInto receives the next chunk of a lane, of len(dst) bytes, and
@@ -246,6 +319,11 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 	} else {
 		red(dst, src)
 	}
+	return r.shmConsume(l, peer)
+}
+
+// shmConsume frees the shared-memory slot of the chunk just received.
+func (r *Ring) shmConsume(l *lane, peer int) error {
 	l.rxNext++
 	// Publish the free slot; wake the sender if it waits for one (the
 	// sender sets waiting before re-reading consumed, so one of the two
@@ -257,4 +335,65 @@ func (r *Ring) laneRecvInto(l *lane, h *wire.Header, dst []byte, red reduceFunc,
 		}
 	}
 	return nil
+}
+
+// laneRecvPair receives the other rank's chunk for dst (len(dst) bytes)
+// in a two-rank allreduce (algoPair) and, once sent returns (this rank's
+// own chunk has left dst), sets dst to red(rank 0's chunk, rank 1's
+// chunk): peerFirst tells whether the peer is rank 0. Both ranks run the
+// same kernel on the same operands in the same order, so they end with the
+// same bits (NaNs included). The chunk is read (into a shared-memory slot
+// or the lane's scratch buffer) before the wait, so neither rank's sender
+// can block on a receiver that waits for it.
+func (r *Ring) laneRecvPair(l *lane, h *wire.Header, dst []byte, red reduceToFunc, peerFirst bool, peer int, sent func() error) error {
+	var src []byte
+	if l.rx == nil {
+		src = l.scratch[:len(dst)]
+		if err := r.readFrame(l.leftR, l.hdrR[:], h, src, peer); err != nil {
+			return err
+		}
+	} else {
+		if err := r.readHeader(l.leftR, l.hdrR[:], h, len(dst), peer); err != nil {
+			return err
+		}
+		off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+		src = l.rx[off : off+len(dst)]
+	}
+	if err := sent(); err != nil {
+		return err
+	}
+	if peerFirst {
+		red(dst, src, dst)
+	} else {
+		red(dst, dst, src)
+	}
+	if l.rx == nil {
+		return nil
+	}
+	return r.shmConsume(l, peer)
+}
+
+// laneRecvPairVec is laneRecvPair for a job over tensors (j.vec, shared
+// memory only): bytes [lo, hi) of their concatenation.
+func (r *Ring) laneRecvPairVec(l *lane, h *wire.Header, j *laneJob, lo, hi int, peerFirst bool, peer int, sent func() error) error {
+	if err := r.readHeader(l.leftR, l.hdrR[:], h, hi-lo, peer); err != nil {
+		return err
+	}
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+	src := l.rx[off : off+hi-lo]
+	if err := sent(); err != nil {
+		return err
+	}
+	j.vec.each(lo, hi, func(p []byte, o int) {
+		s := src[o : o+len(p)]
+		if peerFirst {
+			j.redTo(p, s, p)
+		} else {
+			j.redTo(p, p, s)
+		}
+		if j.div > 0 {
+			j.scale(p, j.div)
+		}
+	})
+	return r.shmConsume(l, peer)
 }

@@ -323,8 +323,10 @@ const (
 	ProofSize = 32
 )
 
-// ProtocolVersion is the handshake version this package speaks.
-const ProtocolVersion = 1
+// ProtocolVersion is the handshake version this package speaks: 2 since
+// the two-rank allreduce's exchange and the RejectLayoutRound report (a
+// rank of version 1 reads neither), 1 before.
+const ProtocolVersion = 2
 
 // Connection kinds named in a Hello.
 const (
