@@ -34,8 +34,11 @@ func handshakeMsg(typ byte, payload []byte) []byte {
 	return append(b, payload...)
 }
 
-func hello(job string, round uint64, from, to uint32) []byte {
-	b := []byte{1, 1, 0, 0} // version 1, control connection, lane 0
+// hello is a sync Hello of protocol version ver (the workers' own: taken
+// from a genuine handshake, as sync/internal/wire is not importable here)
+// on a control connection, lane 0.
+func hello(ver byte, job string, round uint64, from, to uint32) []byte {
+	b := []byte{ver, 1, 0, 0}
 	b = binary.LittleEndian.AppendUint64(b, round)
 	b = binary.LittleEndian.AppendUint32(b, from)
 	b = binary.LittleEndian.AppendUint32(b, to)
@@ -135,15 +138,16 @@ func TestStrangersAreRefusedWithoutDisturbingTraining(t *testing.T) {
 	}
 	require.NotNil(t, replay, "a genuine handshake of round %d into worker 0", round)
 	victim.PeerProxy.SetCapture(0)
+	ver := replay[3] // the Hello's first byte: the protocol version the workers speak
 
 	addr := victim.ListenAddr // the worker's own peer port, not the proxy
 	job := cfg.JobID
 	require.EqualValues(t, rejectMalformed, stranger(t, addr, []byte("GET / HTTP/1.1\r\n\r\n"), nil), "garbage")
-	require.EqualValues(t, rejectAuth, stranger(t, addr, handshakeMsg(msgHello, hello(job, round, 1, 0)), nil), "no secret")
-	require.EqualValues(t, rejectAuth, stranger(t, addr, handshakeMsg(msgHello, hello(job, round, 1, 0)), []byte("not the job secret, but 32 bytes")), "wrong secret")
+	require.EqualValues(t, rejectAuth, stranger(t, addr, handshakeMsg(msgHello, hello(ver, job, round, 1, 0)), nil), "no secret")
+	require.EqualValues(t, rejectAuth, stranger(t, addr, handshakeMsg(msgHello, hello(ver, job, round, 1, 0)), []byte("not the job secret, but 32 bytes")), "wrong secret")
 	require.EqualValues(t, rejectAuth, stranger(t, addr, replay, nil), "replayed handshake")
-	require.EqualValues(t, rejectJob, stranger(t, addr, handshakeMsg(msgHello, hello("another-job", round, 1, 0)), cfg.Secret), "another job")
-	require.EqualValues(t, rejectRound, stranger(t, addr, handshakeMsg(msgHello, hello(job, round-1, 1, 0)), cfg.Secret), "an old round")
+	require.EqualValues(t, rejectJob, stranger(t, addr, handshakeMsg(msgHello, hello(ver, "another-job", round, 1, 0)), cfg.Secret), "another job")
+	require.EqualValues(t, rejectRound, stranger(t, addr, handshakeMsg(msgHello, hello(ver, job, round-1, 1, 0)), cfg.Secret), "an old round")
 
 	// Training goes on in the same round.
 	require.NoError(t, h.WaitStep(bound, h.Status().MaxStep+30))
