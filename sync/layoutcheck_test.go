@@ -95,11 +95,13 @@ func TestALayoutMismatchOfAPairIsNobodysMajority(t *testing.T) {
 		errs <- err
 	}()
 	// Rank 1 reaches Connect once rank 0's dial was judged (refused on
-	// its layout, which rank 1 remembers for round 7).
+	// its layout, which rank 1 remembers for round 7). Rank 0's Connect
+	// may end before rank 1 logged the refusal (it ends on that refusal:
+	// the CI's race pass saw it first), so only the refusal is waited for.
 	select {
 	case <-refused:
-	case err := <-errs:
-		t.Fatalf("rank 0 ended before rank 1 judged its dial: %v", err)
+	case <-time.After(base.DialTimeout):
+		t.Fatal("rank 1 never judged rank 0's dial")
 	}
 	_, errB := b.Connect(context.Background(), World{Round: 7, Rank: 1, Addrs: addrs})
 	for r, err := range []error{<-errs, errB} {

@@ -835,7 +835,13 @@ type collectiveWatch struct {
 const goodputEvery = 50
 
 // abortGrace is how long a collective may run in a superseded round before
-// the watch aborts it (its peers normally fail it themselves within it).
+// the watch aborts it (its peers normally fail it themselves within it),
+// from the later of the collective's start and the first time the watch
+// saw the round superseded: a peer that gave up on a hung rank after
+// OpTimeout supersedes the round by re-forming, and its TimeoutError
+// (which names the silent rank on every peer, noteSilent) must reach the
+// others before the watch cancels their collectives, however long those
+// had waited already.
 const abortGrace = 250 * time.Millisecond
 
 func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *collectiveWatch {
@@ -844,6 +850,7 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 		defer close(w.done)
 		tick := time.NewTicker(50 * time.Millisecond)
 		defer tick.Stop()
+		var superseded time.Time // when the watch first saw the round superseded
 		for {
 			select {
 			case <-w.stop:
@@ -851,12 +858,19 @@ func watchCollectives(agent *elastic.Agent, cancel context.CancelCauseFunc) *col
 			case <-agent.Changes():
 			case <-tick.C:
 			}
-			s := w.since.Load()
 			// Only a superseded round: a joiner waiting, or this
 			// member's own renewals running late on a loaded machine,
 			// is for the next step boundary, and aborting a healthy
 			// round's Connect for it had the peers report this rank.
-			if s != 0 && agent.RoundSuperseded() && time.Since(time.Unix(0, s)) > abortGrace {
+			if !agent.RoundSuperseded() {
+				superseded = time.Time{}
+				continue
+			}
+			if superseded.IsZero() {
+				superseded = time.Now()
+			}
+			s := w.since.Load()
+			if s != 0 && time.Since(time.Unix(0, s)) > abortGrace && time.Since(superseded) > abortGrace {
 				cancel(errAbortChange)
 				return
 			}
