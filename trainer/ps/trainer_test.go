@@ -88,6 +88,28 @@ type tjob struct {
 	// ckpts receives the step of every checkpoint written (any worker's).
 	ckpts chan int64
 	wg    stdsync.WaitGroup
+	// hold, when set, runs in worker i's OnStep after the step is sent
+	// on its steps channel (on its loop goroutine: it holds the job).
+	hold func(i int, step int64)
+	// pending, when set, is called whenever worker pendingIdx's Join
+	// answer says it waits to be taken in.
+	pending    func()
+	pendingIdx int
+}
+
+// pendingSpy calls seen when a Join answer says its member waits to be
+// taken in (store.RolePending).
+type pendingSpy struct {
+	store.Store
+	seen func()
+}
+
+func (s *pendingSpy) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
+	v, err := s.Store.Join(ctx, r)
+	if err == nil && v.Role == store.RolePending {
+		s.seen()
+	}
+	return v, err
 }
 
 func newTJob(t *testing.T) *tjob {
@@ -167,7 +189,11 @@ func (j *tjob) start() *worker {
 	tcfg.Elastic.LeaseTTL, tcfg.Elastic.HeartbeatInterval, tcfg.Elastic.LastCall = time.Second, 100*time.Millisecond, 300*time.Millisecond
 	tcfg.Elastic.MaxWorkers = 8
 	tcfg.Sync.OpTimeout, tcfg.Sync.Secret = 5*time.Second, secret
-	tr, err := trainer.New(params, optim.NewSGD(0.5), loader, step, j.store, tcfg, append(opts,
+	st := j.store
+	if j.pending != nil && idx == j.pendingIdx {
+		st = &pendingSpy{Store: j.store, seen: j.pending}
+	}
+	tr, err := trainer.New(params, optim.NewSGD(0.5), loader, step, st, tcfg, append(opts,
 		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
 		trainer.WithHooks(trainer.Hooks{
 			OnRound: func(r trainer.RoundInfo) { w.rounds <- r },
@@ -183,6 +209,9 @@ func (j *tjob) start() *worker {
 				select {
 				case w.steps <- s.Step:
 				default:
+				}
+				if j.hold != nil {
+					j.hold(idx, s.Step)
 				}
 			},
 		}))...)
@@ -307,7 +336,28 @@ func TestTrainerKillAndJoinInMemory(t *testing.T) {
 	t.Fatal("no finisher holds rank 0")
 }
 
+// holdForJoiner makes the workers other than joiner hold at step from
+// and later until worker joiner waits in the store, so that the job
+// cannot end before it is taken in (under a CPU hog the job's last 50
+// steps took less time than the joiner's start: world sizes [3 2]).
+// Bounded at 10 s, well below any progress bound, so the hold never looks
+// like a hang.
+func (j *tjob) holdForJoiner(joiner int, from int64) {
+	waiting := make(chan struct{})
+	var once stdsync.Once
+	j.pending, j.pendingIdx = func() { once.Do(func() { close(waiting) }) }, joiner
+	j.hold = func(i int, step int64) {
+		if i != joiner && step >= from {
+			select {
+			case <-waiting:
+			case <-time.After(10 * time.Second):
+			}
+		}
+	}
+}
+
 func killAndJoin(t *testing.T, j *tjob) []*worker {
+	j.holdForJoiner(3, 40)
 	ws := []*worker{j.start(), j.start(), j.start()}
 	ws[0].waitStep(t, 20)
 	ws[1].cancel() // killed: its Run ends, its memory is gone
@@ -391,6 +441,7 @@ func TestTrainerWholeRestartNoDir(t *testing.T) {
 func TestTrainerFallsBackToCheckpoint(t *testing.T) {
 	j := newTJob(t)
 	j.noDir, j.epochs = true, 10 // 300 steps: the kills at step 50 come long before the end
+	j.holdForJoiner(3, 60)
 	ws := []*worker{j.start(), j.start(), j.start()}
 	// A checkpoint is written in the background: wait for one (of step 20
 	// or later) to be published, and for step 50.
