@@ -73,8 +73,9 @@ var _ OrderedReducer = (*Ring)(nil)
 // are summed along the chain 0 -> 1 -> ... -> n-1 over the ring's lanes,
 // pipelined in chunks, and the result returns along the chain n-1 -> 0 ->
 // ... -> n-2, the two phases overlapping; each rank sends and receives
-// about the whole buffer twice (rank 0 and rank n-1 once each way), where
-// the ring allreduce moves 2(n-1)/n of it. Smaller buffers take the same
+// the whole buffer at most twice (rank 0 receives it once, rank n-2
+// sends it once, rank n-1 does each once), where the ring allreduce
+// moves 2(n-1)/n of it each way. Smaller buffers take the same
 // chain over the mesh connections (n-1 hops, then one). A hierarchical
 // round (Hierarchical) runs the same flat chain: the order is the ranks'
 // order, whatever the hosts. It does not allocate. Errors: see Ring; a

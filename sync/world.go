@@ -105,8 +105,9 @@ var _ AllGatherer = (*local)(nil)
 // float32, 1 + (1e8 - 1e8) is 1), the running sum travels bit for bit,
 // and the result is copied to every rank; element i never meets element
 // j, so how the buffer is cut into chunks and lanes does not matter
-// either. NaN payloads may differ where NaNs meet; everything else is the
-// same on every IEEE 754 machine.
+// either. (Where two NaNs meet, which payload survives may vary between
+// machines and compilers; all ranks of a round still hold the same bits,
+// since the result is computed once and copied.)
 //
 // Every part must have len(out) elements, and out must share no memory
 // with a part (else ErrInvalid on this rank, and the operation fails on
