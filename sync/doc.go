@@ -56,6 +56,12 @@
 //     overlap. Each host link carries 2(H-1)/H of the buffer each way for
 //     H hosts, where the flat ring over N ranks carries 2(N-1)/N.
 //   - Broadcast: pipelined chain root -> root+1 -> ... (direct for small).
+//   - AllReduceOrderedFloat32 (OrderedReducer): a chain 0 -> 1 -> ... ->
+//     n-1 in which each rank adds its parts, one by one, to the running
+//     sum it receives, then the chain n-1 -> 0 -> ... -> n-2 that copies
+//     the result back; both pipelined in chunks over the lanes of the ring
+//     of all ranks, and overlapping (over the mesh connections for at
+//     most DirectBytes). Hierarchical rounds run the same flat chain.
 //   - AllGather: ring allgather (direct for small). Barrier: direct exchange.
 //
 // # Layers
@@ -88,7 +94,11 @@
 // differ in their last bits, but sums of integer-valued float64 (the
 // fixed-point gradients of the trainer's deterministic mode) are exact in
 // any order while they stay within 2^53, so they are bit-identical across
-// every layout, flat or hierarchical.
+// every layout, flat or hierarchical. The ordered allreduce
+// (OrderedReducer) goes further for float32: its sum is taken strictly in
+// the order of the global sequence of parts (ranks in rank order, each
+// rank's parts in order, from +0), so its bits are the same at every
+// world size and however the parts are split among the ranks.
 // Element values travel as little-endian IEEE 754, as they lie in memory
 // (little-endian hosts only).
 //

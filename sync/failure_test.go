@@ -19,7 +19,8 @@ import (
 // TestHelperProcess is a child rank of the failure tests (re-exec of the
 // test binary). It is inert unless ELASTICTRAIN_SYNC_HELPER is set.
 // Protocol on stdout: "ADDR <addr>", then (after "WORLD <addrs>" on stdin)
-// "RUNNING" after the first allreduce, and "ERR <seconds> peer=<rank>
+// "RUNNING" after the first allreduce (AllReduceFloat32, or with
+// SYNC_HELPER_OP=ordered AllReduceOrderedFloat32), and "ERR <seconds> peer=<rank>
 // timeout=<bool> lost=<bool> <message>" when an allreduce fails, then exit.
 func TestHelperProcess(t *testing.T) {
 	if os.Getenv(helperEnv) == "" {
@@ -61,10 +62,15 @@ func helperMain() int {
 	}
 	defer ring.Close()
 	buf := make([]float32, elems)
+	op := func() error { return ring.AllReduceFloat32(ctx, buf, OpSum) }
+	if os.Getenv("SYNC_HELPER_OP") == "ordered" {
+		parts := [][]float32{make([]float32, elems), make([]float32, elems)}
+		op = func() error { return ring.AllReduceOrderedFloat32(ctx, parts, buf) }
+	}
 	stopAt := time.Now().Add(60 * time.Second) // bounded: stops by itself
 	for i := 0; time.Now().Before(stopAt); i++ {
 		start := time.Now()
-		err := ring.AllReduceFloat32(ctx, buf, OpSum)
+		err := op()
 		if err != nil {
 			peer := -1
 			var pe *PeerError
@@ -93,6 +99,13 @@ type child struct {
 // every child has completed one allreduce.
 func startRanks(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool) []*child {
 	t.Helper()
+	return startRanksOp(t, n, elems, opTimeout, tcp, "")
+}
+
+// startRanksOp is startRanks with the children running op: "" for
+// AllReduceFloat32, "ordered" for AllReduceOrderedFloat32 (two parts each).
+func startRanksOp(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool, op string) []*child {
+	t.Helper()
 	cfg := testConfig(t)
 	kids := make([]*child, n)
 	for r := range kids {
@@ -105,6 +118,9 @@ func startRanks(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool) [
 			fmt.Sprintf("SYNC_HELPER_OPTIMEOUT_MS=%d", opTimeout.Milliseconds()))
 		if tcp {
 			cmd.Env = append(cmd.Env, "SYNC_HELPER_TCP=1")
+		}
+		if op != "" {
+			cmd.Env = append(cmd.Env, "SYNC_HELPER_OP="+op)
 		}
 		cmd.Stderr = os.Stderr
 		stdin, err := cmd.StdinPipe()
@@ -177,9 +193,13 @@ func TestPeerKilledMidAllReduce(t *testing.T) {
 	t.Run("tcp", func(t *testing.T) { testPeerKilled(t, true) })
 }
 
-func testPeerKilled(t *testing.T, tcp bool) {
+func testPeerKilled(t *testing.T, tcp bool) { testPeerKilledOp(t, tcp, "") }
+
+// testPeerKilledOp kills rank 2 of 4 children running op back to back
+// (see startRanksOp) and checks the survivors' errors.
+func testPeerKilledOp(t *testing.T, tcp bool, op string) {
 	const n, victim = 4, 2
-	kids := startRanks(t, n, 1<<20, 30*time.Second, tcp)
+	kids := startRanksOp(t, n, 1<<20, 30*time.Second, tcp, op)
 	killed := time.Now()
 	if err := kids[victim].cmd.Process.Kill(); err != nil {
 		t.Fatal(err)

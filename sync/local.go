@@ -83,6 +83,22 @@ func (l *local) AllGather(ctx context.Context, send, recv []byte) error {
 	return nil
 }
 
+// AllReduceOrderedFloat32 implements OrderedReducer for a world of one
+// rank: out = (((+0 + parts[0]) + parts[1]) + ...), element-wise, each
+// addition rounded to float32. Errors: as the other operations, and
+// ErrInvalid for a part whose length is not len(out) or that shares memory
+// with out.
+func (l *local) AllReduceOrderedFloat32(ctx context.Context, parts [][]float32, out []float32) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	if err := checkParts(parts, out); err != nil {
+		return err
+	}
+	orderedSum(out, nil, parts, 0)
+	return nil
+}
+
 // Barrier returns at once (after the context and Close checks).
 func (l *local) Barrier(ctx context.Context) error { return l.check(ctx) }
 

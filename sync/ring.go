@@ -67,10 +67,11 @@ type lane struct {
 
 // Lane algorithms.
 const (
-	algoRing   = iota // ring reduce-scatter and/or allgather steps s0..s1-1 (allreduce)
-	algoChain         // pipelined chain from root: copy (broadcast) or reduce (red set) at every hop
-	algoGather        // ring allgather of per-rank blocks
-	algoPair          // two ranks: each sends its whole part and reduces the other's into it (allreduce)
+	algoRing    = iota // ring reduce-scatter and/or allgather steps s0..s1-1 (allreduce)
+	algoChain          // pipelined chain from root: copy (broadcast) or reduce (red set) at every hop
+	algoGather         // ring allgather of per-rank blocks
+	algoPair           // two ranks: each sends its whole part and reduces the other's into it (allreduce)
+	algoOrdered        // chain 0 -> ... -> n-1 adding each rank's parts in order, then chain n-1 -> 0 -> ... copying (ordered.go)
 )
 
 type laneJob struct {
@@ -88,6 +89,7 @@ type laneJob struct {
 	seq   uint64
 	total uint64
 	red   reduceFunc   // ring: reduction; chain: nil copies, else reduces at every hop
+	parts [][]float32  // ordered: this rank's parts, each of the buffer's length
 	redTo reduceToFunc // pair: the reduction out = a op b
 	vec   *vecBuf      // pair on shared memory: the buffer as tensors (buf is nil), see allReduceTensors
 	scale scaleFunc
@@ -826,6 +828,8 @@ func (r *Ring) laneSend(g *group, l *lane, j *laneJob) error {
 				return err
 			}
 		}
+	case algoOrdered:
+		return r.orderedSend(g, l, j, chunk)
 	case algoPair:
 		if l.tx != nil {
 			return r.pairSendShm(l, j, &h, chunk, right)
@@ -910,6 +914,8 @@ func (r *Ring) laneRecv(g *group, l *lane, j *laneJob) error {
 			l.recvProg.Store(prog(0, k))
 			notify(l.recvNote)
 		}
+	case algoOrdered:
+		return r.orderedRecv(g, l, j, chunk)
 	case algoPair:
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)

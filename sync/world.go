@@ -79,3 +79,45 @@ type AllGatherer interface {
 
 var _ AllGatherer = (*Ring)(nil)
 var _ AllGatherer = (*local)(nil)
+
+// OrderedReducer is the optional ordered-allreduce capability of a
+// Synchronizer, found by type assertion (*Ring, NewLocal and the ranks of
+// package synctest have it): a float32 sum whose bits depend only on the
+// global sequence of summands, not on the world size nor on how the
+// summands are split among the ranks.
+//
+// AllReduceOrderedFloat32 leaves in out, on every rank, the sum of every
+// rank's parts taken over the ranks in rank order and, within a rank,
+// over its parts in order, strictly sequentially and starting from +0:
+//
+//	out[i] = ((((+0 + p[0][0][i]) + p[0][1][i]) + ... + p[1][0][i]) + ...) + p[W-1][k][i]
+//
+// where p[r][j] is part j of rank r, each addition rounded to float32
+// (IEEE 754, round to nearest). The result is bit-identical on every rank and,
+// for the same global sequence of parts, equal at every world size and
+// however the parts are divided among the ranks, since a rank may pass
+// any number of parts, none included: the global batch's micro-batches
+// m_0 ... m_{K-1}, held by the ranks in contiguous runs in rank order, sum
+// to (((0 + m_0) + m_1) + ... + m_{K-1}) whatever the runs. That is
+// exact, not approximately so: a rank adds its parts one by one to the
+// running sum it receives, as it lies in memory, never to a partial sum of
+// its own (float addition is not associative: (1 + 1e8) - 1e8 is 0 in
+// float32, 1 + (1e8 - 1e8) is 1), the running sum travels bit for bit,
+// and the result is copied to every rank; element i never meets element
+// j, so how the buffer is cut into chunks and lanes does not matter
+// either. (Where two NaNs meet, which payload survives may vary between
+// machines and compilers; all ranks of a round still hold the same bits,
+// since the result is computed once and copied.)
+//
+// Every part must have len(out) elements, and out must share no memory
+// with a part (else ErrInvalid on this rank, and the operation fails on
+// every rank); len(out) must be the same on every rank (else ErrMismatch,
+// as for the other collectives). The parts are only read. The contract of
+// Synchronizer applies: it is one collective in the sequence that every
+// rank calls in the same order, and its failures (abort, *PeerError,
+// *TimeoutError, busy peers) are those of the other collectives.
+type OrderedReducer interface {
+	AllReduceOrderedFloat32(ctx context.Context, parts [][]float32, out []float32) error
+}
+
+var _ OrderedReducer = (*local)(nil)

@@ -40,6 +40,7 @@ import (
 	"fmt"
 	gosync "sync"
 	"time"
+	"unsafe"
 
 	"github.com/elastictrain/elastictrain/sync"
 )
@@ -98,8 +99,9 @@ type op struct {
 	arrived int
 	f32     [][]float32
 	f64     [][]float64
-	bytes   [][]byte // broadcast: every rank's buf; allgather: sends
-	recv    [][]byte // allgather
+	parts   [][][]float32 // ordered allreduce: every rank's parts (its out is f32)
+	bytes   [][]byte      // broadcast: every rank's buf; allgather: sends
+	recv    [][]byte      // allgather
 	done    chan struct{}
 	err     error // set when the operation itself failed (mismatch)
 }
@@ -126,7 +128,8 @@ func NewGroup(n int, cfg Config) *Group {
 // Size returns the number of ranks.
 func (g *Group) Size() int { return len(g.ranks) }
 
-// Rank returns rank r's Synchronizer (it also implements sync.AllGatherer).
+// Rank returns rank r's Synchronizer (it also implements sync.AllGatherer
+// and sync.OrderedReducer).
 // Each rank's methods are meant for one goroutine, as sync.Synchronizer
 // says; Close may be called from any.
 func (g *Group) Rank(r int) *Rank { return g.ranks[r] }
@@ -200,7 +203,8 @@ func (g *Group) errFor(r int) error {
 	return &sync.PeerError{Rank: g.blame, Round: g.cfg.Round, Err: g.cause}
 }
 
-// Rank is one rank of a Group: a sync.Synchronizer and sync.AllGatherer.
+// Rank is one rank of a Group: a sync.Synchronizer, sync.AllGatherer and
+// sync.OrderedReducer.
 type Rank struct {
 	g    *Group
 	rank int
@@ -252,12 +256,41 @@ func (r *Rank) AllGather(ctx context.Context, send, recv []byte) error {
 	return r.do(ctx, &op{kind: "allgather", n: len(send)}, func(p *op) { p.bytes[r.rank], p.recv[r.rank] = send, recv })
 }
 
+// AllReduceOrderedFloat32 implements sync.OrderedReducer: every rank's
+// out receives the sum of all parts in rank order, then in the order of
+// each rank's parts, added one by one from +0 in float32. A part whose
+// length is not len(out), or that shares memory with out, fails this
+// rank with sync.ErrInvalid and every other rank's operation with
+// sync.ErrMismatch, as on a *sync.Ring.
+func (r *Rank) AllReduceOrderedFloat32(ctx context.Context, parts [][]float32, out []float32) error {
+	for i, p := range parts {
+		if len(p) != len(out) || len(p) > 0 && overlap(p, out) {
+			err := fmt.Errorf("%w: ordered allreduce part %d of %d values (out has %d), or sharing memory with out", sync.ErrInvalid, i, len(p), len(out))
+			g := r.g
+			g.mu.Lock()
+			g.breakLocked(-1, fmt.Errorf("%w: rank %d: %w", sync.ErrMismatch, r.rank, err), false)
+			g.mu.Unlock()
+			return err
+		}
+	}
+	return r.do(ctx, &op{kind: "allreduce-ordered-f32", n: len(out)}, func(p *op) { p.f32[r.rank], p.parts[r.rank] = out, parts })
+}
+
+// overlap tells whether two non-empty slices share memory.
+func overlap(a, b []float32) bool {
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+4*uintptr(len(b)) && b0 < a0+4*uintptr(len(a))
+}
+
 // Barrier implements sync.Synchronizer.
 func (r *Rank) Barrier(ctx context.Context) error {
 	return r.do(ctx, &op{kind: "barrier"}, func(*op) {})
 }
 
-var _ sync.AllGatherer = (*Rank)(nil)
+var (
+	_ sync.AllGatherer    = (*Rank)(nil)
+	_ sync.OrderedReducer = (*Rank)(nil)
+)
 
 // do runs one collective: the faults, the arrival, the wait.
 func (r *Rank) do(ctx context.Context, want *op, put func(*op)) error {
@@ -308,6 +341,7 @@ func (r *Rank) do(ctx context.Context, want *op, put func(*op)) error {
 			p = want
 			W := len(g.ranks)
 			p.f32, p.f64, p.bytes, p.recv = make([][]float32, W), make([][]float64, W), make([][]byte, W), make([][]byte, W)
+			p.parts = make([][][]float32, W)
 			p.done = make(chan struct{})
 			g.ops[seq] = p
 		} else if p.kind != want.kind || p.n != want.n || p.reduce != want.reduce || p.root != want.root {
@@ -405,6 +439,18 @@ func (p *op) complete() {
 				v /= float32(W)
 			}
 			acc[i] = v
+		}
+		for r := range W {
+			copy(p.f32[r], acc)
+		}
+	case "allreduce-ordered-f32":
+		acc := make([]float32, p.n) // +0
+		for _, parts := range p.parts {
+			for _, part := range parts {
+				for i, x := range part {
+					acc[i] += x
+				}
+			}
 		}
 		for r := range W {
 			copy(p.f32[r], acc)

@@ -230,3 +230,36 @@ func TestBusyRankHoldsPeers(t *testing.T) {
 		require.GreaterOrEqual(t, took, 3*opTimeout)
 	}
 }
+
+// TestOrderedAllReduce: every rank's out is the sequential float32 sum,
+// from +0, of the parts in rank order, whatever the world size and the
+// split (ranks without parts included): (1 + 1e8) - 1e8 is 0, where the
+// ranks' own sums would give 1. A part of the wrong length fails its rank
+// with ErrInvalid and the others with ErrMismatch, without waiting.
+func TestOrderedAllReduce(t *testing.T) {
+	ctx := context.Background()
+	global := [][]float32{{1, -2.5}, {1e8, 3}, {-1e8, 0.25}}
+	want := []float32{0, 0.75}
+	for _, bounds := range [][]int{{0, 3}, {0, 1, 3}, {0, 0, 3}, {0, 2, 2, 3}, {0, 1, 2, 3}, {0, 0, 1, 1, 3}} {
+		n := len(bounds) - 1
+		g := synctest.NewGroup(n, synctest.Config{})
+		outs := make([][]float32, n)
+		errs := each(g, func(r *synctest.Rank) error {
+			k := r.Rank()
+			outs[k] = []float32{9, 9}
+			var o sync.OrderedReducer = r
+			return o.AllReduceOrderedFloat32(ctx, global[bounds[k]:bounds[k+1]], outs[k])
+		})
+		for k := range n {
+			require.NoError(t, errs[k], "split %v rank %d", bounds, k)
+			require.Equal(t, want, outs[k], "split %v rank %d", bounds, k)
+		}
+	}
+	g := synctest.NewGroup(2, synctest.Config{})
+	errs := each(g, func(r *synctest.Rank) error {
+		part := make([]float32, 2+r.Rank())
+		return r.AllReduceOrderedFloat32(ctx, [][]float32{part}, make([]float32, 2))
+	})
+	require.ErrorIs(t, errs[1], sync.ErrInvalid)
+	require.ErrorIs(t, errs[0], sync.ErrMismatch)
+}

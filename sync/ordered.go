@@ -1,0 +1,306 @@
+package sync
+
+import (
+	"context"
+	"fmt"
+	"unsafe"
+
+	"github.com/elastictrain/elastictrain/sync/internal/wire"
+)
+
+// The ordered allreduce (OrderedReducer) on a Ring. Every frame is an
+// allreduce frame (wire.KindAllReduce) of op byte opbOrdered, which no Op
+// has, so a rank in AllReduceFloat32 under the same sequence number fails
+// with ErrMismatch as for any other disagreement; the aux field tells the
+// two phases apart. No new frame kind: the protocol version is unchanged.
+//
+// Buffers of more than Config.DirectBytes run one lane job (algoOrdered)
+// on the ring of all ranks, in which each link r -> r+1 carries first the
+// running sums of the reduce phase, chunk by chunk, then the final sums of
+// the spread phase, and link n-1 -> 0 carries the spread phase:
+//
+//	reduce: rank 0 sends S_0 = (0 + its parts) chunk by chunk; rank r > 0
+//	        receives S_{r-1}, adds its parts one by one and sends S_r on
+//	        (rank n-1 keeps it: the result);
+//	spread: the chain n-1 -> 0 -> 1 -> ... -> n-2 copies the result, as
+//	        Broadcast from root n-1 does.
+//
+// Both phases are pipelined in chunks of Config.ChunkBytes over the lanes
+// of the ring (each lane takes a contiguous part of the elements), and
+// they overlap: rank n-1 sends a chunk's result as soon as it has added
+// its parts to it. One job rather than a reduce job and a Broadcast keeps
+// that overlap and costs each rank one hand-off to its lanes and one
+// wake-up instead of two. Smaller buffers take the same chain over the
+// mesh connections, one frame per hop, and rank n-1 sends the result to
+// every rank directly.
+//
+// The two halves of a lane on rank r run, for chunk k of the lane's part:
+//
+//	send half, reduce (r < n-1): rank 0 sums its parts into out, or
+//	    straight into the shared-memory slot where the lane has one, and
+//	    sends the chunk; others wait until the receive half has added
+//	    theirs (recvProg 0,k) and send out's chunk (sendProg 0,k).
+//	receive half, reduce (r > 0): receive the running sum into out (from
+//	    a shared-memory slot: summed with the first part on the way) and
+//	    add the parts (recvProg 0,k).
+//	send half, spread (r != n-2): wait for the result's chunk (recvProg
+//	    0,k on rank n-1, 1,k elsewhere); send it.
+//	receive half, spread (r != n-1): wait until the reduce phase's send of
+//	    the chunk is done (sendProg 0,k), since the result overwrites it;
+//	    receive it into out (recvProg 1,k).
+//
+// Every wait is on an earlier item of the same link or on this rank's
+// other half for an earlier item, and every link's receiver takes the
+// items in the order they were sent, so the job cannot deadlock.
+
+// opbOrdered is the op byte of the ordered allreduce's frames: float32
+// elements (4<<4) and 0xf, which is no Op.
+const opbOrdered = 0xf | 4<<4
+
+// Phases of the ordered allreduce, in the aux field of its frames.
+const (
+	orderedReduce = 1<<62 | 1
+	orderedSpread = 1<<62 | 2
+)
+
+var _ OrderedReducer = (*Ring)(nil)
+
+// AllReduceOrderedFloat32 implements OrderedReducer: out receives, on
+// every rank, the float32 sum of every rank's parts, in rank order and
+// within a rank in the order of parts, taken strictly sequentially from
+// +0 (see OrderedReducer for the contract and why the bits depend only on
+// the global sequence of parts). Buffers of more than Config.DirectBytes
+// are summed along the chain 0 -> 1 -> ... -> n-1 over the ring's lanes,
+// pipelined in chunks, and the result returns along the chain n-1 -> 0 ->
+// ... -> n-2, the two phases overlapping; each rank sends and receives
+// the whole buffer at most twice (rank 0 receives it once, rank n-2
+// sends it once, rank n-1 does each once), where the ring allreduce
+// moves 2(n-1)/n of it each way. Smaller buffers take the same
+// chain over the mesh connections (n-1 hops, then one). A hierarchical
+// round (Hierarchical) runs the same flat chain: the order is the ranks'
+// order, whatever the hosts. It does not allocate. Errors: see Ring; a
+// part whose length is not len(out), or that shares memory with out, is
+// ErrInvalid here and fails the operation on every rank (ErrMismatch
+// there).
+func (r *Ring) AllReduceOrderedFloat32(ctx context.Context, parts [][]float32, out []float32) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	return r.end(r.orderedIn(parts, out))
+}
+
+func (r *Ring) orderedIn(parts [][]float32, out []float32) error {
+	if err := checkParts(parts, out); err != nil {
+		return r.protoErr(err)
+	}
+	if r.size == 1 {
+		orderedSum(out, nil, parts, 0)
+		return nil
+	}
+	b := f32Bytes(out)
+	h := wire.Header{Kind: wire.KindAllReduce, Op: opbOrdered, Round: r.round, Seq: r.seq, Total: uint64(len(b))}
+	if err := r.note(h); err != nil {
+		return err
+	}
+	if len(b) > r.cfg.DirectBytes {
+		j := laneJob{kind: wire.KindAllReduce, algo: algoOrdered, opb: opbOrdered, elem: 4, buf: b, parts: parts,
+			seq: r.seq, total: uint64(len(b))}
+		return r.runLanes(r.groups[groupFlat], j, len(out), r.lanesFor(len(b)))
+	}
+	n, rank := r.size, r.rank
+	hr, hs := h, h
+	hr.Aux, hs.Aux = orderedReduce, orderedSpread
+	if rank == 0 {
+		orderedSum(out, nil, parts, 0)
+	} else {
+		if err := r.meshRecv(rank-1, hr, b); err != nil {
+			return err
+		}
+		orderedSum(out, out, parts, 0)
+	}
+	if rank < n-1 {
+		if err := r.meshSend(rank+1, hr, b); err != nil {
+			return err
+		}
+		return r.meshRecv(n-1, hs, b)
+	}
+	for p := 0; p < n-1; p++ {
+		if err := r.meshSend(p, hs, b); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkParts returns an error wrapping ErrInvalid unless every part has
+// len(out) elements and shares no memory with out.
+func checkParts(parts [][]float32, out []float32) error {
+	for i, p := range parts {
+		if len(p) != len(out) {
+			return fmt.Errorf("%w: ordered allreduce part %d of %d values, out of %d", ErrInvalid, i, len(p), len(out))
+		}
+		if len(p) > 0 && overlap(p, out) {
+			return fmt.Errorf("%w: ordered allreduce part %d shares memory with out", ErrInvalid, i)
+		}
+	}
+	return nil
+}
+
+// overlap tells whether two non-empty slices share memory.
+func overlap(a, b []float32) bool {
+	a0, b0 := uintptr(unsafe.Pointer(&a[0])), uintptr(unsafe.Pointer(&b[0]))
+	return a0 < b0+4*uintptr(len(b)) && b0 < a0+4*uintptr(len(a))
+}
+
+// orderedSum sets dst[i] to (((src[i] + p_0[c+i]) + p_1[c+i]) + ...) over
+// parts p, in order, with src nil meaning +0: each addition rounds to
+// float32, one after the other. src may be dst.
+func orderedSum(dst, src []float32, parts [][]float32, c int) {
+	n := len(dst)
+	if len(parts) == 0 {
+		if src == nil {
+			clear(dst)
+		} else {
+			copy(dst, src)
+		}
+		return
+	}
+	if src == nil {
+		fromZero(dst, parts[0][c:c+n])
+	} else {
+		sumTo(dst, src[:n], parts[0][c:c+n])
+	}
+	for _, p := range parts[1:] {
+		sum32(f32Bytes(dst), f32Bytes(p[c:c+n]))
+	}
+}
+
+// zero32 is the +0 that fromZero adds, read from memory so that nothing
+// can fold 0 + x into x (which differs for x = -0).
+var zero32 float32
+
+// fromZero sets o[i] = +0 + x[i] (x[i], except that -0 becomes +0).
+func fromZero(o, x []float32) {
+	z := zero32
+	x = x[:len(o)]
+	for i := range o {
+		o[i] = z + x[i]
+	}
+}
+
+// orderedSend is the sending half of lane l's part of an ordered
+// allreduce (see the comment at the top of this file).
+func (r *Ring) orderedSend(g *group, l *lane, j *laneJob, chunk int) error {
+	n, rank, right := g.n(), g.pos, g.right()
+	h := r.header(j)
+	out := b32(j.buf)
+	if rank < n-1 {
+		h.Aux = orderedReduce
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			switch {
+			case rank == 0 && l.tx != nil:
+				// Summed straight into the shared-memory slot: out is
+				// overwritten by the spread phase anyway.
+				if err := r.shmWaitSlot(l, right); err != nil {
+					return err
+				}
+				off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
+				orderedSum(b32(l.tx[off:off+4*(e-c)]), nil, j.parts, c)
+				l.txNext++
+				if err := r.writeFrame(l.right, l.hdrW[:], &h, nil, right, 4*(e-c)); err != nil {
+					return err
+				}
+			case rank == 0:
+				orderedSum(out[c:e], nil, j.parts, c)
+				if err := r.laneWrite(l, &h, j.buf[4*c:4*e], right); err != nil {
+					return err
+				}
+			default:
+				if err := r.waitProg(&l.recvProg, l.recvNote, prog(0, k)); err != nil {
+					return err
+				}
+				if err := r.laneWrite(l, &h, j.buf[4*c:4*e], right); err != nil {
+					return err
+				}
+			}
+			l.sendProg.Store(prog(0, k))
+			notify(l.sendNote)
+		}
+	}
+	if rank == n-2 {
+		return nil // the spread chain ends here
+	}
+	h.Aux = orderedSpread
+	step := 1
+	if rank == n-1 {
+		step = 0 // the result is this rank's reduce phase
+	}
+	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+		e := min(c+chunk, j.hi)
+		if err := r.waitProg(&l.recvProg, l.recvNote, prog(step, k)); err != nil {
+			return err
+		}
+		if err := r.laneWrite(l, &h, j.buf[4*c:4*e], right); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// orderedRecv is the receiving half of lane l's part of an ordered
+// allreduce (see the comment at the top of this file).
+func (r *Ring) orderedRecv(g *group, l *lane, j *laneJob, chunk int) error {
+	n, rank, left := g.n(), g.pos, g.left()
+	h := r.header(j)
+	out := b32(j.buf)
+	if rank > 0 {
+		h.Aux = orderedReduce
+		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+			e := min(c+chunk, j.hi)
+			if err := r.laneRecvOrdered(l, &h, out[c:e], j.parts, c, left); err != nil {
+				return err
+			}
+			l.recvProg.Store(prog(0, k))
+			notify(l.recvNote)
+		}
+	}
+	if rank == n-1 {
+		return nil // the spread chain starts here
+	}
+	h.Aux = orderedSpread
+	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
+		e := min(c+chunk, j.hi)
+		// The result overwrites what the reduce phase sent from out.
+		if err := r.waitProg(&l.sendProg, l.sendNote, prog(0, k)); err != nil {
+			return err
+		}
+		if err := r.laneRecvInto(l, &h, j.buf[4*c:4*e], nil, left); err != nil {
+			return err
+		}
+		l.recvProg.Store(prog(1, k))
+		notify(l.recvNote)
+	}
+	return nil
+}
+
+// laneRecvOrdered receives the running sum of elements [c, c+len(dst)) of
+// an ordered allreduce on lane l and adds parts to it in order, into dst.
+// From a shared-memory slot the first addition reads the slot, so the
+// running sum is not copied first.
+func (r *Ring) laneRecvOrdered(l *lane, h *wire.Header, dst []float32, parts [][]float32, c, peer int) error {
+	db := f32Bytes(dst)
+	if l.rx == nil || len(parts) == 0 {
+		if err := r.laneRecvInto(l, h, db, nil, peer); err != nil {
+			return err
+		}
+		orderedSum(dst, dst, parts, c)
+		return nil
+	}
+	if err := r.readHeader(l.leftR, l.hdrR[:], h, len(db), peer); err != nil {
+		return err
+	}
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+	orderedSum(dst, b32(l.rx[off:off+len(db)]), parts, c)
+	return r.shmConsume(l, peer)
+}
