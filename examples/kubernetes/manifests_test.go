@@ -500,6 +500,7 @@ type dockerfile struct {
 	lines    []string // instructions, continuation lines joined
 	build    string   // the RUN line that runs go build
 	buildDir string   // the WORKDIR it runs in
+	env      []string // the ENV lines before it, as NAME=VALUE
 	user     string
 	dataDir  string
 }
@@ -528,6 +529,8 @@ func readDockerfile(t *testing.T) dockerfile {
 		switch {
 		case strings.HasPrefix(l, "WORKDIR "):
 			workdir = strings.TrimPrefix(l, "WORKDIR ")
+		case strings.HasPrefix(l, "ENV ") && df.build == "":
+			df.env = append(df.env, strings.TrimPrefix(l, "ENV "))
 		case strings.HasPrefix(l, "RUN ") && strings.Contains(l, "go build"):
 			df.build, df.buildDir = strings.TrimPrefix(l, "RUN "), workdir
 		case strings.HasPrefix(l, "USER "):
@@ -555,7 +558,10 @@ func TestDockerfileBuildsAStaticWorkerImage(t *testing.T) {
 	require.NotNil(t, goVersion)
 	require.Equal(t, "FROM golang:"+string(goVersion[1])+" AS build", froms[0])
 	require.Regexp(t, `^FROM gcr\.io/distroless/static-debian\d+:nonroot$`, froms[1], "a runtime image without libc: the binary must be static")
-	require.Contains(t, df.lines, "ENV CGO_ENABLED=0")
+	require.Contains(t, df.env, "CGO_ENABLED=0")
+	// The build uses this module's go.mod alone: the go.work at the root
+	// of the context would need every module of the repository.
+	require.Contains(t, df.env, "GOWORK=off")
 	// The worker is this module's mnist command (examples/mnist's, with
 	// S3 checkpoints), built in this module's directory of the context.
 	require.Equal(t, "/src/examples/kubernetes", df.buildDir)
@@ -595,8 +601,8 @@ func TestDockerfileBuildsAStaticWorkerImage(t *testing.T) {
 }
 
 // buildWorker builds the worker as the Dockerfile does (its go build line,
-// in its WORKDIR, with CGO_ENABLED=0) into dir and checks that the result
-// is statically linked.
+// in its WORKDIR, with its ENV lines: CGO_ENABLED=0, GOWORK=off) into dir
+// and checks that the result is statically linked.
 func buildWorker(t *testing.T, dir string) string {
 	t.Helper()
 	df := readDockerfile(t)
@@ -615,7 +621,7 @@ func buildWorker(t *testing.T, dir string) string {
 	args = append([]string{"build"}, args...)
 	src, ok := strings.CutPrefix(df.buildDir, "/src")
 	require.True(t, ok, "the build runs under /src, the build context: %s", df.buildDir)
-	out, err := runIn(t, filepath.Join("../..", src), []string{"CGO_ENABLED=0"}, "go", args...)
+	out, err := runIn(t, filepath.Join("../..", src), df.env, "go", args...)
 	require.NoError(t, err, "go %s:\n%s", strings.Join(args, " "), out)
 	requireStatic(t, bin)
 	return bin
