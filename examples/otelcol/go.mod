@@ -185,3 +185,20 @@ require (
 )
 
 replace github.com/elastictrain/elastictrain => ../..
+
+// The monolithic cloud.google.com/go of 2018-2019, which old versions of
+// golang.org/x/oauth2 and google.golang.org/grpc in the module graph of
+// gorgonia (a dependency of the core) require, still holds
+// compute/metadata, which the Collector's GCP resource detector imports
+// from the module it was split into. Built alone, this module never loads
+// that part of the graph; the repository's workspace (../../go.work), where
+// the core is a module of the workspace, loads all of it and reports the
+// package as ambiguous. Excluding these versions drops the requirements on
+// them (the go command ignores a requirement on an excluded version), in
+// this module and in the workspace alike, without moving any other
+// version. ../go.mod excludes the old google.golang.org/genproto for the
+// same reason.
+exclude (
+	cloud.google.com/go v0.26.0
+	cloud.google.com/go v0.34.0
+)
