@@ -103,9 +103,10 @@ func TestCoreVersionsMatchTheWorkspace(t *testing.T) {
 		require.Empty(t, differ, "modules the core takes code from at another version in the workspace (go work sync; GOWORK=off go get PATH@VERSION at the root for one it leaves lower):\n%s", strings.Join(differ, "\n"))
 	}
 	requireSame()
-	// The modules of the packages the core's tests build here (no build:
-	// go list reads the files' imports). The core's own module is left out
-	// with -f, as the other modules of the workspace would be.
+	// The modules of the packages the core's tests build on this platform
+	// (no build: go list reads the files' imports), the core's own left
+	// out by -f. A package that only another module of the workspace
+	// provides fails go list here, built alone.
 	deps := goCmd(t, "off", "list", "-deps", "-test", "-f", "{{with .Module}}{{if not .Main}}{{.Path}}{{end}}{{end}}", "./...")
 	for line := range strings.Lines(string(deps)) {
 		if p := strings.TrimSpace(line); p != "" {
