@@ -227,10 +227,12 @@ func TestSumIsTheRoundedSum(t *testing.T) {
 
 func TestShortRunsPanic(t *testing.T) {
 	for name, f := range map[string]func(){
-		"Set":   func() { Set(make([]float64, 9), make([]float32, 8), 1) },
-		"Set2":  func() { Set2(make([]float64, 9), make([]float32, 9), make([]float32, 8), 1) },
-		"Add":   func() { Add(make([]float64, 16), make([]float32, 15), 1) },
-		"Sum":   func() { Sum(make([]float64, 9), [][]float32{make([]float32, 9), make([]float32, 9), make([]float32, 3)}, 1) },
+		"Set":  func() { Set(make([]float64, 9), make([]float32, 8), 1) },
+		"Set2": func() { Set2(make([]float64, 9), make([]float32, 9), make([]float32, 8), 1) },
+		"Add":  func() { Add(make([]float64, 16), make([]float32, 15), 1) },
+		"Sum": func() {
+			Sum(make([]float64, 9), [][]float32{make([]float32, 9), make([]float32, 9), make([]float32, 3)}, 1)
+		},
 		"Unfix": func() { Unfix(make([]float32, 9), make([]float64, 8), 1, 1) },
 	} {
 		func() {
