@@ -12,10 +12,12 @@
 // before the conversion to float32. The largest magnitude is an integer
 // maximum of float32 bit patterns with the sign cleared. So the AVX2
 // assembly on amd64 and the portable Go code give the same bits for every
-// input: NaNs (with their payloads, including which of two NaNs a sum
-// keeps, as the gc compiler orders the operands of the Go code), infinities,
-// subnormals and -0; tests check this. Build with the purego tag to use
-// only the portable code.
+// input: NaNs (with their payloads), infinities, subnormals and -0; tests
+// check this. Of two NaNs added, IEEE 754 leaves open which one the sum
+// keeps: the assembly keeps the one the gc compiler's normal build of the
+// Go code keeps (its race-detector build may keep the other). Only a step
+// with a NaN gradient has such sums, and no rank applies it. Build with
+// the purego tag to use only the portable code.
 //
 // # Concurrency
 //
