@@ -1,6 +1,10 @@
 package sync
 
-import "unsafe"
+import (
+	"unsafe"
+
+	"github.com/elastictrain/elastictrain/sync/internal/sumk"
+)
 
 // reduceFunc folds src into dst element-wise (dst = dst op src); both hold
 // whole elements of the same type.
@@ -68,10 +72,11 @@ func reduceTo(elem int, op Op) reduceToFunc {
 }
 
 // reduceTos32 and reduceTos64 hold the reduceToFuncs by Op, made once (an
-// operation does not allocate).
-var reduceTos32, reduceTos64 = reduceTosOf(b32), reduceTosOf(b64)
+// operation does not allocate). float64 sums (deterministic mode's
+// allreduce) take sumk's vector kernel, the same bits as sumTo's.
+var reduceTos32, reduceTos64 = reduceTosOf(b32, sumTo[float32]), reduceTosOf(b64, sumk.To)
 
-func reduceTosOf[T float32 | float64](view func([]byte) []T) [OpMin + 1]reduceToFunc {
+func reduceTosOf[T float32 | float64](view func([]byte) []T, sumTo func(o, x, y []T)) [OpMin + 1]reduceToFunc {
 	sum := func(out, a, b []byte) { sumTo(view(out), view(a), view(b)) }
 	return [...]reduceToFunc{
 		OpSum: sum,
@@ -126,17 +131,7 @@ func sum32(dst, src []byte) {
 
 func sum64(dst, src []byte) {
 	d, s := b64(dst), b64(src)
-	s = s[:len(d)]
-	i := 0
-	for ; i+4 <= len(d); i += 4 {
-		d[i] += s[i]
-		d[i+1] += s[i+1]
-		d[i+2] += s[i+2]
-		d[i+3] += s[i+3]
-	}
-	for ; i < len(d); i++ {
-		d[i] += s[i]
-	}
+	sumk.To(d, d, s[:len(d)]) // d[i] + s[i], d's NaN kept of two, as d[i] += s[i]
 }
 
 func max32(dst, src []byte) {

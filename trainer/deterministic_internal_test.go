@@ -2,8 +2,11 @@ package trainer
 
 import (
 	"math"
+	"math/rand/v2"
+	"slices"
 	"testing"
 
+	"github.com/elastictrain/elastictrain/trainer/internal/fixk"
 	"github.com/stretchr/testify/require"
 )
 
@@ -89,5 +92,78 @@ func TestFixSumIsTheRoundedSumAndTheLargestMagnitude(t *testing.T) {
 	runs[2][9] = float32(math.NaN())
 	if mb := fixSum(make([]float64, n), runs, scale, 0); mb <= 0x7f800000 {
 		t.Fatalf("a NaN gave %#x", mb)
+	}
+}
+
+// convertMaxLoop is convertMax as it was written before its passes moved
+// to fixk's kernels: the reference it must match bit for bit.
+func convertMaxLoop(fixed []float64, off int, g, dst []float32, scale float64, m float32) float32 {
+	if dst != nil {
+		copy(dst, g)
+	}
+	nan := false
+	for i, x := range g {
+		if fixed != nil {
+			fixed[off+i] += (float64(x)*scale + fixk.Magic) - fixk.Magic
+		}
+		a := math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
+		if a > m {
+			m = a
+		} else if a != a {
+			nan = true
+		}
+	}
+	if nan {
+		return float32(math.NaN())
+	}
+	return m
+}
+
+// convertMax gives the bits of its element-by-element loop: the sums, the
+// copy and the running largest |g| from any start (negative, -0, NaN), for
+// runs of every length up to 40 with zeros, subnormals, infinities and
+// NaNs mixed in.
+func TestConvertMaxIsItsLoop(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	specials := []float32{0, float32(math.Copysign(0, -1)), 1e-45, -1e-40, float32(math.Inf(1)), float32(math.Inf(-1)),
+		float32(math.NaN()), math.Float32frombits(0xff800001), math.MaxFloat32}
+	starts := []float32{0, float32(math.Copysign(0, -1)), -1, 0.25, 1e30, float32(math.Inf(1)), float32(math.NaN())}
+	for n := range 41 {
+		for _, m0 := range starts {
+			for _, rate := range []int{0, 4} {
+				g := make([]float32, n)
+				for i := range g {
+					g[i] = float32(r.NormFloat64()) * float32(r.IntN(4))
+					if rate > 0 && r.IntN(rate) == 0 {
+						g[i] = specials[r.IntN(len(specials))]
+					}
+				}
+				f0 := make([]float64, n+3)
+				for i := range f0 {
+					f0[i] = math.Round(r.NormFloat64() * 1e6)
+				}
+				for _, withFixed := range []bool{false, true} {
+					var want, got []float64
+					if withFixed {
+						want, got = slices.Clone(f0), slices.Clone(f0)
+					}
+					wd, gd := make([]float32, n), make([]float32, n)
+					wm := convertMaxLoop(want, 2, g, wd, 1<<30, m0)
+					gm := convertMax(got, 2, g, gd, 1<<30, m0)
+					if math.Float32bits(wm) != math.Float32bits(gm) {
+						t.Fatalf("n=%d m0=%v fixed=%v: largest |g| %v (%#x), want %v (%#x); g %v",
+							n, m0, withFixed, gm, math.Float32bits(gm), wm, math.Float32bits(wm), g)
+					}
+					for i := range want {
+						if math.Float64bits(want[i]) != math.Float64bits(got[i]) {
+							t.Fatalf("n=%d: fixed[%d] = %v, want %v", n, i, got[i], want[i])
+						}
+					}
+					if !slices.EqualFunc(wd, gd, func(a, b float32) bool { return math.Float32bits(a) == math.Float32bits(b) }) {
+						t.Fatalf("n=%d: the copy differs", n)
+					}
+				}
+			}
+		}
 	}
 }

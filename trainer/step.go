@@ -8,6 +8,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/sync"
+	"github.com/elastictrain/elastictrain/trainer/internal/fixk"
 )
 
 // compute runs the StepFunc on this rank's share of a global batch and
@@ -193,40 +194,7 @@ func (t *Trainer[B]) computeDet(ctx context.Context, b dataloader.Batch[B]) (los
 // patterns without the sign (which order as the magnitudes do; any bits
 // above 0x7f800000, +Inf, are a NaN).
 func fixSum(f []float64, gs [][]float32, scale float64, mb uint32) uint32 {
-	const abs = 1<<31 - 1
-	if f == nil {
-		for _, g := range gs {
-			for _, x := range g {
-				mb = max(mb, math.Float32bits(x)&abs)
-			}
-		}
-		return mb
-	}
-	switch len(gs) {
-	case 1:
-		g := gs[0][:len(f)]
-		for i, x := range g {
-			f[i] = (float64(x)*scale + fixMagic) - fixMagic
-			mb = max(mb, math.Float32bits(x)&abs)
-		}
-	case 2:
-		g0, g1 := gs[0][:len(f)], gs[1][:len(f)]
-		for i, x := range g0 {
-			y := g1[i]
-			f[i] = ((float64(x)*scale + fixMagic) - fixMagic) + ((float64(y)*scale + fixMagic) - fixMagic)
-			mb = max(mb, math.Float32bits(x)&abs, math.Float32bits(y)&abs)
-		}
-	default:
-		clear(f)
-		for _, g := range gs {
-			g = g[:len(f)]
-			for i, x := range g {
-				f[i] += (float64(x)*scale + fixMagic) - fixMagic
-				mb = max(mb, math.Float32bits(x)&abs)
-			}
-		}
-	}
-	return mb
+	return max(mb, fixk.Sum(f, gs, scale))
 }
 
 // convertMax is deterministic mode's one pass over a run of gradients g
@@ -239,30 +207,20 @@ func convertMax(fixed []float64, off int, g, dst []float32, scale float64, m flo
 	if dst != nil {
 		copy(dst, g)
 	}
-	nan := false
-	if fixed != nil {
-		f := fixed[off : off+len(g)]
-		for i, x := range g {
-			f[i] += (float64(x)*scale + fixMagic) - fixMagic
-			a := math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
-			if a > m {
-				m = a
-			} else if a != a {
-				nan = true
-			}
-		}
-	} else {
-		for _, x := range g {
-			a := math.Float32frombits(math.Float32bits(x) &^ (1 << 31))
-			if a > m {
-				m = a
-			} else if a != a {
-				nan = true
-			}
-		}
+	if len(g) == 0 {
+		return m
 	}
-	if nan {
+	var mb uint32 // the largest |g| as a float32 bit pattern, ordered as the magnitudes
+	if fixed != nil {
+		mb = fixk.Add(fixed[off:off+len(g)], g, scale)
+	} else {
+		mb = fixk.MaxAbs(g)
+	}
+	if mb > 0x7f800000 {
 		return float32(math.NaN())
+	}
+	if a := math.Float32frombits(mb); a > m {
+		m = a
 	}
 	return m
 }
@@ -329,17 +287,10 @@ func (t *Trainer[B]) microGrads(k, count int, f func(off int, g []float32)) {
 func (t *Trainer[B]) addMicro(fixed []float64, scale float64) {
 	for k := range t.microCount {
 		t.microGrads(k, t.microCount, func(off int, g []float32) {
-			f := fixed[off : off+len(g)]
-			for i, x := range g {
-				f[i] += (float64(x)*scale + fixMagic) - fixMagic
-			}
+			fixk.Add(fixed[off:off+len(g)], g, scale)
 		})
 	}
 }
-
-// fixMagic rounds a float64 below 2^51 in magnitude to the nearest
-// integer: (x + fixMagic) - fixMagic (see fixedPointSum).
-const fixMagic = 1.5 * (1 << 52)
 
 // fixedPointSum is the deterministic mode of reduceGrads (comm non-nil) and
 // localGrads (comm nil: this rank's micro-batches only): the exact sum,
@@ -380,10 +331,7 @@ func (t *Trainer[B]) unfix(fixed []float64, s, globalSize, w int) {
 	unscale, inv := math.Ldexp(1, -s), float64(w)/float64(max(globalSize, 1))
 	off := 0
 	for _, p := range t.params {
-		f := fixed[off : off+len(p.Grad)]
-		for i := range p.Grad {
-			p.Grad[i] = float32(f[i] * unscale * inv)
-		}
+		fixk.Unfix(p.Grad, fixed[off:off+len(p.Grad)], unscale, inv)
 		off += len(p.Grad)
 	}
 }
