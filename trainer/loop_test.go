@@ -278,7 +278,7 @@ func TestJoinerIsTakenInAtAStepBoundary(t *testing.T) {
 	waiting := make(chan struct{})
 	var once stdsync.Once
 	j := newJob(t, func() store.Store {
-		return &pendingSpy{Store: redisStore(), seen: func() { once.Do(func() { close(waiting) }) }}
+		return trainertest.NotifyPending(redisStore(), func() { once.Do(func() { close(waiting) }) })
 	})
 	j.mutate = func(c *Config) { c.Elastic.MinWorkers = 2 }
 	j.hold = func(i int, s StepInfo) {
@@ -1014,20 +1014,4 @@ func TestPreemptedWhileWaitingWithAnUncheckpointedCommitCheckpointsFirst(t *test
 	require.GreaterOrEqual(t, steps[0], int64(5))
 	c.cancel()
 	j.wait()
-}
-
-// pendingSpy calls seen once a Join answer says its member waits to be
-// taken in (pending) or is in a round: the first two workers of a job are
-// ranked at once, so only a later joiner is seen pending.
-type pendingSpy struct {
-	store.Store
-	seen func()
-}
-
-func (s *pendingSpy) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
-	v, err := s.Store.Join(ctx, r)
-	if err == nil && v.Role == store.RolePending {
-		s.seen()
-	}
-	return v, err
 }

@@ -160,7 +160,7 @@ func workerMain() int {
 	}
 	opt := NewMomentum(0.02, 0.9)
 	var once stdsync.Once
-	st := &pendingSpy{Store: store.NewRedis(client), seen: func() { once.Do(func() { emit(report{Kind: "pending"}) }) }}
+	st := trainertest.NotifyPending(store.NewRedis(client), func() { once.Do(func() { emit(report{Kind: "pending"}) }) })
 	tr, err := New(m.Params(), opt, loader, slowSteps(m.Step), st, cfg, opts...)
 	if err != nil {
 		return fail(err)

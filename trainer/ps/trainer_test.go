@@ -21,6 +21,7 @@ import (
 	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/optim"
 	"github.com/elastictrain/elastictrain/trainer/ps"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
 // The partition through the trainer's own loop: in-process workers, each
@@ -95,21 +96,6 @@ type tjob struct {
 	// answer says it waits to be taken in.
 	pending    func()
 	pendingIdx int
-}
-
-// pendingSpy calls seen when a Join answer says its member waits to be
-// taken in (store.RolePending).
-type pendingSpy struct {
-	store.Store
-	seen func()
-}
-
-func (s *pendingSpy) Join(ctx context.Context, r store.JoinRequest) (store.View, error) {
-	v, err := s.Store.Join(ctx, r)
-	if err == nil && v.Role == store.RolePending {
-		s.seen()
-	}
-	return v, err
 }
 
 func newTJob(t *testing.T) *tjob {
@@ -191,7 +177,7 @@ func (j *tjob) start() *worker {
 	tcfg.Sync.OpTimeout, tcfg.Sync.Secret = 5*time.Second, secret
 	st := j.store
 	if j.pending != nil && idx == j.pendingIdx {
-		st = &pendingSpy{Store: j.store, seen: j.pending}
+		st = trainertest.NotifyPending(j.store, j.pending)
 	}
 	tr, err := trainer.New(params, optim.NewSGD(0.5), loader, step, st, tcfg, append(opts,
 		trainer.WithPartition(part), trainer.WithAudit(j.audit), trainer.WithLogger(logger()),
