@@ -116,8 +116,9 @@ func (t *Trainer[B]) flatten(dst []float32) {
 // micro-batches' gradients, one part each in order, the last followed by
 // the control values ctl (putControl's, packed), summed over the ranks in
 // rank order by AllReduceOrderedFloat32. The control values are decoded
-// into o; when every rank applies the step, the sums divided by
-// globalSize go to the Grad buffers. It returns whether the collective
+// into o; when every rank applies the step, the sums go to the Grad
+// buffers and t.ordInv is the factor that makes them the mean (1 over
+// globalSize), which the loop applies. It returns whether the collective
 // completed (every rank's control values arrived), ErrDiverged when the
 // loss sum or some gradient sum is not finite, and ErrInvalidConfig when
 // the ranks' micro-batches are not contiguous runs in rank order: the
@@ -151,35 +152,53 @@ func (t *Trainer[B]) reduceOrdered(ctx context.Context, r sync.OrderedReducer, c
 	if math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0) {
 		return true, fmt.Errorf("%w: the loss over the global batch is %v", ErrDiverged, o.lossSum)
 	}
-	if m := t.meanInto(out[:n], globalSize); m != m || math.IsInf(m, 0) {
+	sum := out[:n]
+	if !allFinite(sum) {
+		m := maxAbs(sum)
 		o.diverged, o.gradMax = true, m
-		return true, fmt.Errorf("%w: non-finite gradient sum over the global batch (max |mean g| = %v)", ErrDiverged, m)
+		return true, fmt.Errorf("%w: non-finite gradient sum over the global batch (max |sum| = %v)", ErrDiverged, m)
 	}
+	// The sums go to the Grad buffers; the loop divides them by
+	// globalSize, in the optimizer's own pass when it can scale
+	// (t.ordInv, as the default mode scales its sums).
+	off := 0
+	for _, p := range t.params {
+		off += copy(p.Grad, sum[off:])
+	}
+	t.ordInv = float32(1 / float64(max(globalSize, 1)))
 	return true, nil
 }
 
-// meanInto writes sum divided by globalSize (multiplied by its float32
-// inverse, as the default mode scales its sums) into the Grad buffers and
-// returns the largest magnitude written, NaN when one is NaN.
-func (t *Trainer[B]) meanInto(sum []float32, globalSize int) float64 {
-	const abs = 1<<31 - 1
-	inv := float32(1 / float64(max(globalSize, 1)))
-	var mb uint32
-	off := 0
-	for _, p := range t.params {
-		s := sum[off : off+len(p.Grad)]
-		g := p.Grad[:len(s)]
-		for i, x := range s {
-			y := x * inv
-			g[i] = y
-			mb = max(mb, math.Float32bits(y)&abs)
+// allFinite reports whether every value of s is finite: x - x is 0 for a
+// finite x and NaN for an infinite or NaN one, and a NaN stays NaN in a
+// sum. (Four sums, so that the additions need not wait on each other.)
+func allFinite(s []float32) bool {
+	var z0, z1, z2, z3 float32
+	i := 0
+	for ; i+4 <= len(s); i += 4 {
+		x0, x1, x2, x3 := s[i], s[i+1], s[i+2], s[i+3]
+		z0 += x0 - x0
+		z1 += x1 - x1
+		z2 += x2 - x2
+		z3 += x3 - x3
+	}
+	for ; i < len(s); i++ {
+		z0 += s[i] - s[i]
+	}
+	return z0+z1+z2+z3 == 0
+}
+
+// maxAbs is the largest magnitude in s, NaN when one is NaN.
+func maxAbs(s []float32) float64 {
+	m := 0.0
+	for _, x := range s {
+		a := math.Abs(float64(x))
+		if a != a {
+			return a
 		}
-		off += len(p.Grad)
+		m = max(m, a)
 	}
-	if mb > 0x7f800000 {
-		return math.NaN()
-	}
-	return float64(math.Float32frombits(mb))
+	return m
 }
 
 // orderedRun is this rank's run of micro-batches for the control values:

@@ -262,16 +262,19 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// optimizer's own pass when it can scale (the same bits).
 			scaler, fused := t.opt.(optim.ScaledStepper)
 			inv := float32(1)
-			if !t.det {
+			switch {
+			case !t.det:
 				inv = float32(1 / o.samples)
 				if local != nil {
 					inv = float32(float64(W) / o.samples) // this share's sum times W/N (see LocalStepper)
 				}
-				if !fused {
-					for _, p := range t.params {
-						for i := range p.Grad {
-							p.Grad[i] *= inv
-						}
+			case t.ordered:
+				inv = t.ordInv // the ordered sum over the global batch, divided by its size
+			}
+			if inv != 1 && !fused {
+				for _, p := range t.params {
+					for i := range p.Grad {
+						p.Grad[i] *= inv
 					}
 				}
 			}

@@ -138,6 +138,7 @@ type Trainer[B any] struct {
 	ordLast             []float32   // deterministic mode, ordered: the last micro-batch's gradients, then the control lanes
 	ordOut              []float32   // deterministic mode, ordered: the sum
 	ordParts            [][]float32 // deterministic mode, ordered: the parts of the sum
+	ordInv              float32     // deterministic mode, ordered: 1/globalSize of the step, which makes the sums in Grad the mean
 	clock               stepClock   // the step being trained, by part
 	stepTimes           StepTimes   // the applied steps', by part (Result.StepTimes)
 	ckptBlocked         ckptTally   // the periodic checkpoints' (Result.CheckpointBlockedSeconds)
