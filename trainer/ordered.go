@@ -149,14 +149,14 @@ func (t *Trainer[B]) reduceOrdered(ctx context.Context, r sync.OrderedReducer, c
 	if err := checkMicroRuns(ctl, W); err != nil {
 		return true, err
 	}
-	if math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0) {
-		return true, fmt.Errorf("%w: the loss over the global batch is %v", ErrDiverged, o.lossSum)
-	}
 	sum := out[:n]
 	if !allFinite(sum) {
 		m := maxAbs(sum)
 		o.diverged, o.gradMax = true, m
 		return true, fmt.Errorf("%w: non-finite gradient sum over the global batch (max |sum| = %v)", ErrDiverged, m)
+	}
+	if math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0) {
+		return true, fmt.Errorf("%w: the loss over the global batch is %v", ErrDiverged, o.lossSum)
 	}
 	// The sums go to the Grad buffers; the loop divides them by
 	// globalSize, in the optimizer's own pass when it can scale
