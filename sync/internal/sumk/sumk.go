@@ -4,9 +4,9 @@
 //
 // # Bit-identity
 //
-// Each element is one IEEE 754 addition (double in To, single in To32), so the assembly and the
-// portable Go code give the same bits for every input; of two NaNs the sum
-// keeps x's, as the gc compiler's normal build of the Go code does (its
+// Each element is one IEEE 754 addition (double in To, single in To32),
+// so the assembly and the portable Go code give the same bits for every
+// input; of two NaNs the sum keeps x's, as the gc compiler's normal build of the Go code does (its
 // race-detector build may keep y's: IEEE 754 leaves the choice open).
 // Tests check this. Build with the purego tag to use only the portable
 // code.
