@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"unsafe"
 
+	"github.com/elastictrain/elastictrain/sync/internal/sumk"
 	"github.com/elastictrain/elastictrain/sync/internal/wire"
 )
 
@@ -165,26 +166,16 @@ func orderedSum(dst, src []float32, parts [][]float32, c int) {
 		}
 		return
 	}
+	// sumk.To32 is one vector pass where the CPU has AVX, each element
+	// the same float32 addition as the Go loops (src's or the running
+	// sum's NaN kept of two, as src[i] + p[i] and dst[i] += p[i] do).
 	if src == nil {
-		fromZero(dst, parts[0][c:c+n])
-	} else {
-		sumTo(dst, src[:n], parts[0][c:c+n])
+		clear(dst) // +0, then +0 + p_0: -0 becomes +0
+		src = dst
 	}
+	sumk.To32(dst, src[:n], parts[0][c:c+n])
 	for _, p := range parts[1:] {
-		sum32(f32Bytes(dst), f32Bytes(p[c:c+n]))
-	}
-}
-
-// zero32 is the +0 that fromZero adds, read from memory so that nothing
-// can fold 0 + x into x (which differs for x = -0).
-var zero32 float32
-
-// fromZero sets o[i] = +0 + x[i] (x[i], except that -0 becomes +0).
-func fromZero(o, x []float32) {
-	z := zero32
-	x = x[:len(o)]
-	for i := range o {
-		o[i] = z + x[i]
+		sumk.To32(dst, dst, p[c:c+n])
 	}
 }
 

@@ -107,15 +107,20 @@ type Config struct {
 	// cut global batches into fixed micro-batches
 	// (dataloader.Config.MicroBatch; New refuses a loader that says it
 	// has none, and a StateMerger), the StepFunc runs once per
-	// micro-batch, and gradients and losses are summed in exact fixed-point
-	// arithmetic, in one allreduce per step like the default mode's (see
-	// the package doc). It costs a StepFunc call per micro-batch, the
-	// fixed-point conversion and a float64 allreduce instead of a float32
-	// one. LocalStepper strategies (package localsgd: LocalSGD, DiLoCo)
-	// depend on the world size by design; their runs are reproducible at
-	// one world size only. Default false: the default mode sums float32
-	// gradients in the ring's order, whose last bits depend on the world
-	// size and the balancer's shares.
+	// micro-batch, and the micro-batches' gradients are summed in the
+	// global batch's order, in float32, by the round's
+	// sync.OrderedReducer (the ring Backend's Synchronizers have it), or,
+	// with a Synchronizer without it (a Backend of your own), in exact
+	// fixed-point arithmetic as float64; losses in fixed point; in one
+	// collective per step like the default mode's (see the package doc).
+	// It costs a StepFunc call per micro-batch and a copy of each
+	// micro-batch's gradients, and on the fixed-point path the
+	// conversion and a float64 allreduce instead of a float32 one. The
+	// two paths give different bits. LocalStepper strategies (package
+	// localsgd: LocalSGD, DiLoCo) depend on the world size by design;
+	// their runs are reproducible at one world size only. Default false:
+	// the default mode sums float32 gradients in the ring's order, whose
+	// last bits depend on the world size and the balancer's shares.
 	Deterministic bool
 	// Autoscale is resource adjustment: every rank measures what a world
 	// size is worth and the same policy decides a target world size, which

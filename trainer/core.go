@@ -129,6 +129,10 @@ type control struct {
 	stop      bool    // it was preempted
 	epochDone bool    // its loader found no sample of the epoch left
 	scaling   scalingControl
+	// Deterministic mode's ordered sum (reduceOrdered): the global index
+	// of its first micro-batch and how many it holds (-1: not one
+	// contiguous run); 0 and 0 elsewhere.
+	microFirst, micros int
 }
 
 // scalingControl is one rank's measurements for resource adjustment
@@ -160,6 +164,7 @@ func putControl(ctl []float64, rank int, c control) {
 	ctl[ctlGradMax] = c.gradMax
 	mine := ctl[ctlFixed+ctlPerRank*rank:]
 	mine[ctlGradMaxR] = c.gradMax
+	mine[ctlMicroFirst], mine[ctlMicros] = float64(c.microFirst), float64(c.micros)
 	mine[ctlLoss], mine[ctlSamples], mine[ctlCompute], mine[ctlWork] = c.loss, float64(c.samples), c.compute, c.work
 	if c.stop {
 		mine[ctlStop] = 1

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/elastictrain/elastictrain/trainer/internal/fixk"
 	"github.com/stretchr/testify/require"
+
+	"github.com/elastictrain/elastictrain/dataloader"
+	"github.com/elastictrain/elastictrain/trainer/internal/fixk"
 )
 
 // Deterministic mode's gradient exponent travels in the snapshot's
@@ -164,6 +166,92 @@ func TestConvertMaxIsItsLoop(t *testing.T) {
 					}
 				}
 			}
+		}
+	}
+}
+
+// The ordered sum's check of the ranks' micro-batches, read from the
+// reduced control values: contiguous runs in rank order pass, empty
+// shares anywhere included; a gap, an overlap, runs out of rank order or
+// a rank whose own micro-batches are not consecutive are refused, naming
+// the rank.
+func TestMicroRunsMustBeContiguousInRankOrder(t *testing.T) {
+	micros := func(idx ...int) []dataloader.Micro[int] {
+		m := make([]dataloader.Micro[int], len(idx))
+		for k, i := range idx {
+			m[k].Index = i
+		}
+		return m
+	}
+	reduced := func(shares ...[]dataloader.Micro[int]) []float64 {
+		W := len(shares)
+		sum := make([]float64, controlLen(W))
+		for r, s := range shares {
+			ctl := make([]float64, controlLen(W))
+			var c control
+			c.microFirst, c.micros = orderedRun(s)
+			putControl(ctl, r, c)
+			for i, v := range ctl {
+				sum[i] += v
+			}
+		}
+		return sum
+	}
+	for _, ok := range [][][]dataloader.Micro[int]{
+		{micros(0, 1)},
+		{micros(0), micros(1, 2, 3)},
+		{micros(), micros(0, 1), micros(), micros(2)},
+		{micros(0, 1, 2), micros()},
+		{micros(), micros()},
+	} {
+		require.NoError(t, checkMicroRuns(reduced(ok...), len(ok)), "%v", ok)
+	}
+	for _, tc := range []struct {
+		shares [][]dataloader.Micro[int]
+		rank   string
+	}{
+		{[][]dataloader.Micro[int]{micros(0), micros(2)}, "rank 1"},
+		{[][]dataloader.Micro[int]{micros(0, 1), micros(1, 2)}, "rank 1"},
+		{[][]dataloader.Micro[int]{micros(2, 3), micros(0, 1)}, "rank 1"},
+		{[][]dataloader.Micro[int]{micros(), micros(0, 2), micros(1)}, "rank 1"},
+		{[][]dataloader.Micro[int]{micros(1, 0)}, "rank 0"},
+	} {
+		err := checkMicroRuns(reduced(tc.shares...), len(tc.shares))
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", tc.shares)
+		require.ErrorContains(t, err, tc.rank)
+	}
+}
+
+// largest finds an infinity or a NaN anywhere in a run (the vector
+// kernel's blocks and the tail alike), and the largest magnitude of a
+// finite run.
+func TestLargestFindsEveryNonFiniteValue(t *testing.T) {
+	for _, n := range []int{0, 1, 7, 8, 9, 16, 17, 33} {
+		s := make([]float32, n)
+		for i := range s {
+			s[i] = float32(i) - 4.5
+		}
+		want := 0.0
+		for _, x := range s {
+			want = max(want, math.Abs(float64(x)))
+		}
+		require.Equal(t, want, largest(s), "n %d", n)
+		for i := range n {
+			for _, bad := range []float32{float32(math.Inf(1)), float32(math.Inf(-1)), float32(math.NaN())} {
+				keep := s[i]
+				s[i] = bad
+				m := largest(s)
+				if bad != bad {
+					require.True(t, math.IsNaN(m), "n %d, s[%d] = %v: %v", n, i, bad, m)
+				} else {
+					require.True(t, math.IsInf(m, 1), "n %d, s[%d] = %v: %v", n, i, bad, m)
+				}
+				s[i] = keep
+			}
+		}
+		if n > 0 {
+			s[n-1] = -math.MaxFloat32
+			require.Equal(t, float64(math.MaxFloat32), largest(s), "the largest float32 is finite")
 		}
 	}
 }

@@ -131,26 +131,55 @@
 // mode's float32 sums depend on the world size and the shares. The
 // StepFunc runs once per micro-batch, or a MicroStepFunc (WithMicroStep)
 // once per step with each micro-batch's sums kept apart, so a sample's
-// gradient never depends on which rank computed it; every micro-batch's gradients are rounded to
-// integers at one scale for the whole step, 2^s, and summed as float64,
-// which is exact below 2^53 and so the same in any order, on any number of
-// ranks: the sum of a global batch depends on its micro-batches only. The
-// scale comes from the previous step's largest |gradient| over the global
-// batch, with 2^4 of headroom (detScaleExp), so no collective is spent
-// agreeing on it: each rank's largest |gradient| travels in the step's one
-// allreduce, and in the rare step whose gradients outgrew the headroom
-// every rank sees it there and sums the step again at its own largest
-// gradient's scale (StepInfo.Resummed). The exponent is part of every
-// commit and checkpoint, so a resumed run scales its steps as an
-// uninterrupted one. Losses are summed in fixed point too (2^-24).
-// Precision: about 2^-(48-log2(global batch)) of the largest |gradient|,
-// far below float32's own rounding. The cost against the float32 default:
-// a StepFunc call per micro-batch instead of one per share (none with a
-// MicroStepFunc such as gorgoniastep.Model.StepMicro, which runs the
-// forward and backward pass once and splits only the sums), a copy of each
-// micro-batch's gradients but the last (none with a MicroStepFunc), one
-// pass that converts them and finds their largest |gradient|, and a
-// float64 allreduce (twice the bytes). What
+// gradient never depends on which rank computed it. How the micro-batches'
+// gradients are summed depends on the round's Synchronizer:
+//
+//   - The ordered sum, where it implements sync.OrderedReducer (a
+//     *sync.Ring, that is the default ring Backend; sync.NewLocal; the
+//     ranks of package synctest): each micro-batch's gradients are one
+//     part of AllReduceOrderedFloat32, in order, so every rank receives
+//     the float32 sum (((0 + m_0) + m_1) + ... + m_{K-1}) of the global
+//     batch's micro-batches, added one by one in the batch's order. The
+//     dataloader hands each rank a contiguous run of micro-batches, the
+//     runs in rank order (dataloader.MicroShareOf, and its weighted
+//     shares when balancing), so the sequence of parts, and the sum, is
+//     the same at every world size and whatever the shares; every rank
+//     checks the runs (each rank's travels with its control values) and
+//     all stop with ErrInvalidConfig where a loader of its own cuts them
+//     otherwise. The control values travel in the same collective,
+//     packed into float32 lanes after each rank's last part (as in the
+//     default mode's gradient allreduce), so a step takes one collective;
+//     the sum divided by the global batch size is the mean gradient (in
+//     the optimizer's pass when it can scale, as in the default mode). A
+//     non-finite sum or loss stops every rank at the same step with
+//     ErrDiverged. Precision: float32's, as in the default mode; only the
+//     order of the additions is fixed.
+//   - Fixed point, where it does not (a Backend of the user's own):
+//     every micro-batch's gradients are rounded to integers at one scale
+//     for the whole step, 2^s, and summed as float64, which is exact below 2^53 and so the same in any order, on
+//     any number of ranks. The scale comes from the previous step's
+//     largest |gradient| over the global batch, with 2^4 of headroom
+//     (detScaleExp), so no collective is spent agreeing on it: each
+//     rank's largest |gradient| travels in the step's one float64
+//     allreduce, and in the rare step whose gradients outgrew the
+//     headroom every rank sees it there and sums the step again at its
+//     own largest gradient's scale (StepInfo.Resummed). The exponent is
+//     part of every commit and checkpoint (the "detscale" section,
+//     which the ordered path leaves as it found it), so a resumed run
+//     scales its steps as an uninterrupted one. Precision: about
+//     2^-(48-log2(global batch)) of the largest |gradient|.
+//
+// The two paths give different bits: a job keeps its results reproducible
+// as long as every round of it takes the same path (the same Backend).
+// Losses are summed in fixed point on both (2^-24 per micro-batch). The
+// cost against the float32 default: a StepFunc call per micro-batch
+// instead of one per share (none with a MicroStepFunc such as
+// gorgoniastep.Model.StepMicro, which runs the forward and backward pass
+// once and splits only the sums), a copy of each micro-batch's gradients
+// (on the fixed-point path all but the last), then on the ordered path a
+// read-only pass that checks the sum is finite and the chained allreduce,
+// on the fixed-point path one pass that converts the gradients and finds
+// their largest |gradient| and a float64 allreduce (twice the bytes). What
 // the promise does not cover: a StepFunc that is itself not deterministic
 // (threads that sum in a varying order, BLAS libraries that pick kernels
 // by CPU kind, so ranks on different CPU kinds differ), and LocalStepper

@@ -212,7 +212,7 @@ func (t *Trainer[B]) noteGlobalGradients(n float64, sync time.Duration) {
 			sq += float64(g) * float64(g)
 		}
 	}
-	if !t.det && n > 0 {
+	if (!t.det || t.ordered) && n > 0 { // sums, not yet the mean
 		sq /= n * n
 	}
 	s.cur.bigSq, s.cur.sync = sq, sync.Seconds()

@@ -41,6 +41,10 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 		loss, err = t.stepFn(ctx, b)
 		return loss, 0, err
 	}
+	if t.ordered {
+		loss, err = t.computeOrdered(ctx, b)
+		return loss, 0, err
+	}
 	if t.det {
 		return t.computeDet(ctx, b)
 	}
@@ -95,7 +99,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 func (t *Trainer[B]) computeDet(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
 	K := len(b.Micro)
 	for len(t.micro) < K-1 { // the last one is not copied (microGrads)
-		t.micro = append(t.micro, make([]float32, t.nvalues))
+		t.micro = append(t.micro, make([]float32, t.microLen))
 	}
 	// In the one-collective step (reduceFixed) the scale is known
 	// before the StepFunc runs: each micro-batch's gradients are

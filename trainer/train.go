@@ -44,6 +44,8 @@ const (
 	ctlCapacity    // the workers its Platform allows (0: no bound stated)
 	ctlKeep        // it holds state no other rank holds
 	ctlGradMaxR    // its largest |gradient| (deterministic mode; the one-collective step's, see reduceFixed)
+	ctlMicroFirst  // the global index of its first micro-batch (deterministic mode's ordered sum, see reduceOrdered)
+	ctlMicros      // its micro-batches, or -1 when they are not one contiguous run (the same)
 	ctlPerRank
 )
 
@@ -85,6 +87,16 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	// SUM-allreduce. A LocalStepper's ranks sum their own gradients only,
 	// after the control allreduce.
 	fixedOne := t.det && local == nil
+	// Where the round's Synchronizer can sum in order, deterministic mode
+	// does so instead (reduceOrdered): float32 sums in the global batch's
+	// order, and the control values, in one collective.
+	var ordered sync.OrderedReducer
+	if fixedOne {
+		ordered, _ = comm.(sync.OrderedReducer)
+	}
+	t.ordered = ordered != nil
+	fixedOne = fixedOne && !t.ordered
+	t.startOrdered(t.ordered, W)
 	if merged && t.gradsW != W {
 		t.ctlPacked = make([]float32, ctlLanes*len(ctl))
 		t.grads = sync.NewBuckets(append(slices.Clip(t.gradList), t.ctlPacked), t.cfg.BucketBytes)
@@ -149,9 +161,13 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if stepErr == nil {
 			t.noteLocalGradients(len(b.Indices))
 		}
-		putControl(ctl, rank, control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
+		c := control{change: pending(), stepErr: stepErr != nil, gradMax: gmax, loss: loss,
 			samples: len(b.Indices), compute: compute.Seconds(), work: shareWork(b), stop: t.preempted(), epochDone: b.EpochDone,
-			scaling: t.scalingControl(interval)})
+			scaling: t.scalingControl(interval)}
+		if t.ordered {
+			c.microFirst, c.micros = orderedRun(b.Micro)
+		}
+		putControl(ctl, rank, c)
 		syncStart := clk.lap(&clk.cur.Other)
 		actx, aspan := sctx, trace.Span(nil)
 		if span != nil {
@@ -170,6 +186,11 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 				if !o.stepFailed && o.samples > 0 && t.afterReduce != nil {
 					err = t.afterReduce(rank, t.step+1)
 				}
+			}
+		} else if t.ordered {
+			exchanged, err = t.reduceOrdered(actx, ordered, ctl, b.GlobalSize, W, o)
+			if err == nil && !o.stepFailed && o.samples > 0 && t.afterReduce != nil {
+				err = t.afterReduce(rank, t.step+1)
 			}
 		} else if fixedOne {
 			exchanged, err = t.reduceFixed(actx, comm, ctl, gmax, b.GlobalSize, W, o)
@@ -214,7 +235,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			if span != nil {
 				endSpan(span, err)
 			}
-			if errors.Is(err, ErrDiverged) {
+			if errors.Is(err, ErrDiverged) || errors.Is(err, ErrInvalidConfig) {
 				return endFatal, t.withAuditEnded(world, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
 			}
 			return t.classify(runCtx, ctx, fmt.Errorf("trainer: step %d: %w", t.step+1, err))
@@ -241,16 +262,19 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 			// optimizer's own pass when it can scale (the same bits).
 			scaler, fused := t.opt.(optim.ScaledStepper)
 			inv := float32(1)
-			if !t.det {
+			switch {
+			case !t.det:
 				inv = float32(1 / o.samples)
 				if local != nil {
 					inv = float32(float64(W) / o.samples) // this share's sum times W/N (see LocalStepper)
 				}
-				if !fused {
-					for _, p := range t.params {
-						for i := range p.Grad {
-							p.Grad[i] *= inv
-						}
+			case t.ordered:
+				inv = t.ordInv // the ordered sum over the global batch, divided by its size
+			}
+			if inv != 1 && !fused {
+				for _, p := range t.params {
+					for i := range p.Grad {
+						p.Grad[i] *= inv
 					}
 				}
 			}

@@ -14,3 +14,8 @@ func setUseAVX(on bool) { useAVX = on && cpu.X86.HasAVX }
 //
 //go:noescape
 func toAVX(n int, o, x, y *float64)
+
+// to32AVX is To32 of n elements, n a positive multiple of 16.
+//
+//go:noescape
+func to32AVX(n int, o, x, y *float32)

@@ -27,3 +27,27 @@ loop:
 	JNZ     loop
 	VZEROUPPER
 	RET
+
+// func to32AVX(n int, o, x, y *float32)
+//
+// toAVX in float32: sixteen elements an iteration, o = x + y with x the
+// first source (of two NaNs the sum keeps x's, as to32Go's does).
+TEXT ·to32AVX(SB), NOSPLIT, $0-32
+	MOVQ n+0(FP), CX
+	MOVQ o+8(FP), DI
+	MOVQ x+16(FP), SI
+	MOVQ y+24(FP), DX
+	XORQ AX, AX
+
+loop32:
+	VMOVUPS (SI)(AX*1), Y0
+	VMOVUPS 32(SI)(AX*1), Y1
+	VADDPS  (DX)(AX*1), Y0, Y0
+	VADDPS  32(DX)(AX*1), Y1, Y1
+	VMOVUPS Y0, (DI)(AX*1)
+	VMOVUPS Y1, 32(DI)(AX*1)
+	ADDQ    $64, AX
+	SUBQ    $16, CX
+	JNZ     loop32
+	VZEROUPPER
+	RET
