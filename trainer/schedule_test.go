@@ -54,6 +54,7 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 	var recs []lrRecord
 	var rounds []RoundInfo
 	steps := make(chan int64, 4096)
+	ckpts := make(chan int64, 64) // steps of the checkpoints written (any rank 0's)
 	// Every rank holds in OnStep from step 24 until the test killed the
 	// whole job there: a 60-step job must not run to its end before its
 	// kills (under a CPU hog the test's goroutine can lag the workers).
@@ -79,7 +80,14 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 			cfg.Epochs = 2
 			cfg.CheckpointEvery = 5
 			cfg.Elastic.MinWorkers = 2
-			opts := append(w.Options(), WithSchedule(sched), WithCheckpointStore(ck), WithHooks(Hooks{OnRound: func(r RoundInfo) {
+			opts := append(w.Options(), WithSchedule(sched), WithCheckpointStore(ck), WithHooks(Hooks{OnCheckpoint: func(step int64, err error) {
+				if err == nil && step > 0 {
+					select {
+					case ckpts <- step:
+					default:
+					}
+				}
+			}, OnRound: func(r RoundInfo) {
 				mu.Lock()
 				rounds = append(rounds, r)
 				mu.Unlock()
@@ -122,6 +130,16 @@ func TestTheScheduleHoldsAcrossAKillAJoinAndAWholeJobRestart(t *testing.T) {
 	waitStep(16)
 	e := c.Start(build(job)) // a join
 	waitStep(24)
+	// The restart must find a checkpoint, and rank 0 writes them in the
+	// background: wait for one to be written before the crash (ci of
+	// 2026-12-05 under a CPU hog, with fsyncs taking seconds: no write of
+	// the first 24 steps had finished when the test killed the job, and the
+	// restart began from the initial values).
+	select {
+	case <-ckpts:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no checkpoint written within 30 s of step 24")
+	}
 	for _, w := range []*trainertest.Worker{a, d, e} {
 		c.Kill(w) // the whole job crashes, held at step 24 or later
 	}

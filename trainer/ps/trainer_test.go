@@ -342,6 +342,23 @@ func (j *tjob) holdForJoiner(joiner int, from int64) {
 	}
 }
 
+// waitCheckpoint waits up to 60 s for a checkpoint of step from or later
+// to be written (j.ckpts, any worker's OnCheckpoint).
+func (j *tjob) waitCheckpoint(t *testing.T, from int64) {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	for {
+		select {
+		case s := <-j.ckpts:
+			if s >= from {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no checkpoint of step %d or later written within 60 s", from)
+		}
+	}
+}
+
 func killAndJoin(t *testing.T, j *tjob) []*worker {
 	j.holdForJoiner(3, 40)
 	ws := []*worker{j.start(), j.start(), j.start()}
@@ -371,6 +388,11 @@ func killAndJoin(t *testing.T, j *tjob) []*worker {
 func TestTrainerWholeRestart(t *testing.T) {
 	j := newTJob(t)
 	first := []*worker{j.start(), j.start(), j.start()}
+	// Rank 0 writes checkpoints in the background, one at a time: wait
+	// for one of step 40 or later to be written, so that a slow disk
+	// (fsyncs of seconds under load) cannot leave the restart with an
+	// older one.
+	j.waitCheckpoint(t, 40)
 	first[0].waitStep(t, 50)
 	for _, w := range first {
 		w.cancel()
@@ -394,6 +416,7 @@ func TestTrainerWholeRestartNoDir(t *testing.T) {
 	j := newTJob(t)
 	j.noDir, j.epochs = true, 10 // 300 steps: the kill at step 50 comes long before the end
 	first := []*worker{j.start(), j.start(), j.start()}
+	j.waitCheckpoint(t, 40) // written in the background (see TestTrainerWholeRestart)
 	first[0].waitStep(t, 50)
 	for _, w := range first {
 		w.cancel()
@@ -431,17 +454,7 @@ func TestTrainerFallsBackToCheckpoint(t *testing.T) {
 	ws := []*worker{j.start(), j.start(), j.start()}
 	// A checkpoint is written in the background: wait for one (of step 20
 	// or later) to be published, and for step 50.
-	for deadline := time.After(60 * time.Second); ; {
-		select {
-		case s := <-j.ckpts:
-			if s < 20 {
-				continue
-			}
-		case <-deadline:
-			t.Fatal("no checkpoint written within 60 s")
-		}
-		break
-	}
+	j.waitCheckpoint(t, 20)
 	ws[0].waitStep(t, 50)
 	ws[1].cancel() // both within microseconds: no round forms between them
 	ws[2].cancel()
