@@ -72,9 +72,9 @@ func reduceTo(elem int, op Op) reduceToFunc {
 }
 
 // reduceTos32 and reduceTos64 hold the reduceToFuncs by Op, made once (an
-// operation does not allocate). float64 sums (deterministic mode's
-// allreduce) take sumk's vector kernel, the same bits as sumTo's.
-var reduceTos32, reduceTos64 = reduceTosOf(b32, sumTo[float32]), reduceTosOf(b64, sumk.To)
+// operation does not allocate). Sums take sumk's vector kernels (the
+// two-rank exchange's out = a + b), the same bits as a scalar loop's.
+var reduceTos32, reduceTos64 = reduceTosOf(b32, sumk.To32), reduceTosOf(b64, sumk.To)
 
 func reduceTosOf[T float32 | float64](view func([]byte) []T, sumTo func(o, x, y []T)) [OpMin + 1]reduceToFunc {
 	sum := func(out, a, b []byte) { sumTo(view(out), view(a), view(b)) }
@@ -83,21 +83,6 @@ func reduceTosOf[T float32 | float64](view func([]byte) []T, sumTo func(o, x, y 
 		OpAvg: sum, // divided after the sum
 		OpMax: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), true) },
 		OpMin: func(out, a, b []byte) { pickTo(view(out), view(a), view(b), false) },
-	}
-}
-
-// sumTo sets o[i] = x[i] + y[i]; o may be x or y.
-func sumTo[T float32 | float64](o, x, y []T) {
-	x, y = x[:len(o)], y[:len(o)]
-	i := 0
-	for ; i+4 <= len(o); i += 4 {
-		o[i] = x[i] + y[i]
-		o[i+1] = x[i+1] + y[i+1]
-		o[i+2] = x[i+2] + y[i+2]
-		o[i+3] = x[i+3] + y[i+3]
-	}
-	for ; i < len(o); i++ {
-		o[i] = x[i] + y[i]
 	}
 }
 
