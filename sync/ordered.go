@@ -53,6 +53,19 @@ import (
 // Every wait is on an earlier item of the same link or on this rank's
 // other half for an earlier item, and every link's receiver takes the
 // items in the order they were sent, so the job cannot deadlock.
+//
+// Two ranks, rank 1 with exactly one part b: the sum is S_0 + b, where
+// S_0 = (0 + rank 0's parts), and float32 addition is commutative, so
+// both ranks can compute it at once, as the two-rank exchange of
+// AllReduceFloat32 does: rank 1 sends b (aux orderedPart) while rank 0
+// sends S_0, and each adds the other's chunk to its own (rank 0 computes
+// S_0 + b, rank 1 S_0 + b: the same operands, the same bits). No rank
+// waits for another's additions, where the chain has rank 1 add only
+// after S_0 arrived and rank 0 wait for the result to come back. Only
+// rank 1 knows its number of parts: rank 0 sends S_0 either way and
+// takes what comes back by its aux (orderedPart: add it; orderedSpread:
+// the result), so the choice costs no message. With more parts, or none,
+// rank 1 runs the chain (sending k parts would move k times the bytes).
 
 // opbOrdered is the op byte of the ordered allreduce's frames: float32
 // elements (4<<4) and 0xf, which is no Op.
@@ -62,7 +75,13 @@ const opbOrdered = 0xf | 4<<4
 const (
 	orderedReduce = 1<<62 | 1
 	orderedSpread = 1<<62 | 2
+	orderedPart   = 1<<62 | 3 // two ranks: rank 1's one part, for rank 0 to add
 )
+
+// orderedPair tells whether this rank of an ordered allreduce of group g,
+// holding nparts parts, takes the two-rank exchange: rank 1 of two, with
+// one part.
+func orderedPair(g *group, nparts int) bool { return g.n() == 2 && g.pos == 1 && nparts == 1 }
 
 var _ OrderedReducer = (*Ring)(nil)
 
@@ -76,7 +95,9 @@ var _ OrderedReducer = (*Ring)(nil)
 // ... -> n-2, the two phases overlapping; each rank sends and receives
 // the whole buffer at most twice (rank 0 receives it once, rank n-2
 // sends it once, rank n-1 does each once), where the ring allreduce
-// moves 2(n-1)/n of it each way. Smaller buffers take the same
+// moves 2(n-1)/n of it each way; of two ranks where rank 1 holds one
+// part, each sends the buffer once and receives it once, at the same
+// time, as AllReduceFloat32 does. Smaller buffers take the same
 // chain over the mesh connections (n-1 hops, then one). A hierarchical
 // round (Hierarchical) runs the same flat chain: the order is the ranks'
 // order, whatever the hosts. It does not allocate. Errors: see Ring; a
@@ -170,12 +191,26 @@ func orderedSum(dst, src []float32, parts [][]float32, c int) {
 	// the same float32 addition as the Go loops (src's or the running
 	// sum's NaN kept of two, as src[i] + p[i] and dst[i] += p[i] do).
 	if src == nil {
-		clear(dst) // +0, then +0 + p_0: -0 becomes +0
-		src = dst
+		plusZero(dst, parts[0][c:c+n])
+	} else {
+		sumk.To32(dst, src[:n], parts[0][c:c+n])
 	}
-	sumk.To32(dst, src[:n], parts[0][c:c+n])
 	for _, p := range parts[1:] {
 		sumk.To32(dst, dst, p[c:c+n])
+	}
+}
+
+// zeros is plusZero's addend.
+var zeros [4096]float32
+
+// plusZero sets dst to +0 + p, element by element, in one pass: p's bits,
+// except that -0 becomes +0 (p + +0 is the same addition: with one
+// operand a NaN, that NaN, quieted, either way).
+func plusZero(dst, p []float32) {
+	for len(dst) > 0 {
+		m := min(len(dst), len(zeros))
+		sumk.To32(dst[:m], p[:m], zeros[:m])
+		dst, p = dst[m:], p[m:]
 	}
 }
 
@@ -185,19 +220,36 @@ func (r *Ring) orderedSend(g *group, l *lane, j *laneJob, chunk int) error {
 	n, rank, right := g.n(), g.pos, g.right()
 	h := r.header(j)
 	out := b32(j.buf)
+	if orderedPair(g, len(j.parts)) {
+		// Rank 1 of two: its part, raw, to rank 0, which adds it to S_0.
+		h.Aux = orderedPart
+		p := f32Bytes(j.parts[0])
+		for c := j.lo; c < j.hi; c += chunk {
+			if err := r.laneWrite(l, &h, p[4*c:4*min(c+chunk, j.hi)], right); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	if rank < n-1 {
 		h.Aux = orderedReduce
+		inSlots := orderedInSlots(l, n, j, chunk)
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)
 			switch {
-			case rank == 0 && l.tx != nil:
+			case rank == 0 && inSlots:
 				// Summed straight into the shared-memory slot: out is
-				// overwritten by the spread phase anyway.
+				// overwritten by the spread phase anyway, and with two
+				// ranks the slot keeps S_0 for rank 1's part to be
+				// added to (orderedInSlots).
 				if err := r.shmWaitSlot(l, right); err != nil {
 					return err
 				}
 				off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
 				orderedSum(b32(l.tx[off:off+4*(e-c)]), nil, j.parts, c)
+				if n == 2 {
+					l.ordTx[k] = off
+				}
 				l.txNext++
 				if err := r.writeFrame(l.right, l.hdrW[:], &h, nil, right, 4*(e-c)); err != nil {
 					return err
@@ -257,21 +309,77 @@ func (r *Ring) orderedRecv(g *group, l *lane, j *laneJob, chunk int) error {
 		}
 	}
 	if rank == n-1 {
-		return nil // the spread chain starts here
+		return nil // the spread chain starts here (or, in the two-rank exchange, ends)
 	}
 	h.Aux = orderedSpread
+	inSlots := orderedInSlots(l, n, j, chunk)
 	for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 		e := min(c+chunk, j.hi)
-		// The result overwrites what the reduce phase sent from out.
+		// The result, or rank 1's part added to S_0, overwrites what the
+		// reduce phase sent from out.
 		if err := r.waitProg(&l.sendProg, l.sendNote, prog(0, k)); err != nil {
 			return err
 		}
-		if err := r.laneRecvInto(l, &h, j.buf[4*c:4*e], nil, left); err != nil {
+		var err error
+		if n == 2 {
+			var s0 []float32 // S_0: in out, or in the slot it was sent from
+			if inSlots {
+				s0 = b32(l.tx[l.ordTx[k] : l.ordTx[k]+4*(e-c)])
+			}
+			err = r.laneRecvPairOrdered(l, &h, out[c:e], s0, left)
+		} else {
+			err = r.laneRecvInto(l, &h, j.buf[4*c:4*e], nil, left)
+		}
+		if err != nil {
 			return err
 		}
 		l.recvProg.Store(prog(1, k))
 		notify(l.recvNote)
 	}
+	return nil
+}
+
+// orderedInSlots tells whether rank 0 of an ordered allreduce sums its
+// parts straight into the shared-memory slots of lane l: when the lane
+// has them and, with two ranks, when the lane's part takes at most
+// shmSlots chunks, so that no slot is written twice in the job and each
+// keeps its chunk's S_0 until rank 1's part arrives to be added to it.
+func orderedInSlots(l *lane, n int, j *laneJob, chunk int) bool {
+	return l.tx != nil && (n > 2 || (j.hi-j.lo+chunk-1)/chunk <= shmSlots)
+}
+
+// laneRecvPairOrdered is rank 0's receive, of two ranks, of elements
+// [c, c+len(dst)) of an ordered allreduce whose S_0 is in s0, or in dst
+// when s0 is nil: the result (aux orderedSpread), copied into dst, or
+// rank 1's one part (orderedPart), added to S_0 into dst as rank 1 adds
+// it.
+func (r *Ring) laneRecvPairOrdered(l *lane, h *wire.Header, dst, s0 []float32, peer int) error {
+	db := f32Bytes(dst)
+	part, err := r.readHeaderAux(l.leftR, l.hdrR[:], h, orderedPart, len(db), peer)
+	if err != nil {
+		return err
+	}
+	if s0 == nil {
+		s0 = dst
+	}
+	if l.rx != nil {
+		off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+		src := l.rx[off : off+len(db)]
+		if part {
+			sumk.To32(dst, s0, b32(src))
+		} else {
+			copy(db, src)
+		}
+		return r.shmConsume(l, peer)
+	}
+	if !part {
+		return r.readBody(l.leftR, db, peer)
+	}
+	tmp := l.scratch[:len(db)]
+	if err := r.readBody(l.leftR, tmp, peer); err != nil {
+		return err
+	}
+	sumk.To32(dst, s0, b32(tmp))
 	return nil
 }
 

@@ -63,6 +63,10 @@ type lane struct {
 	wakeBuf   [64]byte
 	wake      [1]byte
 	hdrBatch  []byte // headers of a two-rank exchange's chunks, sent together (pairSendShm)
+	// ordTx: in an ordered allreduce of two ranks on rank 0 (ordered.go,
+	// orderedInSlots), the offset in tx of the slot chunk k's S_0 was
+	// summed into, for the receive half to add rank 1's part to.
+	ordTx [shmSlots]int
 }
 
 // Lane algorithms.
@@ -696,6 +700,11 @@ func (r *Ring) readFrame(br *bufio.Reader, hb []byte, want *wire.Header, dst []b
 	if err := r.readHeader(br, hb, want, len(dst), peer); err != nil {
 		return err
 	}
+	return r.readBody(br, dst, peer)
+}
+
+// readBody reads a frame's payload, whose header was read, into dst.
+func (r *Ring) readBody(br *bufio.Reader, dst []byte, peer int) error {
 	if _, err := io.ReadFull(br, dst); err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
@@ -708,20 +717,27 @@ func (r *Ring) readFrame(br *bufio.Reader, hb []byte, want *wire.Header, dst []b
 // readHeader reads one frame header from br and checks that it is exactly
 // the one this rank expects (want, with a payload of length bytes).
 func (r *Ring) readHeader(br *bufio.Reader, hb []byte, want *wire.Header, length int, peer int) error {
+	_, err := r.readHeaderAux(br, hb, want, want.Aux, length, peer)
+	return err
+}
+
+// readHeaderAux is readHeader accepting either want.Aux or alt in the aux
+// field; it tells whether the header had alt (and not want.Aux).
+func (r *Ring) readHeaderAux(br *bufio.Reader, hb []byte, want *wire.Header, alt uint64, length int, peer int) (bool, error) {
 	if _, err := io.ReadFull(br, hb[:wire.HeaderSize]); err != nil {
-		return r.connErr(peer, err)
+		return false, r.connErr(peer, err)
 	}
 	h, err := wire.ParseHeader(hb[:wire.HeaderSize], r.cfg.MaxFrameBytes)
 	if err != nil {
-		return r.protoErr(fmt.Errorf("%w: from rank %d: %v", ErrBadFrame, peer, err))
+		return false, r.protoErr(fmt.Errorf("%w: from rank %d: %v", ErrBadFrame, peer, err))
 	}
 	if h.Kind != want.Kind || h.Op != want.Op || h.Round != want.Round || h.Seq != want.Seq ||
-		h.Total != want.Total || h.Aux != want.Aux || int(h.Length) != length {
-		return r.protoErr(fmt.Errorf("%w: rank %d sent %v #%d (op %#x, round %d, %d of %d bytes, aux %d), rank %d expected %v #%d (op %#x, round %d, %d of %d bytes, aux %d)",
+		h.Total != want.Total || (h.Aux != want.Aux && h.Aux != alt) || int(h.Length) != length {
+		return false, r.protoErr(fmt.Errorf("%w: rank %d sent %v #%d (op %#x, round %d, %d of %d bytes, aux %d), rank %d expected %v #%d (op %#x, round %d, %d of %d bytes, aux %d)",
 			ErrMismatch, peer, h.Kind, h.Seq, h.Op, h.Round, h.Length, h.Total, h.Aux,
 			r.rank, want.Kind, want.Seq, want.Op, want.Round, length, want.Total, want.Aux))
 	}
-	return nil
+	return h.Aux == alt && alt != want.Aux, nil
 }
 
 func prog(step, chunk int) int64 { return int64(step)<<32 | int64(chunk+1) }

@@ -107,7 +107,10 @@ var _ AllGatherer = (*local)(nil)
 // j, so how the buffer is cut into chunks and lanes does not matter
 // either. (Where two NaNs meet, which payload survives may vary between
 // machines and compilers; all ranks of a round still hold the same bits,
-// since the result is computed once and copied.)
+// since the result is computed once and copied, or, in the two-rank
+// exchange of a *Ring whose rank 1 holds one part, computed on both ranks
+// from the same two operands in the same order, which differ only where
+// the two ranks' machines propagate NaN payloads differently.)
 //
 // Every part must have len(out) elements, and out must share no memory
 // with a part (else ErrInvalid on this rank, and the operation fails on
