@@ -63,32 +63,14 @@ func (t *Trainer[B]) startOrdered(ordered bool, W int) {
 // micro-batch.
 func (t *Trainer[B]) computeOrdered(ctx context.Context, b dataloader.Batch[B]) (loss float64, err error) {
 	K := len(b.Micro)
-	for len(t.micro) < K-1 {
-		t.micro = append(t.micro, make([]float32, t.microLen))
-	}
 	if t.microFn != nil && K > 0 {
-		for len(t.microViews) < K-1 {
-			k := len(t.microViews)
-			v, off := make([][]float32, len(t.params)), 0
-			for i, p := range t.params {
-				v[i] = t.micro[k][off : off+len(p.Grad) : off+len(p.Grad)]
-				off += len(p.Grad)
-			}
-			t.microViews = append(t.microViews, v)
-		}
-		if len(t.microLoss) < K {
-			t.microLoss = make([]float64, K)
-		}
-		losses := t.microLoss[:K]
-		if err := t.microFn(ctx, b, t.microViews[:K-1], losses); err != nil {
+		if loss, err = t.callMicro(ctx, b); err != nil {
 			return 0, err
-		}
-		for k := range K {
-			loss += math.Round(losses[k] * lossScale)
 		}
 		t.flatten(t.ordLast)
 		return loss, nil
 	}
+	t.growMicro(K)
 	for k := range b.Micro {
 		l, err := t.stepFn(ctx, b.MicroBatch(k))
 		if err != nil {
@@ -100,6 +82,43 @@ func (t *Trainer[B]) computeOrdered(ctx context.Context, b dataloader.Batch[B]) 
 		} else {
 			t.flatten(t.ordLast)
 		}
+	}
+	return loss, nil
+}
+
+// growMicro makes t.micro hold buffers for K-1 micro-batches' gradients
+// (the last one's stay in the Grad buffers).
+func (t *Trainer[B]) growMicro(K int) {
+	for len(t.micro) < K-1 {
+		t.micro = append(t.micro, make([]float32, t.microLen))
+	}
+}
+
+// callMicro runs the MicroStepFunc on b's K > 0 micro-batches: the first
+// K-1 micro-batches' gradients go to t.micro (through t.microViews), the
+// last one's to the Grad buffers. It returns the loss sum, fixed point per
+// micro-batch (so the sum is exact in any order).
+func (t *Trainer[B]) callMicro(ctx context.Context, b dataloader.Batch[B]) (loss float64, err error) {
+	K := len(b.Micro)
+	t.growMicro(K)
+	for len(t.microViews) < K-1 {
+		k := len(t.microViews)
+		v, off := make([][]float32, len(t.params)), 0
+		for i, p := range t.params {
+			v[i] = t.micro[k][off : off+len(p.Grad) : off+len(p.Grad)]
+			off += len(p.Grad)
+		}
+		t.microViews = append(t.microViews, v)
+	}
+	if len(t.microLoss) < K {
+		t.microLoss = make([]float64, K)
+	}
+	losses := t.microLoss[:K]
+	if err := t.microFn(ctx, b, t.microViews[:K-1], losses); err != nil {
+		return 0, err
+	}
+	for k := range K {
+		loss += math.Round(losses[k] * lossScale)
 	}
 	return loss, nil
 }

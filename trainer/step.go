@@ -98,9 +98,7 @@ func (t *Trainer[B]) compute(ctx context.Context, b dataloader.Batch[B]) (loss, 
 // once per micro-batch and each one's gradients are copied in that pass.
 func (t *Trainer[B]) computeDet(ctx context.Context, b dataloader.Batch[B]) (loss, gmax float64, err error) {
 	K := len(b.Micro)
-	for len(t.micro) < K-1 { // the last one is not copied (microGrads)
-		t.micro = append(t.micro, make([]float32, t.microLen))
-	}
+	t.growMicro(K) // the last one is not copied (microGrads)
 	// In the one-collective step (reduceFixed) the scale is known
 	// before the StepFunc runs: each micro-batch's gradients are
 	// converted and summed while they are scanned, in one pass.
@@ -111,25 +109,8 @@ func (t *Trainer[B]) computeDet(ctx context.Context, b dataloader.Batch[B]) (los
 		scale = math.Ldexp(1, t.detS)
 	}
 	if t.microFn != nil && K > 0 {
-		for len(t.microViews) < K-1 {
-			k := len(t.microViews)
-			v, off := make([][]float32, len(t.params)), 0
-			for i, p := range t.params {
-				v[i] = t.micro[k][off : off+len(p.Grad) : off+len(p.Grad)]
-				off += len(p.Grad)
-			}
-			t.microViews = append(t.microViews, v)
-		}
-		if len(t.microLoss) < K {
-			t.microLoss = make([]float64, K)
-		}
-		losses := t.microLoss[:K]
-		if err := t.microFn(ctx, b, t.microViews[:K-1], losses); err != nil {
+		if loss, err = t.callMicro(ctx, b); err != nil {
 			return 0, 0, err
-		}
-		for k := range K {
-			// Quantised per micro-batch, so the sum is exact in any order.
-			loss += math.Round(losses[k] * lossScale)
 		}
 		// One pass over each parameter's values, all micro-batches at
 		// once: each value's fixed-point sum is written once, not added
