@@ -103,24 +103,30 @@ type Config struct {
 	// Default 100.
 	StepSpanEvery int
 	// Deterministic makes training reproducible bit for bit whatever the
-	// world size, the balancer's shares and what failed: the loader must
-	// cut global batches into fixed micro-batches
-	// (dataloader.Config.MicroBatch; New refuses a loader that says it
-	// has none, and a StateMerger), the StepFunc runs once per
-	// micro-batch, and the micro-batches' gradients are summed in the
-	// global batch's order, in float32, by the round's
-	// sync.OrderedReducer (the ring Backend's Synchronizers have it), or,
-	// with a Synchronizer without it (a Backend of your own), in exact
-	// fixed-point arithmetic as float64; losses in fixed point; in one
-	// collective per step like the default mode's (see the package doc).
-	// It costs a StepFunc call per micro-batch and a copy of each
-	// micro-batch's gradients, and on the fixed-point path the
-	// conversion and a float64 allreduce instead of a float32 one. The
-	// two paths give different bits. LocalStepper strategies (package
-	// localsgd: LocalSGD, DiLoCo) depend on the world size by design;
-	// their runs are reproducible at one world size only. Default false:
-	// the default mode sums float32 gradients in the ring's order, whose
-	// last bits depend on the world size and the balancer's shares.
+	// world size, the balancer's shares and what failed. It needs a
+	// loader that cuts global batches into fixed micro-batches
+	// (dataloader.Config.MicroBatch; a driver.MicroBatcher) and merges no
+	// state across ranks (no driver.StateMerger); with another loader the
+	// job trains in the float32 mode below, Run logs why once at its
+	// start, and Result.Deterministic is false. The StepFunc runs once
+	// per micro-batch (or a MicroStepFunc once per step, WithMicroStep),
+	// and the micro-batches' gradients are summed in the global batch's
+	// order, in float32, by the round's sync.OrderedReducer (the ring
+	// Backend's Synchronizers have it), or, with a Synchronizer without
+	// it (a Backend of your own), in exact fixed-point arithmetic as
+	// float64; losses in fixed point; in one collective per step (see the
+	// package doc). It costs a StepFunc call per micro-batch (smaller
+	// matrix products) and a copy of each micro-batch's gradients; the
+	// two paths give different bits. The promise holds among workers
+	// whose step function gives the same bits for the same micro-batch:
+	// the same build of the model's kernels on the same kind of CPU (an
+	// OpenBLAS build differs between CPU kinds). LocalStepper strategies
+	// (package localsgd: LocalSGD, DiLoCo) depend on the world size by
+	// design; their runs are reproducible at one world size only.
+	// Default true. False is the float32 mode: each rank sums its share
+	// in one StepFunc call and the ring sums the ranks' sums in its own
+	// order, whose last bits depend on the world size and the balancer's
+	// shares.
 	Deterministic bool
 	// Autoscale is resource adjustment: every rank measures what a world
 	// size is worth and the same policy decides a target world size, which
@@ -149,6 +155,7 @@ func DefaultConfig() Config {
 		StragglerFactor:   2,
 		StragglerSteps:    20,
 		Balance:           true,
+		Deterministic:     true,
 		GracePeriod:       30 * time.Second,
 		CheckpointTimeout: elastic.DefaultPhaseTimeout,
 		StepSpanEvery:     100,

@@ -15,17 +15,30 @@ import (
 // Deprecated: use driver.MicroBatcher, the same type.
 type MicroBatcher = driver.MicroBatcher
 
-// checkDeterministic refuses Config.Deterministic with a loader that says
-// it has no micro-batches.
-func checkDeterministic(cfg Config, loader any) error {
+// deterministicMode decides, at New, whether a job configured with
+// Config.Deterministic (the default) runs in deterministic mode: it needs
+// a loader that cuts global batches into fixed micro-batches (a
+// MicroBatcher reporting a size above 0, as dataloader.Loader does with
+// dataloader.Config.MicroBatch set) and that does not merge state across
+// ranks (a StateMerger: which samples a rank trains would depend on
+// timing). Otherwise the job runs in the float32 mode (Deterministic false), and reason
+// says why, for the one log line at the start of Run.
+func deterministicMode(cfg Config, loader any) (det bool, reason string) {
 	if !cfg.Deterministic {
-		return nil
+		return false, ""
 	}
-	if m, ok := loader.(MicroBatcher); ok && m.MicroBatchSize() <= 0 {
-		return fmt.Errorf("%w: Deterministic needs the loader's micro-batches: set dataloader.Config.MicroBatch "+
-			"(fixed micro-batches are what keeps the sums the same at every world size)", ErrInvalidConfig)
+	if _, ok := loader.(StateMerger); ok {
+		return false, fmt.Sprintf("the loader %T merges its state across ranks (driver.StateMerger), so which samples a rank trains depends on timing", loader)
 	}
-	return nil
+	m, ok := loader.(MicroBatcher)
+	switch {
+	case !ok:
+		return false, fmt.Sprintf("the loader %T does not cut fixed micro-batches (driver.MicroBatcher)", loader)
+	case m.MicroBatchSize() <= 0:
+		return false, "the loader cuts no micro-batches: set dataloader.Config.MicroBatch " +
+			"(fixed micro-batches are what keeps the sums the same at every world size)"
+	}
+	return true, ""
 }
 
 // The fixed-point scale of deterministic mode's one-collective step

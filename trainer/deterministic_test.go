@@ -1,35 +1,38 @@
 package trainer_test
 
 import (
+	"bytes"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/elastictrain/elastictrain/dataloader"
-	"github.com/elastictrain/elastictrain/elastic/store"
 	. "github.com/elastictrain/elastictrain/trainer"
-	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
-// Deterministic without the loader's micro-batches is refused by New, with
-// the setting to change, not at the first step as a failed step function.
-func TestNewRefusesDeterministicWithoutMicroBatches(t *testing.T) {
-	m := trainertest.NewModel(2)
-	p := trainertest.NewProblem(64, 2, 0, 1)
-	mk := func(micro int) error {
-		dcfg := dataloader.DefaultConfig()
-		dcfg.GlobalBatch, dcfg.MicroBatch = 8, micro
-		loader, err := dataloader.New(p.Dataset(), p.Collate, dcfg)
-		require.NoError(t, err)
-		defer loader.Close()
-		cfg := trainertest.Config("det-micro")
-		cfg.Deterministic = true
-		_, err = New(m.Params(), NewSGD(0.1), loader, m.Step, store.NewMemory(), cfg)
-		return err
+// Deterministic mode is the default (#32). Where the loader cuts no
+// micro-batches it cannot hold: New accepts the job, which trains in the
+// float32 mode, Run says why once at its start, and Result.Deterministic
+// tells which mode ran; with micro-batches the job runs deterministically
+// and says nothing of the kind.
+func TestDeterministicByDefaultFallsBackWithoutMicroBatchesAndSaysSo(t *testing.T) {
+	require.True(t, DefaultConfig().Deterministic, "the default")
+	for _, micro := range []int{0, 4} {
+		j := newJob(t, stores(t)["memory"])
+		j.epochs, j.micro = 1, micro
+		var logs bytes.Buffer // written under the handler's lock, read once Run returned
+		j.opts = func(int) []Option { return []Option{WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))} }
+		w := j.start()
+		j.wait()
+		require.NoError(t, w.err, "micro %d", micro)
+		require.Equal(t, micro > 0, w.res.Deterministic, "micro %d: Result.Deterministic", micro)
+		said := strings.Count(logs.String(), "not bit-reproducible")
+		if micro == 0 {
+			require.Equal(t, 1, said, "said once: %s", logs.String())
+			require.Contains(t, logs.String(), "set dataloader.Config.MicroBatch")
+		} else {
+			require.Zero(t, said, logs.String())
+		}
 	}
-	err := mk(0)
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	require.ErrorContains(t, err, "Deterministic needs the loader's micro-batches: set dataloader.Config.MicroBatch")
-	require.NotContains(t, err.Error(), "step function")
-	require.NoError(t, mk(2))
 }

@@ -123,12 +123,14 @@
 //
 // # Deterministic mode
 //
-// With Config.Deterministic, two runs of one job end with the same
-// parameter bits whatever the world size, the balancer's shares and the
-// faults (kills, joins, rollbacks, whole-job restarts from a checkpoint);
-// the loader must cut global batches into fixed micro-batches
-// (dataloader.Config.MicroBatch). It is not the default: the default
-// mode's float32 sums depend on the world size and the shares. The
+// With Config.Deterministic (the default), two runs of one job end with
+// the same parameter bits whatever the world size, the balancer's shares
+// and the faults (kills, joins, rollbacks, whole-job restarts from a
+// checkpoint), when the loader cuts global batches into fixed
+// micro-batches (dataloader.Config.MicroBatch). With a loader that does
+// not (or merges state across ranks), the job trains in the float32 mode
+// of Config.Deterministic false, whose sums depend on the world size and
+// the shares, and Run says so once at its start. The
 // StepFunc runs once per micro-batch, or a MicroStepFunc (WithMicroStep)
 // once per step with each micro-batch's sums kept apart, so a sample's
 // gradient never depends on which rank computed it. How the micro-batches'
@@ -172,7 +174,7 @@
 // The two paths give different bits: a job keeps its results reproducible
 // as long as every round of it takes the same path (the same Backend).
 // Losses are summed in fixed point on both (2^-24 per micro-batch). The
-// cost against the float32 default: a StepFunc call per micro-batch
+// cost against the float32 mode: a StepFunc call per micro-batch
 // instead of one per share (none with a MicroStepFunc such as
 // gorgoniastep.Model.StepMicro, which runs the forward and backward pass
 // once and splits only the sums), a copy of each micro-batch's gradients

@@ -64,6 +64,11 @@ type Result struct {
 	// had they been written on the training path.
 	CheckpointWrites       int
 	CheckpointWriteSeconds float64
+	// Deterministic tells whether the job ran in deterministic mode:
+	// Config.Deterministic (the default) with a loader that keeps it
+	// (see Config.Deterministic). When it is false the parameters' last
+	// bits depend on the world size and the balancer's shares.
+	Deterministic bool
 }
 
 // Trainer runs the elastic training loop for one worker process. Create it
@@ -127,7 +132,8 @@ type Trainer[B any] struct {
 	microRuns           [][]float32   // deterministic mode: one parameter's runs of every micro-batch (fixSum)
 	fixed               []float64     // deterministic mode: fixed-point gradient sums
 	microCount          int           // deterministic mode: micro-batches of this rank's share
-	det                 bool          // deterministic mode (Config.Deterministic)
+	det                 bool          // deterministic mode (Config.Deterministic, where the loader allows: deterministicMode)
+	detOff              string        // why Config.Deterministic could not hold, logged once by Run
 	detExp              int           // deterministic mode: the last applied step's agreed gradient exponent (gradExp)
 	detBuf              []float64     // deterministic mode: the one collective's buffer, fixed-point sums then control values
 	detRedone           int64         // deterministic mode: steps summed again at a wider scale (reduceFixed)
@@ -187,10 +193,11 @@ type Trainer[B any] struct {
 //
 // Errors: ErrInvalidConfig for a bad Config, nil collaborators, duplicate
 // parameter names or parameters whose Value, Grad and Shape disagree, a
-// loader that is neither a Loader nor a StatefulLoader, a StatefulLoader
-// with a StateMerger in Deterministic mode (which samples a rank trains
-// would depend on timing), Deterministic with a loader that reports no
-// micro-batches (MicroBatcher), partitions without or with duplicate names.
+// loader that is neither a Loader nor a StatefulLoader, partitions
+// without or with duplicate names. Config.Deterministic with a loader that
+// cannot keep it (no fixed micro-batches, or a StateMerger) is no error:
+// the job runs in the float32 mode (Deterministic false), Run says so
+// once at its start, and Result.Deterministic is false.
 func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step StepFunc[B], st store.Store, cfg Config, opts ...Option) (*Trainer[B], error) {
 	var o options
 	for _, f := range opts {
@@ -201,9 +208,6 @@ func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step Step
 	}
 	if cfg.CheckpointTimeout == 0 {
 		cfg.CheckpointTimeout = DefaultConfig().CheckpointTimeout
-	}
-	if err := checkDeterministic(cfg, loader); err != nil {
-		return nil, err
 	}
 	var microFn MicroStepFunc[B]
 	if o.micro != nil {
@@ -246,15 +250,12 @@ func New[B any](params []Param, opt optim.Optimizer, loader Source[B], step Step
 		t.loader, t.userLoader = l, true
 		t.merger, _ = loader.(StateMerger)
 		t.listener, _ = loader.(CommitListener)
-		if t.merger != nil && cfg.Deterministic {
-			return nil, fmt.Errorf("%w: Deterministic with a StateMerger loader: which samples each rank trains would depend on timing", ErrInvalidConfig)
-		}
 	case Loader[B]:
 		t.loader = &cursorLoader[B]{l: l}
 	default:
 		return nil, fmt.Errorf("%w: the loader %T implements neither trainer.Loader nor trainer.StatefulLoader", ErrInvalidConfig, loader)
 	}
-	t.det = cfg.Deterministic
+	t.det, t.detOff = deterministicMode(cfg, loader)
 	t.detExp = detExpStart
 	if cfg.Balance {
 		t.weighter, _ = loader.(Weighter)
@@ -517,7 +518,13 @@ func (t *Trainer[B]) Run(ctx context.Context) (out Result, runErr error) {
 		}
 		out.Checkpoints, out.CheckpointBlockedSeconds = t.ckptBlocked.n, t.ckptBlocked.seconds
 		out.CheckpointWrites, out.CheckpointWriteSeconds = ck.writeStats()
+		out.Deterministic = t.det
 	}()
+	if t.detOff != "" {
+		// Said once: the default promise of the same bits does not hold.
+		t.log.Info("not bit-reproducible: training in float32 whose last bits depend on the world size and the balancer's shares; "+
+			"Config.Deterministic needs a loader with fixed micro-batches", "reason", t.detOff)
+	}
 
 	agent, err := elastic.NewAgent(t.store, member(), t.cfg.Elastic)
 	if err != nil {

@@ -398,10 +398,10 @@ var (
 // MicroBatcher is the optional capability of a loader that cuts global
 // batches into fixed micro-batches (*dataloader.Loader has it):
 // MicroBatchSize is the micro-batch size in samples, 0 when the loader does
-// not cut them. Deterministic mode (trainer.Config.Deterministic) needs
-// micro-batches; with this capability New refuses a loader without them at
-// once. A loader without the capability is checked at its first batch
-// instead.
+// not cut them. Deterministic mode (trainer.Config.Deterministic, the
+// default) needs micro-batches: a loader without the capability, or whose
+// MicroBatchSize is 0, trains in the float32 mode, and Run says so once at
+// its start.
 type MicroBatcher interface {
 	MicroBatchSize() int
 }
