@@ -96,11 +96,11 @@ func parseFlags(args []string, stderr io.Writer) (*config, error) {
 	fs.BoolVar(&c.json, "json", false, "print one JSON object with the results as the last line")
 	fs.BoolVar(&c.profileStep, "profile-step", false, "print where a step's time goes, by part (the final rank 0's mean per step; also step_breakdown_ms in -json)")
 	fs.BoolVar(&c.quiet, "quiet", false, "no progress lines")
-	fs.BoolVar(&c.deterministic, "deterministic", false, "bit-for-bit reproducible training whatever the world size and faults")
+	fs.BoolVar(&c.deterministic, "deterministic", true, "bit-for-bit reproducible training whatever the world size and faults (trainer.Config.Deterministic); -deterministic=false sums float32 in the ring's order, whose last bits depend on the world size and the shares")
 	fs.BoolVar(&c.balance, "balance", true, "split each global batch by the workers' measured speed (trainer.Config.Balance); -balance=false gives equal shares")
 	fs.BoolVar(&c.autoscale, "autoscale", false, "size the job by measured goodput: start and release workers between -min and -max (launch.Config.Autoscale)")
 	fs.StringVar(&c.capacity, "capacity", "", "a file holding how many workers the platform allows now, re-read when it changes (every 250ms): never more workers than it says; graceful leaves when it drops, workers started again (up to -workers) when it rises")
-	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of -deterministic runs (whole micro-batches move between workers when balancing)")
+	fs.IntVar(&c.micro, "micro", detMicroBatch, "micro-batch size of deterministic runs (whole micro-batches move between workers when balancing)")
 	fs.Var(&c.slow, "slow", "test knob: the worker holding RANK computes FACTOR times slower per sample (it sleeps in proportion to its share): RANK@FACTOR")
 	fs.DurationVar(&c.detect, "detect", 2*time.Second, "failure detection time: member lease TTL")
 	fs.StringVar(&c.plot, "plot", "", "write loss and world size against step to this PNG file")
@@ -264,9 +264,7 @@ func workerArgs(c *config) []string {
 	if c.ckpt != "" {
 		a = append(a, "-checkpoint", c.ckpt)
 	}
-	if c.deterministic {
-		a = append(a, "-deterministic", "-micro", fmt.Sprint(c.micro))
-	}
+	a = append(a, fmt.Sprintf("-deterministic=%t", c.deterministic), "-micro", fmt.Sprint(c.micro))
 	if !c.balance {
 		a = append(a, "-balance=false")
 	}
@@ -304,6 +302,10 @@ type result struct {
 	WallSeconds    float64 `json:"wall_seconds"`
 	StepsPerSecond float64 `json:"steps_per_second"` // from the first to the last applied step, rank 0's clock
 	ParamsSHA256   string  `json:"params_sha256"`
+	// Deterministic tells whether the job trained in deterministic mode
+	// (trainer.Result.Deterministic): then ParamsSHA256 is the same in
+	// every run of the same flags, whatever -workers and the faults.
+	Deterministic bool `json:"deterministic"`
 	// EpochStepsPerSecond holds one figure per epoch: the steps rank 0
 	// reported in it, from its first to its last, over the time between
 	// them (rank 0's clock).
@@ -422,6 +424,9 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 	}
 	if v, ok := d.Extra["params_sha256"].(string); ok {
 		res.ParamsSHA256 = v
+	}
+	if v, ok := d.Extra["deterministic"].(bool); ok {
+		res.Deterministic = v
 	}
 	if m, ok := d.Extra["step_breakdown_ms"].(map[string]any); ok {
 		res.StepBreakdownMS = map[string]float64{}

@@ -662,3 +662,37 @@ func TestDiLoCoRunSurvivesAKillAndAJoinWithAnExactAudit(t *testing.T) {
 		[4]int{int(res.Steps), res.SamplesApplied, res.AuditMissing, res.AuditDuplicates}, "steps, samples, audit missing, duplicates")
 	require.Greater(t, res.TestAccuracy, 0.5, "it trained")
 }
+
+// The default mode is deterministic (#32): with no flag, two runs of two
+// workers, a run of three workers with a SIGKILL and a join, and a run of
+// two in which one worker computes twice as slowly (so the balancer gives
+// it fewer micro-batches) end with the same parameter bits, and say they
+// ran deterministically. -deterministic=false says it did not.
+func TestTheDefaultRunGivesTheSameBitsWhateverTheWorldSizeFaultsAndShares(t *testing.T) {
+	runJSON := func(args ...string) result {
+		t.Helper()
+		code, stdout, stderr := runMain(t, append([]string{"-epochs", "1", "-json", "-quiet"}, args...)...)
+		require.Equal(t, 0, code, "%q: stderr: %s", args, stderr)
+		var res result
+		out := strings.TrimSpace(stdout)
+		require.NoError(t, json.Unmarshal([]byte(out[strings.LastIndexByte(out, '\n')+1:]), &res), stdout)
+		require.Equal(t, [2]int{0, 0}, [2]int{res.AuditMissing, res.AuditDuplicates}, "%q: audit missing, duplicates", args)
+		return res
+	}
+	first := runJSON("-workers", "2")
+	require.True(t, first.Deterministic, "the default run is deterministic")
+	require.Len(t, first.ParamsSHA256, 64)
+	for _, args := range [][]string{
+		{"-workers", "2"},
+		{"-workers", "3", "-kill", "1@300", "-join", "1@600"},
+		{"-workers", "2", "-slow", "1@2"},
+	} {
+		res := runJSON(args...)
+		require.True(t, res.Deterministic, "%q", args)
+		if args[1] == "3" {
+			require.Equal(t, 1, res.Recoveries, "%q: the kill", args)
+		}
+		require.Equal(t, first.ParamsSHA256, res.ParamsSHA256, "%q against -workers 2", args)
+	}
+	require.False(t, runJSON("-workers", "2", "-deterministic=false").Deterministic, "-deterministic=false")
+}

@@ -46,7 +46,7 @@ func collate(_ context.Context, samples []Sample, _ []int) (batch, error) {
 	return b, nil
 }
 
-// detMicroBatch is the micro-batch size of -deterministic runs.
+// detMicroBatch is the micro-batch size of deterministic runs (-micro).
 const detMicroBatch = 32
 
 // Exit statuses of a worker.
@@ -325,7 +325,7 @@ func runWorker(c *config, stderr io.Writer) int {
 	}
 	sha := paramsSHA256(model.Params())
 	ev.Emit(launch.Event{Ev: launch.EvDone, Rank: 0, Step: res.Step, Epoch: res.Epochs, Loss: res.Loss,
-		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "bytes_sent": float64(netBytesSent() - sentBefore),
+		Extra: map[string]any{"test_accuracy": acc, "params_sha256": sha, "deterministic": res.Deterministic, "bytes_sent": float64(netBytesSent() - sentBefore),
 			"step_breakdown_ms": stepBreakdown(res.StepTimes)}})
 	logger.Info("job finished", "test_accuracy", acc, "step", res.Step, "epoch", res.Epochs, "loss", res.Loss,
 		"rounds", res.Rounds, "recoveries", res.Recoveries, "params_sha256", sha)
