@@ -5,7 +5,7 @@
 // func toAVX(n int, o, x, y *float64)
 //
 // Eight elements an iteration: o = x + y with x the first source (of two
-// NaNs the sum keeps x's, as toGo's does). CX = elements left, DI = o,
+// NaNs the sum keeps x's, as addGo's does). CX = elements left, DI = o,
 // SI = x, DX = y, AX = byte offset. Both loads of a block come before its
 // stores, so o may be x or y.
 TEXT ·toAVX(SB), NOSPLIT, $0-32
@@ -31,7 +31,7 @@ loop:
 // func to32AVX(n int, o, x, y *float32)
 //
 // toAVX in float32: sixteen elements an iteration, o = x + y with x the
-// first source (of two NaNs the sum keeps x's, as to32Go's does).
+// first source (of two NaNs the sum keeps x's, as addGo's does).
 TEXT ·to32AVX(SB), NOSPLIT, $0-32
 	MOVQ n+0(FP), CX
 	MOVQ o+8(FP), DI

@@ -37,11 +37,13 @@ func To(o, x, y []float64) {
 		done = n &^ 7
 		toAVX(done, &o[0], &x[0], &y[0])
 	}
-	toGo(o[done:], x[done:], y[done:])
+	addGo(o[done:], x[done:], y[done:])
 }
 
-// toGo is the portable form of To: the reference the assembly matches.
-func toGo(o, x, y []float64) {
+// addGo is the portable form of To and To32: the reference the assembly
+// matches (one instantiation per element type, each adding in its own
+// precision).
+func addGo[T float32 | float64](o, x, y []T) {
 	x, y = x[:len(o)], y[:len(o)]
 	i := 0
 	for ; i+4 <= len(o); i += 4 {
@@ -66,20 +68,5 @@ func To32(o, x, y []float32) {
 		done = n &^ 15
 		to32AVX(done, &o[0], &x[0], &y[0])
 	}
-	to32Go(o[done:], x[done:], y[done:])
-}
-
-// to32Go is the portable form of To32: the reference the assembly matches.
-func to32Go(o, x, y []float32) {
-	x, y = x[:len(o)], y[:len(o)]
-	i := 0
-	for ; i+4 <= len(o); i += 4 {
-		o[i] = x[i] + y[i]
-		o[i+1] = x[i+1] + y[i+1]
-		o[i+2] = x[i+2] + y[i+2]
-		o[i+3] = x[i+3] + y[i+3]
-	}
-	for ; i < len(o); i++ {
-		o[i] = x[i] + y[i]
-	}
+	addGo(o[done:], x[done:], y[done:])
 }
