@@ -133,11 +133,12 @@ func BenchmarkAllReduce(b *testing.B) {
 // process (shared memory, the default Config), AllReduceOrderedFloat32
 // with one part per rank against AllReduceFloat32 of the same length:
 // 101,770 float32 values, examples/mnist's MLP (784-128-10) gradients;
+// AllReduceOrderedTensors of the same values as the MLP's four tensors;
 // and AllReduceFloat64 of as many values, the transport of the trainer's
 // fixed-point deterministic mode.
 func BenchmarkAllReduceOrdered(b *testing.B) {
 	const values = 101770
-	for _, op := range []string{"allreduce", "ordered", "allreduce-float64"} {
+	for _, op := range []string{"allreduce", "ordered", "ordered-tensors", "allreduce-float64"} {
 		b.Run(fmt.Sprintf("op=%s/values=%d", op, values), func(b *testing.B) {
 			p := newPair(b, testConfig(b))
 			var bufs, outs [2][]float32
@@ -158,6 +159,17 @@ func BenchmarkAllReduceOrdered(b *testing.B) {
 			case "ordered":
 				f = func(r *Ring) error {
 					return r.AllReduceOrderedFloat32(context.Background(), parts[r.Rank()], outs[r.Rank()])
+				}
+			case "ordered-tensors":
+				// The buffer as the model's tensors (examples/mnist's MLP:
+				// 784x128, 128, 128x10, 10), the sum written into them.
+				var tensors [2][][]float32
+				for r := range tensors {
+					b := bufs[r]
+					tensors[r] = [][]float32{b[:100352], b[100352:100480], b[100480:101760], b[101760:]}
+				}
+				f = func(r *Ring) error {
+					return r.AllReduceOrderedTensors(context.Background(), nil, tensors[r.Rank()])
 				}
 			case "allreduce-float64":
 				f = func(r *Ring) error {

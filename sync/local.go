@@ -99,6 +99,30 @@ func (l *local) AllReduceOrderedFloat32(ctx context.Context, parts [][]float32, 
 	return nil
 }
 
+// AllReduceOrderedTensors is Ring.AllReduceOrderedTensors for a world of
+// one rank: each of last's tensors becomes, element-wise, the ordered sum
+// of parts then itself, (((+0 + parts[0]) + ...) + last), in place.
+// Errors: as AllReduceOrderedFloat32, and ErrInvalid for tensors that
+// share memory with each other or with a part.
+func (l *local) AllReduceOrderedTensors(ctx context.Context, parts [][]float32, last [][]float32) error {
+	if err := l.check(ctx); err != nil {
+		return err
+	}
+	n := 0
+	for _, t := range last {
+		n += len(t)
+	}
+	if err := checkTensors(parts, last, n); err != nil {
+		return err
+	}
+	off := 0
+	for _, t := range last {
+		orderedSumLast(t, parts, t, off)
+		off += len(t)
+	}
+	return nil
+}
+
 // Barrier returns at once (after the context and Close checks).
 func (l *local) Barrier(ctx context.Context) error { return l.check(ctx) }
 

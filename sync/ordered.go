@@ -83,6 +83,15 @@ const (
 // one part.
 func orderedPair(g *group, nparts int) bool { return g.n() == 2 && g.pos == 1 && nparts == 1 }
 
+// nparts is the number of this rank's parts in an ordered job: j.parts,
+// and j.vec's tensors as one more (AllReduceOrderedTensors).
+func (j *laneJob) nparts() int {
+	if j.vec != nil {
+		return len(j.parts) + 1
+	}
+	return len(j.parts)
+}
+
 var _ OrderedReducer = (*Ring)(nil)
 
 // AllReduceOrderedFloat32 implements OrderedReducer: out receives, on
@@ -154,6 +163,123 @@ func (r *Ring) orderedIn(parts [][]float32, out []float32) error {
 	return nil
 }
 
+// AllReduceOrderedTensors is AllReduceOrderedFloat32 with this rank's last
+// part given as tensors and the result written into them: the last part
+// is the concatenation of last, in order (len(last[0]) + ... +
+// len(last[m-1]) values, the length of every part in parts), and on
+// return the same tensors hold the sum, every rank's, with the bits of
+// AllReduceOrderedFloat32 (the frames are the same, so ranks may mix the
+// two calls in one operation). A trainer's last micro-batch is in its
+// gradient buffers; this spares it a copy of them into one buffer and of
+// the sum back. Where the two-rank exchange runs over shared memory
+// (both ranks on one host, more than Config.DirectBytes, and, on rank 1,
+// no part but the tensors; on rank 0, a lane's part in at most shmSlots
+// chunks), the tensors are copied straight into the slots and the sum
+// written straight into them; elsewhere they are copied into a buffer
+// the Ring keeps (allocated on the first call of a new length) and the
+// result back. Errors: as AllReduceOrderedFloat32; a tensor that shares
+// memory with another tensor or with a part is ErrInvalid here and fails
+// the operation on every rank.
+func (r *Ring) AllReduceOrderedTensors(ctx context.Context, parts [][]float32, last [][]float32) error {
+	if err := r.begin(ctx); err != nil {
+		return err
+	}
+	return r.end(r.orderedTensorsIn(parts, last))
+}
+
+func (r *Ring) orderedTensorsIn(parts, last [][]float32) error {
+	r.vec.set(last)
+	defer r.vec.set(nil)
+	n := r.vec.total / 4
+	if err := checkTensors(parts, last, n); err != nil {
+		return r.protoErr(err)
+	}
+	if r.size == 1 {
+		off := 0
+		for _, t := range last {
+			orderedSumLast(t, parts, t, off)
+			off += len(t)
+		}
+		return nil
+	}
+	if used, ok := r.orderedVec(len(parts), n); ok {
+		h := wire.Header{Kind: wire.KindAllReduce, Op: opbOrdered, Round: r.round, Seq: r.seq, Total: uint64(4 * n)}
+		if err := r.note(h); err != nil {
+			return err
+		}
+		j := laneJob{kind: wire.KindAllReduce, algo: algoOrdered, opb: opbOrdered, elem: 4, parts: parts, vec: &r.vec,
+			seq: r.seq, total: uint64(4 * n)}
+		return r.runLanes(r.groups[groupFlat], j, n, used)
+	}
+	if len(r.ordFlat) != n {
+		r.ordFlat, r.ordOut = make([]float32, n), make([]float32, n)
+	}
+	off := 0
+	for _, t := range last {
+		off += copy(r.ordFlat[off:], t)
+	}
+	r.ordParts = append(append(r.ordParts[:0], parts...), r.ordFlat)
+	err := r.orderedIn(r.ordParts, r.ordOut)
+	clear(r.ordParts) // no reference to the caller's buffers stays
+	if err != nil {
+		return err
+	}
+	off = 0
+	for _, t := range last {
+		off += copy(t, r.ordOut[off:])
+	}
+	return nil
+}
+
+// orderedVec tells whether an ordered allreduce of n values whose last
+// part is r.vec, after nflat other parts, runs on this rank over the
+// tensors themselves, and on how many lanes: two ranks, a buffer for the
+// lanes, every lane on shared memory; on rank 1 the two-rank exchange
+// (the tensors its one part); on rank 0, S_0 summed into the slots
+// (orderedInSlots), since the result overwrites the tensors.
+func (r *Ring) orderedVec(nflat, n int) (int, bool) {
+	if r.size != 2 || 4*n <= r.cfg.DirectBytes || (r.rank == 1 && nflat > 0) {
+		return 0, false
+	}
+	g := r.groups[groupFlat]
+	used := r.lanesFor(4 * n)
+	chunk := r.cfg.chunkBytes() / 4
+	for i, l := range g.lanes[:used] {
+		lo, hi := span(0, n, i, used)
+		if l.tx == nil || l.rx == nil || (hi-lo+chunk-1)/chunk > shmSlots {
+			return 0, false
+		}
+	}
+	return used, true
+}
+
+// checkTensors returns an error wrapping ErrInvalid unless every part has
+// n values, the concatenation of last, and no two of the tensors and the
+// parts share memory.
+func checkTensors(parts, last [][]float32, n int) error {
+	for i, p := range parts {
+		if len(p) != n {
+			return fmt.Errorf("%w: ordered allreduce part %d of %d values, the tensors of %d", ErrInvalid, i, len(p), n)
+		}
+	}
+	for i, t := range last {
+		if len(t) == 0 {
+			continue
+		}
+		for k, p := range parts {
+			if len(p) > 0 && overlap(t, p) {
+				return fmt.Errorf("%w: ordered allreduce tensor %d shares memory with part %d", ErrInvalid, i, k)
+			}
+		}
+		for k, u := range last[:i] {
+			if len(u) > 0 && overlap(t, u) {
+				return fmt.Errorf("%w: ordered allreduce tensors %d and %d share memory", ErrInvalid, k, i)
+			}
+		}
+	}
+	return nil
+}
+
 // checkParts returns an error wrapping ErrInvalid unless every part has
 // len(out) elements and shares no memory with out.
 func checkParts(parts [][]float32, out []float32) error {
@@ -214,15 +340,44 @@ func plusZero(dst, p []float32) {
 	}
 }
 
+// orderedSumLast sets dst to ((+0 + p_0[c:]) + ...) + last, parts p in
+// order, then last (len(dst) values): the ordered sum of a rank whose last
+// part is given apart. dst may be last (not a part): the parts' sum is
+// taken in blocks of a buffer on the stack, then last added to it.
+func orderedSumLast(dst []float32, parts [][]float32, last []float32, c int) {
+	if len(parts) == 0 {
+		plusZero(dst, last)
+		return
+	}
+	var blk [1024]float32
+	for o := 0; o < len(dst); o += len(blk) {
+		m := min(len(blk), len(dst)-o)
+		orderedSum(blk[:m], nil, parts, c+o)
+		sumk.To32(dst[o:o+m], blk[:m], last[o:o+m])
+	}
+}
+
 // orderedSend is the sending half of lane l's part of an ordered
 // allreduce (see the comment at the top of this file).
 func (r *Ring) orderedSend(g *group, l *lane, j *laneJob, chunk int) error {
 	n, rank, right := g.n(), g.pos, g.right()
 	h := r.header(j)
 	out := b32(j.buf)
-	if orderedPair(g, len(j.parts)) {
+	if orderedPair(g, j.nparts()) {
 		// Rank 1 of two: its part, raw, to rank 0, which adds it to S_0.
 		h.Aux = orderedPart
+		if l.tx != nil {
+			// Chunk by chunk into the slots, the headers in one write, as
+			// the two-rank exchange sends: the tensors (orderedVec), whose
+			// chunks' sendProg lets the receive half write the result
+			// over them, or the part.
+			if j.vec == nil {
+				pj := *j
+				pj.buf = f32Bytes(j.parts[0])
+				return r.pairSendShm(l, &pj, &h, chunk, right)
+			}
+			return r.pairSendShm(l, j, &h, chunk, right)
+		}
 		p := f32Bytes(j.parts[0])
 		for c := j.lo; c < j.hi; c += chunk {
 			if err := r.laneWrite(l, &h, p[4*c:4*min(c+chunk, j.hi)], right); err != nil {
@@ -246,7 +401,14 @@ func (r *Ring) orderedSend(g *group, l *lane, j *laneJob, chunk int) error {
 					return err
 				}
 				off := shmHeader + int(l.txNext%shmSlots)*l.slotBytes
-				orderedSum(b32(l.tx[off:off+4*(e-c)]), nil, j.parts, c)
+				slot := b32(l.tx[off : off+4*(e-c)])
+				if j.vec == nil {
+					orderedSum(slot, nil, j.parts, c)
+				} else {
+					j.vec.each(4*c, 4*e, func(p []byte, o int) {
+						orderedSumLast(slot[o/4:o/4+len(p)/4], j.parts, b32(p), c+o/4)
+					})
+				}
 				if n == 2 {
 					l.ordTx[k] = off
 				}
@@ -301,7 +463,13 @@ func (r *Ring) orderedRecv(g *group, l *lane, j *laneJob, chunk int) error {
 		h.Aux = orderedReduce
 		for k, c := 0, j.lo; c < j.hi; k, c = k+1, c+chunk {
 			e := min(c+chunk, j.hi)
-			if err := r.laneRecvOrdered(l, &h, out[c:e], j.parts, c, left); err != nil {
+			var err error
+			if j.vec != nil {
+				err = r.laneRecvOrderedVec(l, &h, j.vec, c, e, left, k)
+			} else {
+				err = r.laneRecvOrdered(l, &h, out[c:e], j.parts, c, left)
+			}
+			if err != nil {
 				return err
 			}
 			l.recvProg.Store(prog(0, k))
@@ -326,7 +494,11 @@ func (r *Ring) orderedRecv(g *group, l *lane, j *laneJob, chunk int) error {
 			if inSlots {
 				s0 = b32(l.tx[l.ordTx[k] : l.ordTx[k]+4*(e-c)])
 			}
-			err = r.laneRecvPairOrdered(l, &h, out[c:e], s0, left)
+			if j.vec != nil {
+				err = r.laneRecvPairOrderedVec(l, &h, j.vec, c, e, s0, left)
+			} else {
+				err = r.laneRecvPairOrdered(l, &h, out[c:e], s0, left)
+			}
 		} else {
 			err = r.laneRecvInto(l, &h, j.buf[4*c:4*e], nil, left)
 		}
@@ -401,5 +573,46 @@ func (r *Ring) laneRecvOrdered(l *lane, h *wire.Header, dst []float32, parts [][
 	}
 	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
 	orderedSum(dst, b32(l.rx[off:off+len(db)]), parts, c)
+	return r.shmConsume(l, peer)
+}
+
+// laneRecvPairOrderedVec is laneRecvPairOrdered for rank 0 of an ordered
+// allreduce over tensors (AllReduceOrderedTensors on shared memory):
+// elements [c, e) of their concatenation receive the result, or S_0 (in
+// s0, its slot) plus rank 1's part.
+func (r *Ring) laneRecvPairOrderedVec(l *lane, h *wire.Header, v *vecBuf, c, e int, s0 []float32, peer int) error {
+	part, err := r.readHeaderAux(l.leftR, l.hdrR[:], h, orderedPart, 4*(e-c), peer)
+	if err != nil {
+		return err
+	}
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+	src := l.rx[off : off+4*(e-c)]
+	v.each(4*c, 4*e, func(p []byte, o int) {
+		if part {
+			sumk.To32(b32(p), s0[o/4:o/4+len(p)/4], b32(src[o:o+len(p)]))
+		} else {
+			copy(p, src[o:])
+		}
+	})
+	return r.shmConsume(l, peer)
+}
+
+// laneRecvOrderedVec is rank 1's receive of S_0, of two ranks, in an
+// ordered allreduce over tensors whose one part is the tensors
+// (AllReduceOrderedTensors on shared memory): elements [c, e) of their
+// concatenation, chunk k of the lane, become S_0 + part, the addition
+// rank 0 makes, once the send half has copied the chunk out.
+func (r *Ring) laneRecvOrderedVec(l *lane, h *wire.Header, v *vecBuf, c, e, peer, k int) error {
+	if err := r.readHeader(l.leftR, l.hdrR[:], h, 4*(e-c), peer); err != nil {
+		return err
+	}
+	if err := r.waitProg(&l.sendProg, l.sendNote, prog(0, k)); err != nil {
+		return err
+	}
+	off := shmHeader + int(l.rxNext%shmSlots)*l.slotBytes
+	src := l.rx[off : off+4*(e-c)]
+	v.each(4*c, 4*e, func(p []byte, o int) {
+		sumk.To32(b32(p), b32(src[o:o+len(p)]), b32(p))
+	})
 	return r.shmConsume(l, peer)
 }

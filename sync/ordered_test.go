@@ -101,6 +101,58 @@ func checkOrdered(t *testing.T, w *testWorld, parts [][]float32, length int, bou
 	w.must(t, what, func(rank int, r *Ring) error {
 		return r.AllReduceOrderedFloat32(context.Background(), parts[bounds[rank]:bounds[rank+1]], outs[rank])
 	})
+	checkBits(t, what, outs, want)
+	// AllReduceOrderedTensors, on every rank that has a part, then on
+	// every other one of them (mixed with AllReduceOrderedFloat32 in one
+	// operation): the last part cut into tensors (some empty), which
+	// receive the same bits.
+	rng := rand.New(rand.NewPCG(uint64(length), uint64(len(parts))))
+	for _, every := range []int{1, 2} {
+		tensors := make([][][]float32, n)
+		for r := range n {
+			lo, hi := bounds[r], bounds[r+1]
+			if hi == lo || r%every != 0 {
+				continue
+			}
+			tensors[r] = cutTensors(rng, parts[hi-1])
+		}
+		what := fmt.Sprintf("%s, tensors on every %d", what, every)
+		w.must(t, what, func(rank int, r *Ring) error {
+			own := parts[bounds[rank]:bounds[rank+1]]
+			if tensors[rank] == nil {
+				return r.AllReduceOrderedFloat32(context.Background(), own, outs[rank])
+			}
+			return r.AllReduceOrderedTensors(context.Background(), own[:len(own)-1], tensors[rank])
+		})
+		for r := range n {
+			if tensors[r] != nil {
+				outs[r] = slices.Concat(tensors[r]...)
+			}
+		}
+		checkBits(t, what, outs, want)
+	}
+}
+
+// cutTensors copies p into tensors of random lengths, empty ones among
+// them, whose concatenation is p.
+func cutTensors(rng *rand.Rand, p []float32) [][]float32 {
+	var ts [][]float32
+	for rest := p; ; {
+		m := 0
+		if len(rest) > 0 && rng.IntN(5) > 0 {
+			m = 1 + rng.IntN(len(rest))
+		}
+		ts = append(ts, slices.Clone(rest[:m]))
+		rest = rest[m:]
+		if len(rest) == 0 {
+			return ts
+		}
+	}
+}
+
+// checkBits checks that every rank's out is want, bit for bit.
+func checkBits(t *testing.T, what string, outs [][]float32, want []float32) {
+	t.Helper()
 	for r, out := range outs {
 		for i := range want {
 			if math.Float32bits(out[i]) != math.Float32bits(want[i]) {
@@ -128,8 +180,9 @@ func TestOrderedAllReduceBits(t *testing.T) {
 				}
 				rng := rand.New(rand.NewPCG(uint64(n), 32))
 				// 0, 1, odd, around the mesh/lane switch (DirectBytes 1024),
-				// many chunks of 4096 bytes, two lanes.
-				for _, length := range []int{0, 1, 7, 256, 257, 5003, 40001} {
+				// at most shmSlots chunks of 4096 bytes (AllReduceOrderedTensors
+				// over the slots on both ranks of two), more, two lanes.
+				for _, length := range []int{0, 1, 7, 256, 257, 3001, 5003, 40001} {
 					for _, k := range []int{0, 1, 2, 5, 9} {
 						if length == 40001 && k > 5 {
 							continue
@@ -246,7 +299,29 @@ func TestOrderedAllReduceLocal(t *testing.T) {
 	if err := o.AllReduceOrderedFloat32(ctx, [][]float32{out[:4:4]}, out); !errors.Is(err, ErrInvalid) {
 		t.Fatalf("out as a part: %v, want ErrInvalid", err)
 	}
+	// The tensor form: the last part as tensors, the sum written into them.
+	ot := s.(interface {
+		AllReduceOrderedTensors(context.Context, [][]float32, [][]float32) error
+	})
+	for _, k := range []int{1, 2, 4} {
+		parts := orderedParts(rng, k, 1000)
+		want := seqSum(parts, 1000)
+		last := cutTensors(rng, parts[k-1])
+		if err := ot.AllReduceOrderedTensors(ctx, parts[:k-1], last); err != nil {
+			t.Fatal(err)
+		}
+		checkBits(t, fmt.Sprintf("tensors, %d parts", k), [][]float32{slices.Concat(last...)}, want)
+	}
+	if err := ot.AllReduceOrderedTensors(ctx, [][]float32{make([]float32, 3)}, [][]float32{out}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("tensors longer than the parts: %v, want ErrInvalid", err)
+	}
+	if err := ot.AllReduceOrderedTensors(ctx, nil, [][]float32{out[:3], out[2:]}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("overlapping tensors: %v, want ErrInvalid", err)
+	}
 	s.Close()
+	if err := ot.AllReduceOrderedTensors(ctx, nil, [][]float32{out}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("tensors after Close: %v, want ErrClosed", err)
+	}
 	if err := o.AllReduceOrderedFloat32(ctx, nil, out); !errors.Is(err, ErrClosed) {
 		t.Fatalf("after Close: %v, want ErrClosed", err)
 	}
@@ -281,6 +356,20 @@ func TestOrderedAllReduceMismatch(t *testing.T) {
 		{"part length", 1, func(rank int, r *Ring) error {
 			if rank == 1 {
 				return r.AllReduceOrderedFloat32(context.Background(), [][]float32{make([]float32, 4999)}, make([]float32, 5000))
+			}
+			return ordered(r, 5000, 1)
+		}},
+		{"tensors length", 1, func(rank int, r *Ring) error {
+			if rank == 1 {
+				return r.AllReduceOrderedTensors(context.Background(), [][]float32{make([]float32, 5000)},
+					[][]float32{make([]float32, 2000), make([]float32, 2999)})
+			}
+			return ordered(r, 5000, 1)
+		}},
+		{"tensor in a part", 1, func(rank int, r *Ring) error {
+			if rank == 1 {
+				p := make([]float32, 5000)
+				return r.AllReduceOrderedTensors(context.Background(), [][]float32{p}, [][]float32{p[:10], make([]float32, 4990)})
 			}
 			return ordered(r, 5000, 1)
 		}},
@@ -407,20 +496,27 @@ func TestOrderedAllReduceNoAllocs(t *testing.T) {
 		parts := [2][][]float32{orderedParts(rng, 2, length), orderedParts(rng, 1, length)}
 		outs := [2][]float32{make([]float32, length), make([]float32, length)}
 		f := func(r *Ring) error { return r.AllReduceOrderedFloat32(ctx, parts[r.Rank()], outs[r.Rank()]) }
-		if err := p.run(f); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		allocs := testing.AllocsPerRun(20, func() {
-			if e := p.run(f); e != nil && err == nil {
-				err = e
+		// The tensor form: over the slots, and (rank 0 holding two parts
+		// before its tensors, rank 1 with another part) through the Ring's buffers.
+		last := [2][][]float32{cutTensors(rng, outs[0]), cutTensors(rng, outs[1])}
+		ft := func(r *Ring) error { return r.AllReduceOrderedTensors(ctx, parts[r.Rank()][:1], last[r.Rank()]) }
+		fv := func(r *Ring) error { return r.AllReduceOrderedTensors(ctx, nil, last[r.Rank()]) }
+		for name, f := range map[string]func(*Ring) error{"parts": f, "tensors": ft, "tensors only": fv} {
+			if err := p.run(f); err != nil {
+				t.Fatal(err)
 			}
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if allocs > 0 {
-			t.Errorf("len %d: %v allocations per operation (both ranks), want 0", length, allocs)
+			var err error
+			allocs := testing.AllocsPerRun(20, func() {
+				if e := p.run(f); e != nil && err == nil {
+					err = e
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if allocs > 0 {
+				t.Errorf("%s, len %d: %v allocations per operation (both ranks), want 0", name, length, allocs)
+			}
 		}
 	}
 }

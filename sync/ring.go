@@ -95,7 +95,7 @@ type laneJob struct {
 	red   reduceFunc   // ring: reduction; chain: nil copies, else reduces at every hop
 	parts [][]float32  // ordered: this rank's parts, each of the buffer's length
 	redTo reduceToFunc // pair: the reduction out = a op b
-	vec   *vecBuf      // pair on shared memory: the buffer as tensors (buf is nil), see allReduceTensors
+	vec   *vecBuf      // pair on shared memory: the buffer as tensors (buf is nil), see allReduceTensors; ordered: the last part, and the result (AllReduceOrderedTensors)
 	scale scaleFunc
 	// ring steps s0 <= s < s1 of 2(n-1): [0, n-1) reduce-scatter, [n-1,
 	// 2(n-1)) allgather.
@@ -190,12 +190,16 @@ type Ring struct {
 	all    []*lane // every lane of every group
 	layout layout
 
-	seq       uint64
-	watched   bool
-	vec       vecBuf   // allReduceTensors' tensors, reused
-	scratch   [][]byte // by rank: DirectBytes each, 8-byte aligned
-	watchCh   chan context.Context
-	unwatchCh chan struct{}
+	seq     uint64
+	watched bool
+	vec     vecBuf // allReduceTensors' and AllReduceOrderedTensors' tensors, reused
+	// AllReduceOrderedTensors where the tensors are copied: the last part
+	// and the result, flat, and the parts with it.
+	ordFlat, ordOut []float32
+	ordParts        [][]float32
+	scratch         [][]byte // by rank: DirectBytes each, 8-byte aligned
+	watchCh         chan context.Context
+	unwatchCh       chan struct{}
 
 	// agree, opSeq and opStart (Unix ns) let announceLoop tell the peers
 	// of an operation that waits (agree.go).
