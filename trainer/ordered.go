@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/elastictrain/elastictrain/dataloader"
 	"github.com/elastictrain/elastictrain/sync"
@@ -31,7 +32,18 @@ import (
 // are not (a loader of its own that cuts the batch otherwise).
 //
 // Where the Synchronizer lacks the capability (a user's Backend), the
-// fixed-point path (reduceFixed) stays.
+// fixed-point path (reduceFixed) stays. Where it also takes the last part
+// as tensors (orderedTensors: *sync.Ring, sync.NewLocal), the last
+// micro-batch's gradients stay in the Grad buffers, the control values
+// after them in t.ordCtl, and the sum comes back into them: no copy of the
+// gradients into one buffer and of the sum back.
+
+// orderedTensors is the Synchronizer's AllReduceOrderedTensors
+// (sync.Ring's): the ordered sum with the last part given as tensors, the
+// result written into them.
+type orderedTensors interface {
+	AllReduceOrderedTensors(ctx context.Context, parts [][]float32, last [][]float32) error
+}
 
 // orderedLen is the length of one part of the ordered sum in a world of W
 // ranks: the gradients, then the control lanes.
@@ -41,11 +53,18 @@ func (t *Trainer[B]) orderedLen(W int) int { return t.nvalues + ctlLanes*control
 // (ordered: the round's Synchronizer has the capability), and the
 // micro-batch buffers to its parts' length, or to the gradients' length
 // for the fixed-point path.
-func (t *Trainer[B]) startOrdered(ordered bool, W int) {
+func (t *Trainer[B]) startOrdered(ordered bool, tensors orderedTensors, W int) {
 	n := t.nvalues
+	t.ordTensors = nil
 	if ordered {
 		n = t.orderedLen(W)
-		if len(t.ordLast) != n {
+		if tensors != nil {
+			t.ordTensors = tensors
+			if ctl := n - t.nvalues; len(t.ordCtl) != ctl {
+				t.ordCtl = make([]float32, ctl)
+				t.ordLastList = append(slices.Clip(t.gradList), t.ordCtl)
+			}
+		} else if len(t.ordLast) != n {
 			t.ordLast, t.ordOut = make([]float32, n), make([]float32, n)
 		}
 	}
@@ -57,17 +76,19 @@ func (t *Trainer[B]) startOrdered(ordered bool, W int) {
 }
 
 // computeOrdered is compute in deterministic mode with the ordered sum:
-// micro-batch k's gradients go to t.micro[k], the last one's to
-// t.ordLast (and stay in the Grad buffers), each flat, as the ordered
-// allreduce takes them. It returns the loss sum, fixed point per
-// micro-batch.
+// micro-batch k's gradients go to t.micro[k], the last one's stay in the
+// Grad buffers and, unless the Synchronizer takes them there
+// (t.ordTensors), go to t.ordLast, each flat, as the ordered allreduce
+// takes them. It returns the loss sum, fixed point per micro-batch.
 func (t *Trainer[B]) computeOrdered(ctx context.Context, b dataloader.Batch[B]) (loss float64, err error) {
 	K := len(b.Micro)
 	if t.microFn != nil && K > 0 {
 		if loss, err = t.callMicro(ctx, b); err != nil {
 			return 0, err
 		}
-		t.flatten(t.ordLast)
+		if t.ordTensors == nil {
+			t.flatten(t.ordLast)
+		}
 		return loss, nil
 	}
 	t.growMicro(K)
@@ -79,7 +100,7 @@ func (t *Trainer[B]) computeOrdered(ctx context.Context, b dataloader.Batch[B]) 
 		loss += math.Round(l * lossScale)
 		if k < K-1 {
 			t.flatten(t.micro[k])
-		} else {
+		} else if t.ordTensors == nil {
 			t.flatten(t.ordLast)
 		}
 	}
@@ -148,20 +169,36 @@ func (t *Trainer[B]) reduceOrdered(ctx context.Context, r sync.OrderedReducer, c
 	K := t.microCount
 	parts := t.ordParts[:0]
 	for k := range K - 1 {
-		parts = append(parts, t.micro[k][:len(t.ordLast)])
+		parts = append(parts, t.micro[k][:t.orderedLen(W)])
 	}
-	last := t.ordLast
-	if K == 0 {
-		clear(last[:n]) // no micro-batch: the control values after zeros, which leave the sum as it is
+	var sum []float32 // nil: in the Grad buffers
+	if t.ordTensors != nil {
+		if K == 0 {
+			for _, g := range t.gradList {
+				clear(g) // no micro-batch: the control values after zeros, which leave the sum as it is
+			}
+		}
+		packControl(t.ordCtl, ctl)
+		t.ordParts = parts
+		if err := t.ordTensors.AllReduceOrderedTensors(ctx, parts, t.ordLastList); err != nil {
+			return false, err
+		}
+		unpackControl(ctl, t.ordCtl)
+	} else {
+		last := t.ordLast
+		if K == 0 {
+			clear(last[:n])
+		}
+		packControl(last[n:], ctl)
+		parts = append(parts, last)
+		t.ordParts = parts
+		out := t.ordOut
+		if err := r.AllReduceOrderedFloat32(ctx, parts, out); err != nil {
+			return false, err
+		}
+		unpackControl(ctl, out[n:])
+		sum = out[:n]
 	}
-	packControl(last[n:], ctl)
-	parts = append(parts, last)
-	t.ordParts = parts
-	out := t.ordOut
-	if err := r.AllReduceOrderedFloat32(ctx, parts, out); err != nil {
-		return false, err
-	}
-	unpackControl(ctl, out[n:])
 	readControl(ctl, W, true, o)
 	if o.stepFailed || o.samples == 0 {
 		return true, nil // nobody applies this step
@@ -169,19 +206,34 @@ func (t *Trainer[B]) reduceOrdered(ctx context.Context, r sync.OrderedReducer, c
 	if err := checkMicroRuns(ctl, W); err != nil {
 		return true, err
 	}
-	sum := out[:n]
-	if m := largest(sum); math.IsNaN(m) || math.IsInf(m, 0) {
+	m := 0.0
+	if sum != nil {
+		m = largest(sum)
+	} else {
+		for _, g := range t.gradList {
+			if x := largest(g); x > m || math.IsNaN(x) {
+				m = x
+				if math.IsNaN(x) {
+					break
+				}
+			}
+		}
+	}
+	if math.IsNaN(m) || math.IsInf(m, 0) {
 		o.diverged, o.gradMax = true, m
 		return true, fmt.Errorf("%w: non-finite gradient sum over the global batch (max |sum| = %v)", ErrDiverged, m)
 	}
 	if math.IsNaN(o.lossSum) || math.IsInf(o.lossSum, 0) {
 		return true, fmt.Errorf("%w: the loss over the global batch is %v", ErrDiverged, o.lossSum)
 	}
-	// The sums go to the Grad buffers; the loop divides them by
-	// globalSize, in the optimizer's own pass when it can scale
-	// (t.ordInv, as the default mode scales its sums).
+	// The sums go to the Grad buffers (unless they are there already);
+	// the loop divides them by globalSize, in the optimizer's own pass
+	// when it can scale (t.ordInv, as the default mode scales its sums).
 	off := 0
 	for _, p := range t.params {
+		if sum == nil {
+			break
+		}
 		off += copy(p.Grad, sum[off:])
 	}
 	t.ordInv = float32(1 / float64(max(globalSize, 1)))

@@ -96,7 +96,8 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	}
 	t.ordered = ordered != nil
 	fixedOne = fixedOne && !t.ordered
-	t.startOrdered(t.ordered, W)
+	tensors, _ := ordered.(orderedTensors)
+	t.startOrdered(t.ordered, tensors, W)
 	if merged && t.gradsW != W {
 		t.ctlPacked = make([]float32, ctlLanes*len(ctl))
 		t.grads = sync.NewBuckets(append(slices.Clip(t.gradList), t.ctlPacked), t.cfg.BucketBytes)

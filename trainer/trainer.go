@@ -139,16 +139,19 @@ type Trainer[B any] struct {
 	detRedone           int64         // deterministic mode: steps summed again at a wider scale (reduceFixed)
 	detFuse             bool          // compute sums this step's micro-batches into detBuf at scale 2^detS (reduceFixed)
 	detS                int
-	ordered             bool        // deterministic mode: the round sums in order (reduceOrdered)
-	microLen            int         // deterministic mode: the length of micro's buffers
-	ordLast             []float32   // deterministic mode, ordered: the last micro-batch's gradients, then the control lanes
-	ordOut              []float32   // deterministic mode, ordered: the sum
-	ordParts            [][]float32 // deterministic mode, ordered: the parts of the sum
-	ordInv              float32     // deterministic mode, ordered: 1/globalSize of the step, which makes the sums in Grad the mean
-	clock               stepClock   // the step being trained, by part
-	stepTimes           StepTimes   // the applied steps', by part (Result.StepTimes)
-	ckptBlocked         ckptTally   // the periodic checkpoints' (Result.CheckpointBlockedSeconds)
-	nvalues             int         // values over all parameters
+	ordered             bool           // deterministic mode: the round sums in order (reduceOrdered)
+	microLen            int            // deterministic mode: the length of micro's buffers
+	ordTensors          orderedTensors // deterministic mode, ordered: the Synchronizer takes the last part as tensors (else nil)
+	ordCtl              []float32      // deterministic mode, ordTensors: the control lanes, after the Grad buffers
+	ordLastList         [][]float32    // deterministic mode, ordTensors: the Grad buffers and ordCtl, the last part
+	ordLast             []float32      // deterministic mode, ordered: the last micro-batch's gradients, then the control lanes
+	ordOut              []float32      // deterministic mode, ordered: the sum
+	ordParts            [][]float32    // deterministic mode, ordered: the parts of the sum
+	ordInv              float32        // deterministic mode, ordered: 1/globalSize of the step, which makes the sums in Grad the mean
+	clock               stepClock      // the step being trained, by part
+	stepTimes           StepTimes      // the applied steps', by part (Result.StepTimes)
+	ckptBlocked         ckptTally      // the periodic checkpoints' (Result.CheckpointBlockedSeconds)
+	nvalues             int            // values over all parameters
 	runStart            time.Time
 
 	// Balancing (balance.go), owned by Run's goroutine.
