@@ -18,8 +18,8 @@ import (
 // every rank that computes it from the same agreed weights gets the same
 // split. It returns nil for global < 0 or no weights.
 //
-// It is the split of leased loaders with LeasedConfig.Balance, and any
-// loader can use it with weights from Speeds.
+// It is the cut of leased loaders with LeasedConfig.Balance, and any
+// loader can use it with a Balancer's fractions as weights.
 func WeightedShares(global int, weights []float64) []int {
 	n := len(weights)
 	if n == 0 || global < 0 {
@@ -168,7 +168,7 @@ func sanitiseWeights(weights []float64) []float64 {
 }
 
 // Balancer is the module's speed-weighted split with trial moves, the one
-// the trainer's Config.Balance runs. In a synchronous
+// the trainer's Config.Balance and LeasedConfig.Balance run. In a synchronous
 // job every step waits for the slowest rank; when ranks differ in speed (a
 // slower or shared host, a noisy neighbour, samples that cost more),
 // giving each rank a share of the global batch in proportion to its speed
@@ -423,18 +423,22 @@ func (e *speedEstimate) fold(r int, work, seconds float64) {
 // observes the same outcomes in the same order holds the same values, so
 // shares computed from them (WeightedShares) agree between ranks without
 // a message. It is the Balancer's speed estimate (one implementation)
-// with a prior of 1 sample/s and a fixed weight, and what
-// LeasedConfig.Balance follows at every step: its first measured step
-// already moves the shares, where a Balancer skips a round's first step
-// and moves the split by bounded trials, which suits a loop whose steps
-// share compute with graph compilation and noise (the trainer's). The
-// zero value has no ranks; use NewSpeeds. Not safe for concurrent use.
+// with a prior of 1 sample/s and a fixed weight; the shares follow it at
+// every step, where a Balancer skips a round's first step and moves the
+// split by bounded trials. The zero value has no ranks; use NewSpeeds. Not
+// safe for concurrent use.
+//
+// Deprecated: use a Balancer, the module's one speed-weighted split (the
+// trainer's Config.Balance and LeasedConfig.Balance run it), and cut its
+// fractions with WeightedShares.
 type Speeds struct {
 	e speedEstimate
 }
 
 // NewSpeeds returns the estimate for a round of size ranks, every rank at
 // 1 sample/s (equal shares until a step is observed).
+//
+// Deprecated: use a Balancer (see Speeds).
 func NewSpeeds(size int) Speeds {
 	var s Speeds
 	s.e.reset(max(size, 0), 0.3, 1)

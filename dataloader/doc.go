@@ -140,9 +140,10 @@
 //     Next waits at most BusyWait, so a pending membership change is still
 //     taken at a step boundary.
 //   - Shares: equal (ShareOf) by default; with LeasedConfig.Balance they
-//     follow each rank's measured speed (Speeds, from the agreed per-rank
-//     samples and compute seconds of every StepOutcome, and
-//     WeightedShares), computed alike on every rank without a message.
+//     follow each rank's measured speed (a Balancer, the trainer's, fed
+//     the agreed per-rank samples and compute seconds of every
+//     StepOutcome; WeightedShares cuts its split), computed alike on every
+//     rank without a message.
 //
 // What it assumes: LeaseTTL well above the longest step plus the time a
 // failed round takes to recover (otherwise rounds fail and repeat), and no

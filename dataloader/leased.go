@@ -56,9 +56,10 @@ type LeasedConfig struct {
 	// shard. Must be >= 0. Default 1.
 	LeaseAhead int
 	// Balance splits each global batch over the ranks by their measured
-	// speed (WeightedShares of Speeds, from every StepOutcome of the
-	// round), so a slow rank takes fewer samples and the step waits less
-	// for it. False splits it equally (ShareOf). Default false.
+	// speed, so a slow rank takes fewer samples and the step waits less
+	// for it: a Balancer, the trainer's (Config.Balance), fed every
+	// StepOutcome of the round, decides the split, and WeightedShares
+	// cuts it. False splits it equally (ShareOf). Default false.
 	Balance bool
 	// BusyWait bounds how long Next waits for a shard when every shard
 	// left is leased and the last global batch trained nothing, so that a
@@ -150,8 +151,10 @@ type LeasedLoader[T, B any] struct {
 	mine       []openLease
 	done       []Shard     // consumed by this rank, not yet acked
 	resume     map[int]int // shard -> position: trained that far in the history, held by nobody
-	speeds     Speeds
-	wait       bool // the last global batch trained nothing: wait for a lease (bounded)
+	bal        Balancer    // Balance: the split of the global batch by speed
+	weights    []float64   // Balance: the split's fractions by rank; nil: equal shares
+	work       []float64   // Balance: scratch, the step's samples by rank
+	wait       bool        // the last global batch trained nothing: wait for a lease (bounded)
 	lastRenew  time.Time
 	pending    bool // a batch was served and not yet Stepped
 	taken      int  // its samples
@@ -339,7 +342,8 @@ func (l *LeasedLoader[T, B]) Restore(ctx context.Context, state []byte, rank, si
 	}
 	l.mine = mine
 	l.lastRenew = time.Now()
-	l.speeds = NewSpeeds(size)
+	l.bal.Reset(size)
+	l.weights, l.sharesBuf = nil, nil
 	l.wait, l.pending, l.taken, l.tookDone, l.doneState = false, false, 0, false, 0
 	l.ready = true
 	return nil
@@ -395,12 +399,15 @@ func (l *LeasedLoader[T, B]) cleanQueue(ctx context.Context, st *leasedState, fo
 	return nil
 }
 
+// shares returns the samples of each rank's share of a global batch: by
+// the Balancer's fractions (Balance, once it moved the split), or equal
+// (ShareOf). Kept until the split or the world size changes.
 func (l *LeasedLoader[T, B]) shares() []int {
-	if l.sharesBuf != nil && !l.cfg.Balance && l.sharesSize == l.size {
+	if l.sharesBuf != nil && l.sharesSize == l.size {
 		return l.sharesBuf
 	}
-	if l.cfg.Balance {
-		l.sharesBuf = l.speeds.Shares(l.cfg.GlobalBatch)
+	if l.weights != nil {
+		l.sharesBuf = WeightedShares(l.cfg.GlobalBatch, l.weights)
 	} else {
 		l.sharesBuf = make([]int, l.size)
 		for r := range l.sharesBuf {
@@ -597,7 +604,7 @@ func (l *LeasedLoader[T, B]) renewIfDue(ctx context.Context) error {
 }
 
 // Stepped takes the outcome of the step (or empty global batch) every rank
-// agreed on (driver.StatefulLoader): it updates the speeds (Balance), and
+// agreed on (driver.StatefulLoader): it feeds the Balancer (Balance), and
 // when every rank reported EpochDone, moves to the next epoch. It asks for
 // a commit when the epoch moved on, and when the global batch trained
 // nothing (so that consumed shards are acked and the epoch can end). Both
@@ -620,7 +627,13 @@ func (l *LeasedLoader[T, B]) Stepped(ctx context.Context, o StepOutcome) (commit
 	}
 	l.pending = false
 	if l.cfg.Balance {
-		l.speeds.Observe(o.Samples, o.ComputeSeconds)
+		l.work = l.work[:0]
+		for _, n := range o.Samples {
+			l.work = append(l.work, float64(n))
+		}
+		if w := l.bal.Observe(l.work, o.ComputeSeconds); w != nil {
+			l.weights, l.sharesBuf = w, nil
+		}
 	}
 	total, allDone := 0, true
 	for r := range o.Samples {

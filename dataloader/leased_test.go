@@ -736,13 +736,20 @@ func TestLeasedExactlyOnce(t *testing.T) {
 						t.Errorf("%d rounds, want %d", j.rounds, c.rounds)
 					}
 					if j.balance {
+						// The last epoch's: the Balancer measures a few
+						// steps before its first move and keeps each move
+						// on trial for 10 steps, so the split settles
+						// within about 30 of the first epoch's 34 steps
+						// (at 3/7, 1/7, 3/7 of each global batch).
 						per := make([]int, 3)
 						for _, s := range j.hist {
 							for r, idx := range s.indices {
-								per[r] += len(idx)
+								if s.epoch == j.epochs-1 {
+									per[r] += len(idx)
+								}
 							}
 						}
-						t.Logf("samples by rank: %v", per)
+						t.Logf("samples by rank in the last epoch: %v", per)
 						if per[1]*2 > per[0] || per[1]*2 > per[2] {
 							t.Errorf("the slow rank trained %d samples, the others %d and %d: want under half", per[1], per[0], per[2])
 						}
