@@ -7,7 +7,9 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/elastictrain/elastictrain/trainer/audit"
 	"github.com/elastictrain/elastictrain/trainer/autoscale"
+	"github.com/elastictrain/elastictrain/trainer/driver"
 )
 
 // Option configures a Trainer beyond its Config: collaborators and hooks.
@@ -43,13 +45,13 @@ func WithMicroStep[B any](f MicroStepFunc[B]) Option {
 	}
 }
 
-// WithBackend makes every round communicate through b (see Backend)
+// WithBackend makes every round communicate through b (see driver.Backend)
 // instead of the default ring over TCP built from Config.ListenAddr and
 // Config.Sync, which are then ignored (and not validated). The Trainer
 // owns b from Run on: it calls Listen once and Close when Run returns.
-func WithBackend(b Backend) Option { return func(o *options) { o.backend = b } }
+func WithBackend(b driver.Backend) Option { return func(o *options) { o.backend = b } }
 
-// WithPartition adds state partitioned over the ranks (see Partition) to
+// WithPartition adds state partitioned over the ranks (see driver.Partition) to
 // every commit, restore and checkpoint. It may be given several times,
 // for partitions of distinct names (at most elastic.MaxEndpoints-1 of
 // them; "sync" is the Backend's), in the same order on every worker: the
@@ -59,14 +61,18 @@ func WithBackend(b Backend) Option { return func(o *options) { o.backend = b } }
 // With partitions, a durable checkpoint is a collective of every rank at
 // a step boundary (each rank's Checkpoint, then rank 0's publication of
 // one checkpoint naming every part), not rank 0's asynchronous write.
-func WithPartition(p Partition) Option { return func(o *options) { o.parts = append(o.parts, p) } }
+func WithPartition(p driver.Partition) Option {
+	return func(o *options) { o.parts = append(o.parts, p) }
+}
 
 // WithCheckpointStore enables durable checkpoints in s (see
-// Config.CheckpointEvery). Without it the job keeps only in-memory commits.
-func WithCheckpointStore(s CheckpointStore) Option { return func(o *options) { o.ckpt = s } }
+// Config.CheckpointEvery; package trainer/checkpoint has stores).
+// Without it the job keeps only in-memory commits.
+func WithCheckpointStore(s driver.CheckpointStore) Option { return func(o *options) { o.ckpt = s } }
 
-// WithAudit records every applied sample index in a (see Audit).
-func WithAudit(a Audit) Option { return func(o *options) { o.audit = a } }
+// WithAudit records every applied sample index in a (see package
+// trainer/audit).
+func WithAudit(a audit.Recorder) Option { return func(o *options) { o.audit = a } }
 
 // WithHooks sets callbacks the loop calls at round starts, steps, commits,
 // checkpoints, rescales and stragglers.

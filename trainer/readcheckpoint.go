@@ -3,6 +3,8 @@ package trainer
 import (
 	"context"
 	"fmt"
+
+	"github.com/elastictrain/elastictrain/trainer/driver"
 	"github.com/elastictrain/elastictrain/trainer/internal/enc"
 )
 
@@ -85,7 +87,7 @@ func ReadCheckpoint(data []byte) (*Checkpoint, error) {
 // or any checkpoint of it, for serving or evaluation, with no job, store
 // or trainer. Errors: ErrNoCheckpoint when st holds none (or not step),
 // the store's errors (ErrCorruptCheckpoint), ErrCorruptState.
-func LoadCheckpoint(ctx context.Context, st CheckpointStore, step int64) (*Checkpoint, error) {
+func LoadCheckpoint(ctx context.Context, st driver.CheckpointStore, step int64) (*Checkpoint, error) {
 	if step >= 0 {
 		data, err := st.Load(ctx, step)
 		if err != nil {
