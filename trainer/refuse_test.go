@@ -24,7 +24,7 @@ func (j *job) member(dim int, opts ...Option) *inproc {
 	m := trainertest.NewModel(dim)
 	m.StepDelay = 5 * time.Millisecond
 	dcfg := dataloader.DefaultConfig()
-	dcfg.GlobalBatch, dcfg.Seed = j.batch, 3
+	dcfg.GlobalBatch, dcfg.Seed, dcfg.MicroBatch = j.batch, 3, j.micro
 	loader, err := dataloader.New(prob.Dataset(), prob.Collate, dcfg)
 	require.NoError(t, err)
 	w := &inproc{idx: idx, model: m, done: make(chan struct{}), steps: make(chan StepInfo, 4096)}
@@ -60,7 +60,8 @@ func (j *job) member(dim int, opts ...Option) *inproc {
 // on to the end, and only the newcomer's Run returns the error, naming the
 // setting with both values as configured. A newcomer with another model
 // is refused the same way (ErrModelMismatch), and so is one with other
-// gradient buckets (Config.BucketBytes).
+// gradient buckets (Config.BucketBytes), and one in the float32 mode (an
+// earlier release's default) joining a deterministic job.
 func TestANewcomerWithOtherSettingsIsRefusedAndTheJobTrainsOn(t *testing.T) {
 	sched := func(base float64) Option { return WithSchedule(WarmupCosine{Base: base, Warmup: 4, Total: 1000}) }
 	for _, c := range []struct {
@@ -70,18 +71,24 @@ func TestANewcomerWithOtherSettingsIsRefusedAndTheJobTrainsOn(t *testing.T) {
 		cfg     func(*Config) // the newcomer's
 		setting string
 		values  []string
+		micro   int // the loaders' micro-batches (every member's)
 	}{
 		{"learning rate", 4, []Option{sched(0.1)}, nil, "learning rate",
-			[]string{"schedule.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", "schedule.WarmupCosine{Base:0.1 Warmup:4 Total:1000 Min:0}"}},
-		{"model", 5, []Option{sched(0.2)}, nil, "parameter 0 (name and shape)", []string{`"w" [4]`, `"w" [5]`}},
+			[]string{"schedule.WarmupCosine{Base:0.2 Warmup:4 Total:1000 Min:0}", "schedule.WarmupCosine{Base:0.1 Warmup:4 Total:1000 Min:0}"}, 0},
+		{"model", 5, []Option{sched(0.2)}, nil, "parameter 0 (name and shape)", []string{`"w" [4]`, `"w" [5]`}, 0},
 		// Once the newcomer's collectives failed every step ("ranks
 		// disagree on the operation"), and the failure budget of every
 		// member ran out.
-		{"gradient buckets", 4, []Option{sched(0.2)}, func(c *Config) { c.BucketBytes = 8 }, "gradient bucket bytes", []string{"4194304", "8"}},
+		{"gradient buckets", 4, []Option{sched(0.2)}, func(c *Config) { c.BucketBytes = 8 }, "gradient bucket bytes", []string{"4194304", "8"}, 0},
+		// A worker of an earlier release, whose default was the float32
+		// mode, joining a job of this one, deterministic by default: its
+		// sums would give other bits, so the job refuses it.
+		{"deterministic mode", 4, []Option{sched(0.2)}, func(c *Config) { c.Deterministic = false }, "deterministic mode", []string{"true", "false"}, 8},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			j := newJob(t, stores(t)["redis"])
 			j.epochs = 20 // 600 steps of 5 ms at least: the newcomer joins long before the end
+			j.micro = c.micro
 			j.mutate = func(cfg *Config) { cfg.Elastic.MinWorkers = 2 }
 			ws := []*inproc{j.member(4, sched(0.2)), j.member(4, sched(0.2))}
 			ws[0].waitStep(t, 5)
