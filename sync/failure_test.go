@@ -63,9 +63,14 @@ func helperMain() int {
 	defer ring.Close()
 	buf := make([]float32, elems)
 	op := func() error { return ring.AllReduceFloat32(ctx, buf, OpSum) }
-	if os.Getenv("SYNC_HELPER_OP") == "ordered" {
+	switch os.Getenv("SYNC_HELPER_OP") {
+	case "ordered":
 		parts := [][]float32{make([]float32, elems), make([]float32, elems)}
 		op = func() error { return ring.AllReduceOrderedFloat32(ctx, parts, buf) }
+	case "ordered-tensors":
+		// The last part as three tensors, the sum written into them.
+		tensors := [][]float32{buf[:elems/3], buf[elems/3 : elems/2], buf[elems/2:]}
+		op = func() error { return ring.AllReduceOrderedTensors(ctx, nil, tensors) }
 	}
 	stopAt := time.Now().Add(60 * time.Second) // bounded: stops by itself
 	for i := 0; time.Now().Before(stopAt); i++ {
@@ -103,7 +108,8 @@ func startRanks(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool) [
 }
 
 // startRanksOp is startRanks with the children running op: "" for
-// AllReduceFloat32, "ordered" for AllReduceOrderedFloat32 (two parts each).
+// AllReduceFloat32, "ordered" for AllReduceOrderedFloat32 (two parts each),
+// "ordered-tensors" for AllReduceOrderedTensors (no part but the tensors).
 func startRanksOp(t *testing.T, n, elems int, opTimeout time.Duration, tcp bool, op string) []*child {
 	t.Helper()
 	cfg := testConfig(t)
@@ -197,8 +203,10 @@ func testPeerKilled(t *testing.T, tcp bool) { testPeerKilledOp(t, tcp, "") }
 
 // testPeerKilledOp kills rank 2 of 4 children running op back to back
 // (see startRanksOp) and checks the survivors' errors.
-func testPeerKilledOp(t *testing.T, tcp bool, op string) {
-	const n, victim = 4, 2
+func testPeerKilledOp(t *testing.T, tcp bool, op string) { testPeerKilledOpOf(t, tcp, op, 4, 2) }
+
+// testPeerKilledOpOf is testPeerKilledOp with n children, victim killed.
+func testPeerKilledOpOf(t *testing.T, tcp bool, op string, n, victim int) {
 	kids := startRanksOp(t, n, 1<<20, 30*time.Second, tcp, op)
 	killed := time.Now()
 	if err := kids[victim].cmd.Process.Kill(); err != nil {

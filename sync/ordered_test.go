@@ -477,12 +477,16 @@ func TestOrderedAllReduceTimesOut(t *testing.T) {
 }
 
 // TestPeerKilledMidOrderedAllReduce: a rank SIGKILLed while the world runs
-// ordered allreduces back to back makes every survivor fail with a
+// ordered allreduces back to back (of four ranks; of two in the tensor
+// form, AllReduceOrderedTensors) makes every survivor fail with a
 // *PeerError naming it within 2 s (child processes, as
 // TestPeerKilledMidAllReduce).
 func TestPeerKilledMidOrderedAllReduce(t *testing.T) {
 	t.Run("shm", func(t *testing.T) { testPeerKilledOp(t, false, "ordered") })
 	t.Run("tcp", func(t *testing.T) { testPeerKilledOp(t, true, "ordered") })
+	// Two ranks, the tensor form: the exchange over the slots (shm).
+	t.Run("tensors shm", func(t *testing.T) { testPeerKilledOpOf(t, false, "ordered-tensors", 2, 1) })
+	t.Run("tensors tcp", func(t *testing.T) { testPeerKilledOpOf(t, true, "ordered-tensors", 2, 1) })
 }
 
 // TestOrderedAllReduceNoAllocs: once the Ring's buffers exist, the ordered
