@@ -115,11 +115,7 @@ func (l *local) AllReduceOrderedTensors(ctx context.Context, parts [][]float32, 
 	if err := checkTensors(parts, last, n); err != nil {
 		return err
 	}
-	off := 0
-	for _, t := range last {
-		orderedSumLast(t, parts, t, off)
-		off += len(t)
-	}
+	orderedSumTensors(parts, last)
 	return nil
 }
 

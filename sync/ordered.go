@@ -195,11 +195,7 @@ func (r *Ring) orderedTensorsIn(parts, last [][]float32) error {
 		return r.protoErr(err)
 	}
 	if r.size == 1 {
-		off := 0
-		for _, t := range last {
-			orderedSumLast(t, parts, t, off)
-			off += len(t)
-		}
+		orderedSumTensors(parts, last)
 		return nil
 	}
 	if used, ok := r.orderedVec(len(parts), n); ok {
@@ -337,6 +333,16 @@ func plusZero(dst, p []float32) {
 		m := min(len(dst), len(zeros))
 		sumk.To32(dst[:m], p[:m], zeros[:m])
 		dst, p = dst[m:], p[m:]
+	}
+}
+
+// orderedSumTensors sets the tensors of last, in place, to the ordered sum
+// of parts then last's concatenation: one rank's AllReduceOrderedTensors.
+func orderedSumTensors(parts, last [][]float32) {
+	off := 0
+	for _, t := range last {
+		orderedSumLast(t, parts, t, off)
+		off += len(t)
 	}
 }
 
