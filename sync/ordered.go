@@ -241,8 +241,11 @@ func (r *Ring) orderedVec(nflat, n int) (int, bool) {
 	used := r.lanesFor(4 * n)
 	chunk := r.cfg.chunkBytes() / 4
 	for i, l := range g.lanes[:used] {
+		if l.tx == nil || l.rx == nil {
+			return 0, false
+		}
 		lo, hi := span(0, n, i, used)
-		if l.tx == nil || l.rx == nil || (hi-lo+chunk-1)/chunk > shmSlots {
+		if r.rank == 0 && !orderedInSlots(l, 2, &laneJob{lo: lo, hi: hi}, chunk) {
 			return 0, false
 		}
 	}
