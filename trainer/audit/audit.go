@@ -11,6 +11,7 @@ package audit
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -217,17 +218,25 @@ func (a *File) RecordAgreed(e Entry) error {
 // Close closes the file.
 func (a *File) Close() error { return a.f.Close() }
 
-// ReadLog reads a log written by File. A last line cut short by a
-// crash is ignored; any other malformed line is an error.
+// ReadLog reads a log written by File. Records cut short by a crash are
+// skipped: the last line when it has no newline, and a piece of a record
+// that other workers' lines continue (Linux may end a write to a file at a
+// page boundary when a SIGKILL arrives, so a killed worker can leave part
+// of its line, and the next append lands after it on the same line). Such a
+// piece must be a prefix of a JSON value (or a whole one missing only its
+// newline); any other malformed line is an error. A record its writer did
+// not finish was written before that worker contributed the step (or, for
+// an agreement, before rank 0 finished it), so skipping it drops nothing
+// the model's history holds: Verify's rules drop such a step anyway.
 func ReadLog(r io.Reader) ([]Entry, error) {
 	var out []Entry
 	br := bufio.NewReader(r)
 	for n := 1; ; n++ {
 		line, err := br.ReadBytes('\n')
 		if len(line) > 0 && line[len(line)-1] == '\n' {
-			var e Entry
-			if jerr := json.Unmarshal(line, &e); jerr != nil {
-				return out, fmt.Errorf("trainer: audit log line %d: %w", n, jerr)
+			e, perr := parseLine(line)
+			if perr != nil {
+				return out, fmt.Errorf("trainer: audit log line %d: %w", n, perr)
 			}
 			out = append(out, e)
 		}
@@ -238,6 +247,54 @@ func ReadLog(r io.Reader) ([]Entry, error) {
 			return out, fmt.Errorf("trainer: audit log: %w", err)
 		}
 	}
+}
+
+// recordStart begins every record File writes (and every Entry that
+// encoding/json writes): Kind is the first field. A record holds no other
+// '{', as the kinds File writes are "step" and "agreed".
+var recordStart = []byte(`{"kind":`)
+
+// parseLine parses one line of a log (with its newline): one record,
+// after any pieces of records cut short by a crash, each beginning at a
+// '{'.
+func parseLine(line []byte) (Entry, error) {
+	var e Entry
+	err := json.Unmarshal(line, &e)
+	if err == nil {
+		return e, nil
+	}
+	last := bytes.LastIndex(line, recordStart)
+	if last <= 0 || line[0] != '{' {
+		return e, err // no record after a piece: the line itself is malformed
+	}
+	for rest := line[:last]; len(rest) > 0; {
+		end := bytes.IndexByte(rest[1:], '{') + 1 // 0: the piece runs to the record
+		if end == 0 {
+			end = len(rest)
+		}
+		if !cutShort(rest[:end]) {
+			return e, err
+		}
+		rest = rest[end:]
+	}
+	if err := json.Unmarshal(line[last:], &e); err != nil {
+		return Entry{}, err
+	}
+	return e, nil
+}
+
+// cutShort reports whether piece is what a write cut short leaves of a
+// record: a prefix of one (a prefix of a JSON value), or a whole one
+// without its newline.
+func cutShort(piece []byte) bool {
+	if !bytes.HasPrefix(recordStart, piece) && !bytes.HasPrefix(piece, recordStart) {
+		return false
+	}
+	if json.Valid(piece) {
+		return true
+	}
+	var v json.RawMessage
+	return errors.Is(json.NewDecoder(bytes.NewReader(piece)).Decode(&v), io.ErrUnexpectedEOF)
 }
 
 // Report is the outcome of Verify.
