@@ -144,14 +144,17 @@ func TestAWaitBelowMinWorkersIsLoggedWithTheCounts(t *testing.T) {
 // when it begins and then at least every 3 s, with the real cause.
 func TestARedisOutageIsLoggedWithItsCause(t *testing.T) {
 	srv := testredis.Start(t)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 200 * time.Millisecond})
+	// Deadlines long beside a refused connection's answer (as in
+	// TestAStoreThatCannotHealSaysSoWithItsCause): a loaded machine still
+	// sees each attempt end with its cause.
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), MaxRetries: -1, DialTimeout: 2 * time.Second})
 	t.Cleanup(func() { client.Close() })
 	lines := make(chan logLine, 1024)
 	// go-redis' own lines go to the same logger, not to stderr.
 	redisLines := make(chan logLine, 1024)
 	redis.SetLogger(store.RedisLogger(slog.New(&recorder{lines: redisLines})))
 	defer redis.SetLogger(store.RedisLogger(nil))
-	cancel, _ := loggedWorker(t, store.NewRedis(client), 1, 1000, lines)
+	cancel, _ := loggedWorker(t, store.NewRedis(client), 1, 1000, lines, func(cfg *Config) { cfg.Elastic.LeaseTTL = 4 * time.Second })
 	waitLines(t, lines, "round formed", 1)
 	srv.Stop()
 	stopped := time.Now()
@@ -198,13 +201,20 @@ func TestAStoreThatCannotHealSaysSoWithItsCause(t *testing.T) {
 		{"a server of another protocol", ln.Addr().String(), "HTTP/1.1 400"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			client := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, DialTimeout: 200 * time.Millisecond,
+			// The dial's and the agent's deadlines (half a lease) are long
+			// beside the answers, which come from loopback servers, so that
+			// on a loaded machine every attempt still ends with its cause
+			// rather than a deadline.
+			client := redis.NewClient(&redis.Options{Addr: c.addr, MaxRetries: -1, DialTimeout: 2 * time.Second,
 				Dialer: func(ctx context.Context, network, addr string) (net.Conn, error) {
 					return dialer.DialContext(ctx, network, addr)
 				}})
 			t.Cleanup(func() { client.Close() })
 			lines := make(chan logLine, 1024)
-			_, done := loggedWorker(t, store.NewRedis(client), 1, 1, lines, func(cfg *Config) { cfg.Elastic.OutageBudget = 2500 * time.Millisecond })
+			_, done := loggedWorker(t, store.NewRedis(client), 1, 1, lines, func(cfg *Config) {
+				cfg.Elastic.OutageBudget = 2500 * time.Millisecond
+				cfg.Elastic.LeaseTTL = 4 * time.Second
+			})
 			got := waitLines(t, lines, "store ", 3)
 			requireEvery3s(t, got)
 			for _, l := range got {
