@@ -1,6 +1,7 @@
 package trainer_test
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -46,6 +47,7 @@ func TestAFinishedCheckpointUnderANewJobIDIsAnError(t *testing.T) {
 		require.False(t, w.res.Finished, "not a success")
 		require.Zero(t, w.res.Step)
 		require.Equal(t, 1, w.res.Rounds, "refused in its first round, not retried")
+		require.Equal(t, 1, strings.Count(w.err.Error(), ErrFinishedCheckpoint.Error()), "said once: %v", w.err)
 	}
 	require.Equal(t, before, dirState(t, dir), "nothing in the directory was created, changed or removed")
 

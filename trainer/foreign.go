@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/elastictrain/elastictrain/trainer/driver"
 )
@@ -58,7 +59,9 @@ func refusal(code byte, text []byte) error {
 	if code == refusedFinished {
 		sentinel = ErrFinishedCheckpoint
 	}
-	return fmt.Errorf("%w: rank 0 refused to start: %s", sentinel, text)
+	// Rank 0's text begins with the sentinel's own: said once.
+	msg := strings.TrimPrefix(string(text), sentinel.Error()+": ")
+	return fmt.Errorf("%w: rank 0 refused to start: %s", sentinel, msg)
 }
 
 // broadcastRefusal is rank 0's side of the state broadcast when it refuses

@@ -600,7 +600,11 @@ func Run(ctx context.Context, spec Spec) (Summary, error) {
 				running--
 				sum.Exits[ex.idx] = ex.code
 				if ex.code != 0 {
-					fmt.Fprintf(logw, "[launcher] worker %d (rank %d) exited: %v\n", ex.idx, w.rank, ex.err)
+					rank := "no rank"
+					if w.rank >= 0 {
+						rank = fmt.Sprintf("rank %d", w.rank)
+					}
+					fmt.Fprintf(logw, "[launcher] worker %d (%s) exited: %v\n", ex.idx, rank, ex.err)
 				}
 			}
 		case <-holdTimeout:

@@ -61,7 +61,9 @@ func runWorker(c *config, stderr io.Writer) int {
 	logger := newLogger(c, stderr)
 	fail := func(err error) int {
 		ev.Emit(jobenv.ErrorEvent(err))
-		logger.Error("worker failed", "err", err)
+		if os.Getenv(launch.EnvEvents) == "" { // else the launcher prints the event
+			logger.Error("worker failed", "err", err)
+		}
 		if s := launch.ExitStatus(err); s == launch.StatusPermanent || s == launch.StatusRefused {
 			return s // not restarted; a permanent error also stops the job
 		}
