@@ -21,8 +21,11 @@ type Config struct {
 	// failure rolls back at most this many steps. Default 1.
 	CommitEvery int
 	// CheckpointEvery is the number of steps between durable checkpoints
-	// (written asynchronously by rank 0 when a CheckpointStore is set);
-	// 0 writes one only at the end and on preemption. Default 0.
+	// (written asynchronously by rank 0 when a CheckpointStore is set; at
+	// most one write is in flight and one waits, and a newer checkpoint
+	// replaces the waiting one, so a store slower than this interval keeps
+	// fewer steps); 0 writes one only at the end and on preemption.
+	// Default 0.
 	CheckpointEvery int
 	// ListenAddr is where this worker's collective transport listens
 	// (host:port; port 0 picks a free one) when the default Backend is used
