@@ -61,7 +61,7 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	o := &t.outcome
 	pos, tracked := t.loader.(positioner)
 	var agreement *AuditEntry
-	if t.o.audit != nil && rank == 0 {
+	if t.o.audit != nil { // every rank: see the record below
 		agreement = &AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: rank, Step: t.step, Restored: t.restored}
 	}
 	roundAttrs := []attribute.KeyValue{AttrRound.Int64(int64(world.Round)), AttrRank.Int(rank), AttrWorldSize.Int(W)}
@@ -226,7 +226,10 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 		if exchanged && agreement != nil {
 			// Every rank has installed the round's state (it took part in
 			// this step's control exchange), so the agreement is final:
-			// record it once, also when the step goes no further.
+			// record it once, also when the step goes no further. Every
+			// rank records it, before it applies the step: a step that
+			// any rank applied in this round then has the agreement in the
+			// log even when rank 0 died right after the exchange.
 			if err := t.o.audit.RecordAgreed(*agreement); err != nil {
 				return endFatal, err
 			}
@@ -453,14 +456,14 @@ func (t *Trainer[B]) train(ctx, runCtx context.Context, comm sync.Synchronizer, 
 	}
 }
 
-// auditEnded records, on rank 0 with an Audit, that round world.Round
+// auditEnded records, on every rank with an Audit, that round world.Round
 // applies no step after t.step: every rank decided from the same agreed
 // values not to apply the step it recorded (ErrDiverged, a failed
 // StepFunc), and the round ends there. No later agreement drops that step
 // when the run ends with this round (a diverged job), so without this the
 // audit would count the samples of a step the model never took.
 func (t *Trainer[B]) auditEnded(world elastic.World) error {
-	if t.o.audit == nil || world.Rank != 0 {
+	if t.o.audit == nil {
 		return nil
 	}
 	return t.o.audit.RecordAgreed(AuditEntry{Gen: t.gen, Base: t.base, Round: world.Round, Rank: world.Rank, Step: t.step, Ended: true})

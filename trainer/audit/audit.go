@@ -29,9 +29,13 @@ import (
 //
 // The protocol: before a rank contributes to a step's allreduce it records
 // the indices it trained (RecordStep). When a round has agreed on the
-// commit it continues from and every rank has installed it, rank 0 records
-// that agreement (RecordAgreed); steps after it recorded in older rounds of
-// the same lineage were rolled back and no longer count. A lineage (Gen) is
+// commit it continues from and every rank has installed it (the round's
+// first exchange completed), each rank records that agreement
+// (RecordAgreed) before it applies a step of the round, so the log holds
+// the agreement of every round in which some rank applied a step,
+// whichever rank dies when (the records of one round differ in Rank only).
+// Steps after it recorded in older rounds of the same lineage were rolled
+// back and no longer count. A lineage (Gen) is
 // the history that began at one initial or checkpointed state (its base
 // step), numbered by the wall-clock time it began; a restore starts a new one
 // and drops every step of older lineages after the restored step. Every
@@ -42,7 +46,7 @@ import (
 // A round that ends by a decision every rank took from the same agreed
 // values not to apply the step they recorded (a diverged step, a failed
 // StepFunc) may be the run's last, so no later agreement would drop that
-// step: rank 0 then records an agreement with Ended set, which drops the
+// step: each rank then records an agreement with Ended set, which drops the
 // steps of its own round after its step.
 // The rules depend on rounds and lineages only, never on the order of the
 // lines, so workers may write concurrently.
@@ -53,8 +57,9 @@ type Recorder interface {
 	RecordStep(e Entry) error
 	// RecordAgreed records that a round continues from the commit after
 	// global step e.Step (e.Restored: from a durable checkpoint or the
-	// initial values, starting a new lineage e.Gen). Rank 0 records it
-	// once every rank of the round has installed that state.
+	// initial values, starting a new lineage e.Gen). Every rank records it
+	// once every rank of the round has installed that state, before it
+	// applies a step of the round.
 	RecordAgreed(e Entry) error
 }
 
@@ -225,9 +230,11 @@ func (a *File) Close() error { return a.f.Close() }
 // of its line, and the next append lands after it on the same line). Such a
 // piece must be a prefix of a JSON value (or a whole one missing only its
 // newline); any other malformed line is an error. A record its writer did
-// not finish was written before that worker contributed the step (or, for
-// an agreement, before rank 0 finished it), so skipping it drops nothing
-// the model's history holds: Verify's rules drop such a step anyway.
+// not finish was written before that worker contributed the step or
+// applied one after the agreement, so skipping it drops nothing the
+// model's history holds: Verify's rules drop such a step anyway, and every
+// rank that applies a step of a round has written the round's agreement
+// first.
 func ReadLog(r io.Reader) ([]Entry, error) {
 	var out []Entry
 	br := bufio.NewReader(r)
