@@ -19,6 +19,12 @@
 // Cluster) when workers span hosts or when the host process may crash while
 // the job must go on.
 //
+// Every local process can connect, and the server checks each request's
+// framing before it allocates for it: a bulk string of more than 32 MiB, more
+// than 2^20 arguments, a header line over 64 bytes or any line over 64 KiB
+// closes that client's connection (after the answers to its requests before
+// it), and the server serves the others on.
+//
 // # Lifetime
 //
 // Start returns a running server; Close stops the ticker goroutine and the

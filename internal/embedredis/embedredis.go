@@ -10,6 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"time"
 
@@ -27,9 +28,11 @@ var ErrClosed = errors.New("standalone: server closed") // exported as standalon
 // time. It is safe for concurrent use; Close must be called to release the
 // listener and the ticker goroutine.
 type Server struct {
-	mr   *miniredis.Miniredis
-	stop chan struct{}
-	done chan struct{}
+	mr       *miniredis.Miniredis
+	ln       net.Listener
+	stop     chan struct{}
+	done     chan struct{} // the ticker returned
+	accepted chan struct{} // the accept loop returned
 
 	mu     sync.Mutex
 	closed bool
@@ -47,13 +50,49 @@ func Start(ctx context.Context, addr string) (*Server, error) {
 	if addr == "" {
 		addr = "127.0.0.1:0"
 	}
-	mr := miniredis.NewMiniRedis()
-	if err := mr.StartAddr(addr); err != nil {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
 		return nil, fmt.Errorf("standalone: listen on %q: %w", addr, err)
 	}
-	s := &Server{mr: mr, stop: make(chan struct{}), done: make(chan struct{})}
+	// miniredis without a listener of its own (its first Dial starts it
+	// so): the accept loop hands it each connection behind a guardConn.
+	mr := miniredis.NewMiniRedis()
+	c, err := mr.Dial()
+	if err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("standalone: start: %w", err)
+	}
+	c.Close()
+	s := &Server{mr: mr, ln: ln, stop: make(chan struct{}), done: make(chan struct{}), accepted: make(chan struct{})}
 	go s.tick()
+	go s.accept()
 	return s, nil
+}
+
+// accept hands every connection to the server, until the listener closes.
+// An error of Accept's own (out of file descriptors under a flood of
+// connections) is waited out, 5 ms doubling to 1 s, as net/http's server does.
+func (s *Server) accept() {
+	defer close(s.accepted)
+	srv := s.mr.Server()
+	var wait time.Duration
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+			select {
+			case <-s.stop:
+				return
+			case <-time.After(wait):
+			}
+			continue
+		}
+		wait = 0
+		srv.ServeConn(&guardConn{Conn: c})
+	}
 }
 
 // tick advances the miniredis TTL clock by the wall time elapsed since the
@@ -80,7 +119,7 @@ func (s *Server) tick() {
 }
 
 // Addr returns the "host:port" the server listens on.
-func (s *Server) Addr() string { return s.mr.Addr() }
+func (s *Server) Addr() string { return s.ln.Addr().String() }
 
 // Close stops the ticker goroutine and the server and waits for both. Clients
 // still connected see their connections closed. A second Close returns
@@ -95,6 +134,8 @@ func (s *Server) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	<-s.done
-	s.mr.Close()
+	s.ln.Close()
+	<-s.accepted
+	s.mr.Close() // closes the connections it serves, and waits for them
 	return nil
 }
