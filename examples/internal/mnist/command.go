@@ -501,10 +501,14 @@ func runLauncher(ctx context.Context, c *config, stdout, stderr io.Writer) error
 		}
 		fmt.Fprintln(stdout, string(b))
 	}
-	if res.Diverged {
-		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), plotErr, unclean)
+	var auditErr error // exactly-once broken is no success, whatever the accuracy
+	if res.AuditMissing > 0 || res.AuditDuplicates > 0 {
+		auditErr = fmt.Errorf("the audit found %d samples missing and %d trained twice (-audit FILE keeps its log)", res.AuditMissing, res.AuditDuplicates)
 	}
-	return errors.Join(unclean, plotErr)
+	if res.Diverged {
+		return errors.Join(fmt.Errorf("training diverged (last loss %v)", d.Loss), auditErr, plotErr, unclean)
+	}
+	return errors.Join(auditErr, unclean, plotErr)
 }
 
 // stepParts are trainer.StepTimes' parts in the order a step runs them.
