@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"net"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -111,4 +112,53 @@ func TestRequestsWithinTheLimitsPass(t *testing.T) {
 	v, err := c.Get(ctx, "p").Int()
 	require.NoError(t, err)
 	require.Equal(t, 999, v)
+}
+
+// FuzzGuard: any byte stream, cut into reads anywhere, is handed on as a
+// prefix of itself, whole when no line breaks a limit, and no header past
+// the limits is ever handed on complete (with its '\n').
+func FuzzGuard(f *testing.F) {
+	f.Add([]byte("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\nv1\r\n"), uint8(3))
+	f.Add([]byte("*1\r\n$999999999999\r\n"), uint8(1))
+	f.Add([]byte("*2\r\n$-1\r\n*-1\r\n$x\r\n\n\n"), uint8(7))
+	f.Fuzz(func(t *testing.T, b []byte, cut uint8) {
+		step := int(cut)%17 + 1
+		var c guardConn
+		handed, stopped := 0, false
+		for i := 0; i < len(b) && !stopped; i += step {
+			piece := b[i:min(i+step, len(b))]
+			n, err := c.scan(piece)
+			if n < 0 || n > len(piece) || (err == nil && n != len(piece)) {
+				t.Fatalf("scan handed on %d of %d bytes (err %v)", n, len(piece), err)
+			}
+			handed += n
+			stopped = err != nil
+		}
+		// Replay what was handed on: every complete header in it is
+		// within the limits.
+		var skip int64
+		for _, line := range strings.SplitAfter(string(b[:handed]), "\n") {
+			if skip > 0 {
+				d := min(skip, int64(len(line)))
+				skip -= d
+				line = line[d:]
+			}
+			if !strings.HasSuffix(line, "\n") || len(line) < 2 || (line[0] != '*' && line[0] != '$') {
+				continue
+			}
+			v, err := strconv.ParseInt(strings.TrimRight(line[1:], "\r\n"), 10, 64)
+			if err != nil {
+				continue
+			}
+			if line[0] == '$' && v > MaxBulk || line[0] == '*' && v > MaxArgs {
+				t.Fatalf("header %q handed on", line)
+			}
+			if line[0] == '$' && v >= 0 {
+				skip = v + 2
+			}
+		}
+		if !stopped && handed != len(b) {
+			t.Fatalf("handed on %d of %d bytes without a reason", handed, len(b))
+		}
+	})
 }
