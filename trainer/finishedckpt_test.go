@@ -1,6 +1,8 @@
 package trainer_test
 
 import (
+	"context"
+	"slices"
 	"strings"
 	"testing"
 
@@ -8,6 +10,7 @@ import (
 
 	"github.com/elastictrain/elastictrain/elastic"
 	. "github.com/elastictrain/elastictrain/trainer"
+	"github.com/elastictrain/elastictrain/trainer/trainertest"
 )
 
 // A checkpoint directory whose job finished its epochs, restored under a
@@ -66,4 +69,77 @@ func TestAFinishedCheckpointUnderANewJobIDIsAnError(t *testing.T) {
 	require.NoError(t, w.err)
 	require.True(t, w.res.Finished)
 	require.Equal(t, 2*perEpoch, w.res.Step, "the second epoch, on from the first")
+}
+
+// tamperedStore is a CheckpointStore that saves step at with its
+// optimizer state cut in half, checksums recomputed.
+type tamperedStore struct {
+	CheckpointStore
+	at     int64
+	params []Param
+}
+
+func (s *tamperedStore) Save(ctx context.Context, step int64, data []byte) error {
+	if step == s.at {
+		sgd := NewSGD(0.3).AppendState(nil)
+		bad, err := WithOptimizerState(data, s.params, sgd[:len(sgd)/2])
+		if err != nil {
+			return err
+		}
+		data = bad
+	}
+	return s.CheckpointStore.Save(ctx, step, data)
+}
+
+// A breaker found that a checkpoint whose checksums hold but whose
+// optimizer state does not load was installed round after round until the
+// failure budget ran out ("failure budget exhausted ... sgd: ..."), the
+// valid checkpoint beside it never tried. It is skipped now like a damaged
+// file: the job goes on from the older one.
+func TestACheckpointWhoseOptimizerStateDoesNotLoadIsSkipped(t *testing.T) {
+	dir := t.TempDir()
+	a := newJob(t, stores(t)["memory"])
+	a.epochs = 1
+	a.mutate = func(c *Config) { c.CheckpointEvery = 10 }
+	perEpoch := int64(len(a.prob.Samples) / a.batch)
+	params := trainertest.NewModel(a.prob.Dim).Params()
+	a.opts = func(int) []Option {
+		st, err := NewLocalDir(dir, 0)
+		require.NoError(t, err)
+		return []Option{WithCheckpointStore(&tamperedStore{CheckpointStore: st, at: perEpoch, params: params})}
+	}
+	w := a.start()
+	a.wait()
+	require.NoError(t, w.err)
+	st, err := NewLocalDir(dir, 0)
+	require.NoError(t, err)
+	steps, err := st.List(context.Background())
+	require.NoError(t, err)
+	require.Contains(t, steps, perEpoch, "the tampered checkpoint is the newest")
+	older := int64(0) // where the job must go on from: the newest other checkpoint
+	for _, s := range steps {
+		if s < perEpoch {
+			older = max(older, s)
+		}
+	}
+
+	b := newJob(t, stores(t)["memory"])
+	b.epochs = 2
+	b.opts = func(int) []Option {
+		st, err := NewLocalDir(dir, 0)
+		require.NoError(t, err)
+		return []Option{WithCheckpointStore(st)}
+	}
+	w = b.start()
+	b.wait()
+	require.NoError(t, w.err, "not a failure budget run out on the tampered checkpoint")
+	require.True(t, w.res.Finished)
+	require.Equal(t, 2*perEpoch, w.res.Step)
+	var restored []int64
+	for _, e := range b.audit.Entries() {
+		if e.Kind == "agreed" && e.Restored {
+			restored = append(restored, e.Step)
+		}
+	}
+	require.Equal(t, []int64{older}, slices.Compact(restored), "restored from step %d, the newest checkpoint that loads", older)
 }

@@ -388,6 +388,18 @@ func (t *Trainer[B]) initialState(ctx context.Context) (*snapshot, string, error
 					return nil, "", t.finishedCheckpoint(s, sn.epoch)
 				}
 				if err == nil {
+					// Checksums that hold say nothing of whether the
+					// optimizer's state loads: one that does not is as
+					// unreadable as a damaged file (installing it would
+					// fail every round until the failure budget ran out,
+					// never trying an older checkpoint). LoadState leaves
+					// the optimizer as it was when it fails; install loads
+					// the state again on every rank.
+					if lerr := t.opt.LoadState(sn.optState(), t.params); lerr != nil {
+						err = fmt.Errorf("optimizer state: %w", lerr)
+					}
+				}
+				if err == nil {
 					t.cleanLeftovers(ctx)
 					t.log.Info("restoring durable checkpoint", "step", s)
 					sn.gen, sn.base = newGen(), sn.step
