@@ -813,7 +813,15 @@ func (p *pipeline[T, B]) take(ctx context.Context, l *Loader[T, B]) (Batch[B], e
 			bctx := p.inline()
 			b, err := p.buildInline(ctx, bctx, l, &pl)
 			if err != nil && bctx.Err() != nil {
-				return Batch[B]{}, p.giveBack(ctx, s, k), pl.at
+				if gerr := p.giveBack(ctx, s, k); gerr != nil {
+					return Batch[B]{}, gerr, pl.at
+				}
+				// Neither Next's ctx nor the pipeline ended: the build
+				// was stopped by an earlier call's ctx, whose cancel of
+				// the inline ctx (an AfterFunc, run on a goroutine of its
+				// own) landed after that call had returned. Build the
+				// batch again under a renewed ctx (inline).
+				continue
 			}
 			p.advance(s, k)
 			return b, err, pl.at
