@@ -326,10 +326,23 @@ type Report struct {
 // anything else count as duplicates.
 func Verify(entries []Entry, epochs int, expected func(epoch int) []int) Report {
 	dropped := make([]bool, len(entries))
+	// Every rank of a round records the same agreement (Rank aside): each
+	// is applied once.
+	type agreement struct {
+		gen, round      uint64
+		step, base      int64
+		restored, ended bool
+	}
+	applied := map[agreement]bool{}
 	for _, m := range entries {
 		if m.Kind != "agreed" {
 			continue
 		}
+		k := agreement{m.Gen, m.Round, m.Step, m.Base, m.Restored, m.Ended}
+		if applied[k] {
+			continue
+		}
+		applied[k] = true
 		for j, e := range entries {
 			if e.Kind != "step" {
 				continue
